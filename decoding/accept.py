@@ -1,0 +1,105 @@
+"""Lossless acceptance walks over a verified tree (pure tensor functions).
+
+Notation as in the study: p = draft distribution, q = verifier distribution. Index 0 is the root
+(last committed token); tree node i is index i + 1.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None):
+    """Verifier logits (..., V) -> sampling distribution q (..., V) after temperature/top-k/top-p.
+
+    temperature must be > 0 here (temperature 0 is greedy and never samples).
+    """
+    logits = logits.float() / temperature
+    if top_k is not None and top_k > 0:
+        kth = logits.topk(min(top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, idx = logits.sort(dim=-1, descending=True)
+        cum = sorted_logits.softmax(-1).cumsum(-1)
+        drop = cum - sorted_logits.softmax(-1) > top_p  # keep the smallest prefix with mass >= top_p
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
+    return logits.softmax(-1)
+
+
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """Shannon entropy in nats over the last dim."""
+    return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
+
+
+@dataclass
+class Acceptance:
+    path: list[int]  # accepted tree indices (1-based, root excluded), root to leaf
+    next_token: int  # the verifier's own token after the last accepted node (bonus/correction)
+    rejected: int | None  # tree index (1-based) of the first rejected child at the stop node, if any
+
+
+def _children(parents: torch.Tensor) -> list[list[int]]:
+    """children[i] = tree indices (1-based) of node i's children, in order; i = 0 is the root."""
+    kids: list[list[int]] = [[] for _ in range(parents.shape[0] + 1)]
+    for i, p in enumerate(parents.tolist()):
+        kids[p + 1].append(i + 1)
+    return kids
+
+
+def accept_greedy(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, target: torch.Tensor) -> Acceptance:
+    """Temperature 0: the deepest node whose whole path equals the verifier's argmax chain.
+
+    tokens, parents, depths (N,); target (N+1,) argmax of q at the root and at every node.
+    Searching the whole tree (not only the first matching child) makes merged trees with duplicate
+    siblings take the longest accepted path from any subtree, as the study's Prop. A.2 requires.
+    """
+    n = tokens.shape[0]
+    ok = torch.zeros(n + 1, dtype=torch.bool)
+    ok[0] = True
+    par = parents + 1  # (N,) 1-based parent index
+    match = tokens == target[par]  # (N,) node equals its parent's argmax
+    for i in range(n):  # parents precede children
+        ok[i + 1] = match[i] & ok[par[i]]
+    depth_ok = torch.where(ok[1:], depths, torch.zeros_like(depths))
+    if n == 0 or int(depth_ok.max()) == 0:
+        path = []
+    else:
+        leaf = int(depth_ok.argmax()) + 1  # first node of maximal depth
+        path = []
+        while leaf > 0:
+            path.append(leaf)
+            leaf = int(par[leaf - 1])
+        path.reverse()
+    last = path[-1] if path else 0
+    kids = [i + 1 for i in range(n) if int(par[i]) == last]
+    return Acceptance(path, int(target[last]), kids[0] if kids else None)
+
+
+def accept_sampling(tokens: torch.Tensor, parents: torch.Tensor, q: torch.Tensor, generator: torch.Generator) -> Acceptance:
+    """Temperature > 0: multi-candidate rejection sampling for deterministic proposals.
+
+    q (N+1, V) verifier distributions at the root and every node. At a node, try children in
+    order; accept child x with probability q'(x), where q' is q with previously rejected siblings
+    zeroed and renormalised; if all are rejected, sample the next token from q'. Lossless: the
+    committed token at every position is distributed exactly as q.
+    """
+    kids = _children(parents)
+    node, path = 0, []
+    while True:
+        residual = q[node].clone()  # q' (V,)
+        accepted, first_rejected = None, None
+        for c in kids[node]:
+            x = int(tokens[c - 1])
+            u = torch.rand((), generator=generator)
+            if u * residual.sum() < residual[x]:  # accept with probability q'(x) = residual[x] / sum
+                accepted = c
+                break
+            first_rejected = c if first_rejected is None else first_rejected
+            residual[x] = 0.0  # remove the rejected sibling's mass, renormalise implicitly
+        if accepted is None:
+            nxt = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+            return Acceptance(path, nxt, first_rejected)
+        path.append(accepted)
+        node = accepted

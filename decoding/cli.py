@@ -1,0 +1,94 @@
+"""python -m decoding {generate,bench}."""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .engine import DecodeConfig
+from .strategies import GRANULARITIES, STRATEGIES
+from .tree import TreeConfig
+
+
+def add_decode_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--verifier", default="smollm2-135m-instruct")
+    p.add_argument("--drafter", action="append", default=[], help="drafter checkpoint dir (repeat for routing/merged)")
+    p.add_argument("--strategy", default="single", help=f"one of {sorted(STRATEGIES)}")
+    p.add_argument("--routing-granularity", default="step", help=f"one of {list(GRANULARITIES)}")
+    p.add_argument("--merge-dedup", action="store_true", help="merged trees: verify shared prefixes once (trie)")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--top-k-sampling", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=42)
+    p.add_argument("--tree-top-k", type=int, default=TreeConfig.top_k)
+    p.add_argument("--tree-depth", type=int, default=TreeConfig.depth)
+    p.add_argument("--tree-total-tokens", type=int, default=TreeConfig.total_tokens)
+
+
+def decode_config(args) -> DecodeConfig:
+    return DecodeConfig(
+        strategy=args.strategy, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        routing_granularity=args.routing_granularity, merge_dedup=args.merge_dedup,
+        top_k_sampling=args.top_k_sampling, top_p=args.top_p,
+        tree=TreeConfig(args.tree_top_k, args.tree_depth, args.tree_total_tokens),
+    )
+
+
+def cmd_generate(args) -> int:
+    from tqdm import tqdm
+
+    from .engine import SpeculativeDecoder
+    from .runner import (check_drafter_files, check_prompt_lengths, decode_prompt, default_threads,
+                         load_proposers, prompt_rows, read_prompts, write_parquet_atomic)
+    from .strategies import make_strategy
+    from .verifiers import eos_token_ids, load_verifier, resolve
+
+    # validate everything cheap before loading any model
+    cfg = decode_config(args)
+    make_strategy(cfg.strategy, len(args.drafter), cfg.routing_granularity)
+    prompts = read_prompts(args.prompts)
+    name = resolve(args.verifier).name
+    check_drafter_files(args.drafter, name)
+    for out in [args.out] + ([args.trace_out] if args.trace_out else []):
+        if Path(out).exists() and Path(out).is_dir():
+            raise ValueError(f"output path {out} is a directory")
+    default_threads()
+    model, tok = load_verifier(args.verifier)
+    proposers = load_proposers(model, args.drafter, name)
+    check_prompt_lengths(tok, model, prompts, cfg)
+    decoder = SpeculativeDecoder(model, proposers, cfg, eos_token_ids(model, tok))
+    rows, steps = [], []
+    extra = {"strategy": cfg.strategy, "temperature": cfg.temperature}
+    for prompt in tqdm(prompts, desc=f"decode {cfg.strategy}", unit="prompt"):
+        r, s = prompt_rows(prompt, decode_prompt(decoder, tok, prompt), extra)
+        rows += r
+        steps += s
+    write_parquet_atomic(rows, args.out)
+    if args.trace_out:
+        write_parquet_atomic(steps, args.trace_out)
+    calls = sum(r["verifier_calls"] for r in rows)
+    new = sum(r["new_tokens"] for r in rows)
+    print(f"wrote {len(rows)} rows to {args.out}; acceptance length {new / max(calls, 1):.3f} ({new} tokens / {calls} calls)")
+    return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m decoding")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    g = sub.add_parser("generate", help="speculative decoding over a JSONL prompts file")
+    add_decode_args(g)
+    g.add_argument("--prompts", required=True)
+    g.add_argument("--out", required=True)
+    g.add_argument("--trace-out", default=None)
+    g.set_defaults(fn=cmd_generate)
+    b = sub.add_parser("bench", help="tokens/s and draft/verify split of every strategy vs autoregressive")
+    from .bench import add_bench_args
+
+    add_bench_args(b)
+    args = p.parse_args(argv)
+    try:
+        return args.fn(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2

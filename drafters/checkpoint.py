@@ -1,0 +1,73 @@
+"""Drafter checkpoints: a directory with config.json + model.safetensors, written atomically."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .config import DrafterConfig
+from .model import FeatureDrafter
+
+FORMAT = "taskspec-drafter-v1"
+
+
+def init_drafter(cfg: DrafterConfig) -> FeatureDrafter:
+    """A randomly initialised drafter; the same seed gives the same weights (merging needs this)."""
+    gen_state = torch.random.get_rng_state()
+    torch.manual_seed(cfg.seed)
+    try:
+        model = FeatureDrafter(cfg)
+    finally:
+        torch.random.set_rng_state(gen_state)
+    return model
+
+
+def save_checkpoint(model: FeatureDrafter, out_dir: str | os.PathLike, config: DrafterConfig | None = None) -> Path:
+    """Write DIR/config.json + DIR/model.safetensors via a temp dir renamed into place."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cfg = config or model.config
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(json.dumps({"format": FORMAT, **cfg.to_dict()}, indent=2, sort_keys=True))
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def load_config(path: str | os.PathLike) -> DrafterConfig:
+    p = Path(path)
+    if not (p / "config.json").is_file() or not (p / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{p} is not a drafter checkpoint (needs config.json and model.safetensors)")
+    d = json.loads((p / "config.json").read_text())
+    if d.get("format") != FORMAT:
+        raise ValueError(f"{p}/config.json has format {d.get('format')!r}, expected {FORMAT!r}")
+    return DrafterConfig.from_dict(d)
+
+
+def load_checkpoint(path: str | os.PathLike, device: str = "cpu", dtype=torch.float32) -> FeatureDrafter:
+    """Load a checkpoint; refuses a missing or unexpected weight (a silently broken drafter)."""
+    cfg = load_config(path)
+    model = FeatureDrafter(cfg)
+    state = load_file(str(Path(path) / "model.safetensors"))
+    expected = set(model.state_dict())
+    missing, extra = expected - set(state), set(state) - expected
+    if missing or extra:
+        raise ValueError(f"checkpoint {path}: missing weights {sorted(missing)}, unexpected {sorted(extra)}")
+    model.load_state_dict(state)
+    return model.to(device=device, dtype=dtype).eval()

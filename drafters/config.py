@@ -1,0 +1,80 @@
+"""Drafter configuration: everything needed to rebuild a drafter, stored as config.json."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+BACKBONES = ("eagle2", "hass")
+
+
+@dataclass(frozen=True)
+class DrafterConfig:
+    """EAGLE-style one-layer feature drafter (identical architecture for EAGLE-2 and HASS).
+
+    Embedding and LM head are the verifier's; only the fc and the decoder layer are stored.
+    """
+
+    backbone: str
+    verifier: str
+    hidden_size: int
+    vocab_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    seed: int = 0
+    training: dict = field(default_factory=dict)  # data variant, epochs, merge recipe, ...
+
+    def __post_init__(self):
+        if self.backbone not in BACKBONES:
+            raise ValueError(f"backbone must be one of {list(BACKBONES)}, got {self.backbone!r}")
+        for name in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "intermediate_size"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be divisible by num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be divisible by num_key_value_heads")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DrafterConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known - {"format"}
+        if unknown:
+            raise ValueError(f"unknown drafter config keys: {sorted(unknown)}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def for_verifier(cls, model, verifier: str, backbone: str, seed: int = 0) -> "DrafterConfig":
+        c = model.config
+        rope = getattr(c, "rope_theta", None)
+        if rope is None:
+            rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+        return cls(
+            backbone=backbone, verifier=verifier, hidden_size=c.hidden_size, vocab_size=c.vocab_size,
+            num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
+            intermediate_size=c.intermediate_size, rms_norm_eps=getattr(c, "rms_norm_eps", 1e-5),
+            rope_theta=float(rope), seed=seed,
+        )
+
+    def check_compatible(self, model, verifier: str) -> None:
+        """Refuse a drafter built for another verifier (hidden size, vocabulary, id)."""
+        c = model.config
+        problems = []
+        if self.hidden_size != c.hidden_size:
+            problems.append(f"hidden size {self.hidden_size} != verifier's {c.hidden_size}")
+        if self.vocab_size != c.vocab_size:
+            problems.append(f"vocabulary {self.vocab_size} != verifier's {c.vocab_size}")
+        if self.verifier != verifier:
+            problems.append(f"trained for verifier {self.verifier!r}, not {verifier!r}")
+        if problems:
+            raise ValueError("drafter does not match the verifier: " + "; ".join(problems))

