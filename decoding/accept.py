@@ -28,6 +28,13 @@ def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int | None 
     return logits.softmax(-1)
 
 
+def sample(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One draw from an unnormalised distribution (V,) by inverse CDF (faster than multinomial)."""
+    cdf = probs.double().cumsum(0)  # (V,)
+    u = torch.rand((), generator=generator, dtype=torch.float64) * cdf[-1]
+    return min(int(torch.searchsorted(cdf, u, right=True)), probs.shape[0] - 1)
+
+
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     """Shannon entropy in nats over the last dim."""
     return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
@@ -88,18 +95,26 @@ def accept_sampling(tokens: torch.Tensor, parents: torch.Tensor, q: torch.Tensor
     kids = _children(parents)
     node, path = 0, []
     while True:
-        residual = q[node].clone()  # q' (V,)
+        q_node = q[node]  # (V,)
+        removed: list[int] = []  # rejected sibling tokens: q' = q with these zeroed, renormalised
+        removed_mass = 0.0
         accepted, first_rejected = None, None
         for c in kids[node]:
             x = int(tokens[c - 1])
-            u = torch.rand((), generator=generator)
-            if u * residual.sum() < residual[x]:  # accept with probability q'(x) = residual[x] / sum
+            qx = 0.0 if x in removed else float(q_node[x])
+            u = float(torch.rand((), generator=generator))
+            if u * (1.0 - removed_mass) < qx:  # accept with probability q'(x) = q(x) / (1 - removed)
                 accepted = c
                 break
             first_rejected = c if first_rejected is None else first_rejected
-            residual[x] = 0.0  # remove the rejected sibling's mass, renormalise implicitly
+            if x not in removed:
+                removed.append(x)
+                removed_mass += qx
         if accepted is None:
-            nxt = int(torch.multinomial(residual / residual.sum(), 1, generator=generator))
+            residual = q_node.clone()
+            if removed:
+                residual[torch.tensor(removed)] = 0.0
+            nxt = sample(residual, generator)
             return Acceptance(path, nxt, first_rejected)
         path.append(accepted)
         node = accepted

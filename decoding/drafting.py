@@ -49,6 +49,9 @@ class FeatureDrafterProposer:
         if m > n:  # the context shrank (a new turn/prompt): start over
             self.reset()
             m = 0
+        elif m == n:  # drafting again from the same state: re-feed the root pair
+            self.cache.crop(n - 1)
+            m = n - 1
         # 1. catch up on committed context: pairs (f_i, x_{i+1}), i = m..n-1, positions i
         emb = self.embed(tokens[m + 1 : n + 1].to(dev))  # (n-m, H)
         pos = torch.arange(m, n, device=dev)

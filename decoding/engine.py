@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .accept import accept_greedy, accept_sampling, entropy, logits_to_probs
+from .accept import accept_greedy, accept_sampling, entropy, logits_to_probs, sample
 from .drafting import Proposer
 from .strategies import GRANULARITIES, make_strategy
 from .tree import TreeConfig
@@ -72,7 +72,7 @@ class SpeculativeDecoder:
     def _first_token(self, logits: torch.Tensor, gen: torch.Generator) -> int:
         if self.cfg.temperature == 0:
             return int(logits.argmax())
-        return int(torch.multinomial(self._next_dist(logits), 1, generator=gen))
+        return sample(self._next_dist(logits), gen)
 
     @torch.no_grad()
     def generate(self, input_ids: list[int], seed_key: str = "") -> TurnResult:

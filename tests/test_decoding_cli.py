@@ -1,0 +1,101 @@
+"""`python -m decoding generate` end to end, and its bad-input errors (raised before any work)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+
+from decoding.runner import PromptFileError, read_prompts
+
+
+def _run(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "decoding", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _prompts(tmp_path, rows):
+    p = tmp_path / "prompts.jsonl"
+    p.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n")
+    return str(p)
+
+
+@pytest.mark.slow
+def test_generate_cli_writes_rows_and_trace(tmp_path, random_drafter_dirs, verifier):
+    import torch
+
+    model, tok = verifier
+    prompts = _prompts(tmp_path, [{"id": "q1", "turns": ["What is 3 + 4?"]},
+                                  {"id": "q2", "turns": ["Name a fruit.", "Name another one."]}])
+    out, trace = tmp_path / "out.parquet", tmp_path / "trace.parquet"
+    r = _run("generate", "--drafter", random_drafter_dirs[0], "--drafter", random_drafter_dirs[1],
+             "--strategy", "merged", "--temperature", "0", "--max-new-tokens", "12", "--seed", "1",
+             "--prompts", prompts, "--out", str(out), "--trace-out", str(trace))
+    assert r.returncode == 0, r.stderr[-2000:]
+    df = pl.read_parquet(out)
+    assert df.height == 3 and set(df["id"]) == {"q1", "q2"}
+    for col in ("id", "turn", "output_token_ids", "output_text", "verifier_calls", "new_tokens", "acceptance_length", "wall_time_s"):
+        assert col in df.columns
+    row = df.filter(pl.col("id") == "q1").row(0, named=True)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], tokenize=False, add_generation_prompt=True)
+    x = torch.tensor([tok(ids, add_special_tokens=False)["input_ids"]])
+    ref = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=12)[0, x.shape[1]:].tolist()
+    assert row["output_token_ids"] == ref
+    assert row["acceptance_length"] == pytest.approx(row["new_tokens"] / row["verifier_calls"])
+    steps = pl.read_parquet(trace)
+    assert steps.height == int(df["verifier_calls"].sum())
+    assert {"tree_size", "accepted_depth", "depth_accept", "t_draft_s", "t_verify_s"} <= set(steps.columns)
+
+
+@pytest.mark.parametrize("rows,match", [
+    (['{"id": "a", "turns": ["ok"]}', "{broken"], r":2: not valid JSON"),
+    ([{"id": "a", "turns": []}], "non-empty list"),
+    ([{"id": "a", "turns": ["  "]}], "turn 0 is empty"),
+    ([{"turns": ["x"]}], "'id' and 'turns'"),
+])
+def test_bad_prompt_files_name_the_line(tmp_path, rows, match):
+    with pytest.raises(PromptFileError, match=match):
+        read_prompts(_prompts(tmp_path, rows))
+
+
+@pytest.mark.parametrize("args,match", [
+    (["--strategy", "bogus"], "unknown strategy 'bogus'; choose one of"),
+    (["--strategy", "merged"], "needs at least 2 drafter"),
+    (["--strategy", "autoregressive", "--temperature", "-1"], "temperature must be >= 0"),
+    (["--strategy", "confidence", "--drafter", "/nonexistent", "--drafter", "/nonexistent2"], "not a drafter checkpoint"),
+])
+def test_cli_refuses_bad_input_before_work(tmp_path, args, match):
+    prompts = _prompts(tmp_path, [{"id": "a", "turns": ["hi"]}])
+    out = tmp_path / "o.parquet"
+    r = _run("generate", "--prompts", prompts, "--out", str(out), *args, timeout=120)
+    assert r.returncode == 2 and match in r.stderr, r.stderr
+    assert not out.exists()
+
+
+def test_drafter_for_another_verifier_is_refused(tmp_path, random_drafter_dirs):
+    import shutil
+
+    d = tmp_path / "other"
+    shutil.copytree(random_drafter_dirs[0], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["verifier"] = "llama3-8b-instruct"
+    (d / "config.json").write_text(json.dumps(cfg))
+    prompts = _prompts(tmp_path, [{"id": "a", "turns": ["hi"]}])
+    r = _run("generate", "--prompts", prompts, "--out", str(tmp_path / "o.parquet"), "--drafter", str(d), timeout=120)
+    assert r.returncode == 2 and "trained for verifier 'llama3-8b-instruct'" in r.stderr
+
+
+@pytest.mark.slow
+def test_hidden_size_mismatch_is_refused(verifier, random_drafter_dirs, tmp_path):
+    import shutil
+
+    from decoding.runner import load_proposers
+
+    d = tmp_path / "wide"
+    shutil.copytree(random_drafter_dirs[0], d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["hidden_size"] = 1152
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="hidden size 1152 != verifier's 576"):
+        load_proposers(verifier[0], [str(d)], "smollm2-135m-instruct")

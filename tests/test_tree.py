@@ -1,0 +1,106 @@
+"""Pure tensor functions of the tree and the acceptance walks, on hand-made inputs."""
+from __future__ import annotations
+
+import torch
+
+from decoding.accept import accept_greedy, accept_sampling, logits_to_probs
+from decoding.tree import ancestor_matrix, expand_frontier, merge_trees, select_nodes
+from tests.helpers import chain_tree
+
+
+def test_ancestor_matrix_sees_root_ancestors_and_self_only():
+    # root -> 0 -> 2 ; root -> 1
+    parents = torch.tensor([-1, -1, 0])
+    anc = ancestor_matrix(parents)
+    expected = torch.tensor([[1, 0, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0], [1, 1, 0, 1]], dtype=torch.bool)
+    assert torch.equal(anc, expected)
+
+
+def test_expand_frontier_scores_are_cumulative():
+    scores = torch.tensor([-0.1, -1.0])
+    logp = torch.log(torch.tensor([[0.7, 0.2, 0.1], [0.5, 0.4, 0.1]]))
+    tok, child, best = expand_frontier(scores, logp, 2)
+    assert tok.tolist() == [[0, 1], [0, 1]]
+    torch.testing.assert_close(child, scores[:, None] + logp.topk(2).values)
+    assert best.tolist()[0] == 0  # -0.1 + log 0.7 is the best child overall
+
+
+def test_select_nodes_is_ancestor_closed_and_parents_first():
+    scores = torch.tensor([-0.1, -0.2, -0.3, -0.15, -0.5])
+    parents = torch.tensor([-1, -1, 0, 0, 3])
+    depths = torch.tensor([1, 1, 2, 2, 3])
+    keep, new_par = select_nodes(scores, parents, depths, 4)
+    assert sorted(keep.tolist()) == [0, 1, 2, 3]
+    for i, p in enumerate(new_par.tolist()):
+        assert p < i
+    # ties: child equal to parent's score never drops the parent
+    keep, _ = select_nodes(torch.tensor([0.0, 0.0, 0.0]), torch.tensor([-1, 0, 1]), torch.tensor([1, 2, 3]), 2)
+    assert keep.tolist() == [0, 1]
+
+
+def test_merge_concat_and_dedup():
+    a = chain_tree([[5, 6], [7]], owner=0)
+    b = chain_tree([[5, 8], [9]], owner=1)
+    cat = merge_trees([a, b])
+    assert cat.size == a.size + b.size
+    assert cat.owner.tolist() == [0, 0, 0, 1, 1, 1]
+    assert cat.parents.tolist()[3:] == [-1, -1, 3]  # b's nodes shifted by a.size
+    trie = merge_trees([a, b], dedup=True)
+    assert trie.size == 5  # the shared first token 5 is verified once
+    shared = (trie.tokens == 5).nonzero().item()
+    assert trie.owner_mask[shared] == 0b11
+    kids = trie.tokens[trie.parents == shared].tolist()
+    assert sorted(kids) == [6, 8]
+
+
+def test_accept_greedy_takes_longest_path_from_any_subtree():
+    # concatenated duplicate: subtree 1's token 5 matches but stops; subtree 2's 5 -> 8 goes deeper
+    a = chain_tree([[5, 6]], owner=0)
+    b = chain_tree([[5, 8, 9]], owner=1)
+    t = merge_trees([a, b])
+    target = torch.zeros(t.size + 1, dtype=torch.long)
+    target[0] = 5  # argmax at root
+    target[1 + 0] = 99  # after a's 5: verifier wants 99 (a's 6 rejected)
+    target[1 + 2] = 8  # after b's 5: 8
+    target[1 + 3] = 9
+    target[1 + 4] = 42  # bonus
+    acc = accept_greedy(t.tokens, t.parents, t.depths, target)
+    assert [int(t.tokens[i - 1]) for i in acc.path] == [5, 8, 9]
+    assert acc.next_token == 42
+    assert int(t.owner[acc.path[-1] - 1]) == 1
+
+
+def test_accept_greedy_rejects_all_gives_argmax():
+    t = chain_tree([[3], [4]])
+    acc = accept_greedy(t.tokens, t.parents, t.depths, torch.tensor([7, 0, 0]))
+    assert acc.path == [] and acc.next_token == 7 and acc.rejected == 1
+
+
+def _first_token_freqs(tree, q, n, rule=accept_sampling):
+    counts = torch.zeros(q.shape[-1])
+    g = torch.Generator().manual_seed(0)
+    for _ in range(n):
+        acc = rule(tree.tokens, tree.parents, q, g)
+        first = int(tree.tokens[acc.path[0] - 1]) if acc.path else acc.next_token
+        counts[first] += 1
+    return counts / n
+
+
+def test_accept_sampling_is_unbiased_on_a_toy_distribution():
+    """N = 20,000 walks; each frequency within 5 binomial sigmas of q (fails w.p. < 1e-5 each)."""
+    q_root = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    tree = chain_tree([[1], [0], [1]])  # children 1, 0, and a duplicate 1
+    q = torch.stack([q_root, q_root, q_root, q_root])
+    n = 20_000
+    freq = _first_token_freqs(tree, q, n)
+    sigma = (q_root * (1 - q_root) / n).sqrt()
+    assert ((freq - q_root).abs() <= 5 * sigma).all(), (freq, q_root)
+
+
+def test_logits_to_probs_filters():
+    logits = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    torch.testing.assert_close(logits_to_probs(logits, 1.0), torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    p = logits_to_probs(logits, 1.0, top_k=2)
+    torch.testing.assert_close(p, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    p = logits_to_probs(logits, 1.0, top_p=0.7)  # smallest prefix with mass >= 0.7: {0, 1}
+    torch.testing.assert_close(p, torch.tensor([0.625, 0.375, 0.0, 0.0]))

@@ -1,0 +1,74 @@
+"""The embedded verifier, the registry, chat templating and assistant-only loss masks."""
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from decoding.verifiers import known_verifiers, resolve
+from drafters.data.sources import load_corpus
+from drafters.data.templating import benchmark_prompt_ids, tokenize_conversation
+
+
+def test_registry_names_and_errors(tmp_path):
+    assert {"smollm2-135m-instruct", "llama3-8b-instruct"} <= set(known_verifiers())
+    assert resolve("llama3-8b-instruct").path == "meta-llama/Meta-Llama-3-8B-Instruct"
+    assert resolve(str(tmp_path)).path == str(tmp_path)
+    assert resolve("Qwen/Qwen2.5-0.5B-Instruct").path == "Qwen/Qwen2.5-0.5B-Instruct"
+    with pytest.raises(ValueError, match="unknown verifier"):
+        resolve("no-such-model")
+    src = resolve("smollm2-135m-instruct")
+    assert src.gguf_file and src.gguf_file.endswith(".gguf")
+
+
+@pytest.mark.slow
+def test_verifier_loads_once_and_answers_a_gsm8k_prompt(verifier, bench_prompts):
+    from decoding.verifiers import load_verifier
+
+    model, tok = verifier
+    assert load_verifier("smollm2-135m-instruct") is verifier  # loaded once per process
+    assert model.dtype == torch.float32 and model.config.hidden_size == 576 and model.config.vocab_size == 49152
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)
+    ids = benchmark_prompt_ids(tok, bench_prompts["gsm8k"][0], 0, [])
+    x = torch.tensor([ids])
+    out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=40)
+    text = tok.decode(out[0, len(ids):], skip_special_tokens=True)
+    assert "egg" in text.lower() and any(ch.isdigit() for ch in text), text
+
+
+def _masked_spans(ids, mask):
+    spans, start = [], None
+    for i, m in enumerate(list(mask) + [0]):
+        if m and start is None:
+            start = i
+        if not m and start is not None:
+            spans.append(ids[start:i])
+            start = None
+    return spans
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("corpus", ["sharegpt", "mathinstruct"])
+def test_loss_mask_covers_exactly_the_assistant_turns(verifier, eos, corpus):
+    _, tok = verifier
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        convs, _ = load_corpus(corpus)
+    for conv in convs[:20]:
+        ex = tokenize_conversation(tok, conv, max_length=100_000, eos_ids=eos)
+        spans = _masked_spans(ex.input_ids, ex.loss_mask)
+        answers = [c for r, c in conv.turns if r == "assistant"]
+        assert len(spans) == len(answers)
+        for span, answer in zip(spans, answers):
+            assert span[-1] in eos  # the end-of-turn token carries loss
+            assert tok.decode(span[:-1]).strip() == answer.strip()
+        assert 0 < sum(ex.loss_mask) < len(ex.input_ids)
+
+
+@pytest.mark.slow
+def test_truncation_keeps_mask_aligned(verifier, eos):
+    _, tok = verifier
+    convs, _ = load_corpus("mathinstruct")
+    ex = tokenize_conversation(tok, convs[0], max_length=64, eos_ids=eos)
+    assert len(ex.input_ids) == len(ex.loss_mask) == 64
