@@ -1,6 +1,85 @@
-"""Subcommands for training and merging (filled in by the training work)."""
+"""`python -m drafters train|merge|features`."""
 from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def _train(args) -> None:
+    from decoding.verifiers import eos_token_ids, load_verifier, resolve
+
+    from .trainer import TrainConfig
+    from .variants import DataSpec, ensure_features, heldout_data, variant_data
+
+    name = resolve(args.verifier).name
+    spec = DataSpec(n=args.n, heldout=args.heldout, max_length=args.max_length, seed=args.data_seed)
+    features = str(Path(args.features_dir).resolve())
+    model, tok = load_verifier(args.verifier)
+    eos = eos_token_ids(model, tok)
+    corpora = {"math": ["mathinstruct"], "chat": ["sharegpt"]}.get(args.variant, ["mathinstruct", "sharegpt"])
+    caches = {c: ensure_features(model, tok, eos, name, c, spec, features,
+                                 progress=lambda s, d, t: print(f"[{s}] {d}/{t}", flush=True)) for c in corpora}
+    cfg = TrainConfig(
+        verifier=name, backbone=args.backbone, variant=args.variant, out_dir=str(Path(args.out).resolve()),
+        train_data=variant_data(args.variant, features, caches, args.n), heldout_data=heldout_data(features, caches),
+        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed, deepspeed=not args.no_deepspeed,
+        zero_stage=args.zero_stage,
+    )
+    if args.no_ray:
+        from .trainer import train
+
+        final = train(cfg, model)
+    else:
+        import ray
+
+        from workers.train_worker import run_training
+
+        ray.init(address=args.ray_address, dashboard_host="127.0.0.1", ignore_reinit_error=True,
+                 runtime_env={"env_vars": {"TASKSPEC_TRAIN_THREADS": str(args.threads)}} if args.threads else None)
+        final, _ = run_training(cfg, num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker)
+    hist = json.loads((final / "config.json").read_text())["training"]["history"]
+    for h in hist:
+        print({k: round(v, 4) if isinstance(v, float) else v for k, v in h.items()})
+    print(f"final checkpoint: {final}")
+
+
+def _merge(args) -> None:
+    from .merge import merge_checkpoints
+
+    out = merge_checkpoints(args.kind, args.checkpoints, args.out, lam=args.lam, base=args.base,
+                            alpha=args.alpha, density=args.density)
+    print(f"wrote {args.kind} merge to {out}")
 
 
 def add_subcommands(sub) -> None:
-    return None
+    t = sub.add_parser("train", help="extract features (cached) and train one drafter with Ray Train + DeepSpeed")
+    t.add_argument("--verifier", default="smollm2-135m-instruct")
+    t.add_argument("--backbone", choices=["eagle2", "hass"], required=True)
+    t.add_argument("--variant", choices=["math", "chat", "mixed_half", "mixed_full"], required=True)
+    t.add_argument("--n", type=int, default=256, help="examples per domain")
+    t.add_argument("--heldout", type=int, default=32)
+    t.add_argument("--max-length", type=int, default=512)
+    t.add_argument("--epochs", type=int, default=2)
+    t.add_argument("--lr", type=float, default=3e-4)
+    t.add_argument("--batch-size", type=int, default=8)
+    t.add_argument("--seed", type=int, default=0, help="drafter init seed (shared by all variants)")
+    t.add_argument("--data-seed", type=int, default=42)
+    t.add_argument("--zero-stage", type=int, default=1)
+    t.add_argument("--no-deepspeed", action="store_true")
+    t.add_argument("--no-ray", action="store_true", help="train in this process (no Ray Train)")
+    t.add_argument("--num-workers", type=int, default=1)
+    t.add_argument("--cpus-per-worker", type=int, default=1)
+    t.add_argument("--threads", type=int, default=0, help="torch threads per worker (0 = all cores)")
+    t.add_argument("--ray-address", default=None)
+    t.add_argument("--features-dir", default="runs/features")
+    t.add_argument("--out", required=True)
+    t.set_defaults(fn=_train)
+    m = sub.add_parser("merge", help="weight-space merge of drafter checkpoints")
+    m.add_argument("--kind", choices=["linear", "task_arithmetic", "ties"], required=True)
+    m.add_argument("checkpoints", nargs="+")
+    m.add_argument("--lam", type=float, default=None)
+    m.add_argument("--base", default=None)
+    m.add_argument("--alpha", type=float, default=1.0)
+    m.add_argument("--density", type=float, default=0.2)
+    m.add_argument("--out", required=True)
+    m.set_defaults(fn=_merge)

@@ -1,0 +1,132 @@
+"""Training objectives (pure tensor functions): alignment, EAGLE-2 loss, HASS top-K and
+harmonized context alignment masks.
+
+Alignment (EAGLE): the drafter's input at position t is (f_t, x_{t+1}); its output predicts the
+verifier feature f_{t+1}, whose LM-head distribution is the verifier's distribution of x_{t+2}.
+Position t carries loss iff token t+1 is an assistant token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class AlignedBatch:
+    tokens: torch.Tensor  # (B, T) x_{t+1}
+    features: torch.Tensor  # (B, T, H) f_t (input)
+    target: torch.Tensor  # (B, T, H) f_{t+1}
+    top_ids: torch.Tensor  # (B, T, K) verifier top-K of x_{t+2} (from position t+1)
+    top_probs: torch.Tensor  # (B, T, K)
+    mask: torch.Tensor  # (B, T) bool: loss positions (assistant token at t+1, not padding)
+
+
+def align(input_ids, features, loss_mask, top_ids=None, top_probs=None) -> dict:
+    """One sequence of length L -> drafter training pairs of length L-1 (see module doc)."""
+    out = {
+        "tokens": input_ids[1:],  # x_{t+1}
+        "features": features[:-1],  # f_t
+        "target": features[1:],  # f_{t+1}
+        "mask": loss_mask[1:].bool(),
+    }
+    if top_ids is not None:
+        out["top_ids"], out["top_probs"] = top_ids[1:], top_probs[1:]
+    return out
+
+
+def collate(examples: list, dtype=torch.float32) -> AlignedBatch:
+    """Right-pad aligned sequences from FeatureExamples into a batch."""
+    al = [align(e.input_ids, e.features, e.loss_mask, e.top_ids, e.top_probs) for e in examples]
+    T = max(a["tokens"].shape[0] for a in al)
+    B, H, K = len(al), al[0]["features"].shape[-1], al[0]["top_ids"].shape[-1]
+    tokens = torch.zeros(B, T, dtype=torch.long)
+    feats = torch.zeros(B, T, H, dtype=dtype)
+    target = torch.zeros(B, T, H, dtype=dtype)
+    tid = torch.zeros(B, T, K, dtype=torch.long)
+    tpr = torch.zeros(B, T, K, dtype=torch.float32)
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    for b, a in enumerate(al):
+        n = a["tokens"].shape[0]
+        tokens[b, :n], feats[b, :n], target[b, :n] = a["tokens"], a["features"].to(dtype), a["target"].to(dtype)
+        tid[b, :n], tpr[b, :n], mask[b, :n] = a["top_ids"].long(), a["top_probs"].float(), a["mask"]
+    return AlignedBatch(tokens, feats, target, tid, tpr, mask)
+
+
+def noise(features: torch.Tensor, generator: torch.Generator | None, seq_len: int, scale: float = 0.2) -> torch.Tensor:
+    """EAGLE's uniform input-feature augmentation: (U[0,1) - 0.5) * 0.2 * 512 / seq_len."""
+    u = torch.rand(features.shape, generator=generator, dtype=torch.float32).to(features)
+    return features + (u - 0.5) * scale * 512 / max(seq_len, 1)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.to(x.dtype)
+    return (x * m).sum() / m.sum().clamp_min(1.0)
+
+
+def eagle_losses(pred: torch.Tensor, target: torch.Tensor, lm_head, mask: torch.Tensor, top_ids=None, top_probs=None):
+    """Returns (feature SmoothL1, soft CE vs the verifier's distribution, top-K distillation, logp).
+
+    pred, target (B, T, H); mask (B, T). Only masked positions go through the LM head.
+    """
+    sel = mask.nonzero(as_tuple=True)
+    p_feat, t_feat = pred[sel], target[sel]  # (M, H)
+    vloss = F.smooth_l1_loss(p_feat, t_feat.to(p_feat.dtype), reduction="none").mean(-1).mean() if p_feat.numel() else pred.sum() * 0
+    logp = lm_head(p_feat).float().log_softmax(-1)  # (M, V) drafter log-probs
+    with torch.no_grad():
+        q = lm_head(t_feat.to(p_feat.dtype)).float().softmax(-1)  # (M, V) verifier distribution
+    ploss = -(q * logp).sum(-1).mean() if logp.numel() else vloss * 0
+    topk = vloss * 0
+    if top_ids is not None and logp.numel():
+        ids, pr = top_ids[sel], top_probs[sel]  # (M, K)
+        topk = -(pr * logp.gather(-1, ids)).sum(-1).mean()  # -sum_{x in topK(q)} q(x) log p(x)
+    return vloss, ploss, topk, logp
+
+
+def hass_mask(T: int, step: int, device=None) -> torch.Tensor:
+    """Attention mask for HASS forward-alignment pass ``step`` (1-based) over keys [K^1 .. K^step].
+
+    Query i attends target-feature keys K^1 at positions <= i - step + 1 and, for m = 2..step, the
+    key of pass m at position exactly i - step + m: the last step-1 context positions are the
+    drafter's own predictions, as at depth ``step`` of a draft tree. Returns (T, step*T) bool.
+    """
+    i = torch.arange(T, device=device)[:, None]
+    j = torch.arange(T, device=device)[None, :]
+    blocks = [j <= i - step + 1]
+    for m in range(2, step + 1):
+        blocks.append(j == i - step + m)
+    mask = torch.cat(blocks, dim=1)
+    mask[:, 0] |= ~mask.any(dim=1)  # rows with nothing visible (i < step-1) attend key 0; no loss there
+    return mask
+
+
+def aligned_passes(drafter, embed, batch: AlignedBatch, steps: int, input_features: torch.Tensor | None = None):
+    """Run HASS's forward-alignment passes 1..steps. Returns a list of predictions (B, T, H).
+
+    Pass 1 is the ordinary teacher-forced pass. In pass m >= 2, the input feature at position t is
+    the previous pass's prediction at t-1 (the drafter's own estimate of f_t), detached.
+    """
+    B, T, _ = batch.features.shape
+    pos = torch.arange(T, device=batch.features.device)
+    emb = embed(batch.tokens)  # (B, T, H)
+    feats = batch.features if input_features is None else input_features
+    kv_k, kv_v, preds = [], [], []
+    for m in range(1, steps + 1):
+        if m > 1:
+            prev = preds[-1].detach()
+            feats = torch.cat([torch.zeros_like(prev[:, :1]), prev[:, :-1]], dim=1)  # shift right by 1
+        extra = None if m == 1 else (torch.cat(kv_k, dim=-2), torch.cat(kv_v, dim=-2))
+        mask = hass_mask(T, m, batch.features.device)
+        out, (k, v) = drafter(emb, feats, pos, mask, extra_kv=extra)
+        kv_k.append(k.detach() if m > 1 else k)
+        kv_v.append(v.detach() if m > 1 else v)
+        preds.append(out)
+    return preds
+
+
+def step_mask(mask: torch.Tensor, step: int) -> torch.Tensor:
+    """Loss positions of pass ``step``: position t needs t - step + 1 >= 0."""
+    out = mask.clone()
+    out[:, : step - 1] = False
+    return out

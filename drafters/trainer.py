@@ -1,0 +1,282 @@
+"""One trainer for both backbones (EAGLE-2, HASS), run inside a Ray Train worker or directly.
+
+Per epoch: stream batches from the feature cache (or compute them online with the verifier),
+take optimizer steps (DeepSpeed ZeRO or plain AdamW), evaluate top-1 agreement with the verifier
+at depths 1-3 on a held-out slice, and write an atomic checkpoint (drafter format + optimizer
+state) that a crashed run resumes from.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from .checkpoint import init_drafter, save_checkpoint
+from .config import BACKBONES, DrafterConfig
+from .features import FeatureStore
+from .losses import aligned_passes, collate, eagle_losses, masked_mean, noise, step_mask
+
+
+class TrainingDiverged(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    verifier: str
+    backbone: str
+    variant: str
+    out_dir: str
+    train_data: list  # [[store_root, key, [example ids] or None], ...]
+    heldout_data: list = field(default_factory=list)
+    epochs: int = 1
+    lr: float = 3e-5
+    batch_size: int = 8
+    grad_accum: int = 1
+    warmup_steps: int = 0
+    grad_clip: float = 0.5
+    seed: int = 0
+    hass_steps: int = 3
+    vloss_weight: float = 1.0
+    ploss_weight: float = 0.1
+    topk_weight: float = 1.0
+    feature_noise: bool = True
+    deepspeed: bool = True
+    zero_stage: int = 1
+    eval_depths: int = 3
+    crash_after_epoch: int | None = None  # fault-injection for tests: raise after saving this epoch
+    max_seconds: float | None = None  # stop the epoch early (smoke profiles); None = full epochs
+
+    def __post_init__(self):
+        if self.backbone not in BACKBONES:
+            raise ValueError(f"backbone must be one of {list(BACKBONES)}, got {self.backbone!r}")
+        if self.epochs < 1 or self.batch_size < 1 or self.grad_accum < 1:
+            raise ValueError("epochs, batch_size and grad_accum must be >= 1")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0-3, got {self.zero_stage}")
+        if not self.train_data:
+            raise ValueError("train_data is empty")
+
+
+def iter_examples(data: list, seed: int | None, buffer: int = 256):
+    """Stream examples from feature stores; shard-order and a shuffle buffer seeded per epoch."""
+    rng = random.Random(seed) if seed is not None else None
+    sources = list(data)
+    if rng:
+        rng.shuffle(sources)
+    buf = []
+    for root, key, ids in sources:
+        for e in FeatureStore(root, key).iter_examples(None if ids is None else set(ids)):
+            if rng is None:
+                yield e
+                continue
+            buf.append(e)
+            if len(buf) >= buffer:
+                yield buf.pop(rng.randrange(len(buf)))
+    if rng:
+        rng.shuffle(buf)
+    yield from buf
+
+
+def batches(data, batch_size, seed):
+    group = []
+    for e in iter_examples(data, seed):
+        if int(e.loss_mask[1:].sum()) == 0:
+            continue
+        group.append(e)
+        if len(group) == batch_size:
+            yield collate(group)
+            group = []
+    if group:
+        yield collate(group)
+
+
+def compute_loss(cfg: TrainConfig, model, embed, lm_head, batch, generator):
+    """The backbone's objective. EAGLE-2: 1.0 SmoothL1 + 0.1 soft CE. HASS: + 1.0 top-K, summed
+    over ``hass_steps`` forward-alignment passes."""
+    feats = noise(batch.features, generator, batch.features.shape[1]) if cfg.feature_noise else batch.features
+    steps = cfg.hass_steps if cfg.backbone == "hass" else 1
+    preds = aligned_passes(model, embed, batch, steps, input_features=feats)
+    total, parts = 0.0, {}
+    for j, pred in enumerate(preds, 1):
+        m = step_mask(batch.mask, j)
+        topk = (batch.top_ids, batch.top_probs) if cfg.backbone == "hass" else (None, None)
+        v, p, t, _ = eagle_losses(pred, batch.target, lm_head, m, *topk)
+        loss = cfg.vloss_weight * v + cfg.ploss_weight * p + (cfg.topk_weight * t if cfg.backbone == "hass" else 0.0)
+        total = total + loss
+        parts[f"vloss_{j}"], parts[f"ploss_{j}"] = float(v), float(p)
+    return total, parts
+
+
+@torch.no_grad()
+def evaluate(model, embed, lm_head, data, depths: int = 3, batch_size: int = 8) -> dict:
+    """Top-1 agreement with the verifier's next token at depth 1 (teacher-forced) and depths 2..D
+    (rolled out on the drafter's own features), on assistant positions of held-out examples."""
+    hits, counts = [0] * depths, [0] * depths
+    model.eval()
+    for batch in batches(data, batch_size, None):
+        preds = aligned_passes(model, embed, batch, depths)
+        for j, pred in enumerate(preds):
+            m = step_mask(batch.mask, j + 1)
+            sel = m.nonzero(as_tuple=True)
+            if not sel[0].numel():
+                continue
+            a = lm_head(pred[sel]).argmax(-1)
+            b = batch.top_ids[sel][:, 0]  # the verifier's argmax next token
+            hits[j] += int((a == b).sum())
+            counts[j] += int(sel[0].numel())
+    model.train()
+    return {f"top1_depth{j + 1}": hits[j] / counts[j] if counts[j] else float("nan") for j in range(depths)}
+
+
+def _latest_epoch(out: Path) -> tuple[int, Path] | None:
+    done = sorted((int(p.name.split("-")[1]), p) for p in out.glob("epoch-*") if (p / "state.json").is_file())
+    return done[-1] if done else None
+
+
+def _deepspeed_config(cfg: TrainConfig, world: int) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": cfg.batch_size,
+        "gradient_accumulation_steps": cfg.grad_accum,
+        "train_batch_size": cfg.batch_size * cfg.grad_accum * world,
+        "gradient_clipping": cfg.grad_clip,
+        "zero_optimization": {"stage": cfg.zero_stage},
+        "bf16": {"enabled": torch.cuda.is_available()},
+        "steps_per_print": 10**9,
+    }
+
+
+class _Plain:
+    """The non-DeepSpeed path (same interface): AdamW + clipping + grad accumulation."""
+
+    def __init__(self, model, opt, cfg):
+        self.module, self.opt, self.cfg, self.micro = model, opt, cfg, 0
+
+    def backward(self, loss):
+        (loss / self.cfg.grad_accum).backward()
+
+    def step(self):
+        self.micro += 1
+        if self.micro % self.cfg.grad_accum == 0:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+
+    def save_state(self, d: Path):
+        torch.save(self.opt.state_dict(), d / "optimizer.pt")
+
+    def load_state(self, d: Path):
+        self.opt.load_state_dict(torch.load(d / "optimizer.pt"))
+
+
+class _DeepSpeed:
+    def __init__(self, model, opt, cfg, world):
+        import deepspeed
+
+        self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=_deepspeed_config(cfg, world))
+        self.module = self.engine.module
+
+    def backward(self, loss):
+        self.engine.backward(loss)
+
+    def step(self):
+        self.engine.step()
+
+    def save_state(self, d: Path):
+        self.engine.save_checkpoint(str(d / "deepspeed"), tag="state")
+
+    def load_state(self, d: Path):
+        self.engine.load_checkpoint(str(d / "deepspeed"), tag="state", load_module_strict=True)
+
+
+def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, report=None) -> Path:
+    """Train (or resume) one drafter; returns the final checkpoint directory (out_dir/final)."""
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    embed, lm_head = verifier_model.get_input_embeddings(), verifier_model.lm_head
+    dcfg = DrafterConfig.for_verifier(verifier_model, cfg.verifier, cfg.backbone, seed=cfg.seed)
+    model = init_drafter(dcfg)  # every variant of a backbone starts from the same init (merging)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
+    sched_fn = (lambda s: min(1.0, (s + 1) / cfg.warmup_steps)) if cfg.warmup_steps else (lambda s: 1.0)
+    runner = _DeepSpeed(model, opt, cfg, world) if cfg.deepspeed else _Plain(model, opt, cfg)
+    model = runner.module
+    start, history = 0, []
+    latest = _latest_epoch(out)
+    if latest is not None:  # resume after a crash: weights + optimizer state of the last epoch
+        epoch, d = latest
+        from .checkpoint import load_checkpoint
+
+        model.load_state_dict(load_checkpoint(d).state_dict())
+        runner.load_state(d)
+        state = json.loads((d / "state.json").read_text())
+        start, history = epoch, state["history"]
+    gen = torch.Generator().manual_seed(cfg.seed)
+    step = sum(h["steps"] for h in history)
+    if start == 0 and rank == 0:
+        history.append({"epoch": 0, "steps": 0, **evaluate(model, embed, lm_head, cfg.heldout_data, cfg.eval_depths)})
+    for epoch in range(start + 1, cfg.epochs + 1):
+        t0, losses, n_steps, n_tok = time.perf_counter(), [], 0, 0
+        for i, batch in enumerate(batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch)):
+            if i % world != rank:
+                continue
+            for g in opt.param_groups:
+                g["lr"] = cfg.lr * sched_fn(step)
+            loss, _ = compute_loss(cfg, model, embed, lm_head, batch, gen)
+            if not torch.isfinite(loss):
+                raise TrainingDiverged(f"non-finite loss {float(loss)} at epoch {epoch} step {n_steps}; "
+                                       f"last good checkpoint kept in {out}")
+            runner.backward(loss)
+            runner.step()
+            losses.append(float(loss))
+            n_steps += 1
+            step += 1
+            n_tok += int(batch.mask.sum())
+            if cfg.max_seconds and time.perf_counter() - t0 > cfg.max_seconds:
+                break
+        wall = time.perf_counter() - t0
+        metrics = {"epoch": epoch, "steps": n_steps, "train_loss": sum(losses) / max(len(losses), 1),
+                   "train_tokens_per_s": n_tok / wall if wall else 0.0, "epoch_seconds": wall}
+        if rank == 0:
+            metrics.update(evaluate(model, embed, lm_head, cfg.heldout_data, cfg.eval_depths))
+        history.append(metrics)
+        d = _save_epoch(out, epoch, model, dcfg, cfg, history, runner, rank)
+        if report is not None:
+            report(metrics, d)
+        if cfg.crash_after_epoch == epoch:
+            raise RuntimeError(f"injected crash after epoch {epoch}")
+    final = out / "final"
+    if rank == 0:
+        d = _latest_epoch(out)[1]
+        tmp = out / ".final.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(d, tmp, ignore=shutil.ignore_patterns("deepspeed", "optimizer.pt"))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    return final
+
+
+def _save_epoch(out, epoch, model, dcfg, cfg, history, runner, rank) -> Path:
+    d = out / f"epoch-{epoch}"
+    tmp = out / f".epoch-{epoch}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        meta = DrafterConfig(**{**dcfg.to_dict(), "training": {"variant": cfg.variant, "epoch": epoch,
+                                                                  "lr": cfg.lr, "batch_size": cfg.batch_size,
+                                                                  "history": history}})
+        save_checkpoint(model, tmp, meta)
+    runner.save_state(tmp)  # every rank writes its optimizer shard (ZeRO)
+    if rank == 0:
+        (tmp / "state.json").write_text(json.dumps({"epoch": epoch, "history": history, "config": asdict(cfg)}, default=str))
+        shutil.rmtree(d, ignore_errors=True)
+        os.replace(tmp, d)  # the epoch exists only once complete
+    return d
+

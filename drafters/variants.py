@@ -1,0 +1,95 @@
+"""The study's data variants and the feature caches they read.
+
+Per corpus, ONE seeded permutation of the conversations decides everything: the first ``n``
+eligible examples are the training set, the next ``heldout`` ones the held-out slice. ``math``
+and ``chat`` use all n of their corpus; ``mixed_half`` the first n/2 of each; ``mixed_full``
+all n of each. Mixed variants therefore reference the single-domain caches, never recompute.
+"""
+from __future__ import annotations
+
+import random
+import warnings
+from dataclasses import dataclass
+
+from .data.sources import SourceOptions, load_corpus
+from .data.templating import tokenize_conversation
+from .features import FeatureStore, content_key, verifier_features
+
+VARIANTS = ("math", "chat", "mixed_half", "mixed_full")
+CORPUS_OF = {"math": "mathinstruct", "chat": "sharegpt"}
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    n: int  # examples per domain (the study: 70k)
+    heldout: int = 32
+    max_length: int = 512
+    seed: int = 42
+
+    def __post_init__(self):
+        if self.n < 2:
+            raise ValueError(f"data n must be >= 2, got {self.n}")
+        if self.max_length < 16:
+            raise ValueError(f"max_length must be >= 16, got {self.max_length}")
+
+
+def select_examples(tokenizer, eos_ids, corpus: str, spec: DataSpec, options: SourceOptions = SourceOptions()):
+    """Tokenized (train, heldout) examples of one corpus, deterministic given spec.seed."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        convs, _ = load_corpus(corpus, options)
+    order = list(range(len(convs)))
+    random.Random(spec.seed).shuffle(order)
+    need = spec.n + spec.heldout
+    out = []
+    for i in order:
+        ex = tokenize_conversation(tokenizer, convs[i], spec.max_length, eos_ids)
+        if sum(ex.loss_mask[1:]) == 0:
+            continue  # no assistant token inside max_length
+        out.append(ex)
+        if len(out) == need:
+            break
+    if len(out) < need:
+        raise ValueError(f"corpus {corpus!r} has only {len(out)} examples with assistant tokens within "
+                         f"max_length={spec.max_length}; need n + heldout = {need}")
+    return out[: spec.n], out[spec.n :]
+
+
+def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec: DataSpec, root: str,
+                    options: SourceOptions = SourceOptions(), progress=None) -> dict:
+    """Extract (or reuse) the feature caches of one corpus: {"train": key, "heldout": key, ...}.
+
+    A second call with the same content key runs no verifier forward pass.
+    """
+    train, held = select_examples(tokenizer, eos_ids, corpus, spec, options)
+    keys = {}
+    for part, exs in (("train", train), ("heldout", held)):
+        key = content_key(verifier, f"{corpus}-{part}", [e.id for e in exs], spec.max_length)
+        store = FeatureStore(root, key)
+        if not store.exists():
+            def gen(exs=exs):
+                for j in range(0, len(exs), 16):
+                    yield from verifier_features(model, exs[j : j + 16])
+                    if progress:
+                        progress(f"features {corpus}/{part}", min(j + 16, len(exs)), len(exs))
+
+            store.write(gen(), {"verifier": verifier, "corpus": corpus, "part": part, "max_length": spec.max_length,
+                                "seed": spec.seed})
+        keys[part] = key
+        keys[f"{part}_ids"] = [e.id for e in exs]
+    return keys
+
+
+def variant_data(variant: str, root: str, caches: dict, n: int) -> list:
+    """[[store_root, key, ids], ...] of a variant, from the per-corpus caches of ensure_features."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown data variant {variant!r}; choose one of {list(VARIANTS)}")
+    if variant in CORPUS_OF:
+        c = caches[CORPUS_OF[variant]]
+        return [[root, c["train"], None]]
+    take = n // 2 if variant == "mixed_half" else n
+    return [[root, caches[c]["train"], caches[c]["train_ids"][:take]] for c in ("mathinstruct", "sharegpt")]
+
+
+def heldout_data(root: str, caches: dict) -> list:
+    return [[root, caches[c]["heldout"], None] for c in ("mathinstruct", "sharegpt") if c in caches]

@@ -1,0 +1,68 @@
+"""Ray Train wrapper: a TorchTrainer whose workers run drafters.trainer.train with DeepSpeed."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+
+def _worker_env() -> None:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DeepSpeed's CPU accelerator (gloo)
+            torch.set_num_threads(max(1, int(os.environ.get("TASKSPEC_TRAIN_THREADS", os.cpu_count() or 1))))
+    except ImportError:
+        pass
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """Runs in each Ray Train worker: load the frozen verifier, train, report each epoch."""
+    _worker_env()
+    import ray.train
+
+    from decoding.verifiers import load_verifier
+    from drafters.trainer import TrainConfig, train
+
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    cfg = TrainConfig(**config["train"])
+    model, _ = load_verifier(cfg.verifier, device="cuda" if _cuda() else "cpu")
+
+    def report(metrics: dict, ckpt_dir: Path) -> None:
+        ckpt = ray.train.Checkpoint.from_directory(str(ckpt_dir)) if rank == 0 else None
+        ray.train.report({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, checkpoint=ckpt)
+
+    train(cfg, model, rank=rank, world=world, report=report)
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def trainer_for(cfg, num_workers: int = 1, use_gpu: bool = False, cpus_per_worker: int = 1,
+                storage_path: str | None = None, name: str | None = None, max_failures: int = 1):
+    """A TorchTrainer for one drafter run (backend gloo on CPU, nccl on GPU)."""
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    storage = storage_path or str(Path(cfg.out_dir).resolve().parent / "_ray_train")
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"train": dataclasses.asdict(cfg)},
+        torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker}),
+        run_config=RunConfig(name=name or f"train-{cfg.backbone}-{cfg.variant}", storage_path=storage,
+                             failure_config=FailureConfig(max_failures=max_failures)),
+    )
+
+
+def run_training(cfg, **kwargs):
+    """Fit one drafter with Ray Train; the final checkpoint lands in cfg.out_dir/final."""
+    result = trainer_for(cfg, **kwargs).fit()
+    if result.error:
+        raise result.error
+    return Path(cfg.out_dir) / "final", result
