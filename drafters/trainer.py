@@ -112,7 +112,7 @@ def compute_loss(cfg: TrainConfig, model, embed, lm_head, batch, generator):
         v, p, t, _ = eagle_losses(pred, batch.target, lm_head, m, *topk)
         loss = cfg.vloss_weight * v + cfg.ploss_weight * p + (cfg.topk_weight * t if cfg.backbone == "hass" else 0.0)
         total = total + loss
-        parts[f"vloss_{j}"], parts[f"ploss_{j}"] = float(v), float(p)
+        parts[f"vloss_{j}"], parts[f"ploss_{j}"] = float(v.detach()), float(p.detach())
     return total, parts
 
 

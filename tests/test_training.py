@@ -1,0 +1,101 @@
+"""Drafter training on real data with the real verifier, at tiny sizes."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from drafters.trainer import TrainConfig, TrainingDiverged, train
+from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
+
+pytestmark = pytest.mark.slow
+N = 24
+SPEC = DataSpec(n=N, heldout=8, max_length=160, seed=42)
+
+
+@pytest.fixture(scope="module")
+def caches(verifier, eos, tmp_path_factory):
+    model, tok = verifier
+    root = str(tmp_path_factory.mktemp("features"))
+    c = {corpus: ensure_features(model, tok, eos, "smollm2-135m-instruct", corpus, SPEC, root)
+         for corpus in ("mathinstruct", "sharegpt")}
+    return root, c
+
+
+def _cfg(root, caches, out, backbone, **kw):
+    return TrainConfig(verifier="smollm2-135m-instruct", backbone=backbone, variant="math", out_dir=str(out),
+                       train_data=variant_data("math", root, caches, N), heldout_data=heldout_data(root, caches)[:1],
+                       lr=kw.pop("lr", 1e-3), batch_size=4, deepspeed=kw.pop("deepspeed", False), **kw)
+
+
+def test_second_extraction_runs_no_verifier_forward(verifier, eos, caches):
+    model, tok = verifier
+    root, c = caches
+    calls = []
+    h = model.register_forward_hook(lambda *a: calls.append(1))
+    try:
+        again = ensure_features(model, tok, eos, "smollm2-135m-instruct", "mathinstruct", SPEC, root)
+    finally:
+        h.remove()
+    assert again == c["mathinstruct"] and not calls
+
+
+def test_mixed_variants_reference_single_domain_caches(caches):
+    root, c = caches
+    half = variant_data("mixed_half", root, c, N)
+    full = variant_data("mixed_full", root, c, N)
+    assert [d[1] for d in half] == [c["mathinstruct"]["train"], c["sharegpt"]["train"]]
+    assert len(half[0][2]) == N // 2 and len(full[0][2]) == N
+    assert set(half[0][2]) <= set(c["mathinstruct"]["train_ids"])
+
+
+@pytest.mark.parametrize("backbone", ["eagle2", "hass"])
+def test_short_training_lowers_loss_and_raises_agreement(verifier, caches, tmp_path, backbone):
+    root, c = caches
+    final = train(_cfg(root, c, tmp_path / backbone, backbone, epochs=3), verifier[0])
+    hist = json.loads((final / "config.json").read_text())["training"]["history"]
+    assert hist[-1]["train_loss"] < hist[1]["train_loss"]
+    assert hist[-1]["top1_depth1"] > hist[0]["top1_depth1"] + 0.03, hist
+
+
+def test_resume_after_crash_restores_optimizer_state(verifier, caches, tmp_path):
+    root, c = caches
+    out = tmp_path / "crash"
+    with pytest.raises(RuntimeError, match="injected crash after epoch 1"):
+        train(_cfg(root, c, out, "eagle2", epochs=2, crash_after_epoch=1), verifier[0])
+    saved = torch.load(out / "epoch-1" / "optimizer.pt")
+    final = train(_cfg(root, c, out, "eagle2", epochs=2), verifier[0])
+    hist = json.loads((final / "config.json").read_text())["training"]["history"]
+    assert [h["epoch"] for h in hist] == [0, 1, 2]  # epoch 1 not redone
+    resumed = torch.load(out / "epoch-2" / "optimizer.pt")
+    steps = lambda st: [int(v["step"]) for v in st["state"].values()]  # noqa: E731
+    assert steps(resumed) == [s + hist[2]["steps"] for s in steps(saved)]  # continued, not restarted
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(verifier, caches, tmp_path):
+    root, c = caches
+    out = tmp_path / "nan"
+    train(_cfg(root, c, out, "eagle2", epochs=1), verifier[0])
+    with pytest.raises(TrainingDiverged, match="non-finite loss"):
+        train(_cfg(root, c, out, "eagle2", epochs=2, lr=1e30), verifier[0])
+    assert (out / "epoch-1" / "model.safetensors").is_file() and not (out / "epoch-2").exists()
+
+
+def test_deepspeed_path_through_ray_train(verifier, caches, tmp_path):
+    """Ray Train TorchTrainer (gloo) + DeepSpeed ZeRO-1 on CPU, one epoch, checkpoint loads."""
+    import ray
+
+    from drafters.checkpoint import load_checkpoint
+    from workers.train_worker import run_training
+
+    root, c = caches
+    cfg = _cfg(root, c, tmp_path / "ds", "eagle2", epochs=1, deepspeed=True, zero_stage=1)
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False)
+    try:
+        final, result = run_training(cfg, storage_path=str(tmp_path / "ray"))
+    finally:
+        ray.shutdown()
+    assert result.metrics["epoch"] == 1
+    assert (tmp_path / "ds" / "epoch-1" / "deepspeed").is_dir()
+    assert load_checkpoint(final).config.training["variant"] == "math"

@@ -1,0 +1,90 @@
+"""Training objectives and merges on hand-made tensors (no verifier needed)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from drafters.checkpoint import init_drafter, load_checkpoint, save_checkpoint
+from drafters.config import DrafterConfig
+from drafters.losses import AlignedBatch, align, aligned_passes, hass_mask
+from drafters.merge import linear, merge_checkpoints, ties
+
+CFG = DrafterConfig(backbone="hass", verifier="toy", hidden_size=16, vocab_size=50, num_attention_heads=4,
+                    num_key_value_heads=2, intermediate_size=32, seed=0)
+
+
+def test_alignment_position_t_predicts_feature_t_plus_1():
+    ids = torch.tensor([10, 11, 12, 13, 14])
+    feats = torch.arange(5).float()[:, None].expand(5, 3)  # f_t = t
+    mask = torch.tensor([0, 0, 1, 1, 1])  # tokens 2..4 are assistant tokens
+    a = align(ids, feats, mask)
+    assert a["tokens"].tolist() == [11, 12, 13, 14]  # input token x_{t+1}
+    assert a["features"][:, 0].tolist() == [0, 1, 2, 3]  # input feature f_t
+    assert a["target"][:, 0].tolist() == [1, 2, 3, 4]  # target f_{t+1}
+    assert a["mask"].tolist() == [False, True, True, True]  # loss iff token t+1 is assistant
+
+
+def test_hass_mask_uses_own_predictions_for_the_last_steps():
+    m = hass_mask(5, 3)  # keys: [K1 (5) | K2 (5) | K3 (5)]
+    # query 4 at pass 3: target keys 0..2, pass-2 key at 3, pass-3 key at 4
+    row = m[4].tolist()
+    assert row[:5] == [True, True, True, False, False]
+    assert row[5:10] == [False, False, False, True, False]
+    assert row[10:] == [False, False, False, False, True]
+    assert torch.equal(hass_mask(4, 1), torch.ones(4, 4, dtype=torch.bool).tril())
+
+
+def test_hass_pass_j_does_not_see_the_verifier_features_it_replaces():
+    """Pass 2's output at t ignores f_t (it uses its own estimate); pass 3's ignores f_t and f_{t-1}."""
+    torch.manual_seed(0)
+    model = init_drafter(CFG)
+    embed = torch.nn.Embedding(50, 16)
+    T = 6
+    feats = torch.randn(1, T, 16)
+    batch = AlignedBatch(torch.randint(0, 50, (1, T)), feats, feats, None, None, torch.ones(1, T, dtype=torch.bool))
+    base = aligned_passes(model, embed, batch, 3)
+    t = 4
+    for changed in ([t], [t - 1, t]):
+        f2 = feats.clone()
+        f2[0, changed] += 5.0
+        out = aligned_passes(model, embed, AlignedBatch(batch.tokens, f2, f2, None, None, batch.mask), 3)
+        assert not torch.allclose(out[0][0, t], base[0][0, t])  # teacher-forced pass sees f_t
+        if changed == [t - 1, t]:  # ...and pass 2 sees f_{t-1} (through its estimate of f_t)
+            assert not torch.allclose(out[1][0, t], base[1][0, t])
+        # pass 2 at t: independent of f_t only (f_{t-1} feeds its own estimate of f_t)
+        if changed == [t]:
+            torch.testing.assert_close(out[1][0, t], base[1][0, t])
+        # pass 3 at t: independent of f_t and f_{t-1}
+        torch.testing.assert_close(out[2][0, t], base[2][0, t])
+
+
+def test_linear_merge_endpoints_bit_for_bit_and_refusals(tmp_path):
+    a = init_drafter(CFG)
+    b = init_drafter(DrafterConfig(**{**CFG.to_dict(), "seed": 1}))
+    pa, pb = save_checkpoint(a, tmp_path / "a"), save_checkpoint(b, tmp_path / "b")
+    for lam, ref in ((1.0, a), (0.0, b)):
+        out = merge_checkpoints("linear", [str(pa), str(pb)], str(tmp_path / f"m{lam}"), lam=lam)
+        got = load_checkpoint(out).state_dict()
+        assert all(torch.equal(got[k], ref.state_dict()[k]) for k in got)
+    half = linear(a.state_dict(), b.state_dict(), 0.5)
+    torch.testing.assert_close(half["fc.weight"], 0.5 * (a.fc.weight + b.fc.weight))
+    with pytest.raises(ValueError, match="lambda must be in"):
+        linear(a.state_dict(), b.state_dict(), 1.5)
+    other = init_drafter(DrafterConfig(**{**CFG.to_dict(), "backbone": "eagle2"}))
+    po = save_checkpoint(other, tmp_path / "o")
+    with pytest.raises(ValueError, match="different backbone"):
+        merge_checkpoints("linear", [str(pa), str(po)], str(tmp_path / "bad"), lam=0.5)
+    wide = init_drafter(DrafterConfig(**{**CFG.to_dict(), "intermediate_size": 64}))
+    pw = save_checkpoint(wide, tmp_path / "w")
+    with pytest.raises(ValueError, match="different intermediate_size"):
+        merge_checkpoints("linear", [str(pa), str(pw)], str(tmp_path / "bad2"), lam=0.5)
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "bad2").exists()
+
+
+def test_ties_elects_signs_and_trims():
+    base = {"w": torch.zeros(4)}
+    t1 = {"w": torch.tensor([1.0, -2.0, 0.1, 3.0])}
+    t2 = {"w": torch.tensor([1.0, 1.0, 0.1, -1.0])}
+    out = ties(base, [t1, t2], density=0.5)["w"]
+    # t1 keeps [-2, 3], t2 keeps [1, 1] at positions 0,1 ( ties at 1.0 kept) -> signs: pos0 +, pos1 -, pos3 +
+    assert out[0] == 1.0 and out[1] == -2.0 and out[2] == 0.0 and out[3] == 3.0
