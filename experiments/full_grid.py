@@ -1,0 +1,48 @@
+"""The study's whole grid on Ray: python experiments/full_grid.py --profile demo
+
+Also runs under `ray job submit -- python experiments/full_grid.py ...` (RAY_ADDRESS is set then).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout (ray job working_dir)
+
+
+def main(argv=None) -> int:
+    from orchestrator.profile import ProfileError, load_profile
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--profile", default="demo", help="smoke | demo | paper | path/to/profile.yaml")
+    ap.add_argument("--output-dir", default=None, help="default: runs/<profile>")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a profile value")
+    ap.add_argument("--force", default=None, help="redo one stage and what depends on it: features|train|merge|eval|report")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan; load no model")
+    args = ap.parse_args(argv)
+    try:
+        profile = load_profile(args.profile, args.set)
+    except ProfileError as e:
+        print(f"error: invalid profile: {e}", file=sys.stderr)
+        return 2
+    out = args.output_dir or f"runs/{profile.name}"
+    if args.dry_run:
+        from orchestrator.dryrun import print_plan
+
+        print_plan(profile)
+        return 0
+    from orchestrator.driver import Driver
+
+    try:
+        driver = Driver(profile, out, force=args.force)
+    except (PermissionError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    driver.run()
+    print(f"done: results in {Path(out).resolve()} (report: {Path(out).resolve() / 'report' / 'report.md'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,332 @@
+"""The Ray driver: features -> training (Tune + Train) -> merges -> evaluation -> report.
+
+Every unit has a content key from the configuration that produced it; the manifest records each
+unit once its files are complete, so rerunning the same command skips finished work.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import time
+import traceback
+from pathlib import Path
+
+from .grid import EvalCell, eval_cells, key_of, merge_cells, train_cells
+from .manifest import STAGES, Manifest
+from .profile import Profile, profile_dict
+from .progress import Progress
+
+PARTITIONS = ("backbone", "benchmark", "temperature")
+
+
+def check_output_dir(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".write-test-{os.getpid()}"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as e:
+        raise PermissionError(f"output directory {out} is not writable: {e}") from e
+
+
+def _ray_init(p: Profile) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    if os.environ.get("RAY_ADDRESS"):  # inside `ray job submit` or a configured cluster
+        ray.init(address=os.environ["RAY_ADDRESS"])
+    else:
+        ray.init(dashboard_host="127.0.0.1", include_dashboard=True,
+                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+
+
+def _features_task(verifier, dtype, corpus, spec_dict, root):
+    from decoding.verifiers import eos_token_ids, load_verifier, resolve
+    from drafters.variants import DataSpec, ensure_features
+
+    model, tok = load_verifier(verifier, dtype=dtype)
+    return ensure_features(model, tok, eos_token_ids(model, tok), resolve(verifier).name, corpus, DataSpec(**spec_dict), root)
+
+
+class Driver:
+    def __init__(self, profile: Profile, output_dir: str, force: str | None = None):
+        self.p = profile
+        self.out = Path(output_dir).resolve()
+        check_output_dir(self.out)
+        self.manifest = Manifest(self.out / "manifest.json")
+        if force:
+            if force not in STAGES:
+                raise ValueError(f"--force must be one of {list(STAGES)}, got {force!r}")
+            n = self.manifest.forget_from(force)
+            print(f"--force {force}: {n} recorded unit(s) of {force} and later stages will be redone")
+            self.force = force
+        else:
+            self.force = None
+        self.stage_seconds: dict[str, float] = {}
+
+    # ------------------------------------------------------------------ helpers
+    def _rel(self, path: Path) -> str:
+        return str(Path(path).resolve().relative_to(self.out))
+
+    def _data_spec(self) -> dict:
+        d = self.p.data
+        return {"n": d.n, "heldout": d.heldout, "max_length": d.max_length, "seed": d.seed}
+
+    def run(self) -> dict:
+        import ray
+
+        from decoding.verifiers import resolve
+
+        self.verifier_name = resolve(self.p.verifier).name
+        (self.out / "profile.json").write_text(__import__("json").dumps(profile_dict(self.p), indent=1, default=str))
+        _ray_init(self.p)
+        t = time.time()
+        caches = self.stage_features()
+        self.stage_seconds["features"] = time.time() - t
+        t = time.time()
+        ckpts = self.stage_train(caches)
+        self.stage_seconds["train"] = time.time() - t
+        t = time.time()
+        ckpts.update(self.stage_merge(ckpts))
+        self.stage_seconds["merge"] = time.time() - t
+        t = time.time()
+        summary = self.stage_eval(ckpts)
+        self.stage_seconds["eval"] = time.time() - t
+        t = time.time()
+        self.stage_report()
+        self.stage_seconds["report"] = time.time() - t
+        print("stage wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in self.stage_seconds.items()))
+        ray.shutdown() if not os.environ.get("RAY_ADDRESS") else None
+        return summary
+
+    # ------------------------------------------------------------------ 1. features
+    def stage_features(self) -> dict:
+        import ray
+
+        vs = set(self.p.train.variants)
+        corpora = [c for c, need in (("mathinstruct", vs - {"chat"}), ("sharegpt", vs - {"math"})) if need]
+        root = self.out / "features"
+        prog = Progress("features", len(corpora))
+        caches, pending = {}, {}
+        for c in corpora:
+            key = "features-" + key_of([self.verifier_name, c, self._data_spec()])
+            rec = self.manifest.get(key)
+            if rec and self.manifest.done(key):
+                caches[c] = rec["caches"]
+                prog.step(f"{c} (cached)")
+                continue
+            if self.force == "features":
+                for sub in root.glob(f"{c}-*"):
+                    shutil.rmtree(sub, ignore_errors=True)
+            r = self.p.resources.features
+            task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(_features_task)
+            pending[c] = (key, task.options(name=f"features:{c}").remote(self.p.verifier, self.p.verifier_dtype, c, self._data_spec(), str(root)))
+        for c, (key, ref) in pending.items():
+            caches[c] = ray.get(ref)
+            files = [self._rel(root / caches[c][p] / "manifest.json") for p in ("train", "heldout")]
+            self.manifest.record(key, "features", c, "done", files=files, caches=caches[c])
+            prog.step(c)
+        return caches
+
+    # ------------------------------------------------------------------ 2. training
+    def _train_config(self, cell, caches):
+        from drafters.trainer import TrainConfig
+        from drafters.variants import heldout_data, variant_data
+
+        root = str(self.out / "features")
+        t = self.p.train
+        return TrainConfig(
+            verifier=self.verifier_name, backbone=cell.backbone, variant=cell.variant,
+            out_dir=str(self.out / "checkpoints" / cell.name), train_data=variant_data(cell.variant, root, caches, self.p.data.n),
+            heldout_data=heldout_data(root, caches), epochs=t.epochs, lr=t.lr, batch_size=t.batch_size,
+            grad_accum=t.grad_accum, warmup_steps=t.warmup_steps, seed=t.init_seed, hass_steps=t.hass_steps,
+            deepspeed=t.deepspeed, zero_stage=t.zero_stage, max_seconds=t.max_seconds,
+        )
+
+    def stage_train(self, caches) -> dict:
+        from workers.tune_sweep import mark_cells, run_sweep
+
+        cells = train_cells(self.p)
+        prog = Progress("train", len(cells))
+        ckpts, todo, keys = {}, {}, {}
+        tcfg = dataclasses.asdict(self.p.train)
+        for k in ("backbones", "variants"):
+            tcfg.pop(k)
+        for cell in cells:
+            key = "train-" + key_of([self.verifier_name, self._data_spec(), tcfg, cell.backbone, cell.variant])
+            keys[cell.name] = key
+            final = self.out / "checkpoints" / cell.name / "final"
+            if self.manifest.done(key):
+                ckpts[cell.name] = str(final)
+                prog.step(f"{cell.name} (done earlier)")
+                continue
+            if self.force in ("features", "train"):
+                shutil.rmtree(self.out / "checkpoints" / cell.name, ignore_errors=True)
+            todo[cell.name] = self._train_config(cell, caches)
+        if todo:
+            r = self.p.resources.train
+            storage = str(self.out / "ray_results")
+            mark_cells(storage, todo)
+            prog.log(f"Tune sweep over {sorted(todo)}")
+            grid = run_sweep(todo, storage, {"num_workers": r.num_workers, "cpus_per_worker": r.cpus_per_worker, "use_gpu": r.use_gpu},
+                             max_concurrent=r.max_concurrent_trials)
+            errors = {res.config["cell"]: res.error for res in grid if res.error}
+            for name in todo:
+                final = self.out / "checkpoints" / name / "final"
+                if name in errors or not (final / "model.safetensors").is_file():
+                    err = str(errors.get(name, "no final checkpoint"))[:2000]
+                    self.manifest.record(keys[name], "train", name, "failed", error=err)
+                    prog.step(f"{name} FAILED: {err[:200]}")
+                    continue
+                self.manifest.record(keys[name], "train", name, "done", files=[self._rel(final / "model.safetensors")])
+                ckpts[name] = str(final)
+                prog.step(name)
+        return ckpts
+
+    # ------------------------------------------------------------------ 3. merges
+    def stage_merge(self, ckpts: dict) -> dict:
+        from drafters.checkpoint import init_drafter, save_checkpoint
+        from drafters.merge import merge_checkpoints
+
+        cells = merge_cells(self.p)
+        prog = Progress("merge", len(cells))
+        out = {}
+        for m in cells:
+            src = [ckpts.get(f"{m.backbone}-math"), ckpts.get(f"{m.backbone}-chat")]
+            key = "merge-" + key_of([m.kind, m.lam, self.p.merge.ties_density, [self.manifest.data["cells"].get(k, {}).get("files") for k in src if k]] + src)
+            dest = self.out / "checkpoints" / m.name
+            if self.manifest.done(key):
+                out[m.name] = str(dest)
+                prog.step(f"{m.name} (done earlier)")
+                continue
+            if None in src:
+                self.manifest.record(key, "merge", m.name, "failed", error="a source drafter failed to train")
+                prog.step(f"{m.name} skipped: missing source")
+                continue
+            try:
+                base = None
+                if m.kind != "linear":  # the shared random init (all variants start from it)
+                    from drafters.checkpoint import load_config
+
+                    base_dir = self.out / "checkpoints" / f"{m.backbone}-init"
+                    cfg = dataclasses.replace(load_config(src[0]), training={"init": True})
+                    save_checkpoint(init_drafter(cfg), base_dir, cfg)
+                    base = str(base_dir)
+                merge_checkpoints(m.kind, src, str(dest), lam=m.lam, base=base, density=self.p.merge.ties_density)
+                self.manifest.record(key, "merge", m.name, "done", files=[self._rel(dest / "model.safetensors")])
+                out[m.name] = str(dest)
+                prog.step(m.name)
+            except Exception as e:  # noqa: BLE001 - recorded, the grid goes on
+                self.manifest.record(key, "merge", m.name, "failed", error=f"{type(e).__name__}: {e}")
+                prog.step(f"{m.name} FAILED: {e}")
+        return out
+
+    # ------------------------------------------------------------------ 4. evaluation
+    def _prompts(self):
+        import warnings
+
+        from drafters.data.sources import load_benchmark, subsample
+
+        out = {}
+        for b, n in self.p.eval.benchmarks.items():
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                prompts, _ = load_benchmark(b)
+            out[b] = subsample(prompts, n, self.p.eval.seed)
+        return out
+
+    def _eval_units(self, ckpts):
+        prompts = self._prompts()
+        e = self.p.eval
+        units = []
+        for cell in eval_cells(self.p):
+            if any(d not in ckpts for d in cell.drafters):
+                units.append((cell, None, None, "missing drafter: " + ", ".join(d for d in cell.drafters if d not in ckpts)))
+                continue
+            ps = prompts[cell.benchmark]
+            ck_keys = [self.manifest.data["cells"].get(k) and k for k in cell.drafters]
+            for s in range(0, len(ps), e.shard_size):
+                shard = ps[s : s + e.shard_size]
+                key = "eval-" + key_of([cell.key, self.verifier_name, e.max_new_tokens, e.seed, e.tree.top_k, e.tree.depth,
+                                        [p.id for p in shard], [ckpts[d] for d in cell.drafters], ck_keys])
+                units.append((cell, shard, key, None))
+        return units
+
+    def _paths(self, cell: EvalCell, key: str) -> tuple[Path, Path]:
+        part = f"backbone={cell.backbone}/benchmark={cell.benchmark}/temperature={cell.temperature:g}"
+        return (self.out / "traces" / "prompts" / part / f"{key}.parquet", self.out / "traces" / "steps" / part / f"{key}.parquet")
+
+    def stage_eval(self, ckpts) -> dict:
+        import ray
+
+        from decoding.runner import write_parquet_atomic
+        from workers.eval_worker import EvalWorker
+
+        units = self._eval_units(ckpts)
+        prog = Progress("eval", len(units))
+        todo = []
+        for cell, shard, key, missing in units:
+            if missing:
+                mkey = "eval-missing-" + cell.key
+                self.manifest.record(mkey, "eval", cell.label, "failed", error=missing)
+                prog.step(f"{cell.label} skipped: {missing}")
+            elif self.manifest.done(key):
+                prog.step(f"{cell.label} (done earlier)")
+            else:
+                todo.append((cell, shard, key))
+        if not todo:
+            return {"eval_units": len(units)}
+        r = self.p.resources.eval
+        actor_cls = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=-1, max_task_retries=0)(EvalWorker)
+        n_act = max(1, min(self.p.resources.eval_actors, len(todo)))
+        actors = [actor_cls.options(name=f"eval-worker-{i}-{os.getpid()}").remote(self.p.verifier, self.p.verifier_dtype, max(1, int(r.num_cpus)))
+                  for i in range(n_act)]
+        decode = {"top_k": self.p.eval.tree.top_k, "depth": self.p.eval.tree.depth, "max_new_tokens": self.p.eval.max_new_tokens,
+                  "seed": self.p.eval.seed}
+        queue = [(u, 1) for u in todo]
+        inflight = {}
+        free = list(range(n_act))
+        while queue or inflight:
+            while queue and free:
+                (cell, shard, key), attempt = queue.pop(0)
+                i = free.pop()
+                ref = actors[i].run.options(name=f"eval:{cell.label}").remote(
+                    dataclasses.asdict(cell), [ckpts[d] for d in cell.drafters], shard, {**decode, "cell_key": cell.key})
+                inflight[ref] = (i, cell, shard, key, attempt)
+            ready, _ = ray.wait(list(inflight), num_returns=1)
+            ref = ready[0]
+            i, cell, shard, key, attempt = inflight.pop(ref)
+            free.append(i)
+            try:
+                rows, steps = ray.get(ref)
+            except Exception as e:  # noqa: BLE001 - actor died or decoding failed: retry, then record
+                if attempt <= self.p.retries:
+                    prog.log(f"{cell.label}: attempt {attempt} failed ({type(e).__name__}); retrying")
+                    queue.append(((cell, shard, key), attempt + 1))
+                else:
+                    self.manifest.record(key, "eval", cell.label, "failed", attempts=attempt,
+                                         error="".join(traceback.format_exception_only(type(e), e))[-2000:])
+                    prog.step(f"{cell.label} FAILED after {attempt} attempts")
+                continue
+            pfile, sfile = self._paths(cell, key)
+            strip = lambda rs: [{k: v for k, v in x.items() if k not in PARTITIONS} | {"unit_key": key} for x in rs]  # noqa: E731
+            cols = {"backbone": cell.backbone, "benchmark": cell.benchmark, "temperature": cell.temperature}
+            rows = [{**x, **cols} for x in rows]
+            write_parquet_atomic(strip(rows), pfile)
+            write_parquet_atomic(strip([{**x, **cols} for x in steps]), sfile)
+            calls = sum(x["verifier_calls"] for x in rows)
+            tau = sum(x["new_tokens"] for x in rows) / calls if calls else float("nan")
+            self.manifest.record(key, "eval", cell.label, "done", attempts=attempt, files=[self._rel(pfile), self._rel(sfile)],
+                                 cell=dataclasses.asdict(cell), prompts=len(shard), rows=len(rows))
+            prog.step(f"{cell.label} tau={tau:.2f}", acceptance=tau, cell=cell.label)
+        for a in actors:
+            ray.kill(a)
+        return {"eval_units": len(units)}
+
+    # ------------------------------------------------------------------ 5. report
+    def stage_report(self) -> None:
+        from orchestrator.report.build import build_report
+
+        build_report(self.out)

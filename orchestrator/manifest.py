@@ -1,0 +1,51 @@
+"""manifest.json: every unit of work (key, stage, status, attempts, error, output files), atomic."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+STAGES = ("features", "train", "merge", "eval", "report")
+
+
+class Manifest:
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._lock = threading.Lock()
+        self.data = json.loads(self.path.read_text()) if self.path.is_file() else {"cells": {}}
+
+    def get(self, key: str) -> dict | None:
+        return self.data["cells"].get(key)
+
+    def done(self, key: str) -> bool:
+        c = self.get(key)
+        return bool(c and c["status"] == "done" and all(Path(self.path.parent, f).exists() for f in c.get("files", [])))
+
+    def record(self, key: str, stage: str, name: str, status: str, attempts: int = 1, error: str | None = None,
+               files: list[str] = (), **extra) -> None:
+        with self._lock:
+            self.data["cells"][key] = {"stage": stage, "name": name, "status": status, "attempts": attempts,
+                                       "error": error, "files": list(files), **extra}
+            self._flush()
+
+    def forget_from(self, stage: str) -> int:
+        """--force STAGE: drop that stage's records and every later stage's."""
+        later = set(STAGES[STAGES.index(stage):])
+        with self._lock:
+            drop = [k for k, c in self.data["cells"].items() if c["stage"] in later]
+            for k in drop:
+                del self.data["cells"][k]
+            self._flush()
+        return len(drop)
+
+    def cells(self, stage: str | None = None) -> dict:
+        return {k: c for k, c in self.data["cells"].items() if stage is None or c["stage"] == stage}
+
+    def _flush(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".manifest.", suffix=".tmp", dir=self.path.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(self.data, f, indent=1, sort_keys=True)
+        os.replace(tmp, self.path)

@@ -1,0 +1,35 @@
+"""Progress lines for the driver log (stage, done/total, ETA) and live Ray metrics."""
+from __future__ import annotations
+
+import sys
+import time
+
+
+class Progress:
+    def __init__(self, stage: str, total: int, stream=sys.stdout):
+        self.stage, self.total, self.done, self.t0, self.stream = stage, total, 0, time.time(), stream
+        self._metrics = None
+        try:
+            from ray.util.metrics import Counter, Gauge
+
+            self._metrics = (Counter("taskspec_units_done", "finished units per stage", tag_keys=("stage",)),
+                             Gauge("taskspec_acceptance_length", "acceptance length of finished eval cells", tag_keys=("cell",)))
+        except Exception:  # noqa: BLE001 - metrics are optional (no Ray, or no metrics agent)
+            self._metrics = None
+        self.log(f"start: {total} unit(s)")
+
+    def log(self, msg: str) -> None:
+        print(f"[{time.strftime('%H:%M:%S')}] [{self.stage}] {msg}", file=self.stream, flush=True)
+
+    def step(self, what: str = "", n: int = 1, acceptance: float | None = None, cell: str | None = None) -> None:
+        self.done += n
+        el = time.time() - self.t0
+        eta = el / self.done * (self.total - self.done) if self.done else float("nan")
+        self.log(f"{self.done}/{self.total} done, elapsed {el:.0f}s, ETA {eta:.0f}s  {what}")
+        if self._metrics:
+            try:
+                self._metrics[0].inc(n, tags={"stage": self.stage})
+                if acceptance is not None and cell:
+                    self._metrics[1].set(acceptance, tags={"cell": cell})
+            except Exception:  # noqa: BLE001
+                pass

@@ -1,0 +1,54 @@
+"""Evaluation actor: loads the verifier once, caches drafters, decodes shards of prompts."""
+from __future__ import annotations
+
+import os
+
+
+class EvalWorker:
+    """Wrapped with ray.remote by the driver (resources come from the profile)."""
+
+    def __init__(self, verifier: str, dtype: str | None = None, threads: int = 1):
+        import torch
+
+        from decoding.verifiers import eos_token_ids, load_verifier, resolve
+
+        torch.set_num_threads(max(1, threads))
+        self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.model, self.tok = load_verifier(verifier, dtype=dtype, device=self.device)
+        self.name = resolve(verifier).name
+        self.eos = eos_token_ids(self.model, self.tok)
+        self._proposers: dict[str, object] = {}
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def _proposer(self, path: str, index: int):
+        from decoding.runner import load_proposers
+
+        key = f"{path}#{index}"
+        if key not in self._proposers:
+            p = load_proposers(self.model, [path], self.name)[0]
+            p.index, p.name = index, os.path.basename(os.path.dirname(path)) if path.endswith("final") else os.path.basename(path)
+            self._proposers[key] = p
+        return self._proposers[key]
+
+    def run(self, cell: dict, checkpoint_paths: list[str], prompts: list, decode: dict) -> tuple[list, list]:
+        """Decode ``prompts`` for one evaluation cell; returns (prompt rows, step rows)."""
+        from decoding.engine import DecodeConfig, SpeculativeDecoder
+        from decoding.runner import decode_prompt, prompt_rows
+        from decoding.tree import TreeConfig
+
+        tree = TreeConfig(decode["top_k"], decode["depth"], cell["total_tokens"] if cell["strategy"] != "autoregressive" else 2)
+        cfg = DecodeConfig(strategy=cell["strategy"], temperature=cell["temperature"], max_new_tokens=decode["max_new_tokens"],
+                           seed=decode["seed"], routing_granularity=cell["routing_granularity"],
+                           merge_dedup=cell["merge_dedup"], tree=tree)
+        props = [self._proposer(p, i) for i, p in enumerate(checkpoint_paths)]
+        dec = SpeculativeDecoder(self.model, props, cfg, self.eos)
+        extra = {k: cell[k] for k in ("drafter", "strategy", "routing_granularity", "merge_dedup", "total_tokens", "budget_matched")}
+        extra["cell_key"] = decode["cell_key"]
+        rows, steps = [], []
+        for prompt in prompts:
+            r, s = prompt_rows(prompt, decode_prompt(dec, self.tok, prompt), extra)
+            rows += r
+            steps += s
+        return rows, steps
