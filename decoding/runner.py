@@ -123,7 +123,9 @@ def write_parquet_atomic(rows: list[dict], path: str | os.PathLike, schema=None)
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.Table.from_pylist(rows, schema=schema) if rows or schema is not None else pa.table({})
+    from .schema import to_table
+
+    table = pa.Table.from_pylist(rows, schema=schema) if schema is not None else to_table(rows)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     os.close(fd)
     try:

@@ -1,0 +1,31 @@
+"""Arrow types of the trace columns, so every Parquet file of a run has one schema
+(an all-empty list column would otherwise be inferred as list<null>)."""
+from __future__ import annotations
+
+import pyarrow as pa
+
+F, I, S, B = pa.float64(), pa.int64(), pa.string(), pa.bool_()
+KNOWN = {
+    # prompt rows
+    "id": S, "turn": I, "output_token_ids": pa.list_(I), "output_text": S, "verifier_calls": I, "new_tokens": I,
+    "acceptance_length": F, "wall_time_s": F, "mean_tree_size": F, "routing_choice": I, "t_draft_s": F, "t_verify_s": F,
+    # step rows
+    "step": I, "tree_size": I, "committed": I, "accepted_depth": I, "chosen_drafter": I, "accepted_owner": I,
+    "accepted_owner_mask": I, "drafter_mean_confidence": pa.list_(F), "drafter_mean_entropy": pa.list_(F),
+    "accepted_draft_entropy": pa.list_(F), "accepted_verifier_entropy": pa.list_(F), "rejected_draft_entropy": F,
+    "rejected_verifier_entropy": F, "depth_accept": pa.list_(B), "t_bookkeeping_s": F,
+    # cell columns
+    "backbone": S, "benchmark": S, "temperature": F, "drafter": S, "strategy": S, "routing_granularity": S,
+    "merge_dedup": B, "total_tokens": I, "budget_matched": B, "cell_key": S, "unit_key": S,
+}
+
+
+def to_table(rows: list[dict]) -> pa.Table:
+    if not rows:
+        return pa.table({})
+    names = list(rows[0])
+    fields = [pa.field(n, KNOWN[n]) if n in KNOWN else None for n in names]
+    if all(fields):
+        return pa.Table.from_pylist(rows, schema=pa.schema(fields))
+    table = pa.Table.from_pylist(rows)
+    return table.cast(pa.schema([pa.field(n, KNOWN.get(n, table.schema.field(n).type)) for n in table.column_names]))

@@ -1,0 +1,129 @@
+"""Figures for people: one message each, titles, labelled axes with units, legends."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import polars as pl
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"font.size": 11, "axes.titlesize": 13, "figure.dpi": 110})
+    return plt
+
+
+def fig_tau(t1: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path | None:
+    t = t1.filter(pl.col("backbone").is_in([backbone, "none"]) & (pl.col("temperature") == temp))
+    if t.is_empty():
+        return None
+    plt = _plt()
+    methods = t.group_by("method").agg(pl.col("tau").mean()).sort("tau", descending=True)["method"].to_list()
+    benches = sorted(t["benchmark"].unique().to_list())
+    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(methods) * len(benches) / 2), 5))
+    w = 0.8 / len(benches)
+    for j, b in enumerate(benches):
+        sub = {r["method"]: r for r in t.filter(pl.col("benchmark") == b).iter_rows(named=True)}
+        xs = [i + j * w for i in range(len(methods))]
+        ys = [sub[m]["tau"] if m in sub else float("nan") for m in methods]
+        lo = [sub[m]["tau"] - sub[m]["tau_lo"] if m in sub and sub[m]["tau_lo"] == sub[m]["tau_lo"] else 0 for m in methods]
+        hi = [sub[m]["tau_hi"] - sub[m]["tau"] if m in sub and sub[m]["tau_hi"] == sub[m]["tau_hi"] else 0 for m in methods]
+        ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=b)
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(methods))], methods, rotation=35, ha="right")
+    ax.set_ylabel("acceptance length τ (tokens per verifier call)")
+    ax.set_title(f"{backbone}: acceptance length by drafter / composition (T={temp:g}, 95% CI)")
+    ax.axhline(1.0, color="grey", lw=0.8, ls=":")
+    ax.legend(title="benchmark")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def fig_lambda(t1: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path | None:
+    t = t1.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)).group_by("method").agg(pl.col("tau").mean())
+    lam = t.filter(pl.col("method").str.starts_with("avg")).with_columns(pl.col("method").str.slice(3).cast(pl.Float64).alias("lam")).sort("lam")
+    if lam.height < 2:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    ax.plot(lam["lam"], lam["tau"], "o-", color="black", label="averaged λ·math + (1-λ)·chat")
+    ref = dict(zip(t["method"], t["tau"]))
+    styles = {"math": "tab:blue", "chat": "tab:orange", "confidence(step)": "tab:green", "merged": "tab:red"}
+    for m, c in styles.items():
+        if m in ref:
+            ax.axhline(ref[m], color=c, ls="--", label=f"{m} ({ref[m]:.2f})")
+    for m, mk in (("task_arithmetic", "s"), ("ties", "^")):
+        if m in ref:
+            ax.plot([0.5], [ref[m]], mk, ms=9, label=f"{m} ({ref[m]:.2f})")
+    ax.set_xlabel("λ (weight of the math drafter)")
+    ax.set_ylabel("τ, mean over benchmarks (tokens / call)")
+    ax.set_title(f"{backbone}: weight averaging along λ vs specialists and compositions (T={temp:g})")
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def fig_entropy(ent: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path | None:
+    e = ent.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)).group_by("method").agg(
+        pl.col("draft_accepted").mean(), pl.col("draft_rejected").mean()).sort("method").drop_nulls()
+    if e.is_empty():
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(7, 0.8 * e.height), 4.5))
+    x = range(e.height)
+    ax.bar([i - 0.2 for i in x], e["draft_accepted"], 0.4, label="accepted tokens")
+    ax.bar([i + 0.2 for i in x], e["draft_rejected"], 0.4, label="first rejected token")
+    ax.set_xticks(list(x), e["method"].to_list(), rotation=30, ha="right")
+    ax.set_ylabel("draft entropy (nats)")
+    ax.set_title(f"{backbone}: rejected draft tokens carry higher draft entropy (T={temp:g})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def fig_depth(depth: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path | None:
+    d = depth.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)).group_by(["method", "depth"]).agg(
+        ((pl.col("accept_rate") * pl.col("reached")).sum() / pl.col("reached").sum()).alias("rate")).sort(["method", "depth"])
+    if d.is_empty():
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for m in d["method"].unique().sort().to_list():
+        s = d.filter(pl.col("method") == m)
+        ax.plot(s["depth"], 100 * s["rate"], "o-", label=m)
+    ax.set_xlabel("draft depth")
+    ax.set_ylabel("acceptance rate given depth reached (%)")
+    ax.set_title(f"{backbone}: acceptance rate by depth (T={temp:g})")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def fig_speed(sp: pl.DataFrame, temp: float, path: Path) -> Path | None:
+    s = sp.filter((pl.col("temperature") == temp) & (pl.col("method") != "autoregressive")).group_by(["backbone", "method"]).agg(
+        pl.col("speedup").mean()).sort("speedup", descending=True)
+    if s.is_empty():
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(7, 0.5 * s.height), 4.8))
+    labels = [f"{b}:{m}" for b, m in zip(s["backbone"], s["method"])]
+    ax.bar(range(s.height), s["speedup"], color=["tab:green" if v >= 1 else "tab:red" for v in s["speedup"]])
+    ax.axhline(1.0, color="black", lw=1, label="autoregressive (same run, same machine)")
+    ax.set_xticks(range(s.height), labels, rotation=40, ha="right")
+    ax.set_ylabel("wall-clock speedup over autoregressive (×)")
+    ax.set_title(f"Measured speedup, mean over benchmarks (T={temp:g})")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path

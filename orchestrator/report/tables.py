@@ -1,0 +1,133 @@
+"""The study's tables from the Parquet traces, with polars (lazy scans, no loops over rows)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from .stats import ratio_ci
+
+MATH_BENCH = ("gsm8k", "math500", "svamp")
+KEYS = ["backbone", "method", "benchmark", "temperature"]
+
+
+def method_expr() -> pl.Expr:
+    """A row label per composition: specialist name, merge name, routing(granularity), merged."""
+    g = pl.col("routing_granularity")
+    return (
+        pl.when(pl.col("strategy") == "autoregressive").then(pl.lit("autoregressive"))
+        .when(pl.col("strategy") == "single").then(
+            pl.col("drafter") + pl.when(pl.col("budget_matched")).then(pl.lit("@") + pl.col("total_tokens").cast(pl.Utf8)).otherwise(pl.lit("")))
+        .when(pl.col("strategy") == "merged").then(pl.when(pl.col("merge_dedup")).then(pl.lit("merged-dedup")).otherwise(pl.lit("merged")))
+        .otherwise(pl.col("strategy") + pl.lit("(") + g + pl.lit(")"))
+    )
+
+
+def scan(run: Path, kind: str) -> pl.LazyFrame | None:
+    root = Path(run) / "traces" / kind
+    if not root.is_dir() or not any(root.rglob("*.parquet")):
+        return None
+    return pl.scan_parquet(str(root / "**" / "*.parquet"), hive_partitioning=True).with_columns(
+        pl.col("temperature").cast(pl.Float64), method_expr().alias("method"))
+
+
+def per_prompt(prompts: pl.LazyFrame) -> pl.DataFrame:
+    """One row per (cell, prompt): turns summed."""
+    return (prompts.group_by(KEYS + ["id"]).agg(
+        pl.col("new_tokens").sum(), pl.col("verifier_calls").sum(), pl.col("wall_time_s").sum(),
+        pl.col("output_token_ids").list.len().sum().alias("out_tokens"),
+        (pl.col("mean_tree_size") * pl.col("verifier_calls")).sum().alias("tree_nodes"),
+        pl.col("t_draft_s").sum(), pl.col("t_verify_s").sum(),
+        pl.col("routing_choice").mode().first().alias("routing_choice"),
+    ).collect())
+
+
+def _ci_table(pp: pl.DataFrame, num: str, den: str, name: str) -> pl.DataFrame:
+    rows = []
+    for key, g in pp.group_by(KEYS, maintain_order=True):
+        p, lo, hi = ratio_ci(g[num].to_numpy(), g[den].to_numpy())
+        rows.append(dict(zip(KEYS, key)) | {name: p, f"{name}_lo": lo, f"{name}_hi": hi, "prompts": g.height})
+    return pl.DataFrame(rows).sort(KEYS) if rows else pl.DataFrame()
+
+
+def table1(pp: pl.DataFrame) -> pl.DataFrame:
+    """Acceptance length tau = tokens committed by verification passes / passes, 95% CI."""
+    return _ci_table(pp.filter(pl.col("verifier_calls") > 0), "new_tokens", "verifier_calls", "tau")
+
+
+def table1_wide(t1: pl.DataFrame, backbone: str, temperature: float) -> pl.DataFrame:
+    t = t1.filter((pl.col("backbone").is_in([backbone, "none"])) & (pl.col("temperature") == temperature))
+    if t.is_empty():
+        return t
+    cell = t.with_columns(pl.format("{} [{}, {}]", pl.col("tau").round(2), pl.col("tau_lo").round(2), pl.col("tau_hi").round(2)).alias("v"))
+    wide = cell.pivot(on="benchmark", index="method", values="v")
+    avg = t.group_by("method").agg(pl.col("tau").mean().round(2).alias("average"))
+    return wide.join(avg, on="method").sort("average", descending=True)
+
+
+def speed(pp: pl.DataFrame) -> pl.DataFrame:
+    """Wall-clock: tokens/s with CI, speedup over autoregressive (same benchmark/temperature),
+    verifier calls per token, mean tree size, draft/verify time share, tau per verified node."""
+    tps = _ci_table(pp, "out_tokens", "wall_time_s", "tokens_per_s")
+    agg = pp.group_by(KEYS).agg(
+        (pl.col("verifier_calls").sum() / pl.col("out_tokens").sum()).alias("calls_per_token"),
+        (pl.col("tree_nodes").sum() / pl.col("verifier_calls").sum()).alias("mean_tree_size"),
+        (pl.col("t_draft_s").sum() / pl.col("wall_time_s").sum()).alias("draft_share"),
+        (pl.col("t_verify_s").sum() / pl.col("wall_time_s").sum()).alias("verify_share"),
+        (pl.col("new_tokens").sum() / (pl.col("tree_nodes").sum() + pl.col("verifier_calls").sum())).alias("tokens_per_verified_node"),
+    )
+    ar = tps.filter(pl.col("method") == "autoregressive").select("benchmark", "temperature", pl.col("tokens_per_s").alias("ar_tps"))
+    return (tps.join(agg, on=KEYS).join(ar, on=["benchmark", "temperature"], how="left")
+            .with_columns((pl.col("tokens_per_s") / pl.col("ar_tps")).alias("speedup")).drop("ar_tps").sort(KEYS))
+
+
+def routing(pp: pl.DataFrame, steps: pl.LazyFrame | None) -> pl.DataFrame:
+    """Table 2: share of prompts (majority over steps) and of steps routed to each drafter (0 = first of the pair)."""
+    r = pp.filter(pl.col("method").str.starts_with("confidence") | pl.col("method").str.starts_with("entropy"))
+    if r.is_empty():
+        return pl.DataFrame()
+    per_prompt = r.group_by(KEYS).agg(pl.len().alias("prompts"), (pl.col("routing_choice") == 0).sum().alias("first_drafter_prompts"))
+    out = per_prompt.with_columns((pl.col("first_drafter_prompts") / pl.col("prompts")).alias("first_drafter_prompt_share"))
+    if steps is not None:
+        st = (steps.filter(pl.col("strategy").is_in(["confidence", "entropy"]))
+              .group_by(KEYS).agg((pl.col("chosen_drafter") == 0).mean().alias("first_drafter_step_share")).collect())
+        out = out.join(st, on=KEYS, how="left")
+    return out.sort(KEYS)
+
+
+def entropy_table(steps: pl.LazyFrame) -> pl.DataFrame:
+    """Tables 3-4: mean draft and verifier entropy (nats) of accepted vs first-rejected tokens."""
+    acc = (steps.select(KEYS + ["accepted_draft_entropy", "accepted_verifier_entropy"])
+           .explode(["accepted_draft_entropy", "accepted_verifier_entropy"])
+           .group_by(KEYS).agg(pl.col("accepted_draft_entropy").mean().alias("draft_accepted"),
+                               pl.col("accepted_verifier_entropy").mean().alias("verifier_accepted")))
+    rej = steps.group_by(KEYS).agg(pl.col("rejected_draft_entropy").mean().alias("draft_rejected"),
+                                   pl.col("rejected_verifier_entropy").mean().alias("verifier_rejected"))
+    return (acc.join(rej, on=KEYS).filter(pl.col("method") != "autoregressive")
+            .with_columns((pl.col("draft_rejected") - pl.col("draft_accepted")).alias("draft_diff"),
+                          (pl.col("verifier_rejected") - pl.col("verifier_accepted")).alias("verifier_diff"))
+            .sort(KEYS).collect())
+
+
+def depth_table(steps: pl.LazyFrame) -> pl.DataFrame:
+    """Tables 5-8: acceptance rate at depth d = accepted at d / reached d."""
+    return (steps.filter(pl.col("strategy") != "autoregressive").select(KEYS + ["depth_accept"])
+            .with_columns(pl.int_ranges(1, pl.col("depth_accept").list.len() + 1).alias("depth"))
+            .explode(["depth_accept", "depth"]).drop_nulls("depth")
+            .group_by(KEYS + ["depth"]).agg(pl.col("depth_accept").mean().alias("accept_rate"), pl.len().alias("reached"))
+            .sort(KEYS + ["depth"]).collect())
+
+
+def aligned(pp: pl.DataFrame, backbone: str, temperature: float, bench: str, a: str, b: str):
+    """Per-prompt (num, den) arrays of methods a and b on the same prompts (paired)."""
+    def get(m):
+        bb = "none" if m == "autoregressive" else backbone
+        return pp.filter((pl.col("backbone") == bb) & (pl.col("method") == m) & (pl.col("temperature") == temperature)
+                         & (pl.col("benchmark") == bench)).select("id", "new_tokens", "verifier_calls")
+    j = get(a).join(get(b), on="id", suffix="_b")
+    return (j["new_tokens"].to_numpy(), j["verifier_calls"].to_numpy(), j["new_tokens_b"].to_numpy(), j["verifier_calls_b"].to_numpy())
+
+
+def to_numpy_safe(x) -> np.ndarray:
+    return np.asarray(x, dtype=float)
