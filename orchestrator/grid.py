@@ -71,8 +71,8 @@ def merge_cells(p: Profile) -> list[MergeCell]:
         if "linear" in p.merge.kinds:
             lams = p.merge.lambdas if b in p.merge.sweep_backbones else [0.5]
             out += [MergeCell(b, "linear", float(lam)) for lam in sorted(set(lams) | {0.5})]
-        for kind in ("task_arithmetic", "ties"):
-            if kind in p.merge.kinds:
+        for kind in ("task_arithmetic", "ties"):  # the stronger merges, beside the lambda sweep
+            if kind in p.merge.kinds and b in p.merge.sweep_backbones:
                 out.append(MergeCell(b, kind))
     return out
 
