@@ -33,7 +33,7 @@ class TrainConfig:
     backbone: str
     variant: str
     out_dir: str
-    train_data: list  # [[store_root, key, [example ids] or None], ...]
+    train_data: list  # [[store_root, key, [example ids] or None], ...]; root "online" = [online, corpus, ids]
     heldout_data: list = field(default_factory=list)
     epochs: int = 1
     lr: float = 3e-5
@@ -52,6 +52,7 @@ class TrainConfig:
     eval_depths: int = 3
     crash_after_epoch: int | None = None  # fault-injection for tests: raise after saving this epoch
     max_seconds: float | None = None  # stop the epoch early (smoke profiles); None = full epochs
+    online_spec: dict | None = None  # DataSpec fields for "online" entries (features computed in the worker)
 
     def __post_init__(self):
         if self.backbone not in BACKBONES:
@@ -66,15 +67,49 @@ class TrainConfig:
             raise ValueError("train_data is empty")
 
 
-def iter_examples(data: list, seed: int | None, buffer: int = 256):
-    """Stream examples from feature stores; shard-order and a shuffle buffer seeded per epoch."""
+class OnlineFeatures:
+    """``online`` mode: features computed by the verifier inside the training worker, batch by
+    batch, never cached (for verifiers whose full cache would be terabytes)."""
+
+    def __init__(self, model, tokenizer, spec: dict):
+        from decoding.verifiers import eos_token_ids
+
+        from .variants import DataSpec
+
+        self.model, self.tok, self.spec = model, tokenizer, DataSpec(**spec)
+        self.eos = eos_token_ids(model, tokenizer)
+        self._examples: dict[str, list] = {}
+
+    def iter_examples(self, corpus: str, ids, part: str = "train", chunk: int = 8):
+        from .features import verifier_features
+        from .variants import select_examples
+
+        if corpus not in self._examples:
+            train, held = select_examples(self.tok, self.eos, corpus, self.spec)
+            self._examples[corpus] = {"train": train, "heldout": held}
+        exs = [e for e in self._examples[corpus][part] if ids is None or e.id in set(ids)]
+        for j in range(0, len(exs), chunk):
+            yield from verifier_features(self.model, exs[j : j + chunk])
+
+
+def _source(root, key, ids, online: OnlineFeatures | None):
+    if root in ("online", "online-heldout"):
+        if online is None:
+            raise ValueError("train_data has 'online' entries but no online feature source was given")
+        return online.iter_examples(key, ids, "heldout" if root == "online-heldout" else "train")
+    return FeatureStore(root, key).iter_examples(None if ids is None else set(ids))
+
+
+def iter_examples(data: list, seed: int | None, buffer: int = 256, online: OnlineFeatures | None = None):
+    """Stream examples from feature stores (or the online source); shard order and a shuffle
+    buffer seeded per epoch, so memory stays at about one shard plus the buffer."""
     rng = random.Random(seed) if seed is not None else None
     sources = list(data)
     if rng:
         rng.shuffle(sources)
     buf = []
     for root, key, ids in sources:
-        for e in FeatureStore(root, key).iter_examples(None if ids is None else set(ids)):
+        for e in _source(root, key, ids, online):
             if rng is None:
                 yield e
                 continue
@@ -86,9 +121,9 @@ def iter_examples(data: list, seed: int | None, buffer: int = 256):
     yield from buf
 
 
-def batches(data, batch_size, seed):
+def batches(data, batch_size, seed, online: OnlineFeatures | None = None):
     group = []
-    for e in iter_examples(data, seed):
+    for e in iter_examples(data, seed, online=online):
         if int(e.loss_mask[1:].sum()) == 0:
             continue
         group.append(e)
@@ -117,12 +152,12 @@ def compute_loss(cfg: TrainConfig, model, embed, lm_head, batch, generator):
 
 
 @torch.no_grad()
-def evaluate(model, embed, lm_head, data, depths: int = 3, batch_size: int = 8) -> dict:
+def evaluate(model, embed, lm_head, data, depths: int = 3, batch_size: int = 8, online=None) -> dict:
     """Top-1 agreement with the verifier's next token at depth 1 (teacher-forced) and depths 2..D
     (rolled out on the drafter's own features), on assistant positions of held-out examples."""
     hits, counts = [0] * depths, [0] * depths
     model.eval()
-    for batch in batches(data, batch_size, None):
+    for batch in batches(data, batch_size, None, online):
         preds = aligned_passes(model, embed, batch, depths)
         for j, pred in enumerate(preds):
             m = step_mask(batch.mask, j + 1)
@@ -197,8 +232,9 @@ class _DeepSpeed:
         self.engine.load_checkpoint(str(d / "deepspeed"), tag="state", load_module_strict=True)
 
 
-def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, report=None) -> Path:
+def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, report=None, tokenizer=None) -> Path:
     """Train (or resume) one drafter; returns the final checkpoint directory (out_dir/final)."""
+    online = OnlineFeatures(verifier_model, tokenizer, cfg.online_spec) if cfg.online_spec else None
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
@@ -222,10 +258,10 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
     gen = torch.Generator().manual_seed(cfg.seed)
     step = sum(h["steps"] for h in history)
     if start == 0 and rank == 0:
-        history.append({"epoch": 0, "steps": 0, **evaluate(model, embed, lm_head, cfg.heldout_data, cfg.eval_depths)})
+        history.append({"epoch": 0, "steps": 0, **evaluate(model, embed, lm_head, cfg.heldout_data, cfg.eval_depths, online=online)})
     for epoch in range(start + 1, cfg.epochs + 1):
         t0, losses, n_steps, n_tok = time.perf_counter(), [], 0, 0
-        for i, batch in enumerate(batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch)):
+        for i, batch in enumerate(batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch, online)):
             if i % world != rank:
                 continue
             for g in opt.param_groups:
@@ -236,7 +272,7 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
                                        f"last good checkpoint kept in {out}")
             runner.backward(loss)
             runner.step()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
             n_steps += 1
             step += 1
             n_tok += int(batch.mask.sum())
@@ -246,7 +282,7 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
         metrics = {"epoch": epoch, "steps": n_steps, "train_loss": sum(losses) / max(len(losses), 1),
                    "train_tokens_per_s": n_tok / wall if wall else 0.0, "epoch_seconds": wall}
         if rank == 0:
-            metrics.update(evaluate(model, embed, lm_head, cfg.heldout_data, cfg.eval_depths))
+            metrics.update(evaluate(model, embed, lm_head, cfg.heldout_data, cfg.eval_depths, online=online))
         history.append(metrics)
         d = _save_epoch(out, epoch, model, dcfg, cfg, history, runner, rank)
         if report is not None:

@@ -84,12 +84,22 @@ def variant_data(variant: str, root: str, caches: dict, n: int) -> list:
     """[[store_root, key, ids], ...] of a variant, from the per-corpus caches of ensure_features."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown data variant {variant!r}; choose one of {list(VARIANTS)}")
+    def entry(corpus, ids):
+        c = caches[corpus]
+        return ["online", corpus, ids] if c.get("online") else [root, c["train"], ids]
+
     if variant in CORPUS_OF:
-        c = caches[CORPUS_OF[variant]]
-        return [[root, c["train"], None]]
+        return [entry(CORPUS_OF[variant], None)]
     take = n // 2 if variant == "mixed_half" else n
-    return [[root, caches[c]["train"], caches[c]["train_ids"][:take]] for c in ("mathinstruct", "sharegpt")]
+    return [entry(c, caches[c]["train_ids"][:take]) for c in ("mathinstruct", "sharegpt")]
 
 
 def heldout_data(root: str, caches: dict) -> list:
-    return [[root, caches[c]["heldout"], None] for c in ("mathinstruct", "sharegpt") if c in caches]
+    return [["online-heldout", c, None] if caches[c].get("online") else [root, caches[c]["heldout"], None]
+            for c in ("mathinstruct", "sharegpt") if c in caches]
+
+
+def online_selection(tokenizer, eos_ids, corpus: str, spec: DataSpec, options: SourceOptions = SourceOptions()) -> dict:
+    """``online`` mode: only the example selection (ids); features are computed while training."""
+    train, held = select_examples(tokenizer, eos_ids, corpus, spec, options)
+    return {"online": True, "train_ids": [e.id for e in train], "heldout_ids": [e.id for e in held]}

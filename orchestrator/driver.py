@@ -42,11 +42,13 @@ def _ray_init(p: Profile) -> None:
                  runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
 
 
-def _features_task(verifier, dtype, corpus, spec_dict, root):
+def _features_task(verifier, dtype, corpus, spec_dict, root, online=False):
     from decoding.verifiers import eos_token_ids, load_verifier, resolve
-    from drafters.variants import DataSpec, ensure_features
+    from drafters.variants import DataSpec, ensure_features, online_selection
 
     model, tok = load_verifier(verifier, dtype=dtype)
+    if online:  # fix the selection here; features are computed later, inside training
+        return online_selection(tok, eos_token_ids(model, tok), corpus, DataSpec(**spec_dict))
     return ensure_features(model, tok, eos_token_ids(model, tok), resolve(verifier).name, corpus, DataSpec(**spec_dict), root)
 
 
@@ -122,10 +124,11 @@ class Driver:
                     shutil.rmtree(sub, ignore_errors=True)
             r = self.p.resources.features
             task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(_features_task)
-            pending[c] = (key, task.options(name=f"features:{c}").remote(self.p.verifier, self.p.verifier_dtype, c, self._data_spec(), str(root)))
+            pending[c] = (key, task.options(name=f"features:{c}").remote(self.p.verifier, self.p.verifier_dtype, c, self._data_spec(), str(root),
+                                                                             self.p.data.feature_mode == "online"))
         for c, (key, ref) in pending.items():
             caches[c] = ray.get(ref)
-            files = [self._rel(root / caches[c][p] / "manifest.json") for p in ("train", "heldout")]
+            files = [] if caches[c].get("online") else [self._rel(root / caches[c][p] / "manifest.json") for p in ("train", "heldout")]
             self.manifest.record(key, "features", c, "done", files=files, caches=caches[c])
             prog.step(c)
         return caches
@@ -143,6 +146,7 @@ class Driver:
             heldout_data=heldout_data(root, caches), epochs=t.epochs, lr=t.lr, batch_size=t.batch_size,
             grad_accum=t.grad_accum, warmup_steps=t.warmup_steps, seed=t.init_seed, hass_steps=t.hass_steps,
             deepspeed=t.deepspeed, zero_stage=t.zero_stage, max_seconds=t.max_seconds,
+            online_spec=self._data_spec() if self.p.data.feature_mode == "online" else None,
         )
 
     def stage_train(self, caches) -> dict:

@@ -99,3 +99,25 @@ def test_deepspeed_path_through_ray_train(verifier, caches, tmp_path):
     assert result.metrics["epoch"] == 1
     assert (tmp_path / "ds" / "epoch-1" / "deepspeed").is_dir()
     assert load_checkpoint(final).config.training["variant"] == "math"
+
+
+def test_online_mode_matches_the_cache_and_trains(verifier, caches, tmp_path):
+    """`online` computes the same features inside the trainer (no cache) and trains on them."""
+    from drafters.trainer import OnlineFeatures, iter_examples
+
+    model, tok = verifier
+    root, c = caches
+    online = OnlineFeatures(model, tok, SPEC.__dict__)
+    ids = c["mathinstruct"]["train_ids"][:4]
+    got = {e.id: e for e in iter_examples([["online", "mathinstruct", ids]], None, online=online)}
+    ref = {e.id: e for e in iter_examples([[root, c["mathinstruct"]["train"], ids]], None)}
+    assert got.keys() == ref.keys() == set(ids)
+    for k in ids:
+        assert torch.equal(got[k].input_ids, ref[k].input_ids) and torch.equal(got[k].loss_mask, ref[k].loss_mask)
+        torch.testing.assert_close(got[k].features.float(), ref[k].features.float(), atol=2e-2, rtol=1e-2)
+    cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone="eagle2", variant="math", out_dir=str(tmp_path / "online"),
+                      train_data=[["online", "mathinstruct", None]], heldout_data=[["online-heldout", "mathinstruct", None]],
+                      epochs=1, lr=1e-3, batch_size=4, deepspeed=False, online_spec=SPEC.__dict__)
+    final = train(cfg, model, tokenizer=tok)
+    hist = json.loads((final / "config.json").read_text())["training"]["history"]
+    assert hist[-1]["top1_depth1"] > hist[0]["top1_depth1"]

@@ -28,13 +28,13 @@ def train_loop_per_worker(config: dict) -> None:
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     cfg = TrainConfig(**config["train"])
-    model, _ = load_verifier(cfg.verifier, device="cuda" if _cuda() else "cpu")
+    model, tok = load_verifier(cfg.verifier, device="cuda" if _cuda() else "cpu")
 
     def report(metrics: dict, ckpt_dir: Path) -> None:
         ckpt = ray.train.Checkpoint.from_directory(str(ckpt_dir)) if rank == 0 else None
         ray.train.report({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, checkpoint=ckpt)
 
-    train(cfg, model, rank=rank, world=world, report=report)
+    train(cfg, model, rank=rank, world=world, report=report, tokenizer=tok)
 
 
 def _cuda() -> bool:

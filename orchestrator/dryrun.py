@@ -1,0 +1,83 @@
+"""--dry-run: the DAG, cells per stage, the resource plan and a cost estimate. Loads no model.
+
+Every number below comes from stated assumptions (ASSUMPTIONS), not from a measurement.
+"""
+from __future__ import annotations
+
+from .grid import eval_cells, merge_cells, plan_summary, train_cells
+from .profile import Profile
+
+# Per-verifier constants: parameters, hidden size, vocabulary.
+VERIFIERS = {
+    "llama3-8b-instruct": {"params": 8.0e9, "hidden": 4096, "vocab": 128256},
+    "smollm2-135m-instruct": {"params": 0.135e9, "hidden": 576, "vocab": 49152},
+}
+ASSUMPTIONS = {
+    "tokens_per_example": {"mathinstruct": 350, "sharegpt": 900},  # after the chat template, capped by max_length
+    "gpu_peak_flops": 312e12,  # A100 bf16 dense
+    "mfu": 0.35,  # achieved fraction of peak in training / extraction
+    "verify_step_seconds": 0.030,  # one tree pass of the 8B verifier on one A100 (memory-bound)
+    "assumed_tau": 3.5,  # acceptance length used to turn generated tokens into verifier calls
+    "generated_tokens_per_turn": 400,
+    "feature_bytes_per_token": None,  # hidden * 2 (fp16) + top-10 ids/probs (60 bytes)
+}
+
+
+def estimate(p: Profile) -> dict:
+    v = VERIFIERS.get(p.verifier, VERIFIERS["llama3-8b-instruct"])
+    a = ASSUMPTIONS
+    tpe = {c: min(n, p.data.max_length) for c, n in a["tokens_per_example"].items()}
+    n = p.data.n
+    corpus_tokens = {c: (n + p.data.heldout) * t for c, t in tpe.items()}
+    flops_verifier = 2 * v["params"]  # forward FLOPs per token
+    drafter_params = 2 * v["hidden"] ** 2 + 12 * v["hidden"] ** 2  # fc + one decoder layer (approx.)
+    head = 2 * v["hidden"] * v["vocab"]  # LM head forward per token
+    train_flops_per_token = {"eagle2": 6 * drafter_params + 3 * head, "hass": p.train.hass_steps * (6 * drafter_params + 3 * head)}
+    eff = a["gpu_peak_flops"] * a["mfu"]
+    variant_tokens = {"math": n * tpe["mathinstruct"], "chat": n * tpe["sharegpt"],
+                      "mixed_half": n // 2 * (tpe["mathinstruct"] + tpe["sharegpt"]), "mixed_full": n * (tpe["mathinstruct"] + tpe["sharegpt"])}
+    online = p.data.feature_mode == "online"
+    train_h = 0.0
+    for c in train_cells(p):
+        toks = variant_tokens[c.variant] * p.train.epochs
+        f = train_flops_per_token[c.backbone] + (flops_verifier if online else 0)
+        train_h += toks * f / eff / 3600
+    feat_h = 0.0 if online else sum(corpus_tokens.values()) * flops_verifier / eff / 3600
+    fbytes = v["hidden"] * 2 + 60
+    storage_gb = 0.0 if online else sum(corpus_tokens.values()) * fbytes / 1e9
+    prompts = {"mt_bench": (80, 2), "gsm8k": (1319, 1), "math500": (500, 1), "svamp": (1000, 1)}
+    eval_h = 0.0
+    for cell in eval_cells(p):
+        total, turns = prompts[cell.benchmark]
+        k = p.eval.benchmarks[cell.benchmark] or total
+        gen = min(a["generated_tokens_per_turn"], p.eval.max_new_tokens) * turns * k
+        tau = 1.0 if cell.strategy == "autoregressive" else a["assumed_tau"]
+        eval_h += gen / tau * a["verify_step_seconds"] / 3600
+    ckpt_gb = (len(train_cells(p)) * p.train.epochs + len(merge_cells(p))) * drafter_params * 2 / 1e9
+    return {"features_gpu_h": feat_h, "train_gpu_h": train_h, "eval_gpu_h": eval_h, "feature_storage_gb": storage_gb,
+            "checkpoint_storage_gb": ckpt_gb, "corpus_tokens": corpus_tokens}
+
+
+def print_plan(p: Profile) -> None:
+    s = plan_summary(p)
+    r = p.resources
+    print(f"profile {p.name!r}: verifier {p.verifier}; {p.description}")
+    print("DAG: features -> train (Tune grid over backbone x variant, each a Ray Train TorchTrainer + DeepSpeed) "
+          "-> merges -> evaluation (actor pool, sharded over prompts) -> report")
+    print(f"  features : {len(s['features'])} corpora {s['features']} (mode: {p.data.feature_mode}; n={p.data.n}/domain, max_length {p.data.max_length})")
+    print(f"  train    : {len(s['train'])} runs, {p.train.epochs} epochs, ZeRO-{p.train.zero_stage}, "
+          f"{r.train.num_workers} worker(s) x {r.train.cpus_per_worker} CPU{' + 1 GPU' if r.train.use_gpu else ''}, "
+          f"{r.train.max_concurrent_trials} concurrent trial(s)")
+    print(f"  merge    : {len(s['merge'])} checkpoints {s['merge']}")
+    print(f"  eval     : {s['eval_cells']} cells, {s['eval_prompt_runs']} prompt runs, "
+          f"{r.eval_actors} actor(s) x ({r.eval.num_cpus} CPU, {r.eval.num_gpus} GPU), shard size {p.eval.shard_size}")
+    e = estimate(p)
+    a = ASSUMPTIONS
+    print("estimate (assumptions: tokens/example " + str(a["tokens_per_example"]) + f", verifier FLOPs/token = 2 x params, "
+          f"GPU {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s peak at {a['mfu']:.0%} MFU, verify step {a['verify_step_seconds'] * 1e3:.0f} ms, "
+          f"tau {a['assumed_tau']}, {a['generated_tokens_per_turn']} generated tokens/turn):")
+    print(f"  features : {e['features_gpu_h']:.1f} GPU-h, {e['feature_storage_gb']:.0f} GB cache"
+          + (" (online mode: computed inside training, no cache)" if p.data.feature_mode == "online" else ""))
+    print(f"  train    : {e['train_gpu_h']:.1f} GPU-h")
+    print(f"  eval     : {e['eval_gpu_h']:.1f} GPU-h")
+    print(f"  storage  : checkpoints {e['checkpoint_storage_gb']:.1f} GB")

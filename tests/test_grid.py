@@ -1,0 +1,119 @@
+"""The smoke grid end to end on a local Ray: traces, resume, SIGKILL of an eval worker, and
+`ray job submit` against a local head (dashboard on 127.0.0.1)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+GRID = [sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke"]
+ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def _eval_units(run: Path) -> dict:
+    cells = json.loads((run / "manifest.json").read_text())["cells"]
+    return {k: c for k, c in cells.items() if c["stage"] == "eval"}
+
+
+def _check_traces(run: Path):
+    from orchestrator.grid import eval_cells
+    from orchestrator.profile import load_profile
+
+    p = load_profile("smoke")
+    units = _eval_units(run)
+    assert len(units) == len(eval_cells(p)) and all(u["status"] == "done" for u in units.values())
+    prompts = pl.scan_parquet(str(run / "traces/prompts/**/*.parquet"), hive_partitioning=True).collect()
+    steps = pl.scan_parquet(str(run / "traces/steps/**/*.parquet"), hive_partitioning=True).collect()
+    expected_rows = sum(u["rows"] for u in units.values())
+    assert prompts.height == expected_rows  # no lost rows
+    assert prompts.select("unit_key", "id", "turn").n_unique() == prompts.height  # no duplicated rows
+    assert steps.height == int(prompts["verifier_calls"].sum())
+    assert {"backbone", "benchmark", "temperature", "strategy", "acceptance_length", "routing_choice"} <= set(prompts.columns)
+    return prompts
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    run = tmp_path_factory.mktemp("smoke")
+    t = time.time()
+    r = subprocess.run(GRID + ["--output-dir", str(run)], capture_output=True, text=True, timeout=900, env=ENV)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    print(f"smoke grid wall time {time.time() - t:.0f}s")
+    return run
+
+
+def test_smoke_grid_writes_traces_and_report(smoke_run):
+    prompts = _check_traces(smoke_run)
+    ar = prompts.filter(pl.col("strategy") == "autoregressive")
+    assert (ar["acceptance_length"] == 1.0).all()
+    # lossless at T=0: every strategy's output equals the autoregressive baseline's, prompt by prompt
+    t0 = prompts.filter(pl.col("temperature") == 0.0).select("benchmark", "id", "turn", "strategy", "drafter", "output_token_ids")
+    base = t0.filter(pl.col("strategy") == "autoregressive").select("benchmark", "id", "turn", pl.col("output_token_ids").alias("ref"))
+    joined = t0.join(base, on=["benchmark", "id", "turn"])
+    assert joined.height == t0.height and (joined["output_token_ids"] == joined["ref"]).all()
+    assert (smoke_run / "report/report.md").is_file() and list((smoke_run / "checkpoints").glob("*/final/model.safetensors"))
+
+
+def test_rerun_skips_every_finished_unit(smoke_run):
+    before = (smoke_run / "manifest.json").read_text()
+    r = subprocess.run(GRID + ["--output-dir", str(smoke_run)], capture_output=True, text=True, timeout=600, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "(done earlier)" in r.stdout and "Tune sweep" not in r.stdout
+    assert json.loads(before)["cells"].keys() == json.loads((smoke_run / "manifest.json").read_text())["cells"].keys()
+    _check_traces(smoke_run)
+
+
+def test_sigkill_of_an_eval_worker_loses_and_duplicates_nothing(smoke_run):
+    proc = subprocess.Popen(GRID + ["--output-dir", str(smoke_run), "--force", "eval"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=ENV)
+    killed = None
+    deadline = time.time() + 600
+    while time.time() < deadline and proc.poll() is None:
+        units = _eval_units(smoke_run) if (smoke_run / "manifest.json").is_file() else {}
+        done = sum(u["status"] == "done" for u in units.values())
+        if killed is None and done >= 3:
+            out = subprocess.run(["pgrep", "-f", "ray::EvalWorker"], capture_output=True, text=True).stdout.split()
+            if out:
+                killed = int(out[0])
+                os.kill(killed, signal.SIGKILL)
+        time.sleep(0.5)
+    log = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, log[-3000:]
+    assert killed is not None, "no eval worker process was found to kill"
+    _check_traces(smoke_run)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_ray_job_submit_runs_the_grid(tmp_path):
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    port, dash = _free_port(), _free_port()
+    env = {**ENV, "RAY_ADDRESS": ""}
+    env.pop("RAY_ADDRESS")
+    start = subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
+                            "--num-cpus=2", "--include-dashboard=true", f"--temp-dir={tmp_path / 'ray'}"],
+                           capture_output=True, text=True, timeout=180, env=env)
+    assert start.returncode == 0, start.stderr[-2000:]
+    try:
+        run = tmp_path / "job-run"
+        r = subprocess.run([ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--",
+                            sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke", "--output-dir", str(run)],
+                           capture_output=True, text=True, timeout=900, env=env)
+        assert r.returncode == 0 and "succeeded" in r.stdout.lower(), r.stdout[-3000:] + r.stderr[-2000:]
+        _check_traces(run)
+    finally:
+        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120, env=env)

@@ -1,0 +1,108 @@
+"""The report on synthetic traces whose every number is known in advance, and on broken runs."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from decoding.runner import write_parquet_atomic
+from orchestrator.report.build import build_report
+from orchestrator.report.stats import paired_diff_ci, ratio_ci, verdict
+
+TAU = {("math", "gsm8k"): 3.0, ("chat", "gsm8k"): 2.0, ("math", "mt_bench"): 1.5, ("chat", "mt_bench"): 2.5,
+       ("autoregressive", "gsm8k"): 1.0, ("autoregressive", "mt_bench"): 1.0}
+N_PROMPTS = 10
+
+
+def _prompt_rows(method, bench):
+    tau = TAU[(method, bench)]
+    calls = 20
+    strategy = "autoregressive" if method == "autoregressive" else "single"
+    wall = calls * 0.1  # every call takes 0.1 s: tokens/s = (new + 1) / wall
+    return [{"id": f"{bench}/{i}", "turn": 0, "output_token_ids": list(range(int(tau * calls) + 1)), "output_text": "x",
+             "verifier_calls": calls, "new_tokens": int(tau * calls), "acceptance_length": tau, "wall_time_s": wall,
+             "mean_tree_size": 0.0 if strategy == "autoregressive" else 15.0, "routing_choice": -1, "t_draft_s": 0.0,
+             "t_verify_s": wall, "drafter": "-" if strategy == "autoregressive" else method, "strategy": strategy,
+             "routing_granularity": "step", "merge_dedup": False, "total_tokens": 16, "budget_matched": False,
+             "cell_key": f"{method}-{bench}", "unit_key": f"{method}-{bench}"} for i in range(N_PROMPTS)]
+
+
+def _step_rows(method, bench):
+    return [{"id": f"{bench}/{i}", "turn": 0, "step": 0, "tree_size": 15, "committed": 3, "accepted_depth": 2,
+             "chosen_drafter": 0, "accepted_owner": 0, "accepted_owner_mask": 1, "drafter_mean_confidence": [0.5],
+             "drafter_mean_entropy": [1.0], "accepted_draft_entropy": [0.5, 0.5], "accepted_verifier_entropy": [0.2, 0.2],
+             "rejected_draft_entropy": 1.5, "rejected_verifier_entropy": 0.7, "depth_accept": [True, True, False],
+             "t_draft_s": 0.0, "t_verify_s": 0.1, "t_bookkeeping_s": 0.0, "drafter": method, "strategy": "single",
+             "routing_granularity": "step", "merge_dedup": False, "total_tokens": 16, "budget_matched": False,
+             "cell_key": f"{method}-{bench}", "unit_key": f"{method}-{bench}"} for i in range(N_PROMPTS)]
+
+
+def _make_run(root: Path, with_steps=True, benchmarks=("gsm8k", "mt_bench"), failed=False):
+    for (method, bench) in TAU:
+        if bench not in benchmarks:
+            continue
+        bb = "none" if method == "autoregressive" else "hass"
+        part = f"backbone={bb}/benchmark={bench}/temperature=0"
+        write_parquet_atomic(_prompt_rows(method, bench), root / "traces/prompts" / part / f"{method}.parquet")
+        if with_steps and method != "autoregressive":
+            write_parquet_atomic(_step_rows(method, bench), root / "traces/steps" / part / f"{method}.parquet")
+    cells = {"k1": {"stage": "eval", "name": "hass:single:math|svamp|T=0", "status": "failed", "attempts": 3,
+                    "error": "RayActorError: worker died", "files": []}} if failed else {}
+    (root / "manifest.json").write_text(json.dumps({"cells": cells}))
+    (root / "profile.json").write_text(json.dumps({"eval": {"benchmarks": {"gsm8k": 10, "mt_bench": 10, "svamp": 10}}}))
+    return root
+
+
+def test_stats_exact_on_known_inputs():
+    p, lo, hi = ratio_ci([30] * 5, [10] * 5)
+    assert (p, lo, hi) == (3.0, 3.0, 3.0)
+    d, lo, hi = paired_diff_ci([30] * 5, [10] * 5, [20] * 5, [10] * 5)
+    assert (d, lo, hi) == (1.0, 1.0, 1.0)
+    assert verdict(0.1, 0.5) == "holds" and verdict(-0.5, -0.1) == "does not hold" and verdict(-0.1, 0.2) == "inconclusive"
+    # a real interval: the ratio CI covers the point and is not degenerate
+    p, lo, hi = ratio_ci([1, 2, 3, 4, 10], [1, 1, 1, 1, 1])
+    assert lo < p < hi
+
+
+def test_tables_and_claims_are_exact_on_synthetic_traces(tmp_path):
+    run = _make_run(tmp_path / "run")
+    build_report(run)
+    t1 = pl.read_parquet(run / "report/tables/table1_acceptance.parquet")
+    for (method, bench), tau in TAU.items():
+        row = t1.filter((pl.col("method") == method) & (pl.col("benchmark") == bench)).row(0, named=True)
+        assert row["tau"] == pytest.approx(tau) and row["tau_lo"] == pytest.approx(tau) and row["tau_hi"] == pytest.approx(tau)
+        assert row["prompts"] == N_PROMPTS
+    sp = pl.read_parquet(run / "report/tables/speed.parquet")
+    math_g = sp.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k")).row(0, named=True)
+    assert math_g["tokens_per_s"] == pytest.approx(61 / 2.0) and math_g["speedup"] == pytest.approx(61 / 21)
+    assert math_g["calls_per_token"] == pytest.approx(20 / 61) and math_g["mean_tree_size"] == pytest.approx(15.0)
+    ent = pl.read_parquet(run / "report/tables/table3_4_entropy.parquet")
+    assert ent["draft_diff"].to_list() == pytest.approx([1.0] * ent.height)
+    dep = pl.read_parquet(run / "report/tables/table5_8_depth.parquet").filter(pl.col("method") == "math")
+    rates = dep.group_by("depth").agg(pl.col("accept_rate").mean()).sort("depth")["accept_rate"].to_list()
+    assert rates == [1.0, 1.0, 0.0]
+    claims = pl.read_parquet(run / "report/tables/claims.parquet")
+    v = {(r["claim"], r["comparison"]): r for r in claims.iter_rows(named=True)}
+    rq1m = v[("RQ1-math", "math - chat specialist on gsm8k (tau)")]
+    rq1c = v[("RQ1-chat", "chat - math specialist on mt_bench (tau)")]
+    assert rq1m["estimate"] == pytest.approx(1.0) and rq1m["verdict"] == "holds"
+    assert rq1c["estimate"] == pytest.approx(1.0) and rq1c["verdict"] == "holds"
+    ent_claim = [r for r in claims.iter_rows(named=True) if r["claim"] == "entropy"][0]
+    assert ent_claim["estimate"] == pytest.approx(1.0) and ent_claim["verdict"] == "holds"
+    md = (run / "report/report.md").read_text()
+    assert "Table 1" in md and "holds" in md and (run / "report/report.html").is_file()
+    assert any(p.suffix == ".png" for p in (run / "report").iterdir())
+
+
+def test_partial_runs_say_what_is_missing(tmp_path):
+    run = _make_run(tmp_path / "run", with_steps=False, benchmarks=("gsm8k",), failed=True)
+    build_report(run)
+    md = (run / "report/report.md").read_text()
+    assert "FAILED eval: `hass:single:math|svamp|T=0`" in md
+    assert "benchmark `mt_bench` has no rows" in md and "benchmark `svamp` has no rows" in md
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    build_report(empty)
+    assert "No prompt traces found" in (empty / "report/report.md").read_text()
