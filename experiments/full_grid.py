@@ -40,7 +40,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     driver.run()
-    print(f"done: results in {Path(out).resolve()} (report: {Path(out).resolve() / 'report' / 'report.md'})")
+    where = out if "://" in out else str(Path(out).resolve())
+    print(f"done: results in {where} (report: {where}/report/report.md)")
     return 0
 
 

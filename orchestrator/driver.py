@@ -54,8 +54,16 @@ def _features_task(verifier, dtype, corpus, spec_dict, root, online=False):
 
 class Driver:
     def __init__(self, profile: Profile, output_dir: str, force: str | None = None):
+        from . import storage
+
         self.p = profile
-        self.out = Path(output_dir).resolve()
+        self.uri = output_dir if storage.is_uri(output_dir) else None
+        if self.uri:  # stage locally, copy each finished stage to the URI with pyarrow filesystems
+            storage.check_writable_uri(self.uri)
+            self.out = storage.staging_dir(self.uri)
+            storage.pull(self.uri, self.out)
+        else:
+            self.out = Path(output_dir).resolve()
         check_output_dir(self.out)
         self.manifest = Manifest(self.out / "manifest.json")
         if force:
@@ -76,6 +84,12 @@ class Driver:
         d = self.p.data
         return {"n": d.n, "heldout": d.heldout, "max_length": d.max_length, "seed": d.seed}
 
+    def _sync(self) -> None:
+        if self.uri:
+            from . import storage
+
+            storage.push(self.out, self.uri)
+
     def run(self) -> dict:
         import ray
 
@@ -87,18 +101,23 @@ class Driver:
         t = time.time()
         caches = self.stage_features()
         self.stage_seconds["features"] = time.time() - t
+        self._sync()
         t = time.time()
         ckpts = self.stage_train(caches)
         self.stage_seconds["train"] = time.time() - t
+        self._sync()
         t = time.time()
         ckpts.update(self.stage_merge(ckpts))
         self.stage_seconds["merge"] = time.time() - t
+        self._sync()
         t = time.time()
         summary = self.stage_eval(ckpts)
         self.stage_seconds["eval"] = time.time() - t
+        self._sync()
         t = time.time()
         self.stage_report()
         self.stage_seconds["report"] = time.time() - t
+        self._sync()
         print("stage wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in self.stage_seconds.items()))
         ray.shutdown() if not os.environ.get("RAY_ADDRESS") else None
         return summary

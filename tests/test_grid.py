@@ -109,9 +109,10 @@ def test_ray_job_submit_runs_the_grid(tmp_path):
                            capture_output=True, text=True, timeout=180, env=env)
     assert start.returncode == 0, start.stderr[-2000:]
     try:
-        run = tmp_path / "job-run"
+        run = tmp_path / "job-run"  # written through pyarrow's filesystem layer (file:// URI)
         r = subprocess.run([ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--",
-                            sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke", "--output-dir", str(run)],
+                            sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke",
+                            "--output-dir", f"file://{run}"],
                            capture_output=True, text=True, timeout=900, env=env)
         assert r.returncode == 0 and "succeeded" in r.stdout.lower(), r.stdout[-3000:] + r.stderr[-2000:]
         _check_traces(run)
