@@ -169,7 +169,7 @@ class Driver:
         )
 
     def stage_train(self, caches) -> dict:
-        from workers.tune_sweep import mark_cells, run_sweep
+        from workers.tune_sweep import run_sweep
 
         cells = train_cells(self.p)
         prog = Progress("train", len(cells))
@@ -189,9 +189,17 @@ class Driver:
                 shutil.rmtree(self.out / "checkpoints" / cell.name, ignore_errors=True)
             todo[cell.name] = self._train_config(cell, caches)
         if todo:
+            import ray
+
             r = self.p.resources.train
+            total = ray.cluster_resources()
+            need_cpu = r.num_workers * r.cpus_per_worker + 0.01
+            if need_cpu > total.get("CPU", 0) or (r.use_gpu and r.num_workers > total.get("GPU", 0)):
+                raise RuntimeError(
+                    f"resources.train asks for {r.num_workers} worker(s) x {r.cpus_per_worker} CPU"
+                    f"{' + 1 GPU' if r.use_gpu else ''} but the Ray cluster has {total.get('CPU', 0):g} CPU / "
+                    f"{total.get('GPU', 0):g} GPU: lower resources.train or add nodes")
             storage = str(self.out / "ray_results")
-            mark_cells(storage, todo)
             prog.log(f"Tune sweep over {sorted(todo)}")
             grid = run_sweep(todo, storage, {"num_workers": r.num_workers, "cpus_per_worker": r.cpus_per_worker, "use_gpu": r.use_gpu},
                              max_concurrent=r.max_concurrent_trials)

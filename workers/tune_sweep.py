@@ -19,36 +19,32 @@ def _trial(params: dict) -> None:
     tune.report({k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))} | {"final": 1})
 
 
+def sweep_id(configs: dict, resources: dict) -> str:
+    """Identity of a sweep: its cells, their configs and resources (restore only the same sweep)."""
+    import hashlib
+    import json
+
+    blob = json.dumps([{k: dataclasses.asdict(v) for k, v in sorted(configs.items())}, resources], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def run_sweep(configs: dict, storage_path: str, resources: dict, max_concurrent: int = 1):
     """configs: {"<backbone>-<variant>": TrainConfig} for the cells still to train (the grid is
     backbone x variant minus finished cells). Returns Tune's ResultGrid."""
     from ray import tune
 
-    path = Path(storage_path) / "train-sweep"
+    name = f"train-sweep-{sweep_id(configs, resources)}"
+    path = Path(storage_path) / name
     trainable = tune.with_resources(_trial, {"cpu": 0.01})  # the Train workers hold the real resources
     param_space = {
         "cell": tune.grid_search(sorted(configs)),
         "configs": {k: dataclasses.asdict(v) for k, v in configs.items()}, "resources": resources,
     }
-    if tune.Tuner.can_restore(str(path)) and _same_cells(path, configs):
+    if tune.Tuner.can_restore(str(path)):  # the same sweep was interrupted: Tune's own restore
         tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True, param_space=param_space)
     else:
         tuner = tune.Tuner(trainable, param_space=param_space,
                            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent),
-                           run_config=tune.RunConfig(name="train-sweep", storage_path=str(Path(storage_path).resolve())))
+                           run_config=tune.RunConfig(name=name, storage_path=str(Path(storage_path).resolve())))
     return tuner.fit()
 
-
-def _same_cells(path: Path, configs: dict) -> bool:
-    """Restore only the sweep that was interrupted (same pending cells), else start a new one."""
-    import json
-
-    marker = path.parent / "train-sweep.cells.json"
-    return marker.is_file() and json.loads(marker.read_text()) == sorted(configs)
-
-
-def mark_cells(storage_path: str, configs: dict) -> None:
-    import json
-
-    Path(storage_path).mkdir(parents=True, exist_ok=True)
-    (Path(storage_path) / "train-sweep.cells.json").write_text(json.dumps(sorted(configs)))
