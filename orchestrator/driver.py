@@ -75,6 +75,7 @@ class Driver:
         else:
             self.force = None
         self.stage_seconds: dict[str, float] = {}
+        self.ckpt_keys: dict[str, str] = {}  # checkpoint name -> manifest key of the unit that made it
 
     # ------------------------------------------------------------------ helpers
     def _rel(self, path: Path) -> str:
@@ -180,6 +181,7 @@ class Driver:
         for cell in cells:
             key = "train-" + key_of([self.verifier_name, self._data_spec(), tcfg, cell.backbone, cell.variant])
             keys[cell.name] = key
+            self.ckpt_keys[cell.name] = key
             final = self.out / "checkpoints" / cell.name / "final"
             if self.manifest.done(key):
                 ckpts[cell.name] = str(final)
@@ -226,7 +228,9 @@ class Driver:
         out = {}
         for m in cells:
             src = [ckpts.get(f"{m.backbone}-math"), ckpts.get(f"{m.backbone}-chat")]
-            key = "merge-" + key_of([m.kind, m.lam, self.p.merge.ties_density, [self.manifest.data["cells"].get(k, {}).get("files") for k in src if k]] + src)
+            key = "merge-" + key_of([m.kind, m.lam, self.p.merge.ties_density,
+                                     [self.ckpt_keys.get(f"{m.backbone}-{v}") for v in ("math", "chat")]])
+            self.ckpt_keys[m.name] = key
             dest = self.out / "checkpoints" / m.name
             if self.manifest.done(key):
                 out[m.name] = str(dest)
@@ -277,7 +281,7 @@ class Driver:
                 units.append((cell, None, None, "missing drafter: " + ", ".join(d for d in cell.drafters if d not in ckpts)))
                 continue
             ps = prompts[cell.benchmark]
-            ck_keys = [self.manifest.data["cells"].get(k) and k for k in cell.drafters]
+            ck_keys = [self.ckpt_keys.get(d) for d in cell.drafters]  # retrained drafters -> new eval keys
             for s in range(0, len(ps), e.shard_size):
                 shard = ps[s : s + e.shard_size]
                 key = "eval-" + key_of([cell.key, self.verifier_name, e.max_new_tokens, e.seed, e.tree.top_k, e.tree.depth,
