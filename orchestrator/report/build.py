@@ -96,7 +96,7 @@ def build_report(run_dir) -> Path:
     if miss:
         md += ["## Missing or failed\n"] + miss + [""]
     md.append("## Claims of the study, checked on this run\n")
-    md.append(_md(cl.select("claim", "backbone", "temperature", "comparison", "estimate", "ci_lo", "ci_hi", "verdict", "study")
+    md.append(_md(cl.select("claim", "backbone", "temperature", "comparison", "prompts", "estimate", "ci_lo", "ci_hi", "verdict", "study")
                   if not cl.is_empty() else cl))
     figs = []
     for b in backbones:

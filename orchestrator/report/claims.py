@@ -19,8 +19,13 @@ STUDY = {
 }
 
 
-def _row(claim, backbone, temp, what, est, lo, hi, v):
-    return {"claim": claim, "backbone": backbone, "temperature": temp, "comparison": what,
+MIN_PROMPTS = 10  # a bootstrap over fewer prompts per benchmark gives intervals too narrow to trust
+
+
+def _row(claim, backbone, temp, what, est, lo, hi, v, n=None):
+    if n is not None and n < MIN_PROMPTS and v != "inconclusive":
+        v = f"inconclusive (n={n} < {MIN_PROMPTS} prompts)"
+    return {"claim": claim, "backbone": backbone, "temperature": temp, "comparison": what, "prompts": n,
             "estimate": est, "ci_lo": lo, "ci_hi": hi, "verdict": v, "study": STUDY.get(claim.split(" ")[0], "")}
 
 
@@ -33,33 +38,39 @@ def check_claims(pp: pl.DataFrame, steps: pl.DataFrame | None, depth: pl.DataFra
             def avg(a, b):
                 return paired_avg_diff_ci([aligned(pp, backbone, temp, bn, a, b) for bn in benches])
 
+            def n_min(a, b):
+                return min(len(aligned(pp, backbone, temp, bn, a, b)[0]) for bn in benches)
+
             if {"math", "chat"} <= methods:
                 for bn in benches:
                     home_math = bn in MATH_BENCH
                     a, b = ("math", "chat") if home_math else ("chat", "math")
-                    est, lo, hi = paired_diff_ci(*aligned(pp, backbone, temp, bn, a, b))
+                    arrays = aligned(pp, backbone, temp, bn, a, b)
+                    est, lo, hi = paired_diff_ci(*arrays)
                     rows.append(_row("RQ1-math" if home_math else "RQ1-chat", backbone, temp,
-                                     f"{a} - {b} specialist on {bn} (tau)", est, lo, hi, verdict(lo, hi)))
+                                     f"{a} - {b} specialist on {bn} (tau)", est, lo, hi, verdict(lo, hi), len(arrays[0])))
                 for mixed in ("mixed_half", "mixed_full"):
                     if mixed in methods:
                         for spec in ("math", "chat"):
                             est, lo, hi = avg(mixed, spec)
-                            rows.append(_row("RQ2", backbone, temp, f"{mixed} - {spec}, average over benchmarks", est, lo, hi, verdict(lo, hi)))
+                            rows.append(_row("RQ2", backbone, temp, f"{mixed} - {spec}, average over benchmarks", est, lo, hi, verdict(lo, hi),
+                                             n_min(mixed, spec)))
             routed = sorted(m for m in methods if m.startswith("confidence"))
             singles = [m for m in ("math", "chat", "mixed_half", "mixed_full") if m in methods]
             if "merged" in methods and routed:
                 est, lo, hi = avg("merged", routed[0])
-                rows.append(_row("RQ3a", backbone, temp, f"merged - {routed[0]}, average", est, lo, hi, verdict(lo, hi)))
+                rows.append(_row("RQ3a", backbone, temp, f"merged - {routed[0]}, average", est, lo, hi, verdict(lo, hi), n_min("merged", routed[0])))
             if routed and singles:
                 best = max(singles, key=lambda m: avg(m, singles[0])[0] if m != singles[0] else 0.0)
                 est, lo, hi = avg(routed[0], best)
-                rows.append(_row("RQ3b", backbone, temp, f"{routed[0]} - best single ({best}), average", est, lo, hi, verdict(lo, hi)))
+                rows.append(_row("RQ3b", backbone, temp, f"{routed[0]} - best single ({best}), average", est, lo, hi, verdict(lo, hi),
+                                 n_min(routed[0], best)))
             avgname = "avg0.5" if "avg0.5" in methods else None
             if avgname and singles:
                 worst = min(singles, key=lambda m: avg(m, singles[0])[0] if m != singles[0] else 0.0)
                 est, lo, hi = avg(avgname, worst)
                 rows.append(_row("RQ3c", backbone, temp, f"averaged - worst specialist ({worst}), average", est, lo, hi,
-                                 verdict(lo, hi, expected_positive=False)))
+                                 verdict(lo, hi, expected_positive=False), n_min(avgname, worst)))
             rows += _rq4(pp, backbone, temp)
             if steps is not None:
                 rows += _entropy_claim(steps, backbone, temp)
@@ -84,7 +95,8 @@ def _rq4(pp, backbone, temp):
         if w.is_empty():
             continue
         est, lo, hi = mean_diff_ci((w[c] - w[e]).to_numpy())
-        out.append(_row("RQ4", backbone, temp, f"{c} - {e}: share routed to the matched specialist", est, lo, hi, verdict(lo, hi)))
+        n = int(w.group_by("benchmark").len()["len"].min())
+        out.append(_row("RQ4", backbone, temp, f"{c} - {e}: share routed to the matched specialist", est, lo, hi, verdict(lo, hi), n))
     return out
 
 
@@ -97,7 +109,8 @@ def _entropy_claim(steps, backbone, temp):
            .group_by(["method", "benchmark", "id"]).agg(pl.col("acc").mean(), pl.col("rejected_draft_entropy").mean().alias("rej")))
     diff = (per["rej"] - per["acc"]).to_numpy()
     est, lo, hi = mean_diff_ci(diff)
-    out.append(_row("entropy", backbone, temp, "rejected - accepted draft entropy (nats), single drafters", est, lo, hi, verdict(lo, hi)))
+    n = int(per.group_by("method", "benchmark").len()["len"].min())
+    out.append(_row("entropy", backbone, temp, "rejected - accepted draft entropy (nats), single drafters", est, lo, hi, verdict(lo, hi), n))
     return out
 
 
