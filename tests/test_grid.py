@@ -102,10 +102,13 @@ def _free_port() -> int:
 def test_ray_job_submit_runs_the_grid(tmp_path):
     ray_bin = str(Path(sys.executable).parent / "ray")
     port, dash = _free_port(), _free_port()
+    import tempfile
+
     env = {**ENV, "RAY_ADDRESS": ""}
     env.pop("RAY_ADDRESS")
+    ray_tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's unix socket paths must stay < 108 chars
     start = subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-                            "--num-cpus=2", "--include-dashboard=true", f"--temp-dir={tmp_path / 'ray'}"],
+                            "--num-cpus=2", "--include-dashboard=true", f"--temp-dir={ray_tmp}"],
                            capture_output=True, text=True, timeout=180, env=env)
     assert start.returncode == 0, start.stderr[-2000:]
     try:
