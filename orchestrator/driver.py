@@ -337,6 +337,11 @@ class Driver:
             try:
                 rows, steps = ray.get(ref)
             except Exception as e:  # noqa: BLE001 - actor died or decoding failed: retry, then record
+                try:  # a killed actor restarts (reloading the verifier): wait for it, so retries are not burned meanwhile
+                    ray.get(actors[i].pid.remote(), timeout=600)
+                except Exception:  # noqa: BLE001 - it did not come back: replace it
+                    actors[i] = actor_cls.options(name=f"eval-worker-{i}-{os.getpid()}-r{attempt}").remote(
+                        self.p.verifier, self.p.verifier_dtype, max(1, int(r.num_cpus)))
                 if attempt <= self.p.retries:
                     prog.log(f"{cell.label}: attempt {attempt} failed ({type(e).__name__}); retrying")
                     queue.append(((cell, shard, key), attempt + 1))
