@@ -91,6 +91,14 @@ class Driver:
 
             storage.push(self.out, self.uri)
 
+    def _timed(self, stage: str, fn, *args):
+        """Run one stage, record its wall time, then copy the output to a URI if there is one."""
+        t = time.time()
+        out = fn(*args)
+        self.stage_seconds[stage] = time.time() - t
+        self._sync()
+        return out
+
     def run(self) -> dict:
         import ray
 
@@ -99,28 +107,14 @@ class Driver:
         self.verifier_name = resolve(self.p.verifier).name
         (self.out / "profile.json").write_text(__import__("json").dumps(profile_dict(self.p), indent=1, default=str))
         _ray_init(self.p)
-        t = time.time()
-        caches = self.stage_features()
-        self.stage_seconds["features"] = time.time() - t
-        self._sync()
-        t = time.time()
-        ckpts = self.stage_train(caches)
-        self.stage_seconds["train"] = time.time() - t
-        self._sync()
-        t = time.time()
-        ckpts.update(self.stage_merge(ckpts))
-        self.stage_seconds["merge"] = time.time() - t
-        self._sync()
-        t = time.time()
-        summary = self.stage_eval(ckpts)
-        self.stage_seconds["eval"] = time.time() - t
-        self._sync()
-        t = time.time()
-        self.stage_report()
-        self.stage_seconds["report"] = time.time() - t
-        self._sync()
+        caches = self._timed("features", self.stage_features)
+        ckpts = self._timed("train", self.stage_train, caches)
+        ckpts.update(self._timed("merge", self.stage_merge, ckpts))
+        summary = self._timed("eval", self.stage_eval, ckpts)
+        self._timed("report", self.stage_report)
         print("stage wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in self.stage_seconds.items()))
-        ray.shutdown() if not os.environ.get("RAY_ADDRESS") else None
+        if not os.environ.get("RAY_ADDRESS"):
+            ray.shutdown()
         return summary
 
     # ------------------------------------------------------------------ 1. features
