@@ -52,6 +52,7 @@ class TrainConfig:
     eval_depths: int = 3
     crash_after_epoch: int | None = None  # fault-injection for tests: raise after saving this epoch
     max_seconds: float | None = None  # stop the epoch early (smoke profiles); None = full epochs
+    out_uri: str | None = None  # shared copy of out_dir (a URI); the Ray Train worker syncs epochs with it
     online_spec: dict | None = None  # DataSpec fields for "online" entries (features computed in the worker)
 
     def __post_init__(self):

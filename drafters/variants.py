@@ -56,15 +56,18 @@ def select_examples(tokenizer, eos_ids, corpus: str, spec: DataSpec, options: So
 
 
 def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec: DataSpec, root: str,
-                    options: SourceOptions = SourceOptions(), progress=None) -> dict:
+                    options: SourceOptions = SourceOptions(), progress=None, prefetch=None) -> dict:
     """Extract (or reuse) the feature caches of one corpus: {"train": key, "heldout": key, ...}.
 
-    A second call with the same content key runs no verifier forward pass.
+    A second call with the same content key runs no verifier forward pass. ``prefetch(key)``, if
+    given, runs before each cache lookup (e.g. to copy the cache from remote storage).
     """
     train, held = select_examples(tokenizer, eos_ids, corpus, spec, options)
     keys = {}
     for part, exs in (("train", train), ("heldout", held)):
         key = content_key(verifier, f"{corpus}-{part}", [e.id for e in exs], spec.max_length)
+        if prefetch is not None:
+            prefetch(key)
         store = FeatureStore(root, key)
         if not store.exists():
             def gen(exs=exs):

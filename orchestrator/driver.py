@@ -43,13 +43,30 @@ def _ray_init(p: Profile) -> None:
 
 
 def _features_task(verifier, dtype, corpus, spec_dict, root, online=False):
+    """Extract one corpus's caches under ``root`` (a path or URI; with a URI the remote copy is
+    the truth: a cache is fetched if it is there, else extracted locally and published)."""
     from decoding.verifiers import eos_token_ids, load_verifier, resolve
     from drafters.variants import DataSpec, ensure_features, online_selection
+
+    from . import storage
 
     model, tok = load_verifier(verifier, dtype=dtype)
     if online:  # fix the selection here; features are computed later, inside training
         return online_selection(tok, eos_token_ids(model, tok), corpus, DataSpec(**spec_dict))
-    return ensure_features(model, tok, eos_token_ids(model, tok), resolve(verifier).name, corpus, DataSpec(**spec_dict), root)
+    local = storage.node_cache(root)
+
+    def prefetch(key: str) -> None:
+        if storage.is_uri(root):
+            if storage.exists(storage.join(root, key, "manifest.json")):
+                storage.fetch(storage.join(root, key))
+            else:
+                shutil.rmtree(local / key, ignore_errors=True)
+
+    caches = ensure_features(model, tok, eos_token_ids(model, tok), resolve(verifier).name, corpus, DataSpec(**spec_dict),
+                             str(local), prefetch=prefetch)
+    for part in ("train", "heldout"):
+        storage.publish(local / caches[part], storage.join(root, caches[part]))
+    return caches
 
 
 class Driver:
@@ -58,14 +75,19 @@ class Driver:
 
         self.p = profile
         self.uri = output_dir if storage.is_uri(output_dir) else None
-        if self.uri:  # stage locally, copy each finished stage to the URI with pyarrow filesystems
+        if self.uri:  # the driver's own files live in a staging dir; every artifact moves through the URI
             storage.check_writable_uri(self.uri)
             self.out = storage.staging_dir(self.uri)
-            storage.pull(self.uri, self.out)
+            self.out.mkdir(parents=True, exist_ok=True)
+            (self.out / "manifest.json").unlink(missing_ok=True)  # the remote manifest is the truth
+            if storage.exists(storage.join(self.uri, "manifest.json")):
+                storage.sync(storage.join(self.uri, "manifest.json"), str(self.out / "manifest.json"), force=True)
         else:
             self.out = Path(output_dir).resolve()
+        self.root = self.uri or str(self.out)  # where artifacts live (workers read and write there)
         check_output_dir(self.out)
-        self.manifest = Manifest(self.out / "manifest.json")
+        # with a URI, "done" means its files are at the URI (one listing now, not a request per unit)
+        self.manifest = Manifest(self.out / "manifest.json", present=storage.list_files(self.uri) if self.uri else None)
         if force:
             if force not in STAGES:
                 raise ValueError(f"--force must be one of {list(STAGES)}, got {force!r}")
@@ -75,21 +97,36 @@ class Driver:
         else:
             self.force = None
         self.stage_seconds: dict[str, float] = {}
+        self._last_sync = time.time()
         self.ckpt_keys: dict[str, str] = {}  # checkpoint name -> manifest key of the unit that made it
 
     # ------------------------------------------------------------------ helpers
-    def _rel(self, path: Path) -> str:
-        return str(Path(path).resolve().relative_to(self.out))
+    def ref(self, rel: str) -> str:
+        """The shared location of an artifact (a path under the output dir, or a URI)."""
+        from . import storage
+
+        return storage.join(self.root, rel)
+
+    def _publish(self, rel: str) -> None:
+        """Copy a file the driver wrote (under its staging dir) to the URI."""
+        if self.uri:
+            from . import storage
+
+            storage.publish(self.out / rel, self.ref(rel))
 
     def _data_spec(self) -> dict:
         d = self.p.data
         return {"n": d.n, "heldout": d.heldout, "max_length": d.max_length, "seed": d.seed}
 
     def _sync(self) -> None:
+        """Publish the manifest (after the files it records, which are published as they finish)."""
         if self.uri:
             from . import storage
 
-            storage.push(self.out, self.uri)
+            storage.sync(str(self.out / "profile.json"), self.ref("profile.json"), force=True)
+            if (self.out / "manifest.json").is_file():
+                storage.sync(str(self.out / "manifest.json"), self.ref("manifest.json"), force=True)
+            self._last_sync = time.time()
 
     def _timed(self, stage: str, fn, *args):
         """Run one stage, record its wall time, then copy the output to a URI if there is one."""
@@ -123,7 +160,9 @@ class Driver:
 
         vs = set(self.p.train.variants)
         corpora = [c for c, need in (("mathinstruct", vs - {"chat"}), ("sharegpt", vs - {"math"})) if need]
-        root = self.out / "features"
+        from . import storage
+
+        root = self.ref("features")
         prog = Progress("features", len(corpora))
         caches, pending = {}, {}
         for c in corpora:
@@ -134,15 +173,16 @@ class Driver:
                 prog.step(f"{c} (cached)")
                 continue
             if self.force == "features":
-                for sub in root.glob(f"{c}-*"):
-                    shutil.rmtree(sub, ignore_errors=True)
+                for sub in storage.listdir(root):
+                    if sub.startswith(f"{c}-"):
+                        storage.remove(storage.join(root, sub))
             r = self.p.resources.features
             task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(_features_task)
-            pending[c] = (key, task.options(name=f"features:{c}").remote(self.p.verifier, self.p.verifier_dtype, c, self._data_spec(), str(root),
+            pending[c] = (key, task.options(name=f"features:{c}").remote(self.p.verifier, self.p.verifier_dtype, c, self._data_spec(), root,
                                                                              self.p.data.feature_mode == "online"))
         for c, (key, ref) in pending.items():
             caches[c] = ray.get(ref)
-            files = [] if caches[c].get("online") else [self._rel(root / caches[c][p] / "manifest.json") for p in ("train", "heldout")]
+            files = [] if caches[c].get("online") else [f"features/{caches[c][p]}/manifest.json" for p in ("train", "heldout")]
             self.manifest.record(key, "features", c, "done", files=files, caches=caches[c])
             prog.step(c)
         return caches
@@ -152,11 +192,14 @@ class Driver:
         from drafters.trainer import TrainConfig
         from drafters.variants import heldout_data, variant_data
 
-        root = str(self.out / "features")
+        from . import storage
+
+        root = self.ref("features")
         t = self.p.train
+        out = self.ref(f"checkpoints/{cell.name}")
         return TrainConfig(
             verifier=self.verifier_name, backbone=cell.backbone, variant=cell.variant,
-            out_dir=str(self.out / "checkpoints" / cell.name), train_data=variant_data(cell.variant, root, caches, self.p.data.n),
+            out_dir=str(storage.node_cache(out)), out_uri=out if self.uri else None, train_data=variant_data(cell.variant, root, caches, self.p.data.n),
             heldout_data=heldout_data(root, caches), epochs=t.epochs, lr=t.lr, batch_size=t.batch_size,
             grad_accum=t.grad_accum, warmup_steps=t.warmup_steps, seed=t.init_seed, hass_steps=t.hass_steps,
             deepspeed=t.deepspeed, zero_stage=t.zero_stage, max_seconds=t.max_seconds,
@@ -165,6 +208,8 @@ class Driver:
 
     def stage_train(self, caches) -> dict:
         from workers.tune_sweep import run_sweep
+
+        from . import storage
 
         cells = train_cells(self.p)
         prog = Progress("train", len(cells))
@@ -176,13 +221,12 @@ class Driver:
             key = "train-" + key_of([self.verifier_name, self._data_spec(), tcfg, cell.backbone, cell.variant])
             keys[cell.name] = key
             self.ckpt_keys[cell.name] = key
-            final = self.out / "checkpoints" / cell.name / "final"
             if self.manifest.done(key):
-                ckpts[cell.name] = str(final)
+                ckpts[cell.name] = self.ref(f"checkpoints/{cell.name}/final")
                 prog.step(f"{cell.name} (done earlier)")
                 continue
             if self.force in ("features", "train"):
-                shutil.rmtree(self.out / "checkpoints" / cell.name, ignore_errors=True)
+                storage.remove(self.ref(f"checkpoints/{cell.name}"))
             todo[cell.name] = self._train_config(cell, caches)
         if todo:
             import ray
@@ -195,20 +239,21 @@ class Driver:
                     f"resources.train asks for {r.num_workers} worker(s) x {r.cpus_per_worker} CPU"
                     f"{' + 1 GPU' if r.use_gpu else ''} but the Ray cluster has {total.get('CPU', 0):g} CPU / "
                     f"{total.get('GPU', 0):g} GPU: lower resources.train or add nodes")
-            storage = str(self.out / "ray_results")
+            if self.force in ("features", "train"):  # else Tune would restore the finished sweep
+                storage.remove(self.ref("ray_results"))
             prog.log(f"Tune sweep over {sorted(todo)}")
-            grid = run_sweep(todo, storage, {"num_workers": r.num_workers, "cpus_per_worker": r.cpus_per_worker, "use_gpu": r.use_gpu},
+            grid = run_sweep(todo, self.ref("ray_results"), {"num_workers": r.num_workers, "cpus_per_worker": r.cpus_per_worker, "use_gpu": r.use_gpu},
                              max_concurrent=r.max_concurrent_trials)
             errors = {res.config["cell"]: res.error for res in grid if res.error}
             for name in todo:
-                final = self.out / "checkpoints" / name / "final"
-                if name in errors or not (final / "model.safetensors").is_file():
+                final = self.ref(f"checkpoints/{name}/final")
+                if name in errors or not storage.exists(storage.join(final, "model.safetensors")):
                     err = str(errors.get(name, "no final checkpoint"))[:2000]
                     self.manifest.record(keys[name], "train", name, "failed", error=err)
                     prog.step(f"{name} FAILED: {err[:200]}")
                     continue
-                self.manifest.record(keys[name], "train", name, "done", files=[self._rel(final / "model.safetensors")])
-                ckpts[name] = str(final)
+                self.manifest.record(keys[name], "train", name, "done", files=[f"checkpoints/{name}/final/model.safetensors"])
+                ckpts[name] = final
                 prog.step(name)
         return ckpts
 
@@ -216,6 +261,8 @@ class Driver:
     def stage_merge(self, ckpts: dict) -> dict:
         from drafters.checkpoint import init_drafter, save_checkpoint
         from drafters.merge import merge_checkpoints
+
+        from . import storage
 
         cells = merge_cells(self.p)
         prog = Progress("merge", len(cells))
@@ -227,7 +274,7 @@ class Driver:
             self.ckpt_keys[m.name] = key
             dest = self.out / "checkpoints" / m.name
             if self.manifest.done(key):
-                out[m.name] = str(dest)
+                out[m.name] = self.ref(f"checkpoints/{m.name}")
                 prog.step(f"{m.name} (done earlier)")
                 continue
             if None in src:
@@ -235,6 +282,7 @@ class Driver:
                 prog.step(f"{m.name} skipped: missing source")
                 continue
             try:
+                src = [str(storage.fetch(s)) for s in src]
                 base = None
                 if m.kind != "linear":  # the shared random init (all variants start from it)
                     from drafters.checkpoint import load_config
@@ -244,8 +292,9 @@ class Driver:
                     save_checkpoint(init_drafter(cfg), base_dir, cfg)
                     base = str(base_dir)
                 merge_checkpoints(m.kind, src, str(dest), lam=m.lam, base=base, density=self.p.merge.ties_density)
-                self.manifest.record(key, "merge", m.name, "done", files=[self._rel(dest / "model.safetensors")])
-                out[m.name] = str(dest)
+                self._publish(f"checkpoints/{m.name}")
+                self.manifest.record(key, "merge", m.name, "done", files=[f"checkpoints/{m.name}/model.safetensors"])
+                out[m.name] = self.ref(f"checkpoints/{m.name}")
                 prog.step(m.name)
             except Exception as e:  # noqa: BLE001 - recorded, the grid goes on
                 self.manifest.record(key, "merge", m.name, "failed", error=f"{type(e).__name__}: {e}")
@@ -283,9 +332,9 @@ class Driver:
                 units.append((cell, shard, key, None))
         return units
 
-    def _paths(self, cell: EvalCell, key: str) -> tuple[Path, Path]:
+    def _paths(self, cell: EvalCell, key: str) -> tuple[str, str]:
         part = f"backbone={cell.backbone}/benchmark={cell.benchmark}/temperature={cell.temperature:g}"
-        return (self.out / "traces" / "prompts" / part / f"{key}.parquet", self.out / "traces" / "steps" / part / f"{key}.parquet")
+        return f"traces/prompts/{part}/{key}.parquet", f"traces/steps/{part}/{key}.parquet"
 
     def stage_eval(self, ckpts) -> dict:
         import ray
@@ -348,12 +397,16 @@ class Driver:
             strip = lambda rs: [{k: v for k, v in x.items() if k not in PARTITIONS} | {"unit_key": key} for x in rs]  # noqa: E731
             cols = {"backbone": cell.backbone, "benchmark": cell.benchmark, "temperature": cell.temperature}
             rows = [{**x, **cols} for x in rows]
-            write_parquet_atomic(strip(rows), pfile)
-            write_parquet_atomic(strip([{**x, **cols} for x in steps]), sfile)
+            write_parquet_atomic(strip(rows), self.out / pfile)
+            write_parquet_atomic(strip([{**x, **cols} for x in steps]), self.out / sfile)
+            self._publish(pfile)
+            self._publish(sfile)
             calls = sum(x["verifier_calls"] for x in rows)
             tau = sum(x["new_tokens"] for x in rows) / calls if calls else float("nan")
-            self.manifest.record(key, "eval", cell.label, "done", attempts=attempt, files=[self._rel(pfile), self._rel(sfile)],
+            self.manifest.record(key, "eval", cell.label, "done", attempts=attempt, files=[pfile, sfile],
                                  cell=dataclasses.asdict(cell), prompts=len(shard), rows=len(rows))
+            if self.uri and time.time() - self._last_sync > 60:  # a crash loses at most a minute of records
+                self._sync()
             prog.step(f"{cell.label} tau={tau:.2f}", acceptance=tau, cell=cell.label)
         for a in actors:
             ray.kill(a)
@@ -363,4 +416,9 @@ class Driver:
     def stage_report(self) -> None:
         from orchestrator.report.build import build_report
 
+        from . import storage
+
+        if self.uri and storage.exists(self.ref("traces")):  # traces of earlier runs, from other machines
+            storage.sync(self.ref("traces"), str(self.out / "traces"), prune=True)
         build_report(self.out)
+        self._publish("report")

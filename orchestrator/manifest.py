@@ -11,21 +11,30 @@ STAGES = ("features", "train", "merge", "eval", "report")
 
 
 class Manifest:
-    def __init__(self, path: str | os.PathLike):
+    """``present``: for a run whose artifacts live at a URI, the files known to exist there (one
+    listing at start, plus every file recorded since); None checks the manifest's own directory."""
+
+    def __init__(self, path: str | os.PathLike, present: set[str] | None = None):
         self.path = Path(path)
         self._lock = threading.Lock()
+        self.present = present
         self.data = json.loads(self.path.read_text()) if self.path.is_file() else {"cells": {}}
+
+    def _exists(self, rel: str) -> bool:
+        return rel in self.present if self.present is not None else Path(self.path.parent, rel).exists()
 
     def get(self, key: str) -> dict | None:
         return self.data["cells"].get(key)
 
     def done(self, key: str) -> bool:
         c = self.get(key)
-        return bool(c and c["status"] == "done" and all(Path(self.path.parent, f).exists() for f in c.get("files", [])))
+        return bool(c and c["status"] == "done" and all(self._exists(f) for f in c.get("files", [])))
 
     def record(self, key: str, stage: str, name: str, status: str, attempts: int = 1, error: str | None = None,
                files: list[str] = (), **extra) -> None:
         with self._lock:
+            if self.present is not None:  # recorded only once published
+                self.present.update(files)
             self.data["cells"][key] = {"stage": stage, "name": name, "status": status, "attempts": attempts,
                                        "error": error, "files": list(files), **extra}
             self._flush()

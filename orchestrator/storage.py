@@ -1,55 +1,165 @@
-"""Output locations: a local directory (default) or any URI pyarrow understands
-(file://, s3://, gs://, hdfs://...). For a URI the driver works in a local staging directory and
-copies every finished stage to the URI through pyarrow filesystems; a rerun first copies the
-remote run back, so resume works the same way."""
+"""Artifact locations: a local directory (default) or any URI pyarrow understands (file://, s3://,
+gs://, hdfs://...).
+
+With a URI, the URI is the only place processes share. Each process works in a node-local
+mirror of the URI namespace (``node_cache``) and moves files through pyarrow filesystems:
+``fetch`` copies a remote file or tree down before it is read, ``publish`` copies a local one up
+once it is complete. The driver keeps its own files (manifest, merges, traces, report) in a
+separate ``staging_dir``, so even on one machine it never reads a worker's local file: what a
+worker did not publish does not exist for the driver. Copies are incremental (a file is copied
+when missing, of another size, or newer at the source) and each local file is written to a
+temp name and renamed.
+"""
 from __future__ import annotations
 
 import hashlib
 import os
 import tempfile
+import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
+
+LAST = ("state.json", "manifest.json")  # completion markers: copied after the files they describe
 
 
-def is_uri(output: str) -> bool:
-    return "://" in output
+def is_uri(ref: str) -> bool:
+    return "://" in str(ref)
+
+
+def join(base: str, *parts: str) -> str:
+    if is_uri(base):
+        return "/".join([str(base).rstrip("/"), *(p.strip("/") for p in parts)])
+    return str(Path(base).joinpath(*parts))
+
+
+def _base() -> Path:
+    return Path(os.environ.get("TASKSPEC_STAGING", Path(tempfile.gettempdir()) / "taskspec-staging"))
 
 
 def staging_dir(uri: str) -> Path:
-    base = Path(os.environ.get("TASKSPEC_STAGING", Path(tempfile.gettempdir()) / "taskspec-staging"))
-    return base / hashlib.sha256(uri.encode()).hexdigest()[:16]
+    """The driver's working directory for a run whose output is ``uri``."""
+    return _base() / "driver" / hashlib.sha256(uri.encode()).hexdigest()[:16]
 
 
-def _fs(uri: str):
+def node_cache(ref: str) -> Path:
+    """Where this node keeps its copy of ``ref`` (a mirror of the URI's namespace)."""
+    if not is_uri(ref):
+        return Path(ref)
+    u = urlsplit(str(ref))
+    root = hashlib.sha256(f"{u.scheme}://{u.netloc}".encode()).hexdigest()[:8]
+    return _base() / "cache" / root / u.path.lstrip("/")
+
+
+def _fs(ref: str):
     from pyarrow import fs
 
-    return fs.FileSystem.from_uri(uri)
+    if is_uri(ref):
+        return fs.FileSystem.from_uri(str(ref))
+    return fs.LocalFileSystem(), str(Path(ref).resolve())
 
 
-def pull(uri: str, local: Path) -> bool:
-    """Copy an existing remote run into the staging dir (for resume). Returns True if one existed."""
+def _files(filesystem, path: str) -> dict:
+    """{relative path: FileInfo} of a file or a tree ('' for a single file); {} if absent."""
     from pyarrow import fs
 
-    remote, path = _fs(uri)
-    info = remote.get_file_info(path)
+    info = filesystem.get_file_info(path)
     if info.type == fs.FileType.NotFound:
-        return False
-    local.mkdir(parents=True, exist_ok=True)
-    fs.copy_files(path, str(local), source_filesystem=remote, destination_filesystem=fs.LocalFileSystem())
-    return True
+        return {}
+    if info.type == fs.FileType.File:
+        return {"": info}
+    sel = fs.FileSelector(path, recursive=True)
+    return {i.path[len(path.rstrip("/")) + 1 :]: i for i in filesystem.get_file_info(sel) if i.type == fs.FileType.File}
 
 
-def push(local: Path, uri: str) -> None:
-    """Copy the staging dir to the URI (files are complete before they are copied)."""
+def list_files(ref: str) -> set[str]:
+    """Every file under ``ref``, relative to it (one recursive listing)."""
+    filesystem, path = _fs(ref)
+    return set(_files(filesystem, path))
+
+
+def exists(ref: str) -> bool:
+    filesystem, path = _fs(ref)
+    return bool(_files(filesystem, path))
+
+
+def _stale(src, dst) -> bool:
+    if dst is None or src.size != dst.size:
+        return True
+    return src.mtime is not None and dst.mtime is not None and src.mtime > dst.mtime
+
+
+def _copy_one(sfs, spath: str, dfs, dpath: str) -> None:
     from pyarrow import fs
 
-    remote, path = _fs(uri)
-    remote.create_dir(path, recursive=True)
-    fs.copy_files(str(local), path, source_filesystem=fs.LocalFileSystem(), destination_filesystem=remote)
+    local = isinstance(dfs, fs.LocalFileSystem)
+    target = f"{dpath}.{uuid.uuid4().hex[:8]}.tmp" if local else dpath
+    dfs.create_dir(dpath.rsplit("/", 1)[0], recursive=True)
+    with sfs.open_input_stream(spath) as src, dfs.open_output_stream(target) as dst:
+        while chunk := src.read(16 << 20):
+            dst.write(chunk)
+    if local:
+        os.replace(target, dpath)
+
+
+def sync(src: str, dst: str, exclude: tuple = (), force: bool = False, prune: bool = False) -> int:
+    """Copy the file or tree ``src`` to ``dst`` (paths or URIs); returns the number of files
+    copied. ``prune`` deletes files under ``dst`` that ``src`` lacks. Raises FileNotFoundError if
+    ``src`` does not exist."""
+    sfs, spath = _fs(src)
+    dfs, dpath = _fs(dst)
+    have = _files(sfs, spath)
+    if not have:
+        raise FileNotFoundError(f"{src} does not exist")
+    there = _files(dfs, dpath)
+    if prune:
+        for r in set(there) - set(have):
+            dfs.delete_file(f"{dpath.rstrip('/')}/{r}")
+    todo = [r for r, i in have.items() if Path(r).name not in exclude and (force or _stale(i, there.get(r)))]
+    todo.sort(key=lambda r: Path(r).name in LAST)
+    for r in todo:
+        _copy_one(sfs, f"{spath.rstrip('/')}/{r}" if r else spath, dfs, f"{dpath.rstrip('/')}/{r}" if r else dpath)
+    return len(todo)
+
+
+def fetch(ref: str) -> Path:
+    """A local path holding ``ref`` (a path is returned as is; a URI is copied to the node cache)."""
+    if not is_uri(ref):
+        return Path(ref)
+    local = node_cache(ref)
+    sync(ref, str(local))
+    return local
+
+
+def publish(local: Path | str, ref: str, exclude: tuple = ()) -> None:
+    """Copy a finished local file or tree to ``ref`` (no-op when ``ref`` is that same local path)."""
+    if is_uri(ref):
+        sync(str(local), ref, exclude=exclude)
+    elif Path(local).resolve() != Path(ref).resolve():
+        sync(str(local), ref, exclude=exclude)
+
+
+def remove(ref: str) -> None:
+    from pyarrow import fs
+
+    filesystem, path = _fs(ref)
+    info = filesystem.get_file_info(path)
+    if info.type == fs.FileType.Directory:
+        filesystem.delete_dir(path)
+    elif info.type == fs.FileType.File:
+        filesystem.delete_file(path)
+
+
+def listdir(ref: str) -> list[str]:
+    """Names directly under ``ref`` ([] if it does not exist)."""
+    from pyarrow import fs
+
+    filesystem, path = _fs(ref)
+    if filesystem.get_file_info(path).type != fs.FileType.Directory:
+        return []
+    return sorted(i.base_name for i in filesystem.get_file_info(fs.FileSelector(path)))
 
 
 def check_writable_uri(uri: str) -> None:
-    from pyarrow import fs
-
     try:
         remote, path = _fs(uri)
         remote.create_dir(path, recursive=True)
@@ -59,4 +169,3 @@ def check_writable_uri(uri: str) -> None:
         remote.delete_file(probe)
     except (OSError, ValueError) as e:
         raise PermissionError(f"output URI {uri} is not writable: {e}") from e
-    _ = fs

@@ -43,19 +43,3 @@ def test_dockerfile_lints_clean():
     assert r.returncode == 0, r.stdout + r.stderr
     text = (ROOT / "docker/Dockerfile").read_text()
     assert "USER 1000" in text and "torch==" in text and "constraints.txt" in text
-
-
-def test_file_uri_round_trip_through_pyarrow(tmp_path):
-    from orchestrator import storage
-
-    local = tmp_path / "stage"
-    (local / "traces/prompts/backbone=x").mkdir(parents=True)
-    (local / "traces/prompts/backbone=x/a.parquet").write_bytes(b"PAR1")
-    (local / "manifest.json").write_text("{}")
-    uri = f"file://{tmp_path / 'remote' / 'run'}"
-    storage.check_writable_uri(uri)
-    storage.push(local, uri)
-    assert (tmp_path / "remote/run/traces/prompts/backbone=x/a.parquet").read_bytes() == b"PAR1"
-    back = tmp_path / "back"
-    assert storage.pull(uri, back) and (back / "manifest.json").read_text() == "{}"
-    assert not storage.pull(f"file://{tmp_path / 'nothing'}", tmp_path / "x")

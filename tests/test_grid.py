@@ -99,25 +99,44 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_ray_job_submit_runs_the_grid(tmp_path):
-    ray_bin = str(Path(sys.executable).parent / "ray")
-    port, dash = _free_port(), _free_port()
+def test_ray_job_submit_runs_the_grid_through_a_uri(tmp_path):
+    """`ray job submit` against a local head. The output is a file:// URI and the driver keeps its
+    files apart from the workers' (TASKSPEC_STAGING differs), as on a multi-node cluster: every
+    feature cache, checkpoint and trace must travel through the URI. A second submission from a
+    driver with an empty staging dir (a new machine) resumes everything from the URI."""
     import tempfile
 
-    env = {**ENV, "RAY_ADDRESS": ""}
-    env.pop("RAY_ADDRESS")
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    port, dash = _free_port(), _free_port()
+    env = {**ENV, "TASKSPEC_STAGING": str(tmp_path / "worker-node")}
+    env.pop("RAY_ADDRESS", None)
     ray_tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's unix socket paths must stay < 108 chars
     start = subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
                             "--num-cpus=2", "--include-dashboard=true", f"--temp-dir={ray_tmp}"],
                            capture_output=True, text=True, timeout=180, env=env)
     assert start.returncode == 0, start.stderr[-2000:]
-    try:
-        run = tmp_path / "job-run"  # written through pyarrow's filesystem layer (file:// URI)
+    run = tmp_path / "bucket" / "run"
+
+    def submit(driver_staging: str) -> str:
         r = subprocess.run([ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--",
-                            sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke",
-                            "--output-dir", f"file://{run}"],
+                            "env", f"TASKSPEC_STAGING={tmp_path / driver_staging}",
+                            sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke", "--output-dir", f"file://{run}"],
                            capture_output=True, text=True, timeout=900, env=env)
         assert r.returncode == 0 and "succeeded" in r.stdout.lower(), r.stdout[-3000:] + r.stderr[-2000:]
+        return r.stdout
+
+    try:
+        submit("driver-a")
+        _check_traces(run)
+        assert list(run.glob("checkpoints/*-math/final/model.safetensors")) and (run / "report/report.md").is_file()
+        assert list(run.glob("checkpoints/*-math/epoch-1/state.json"))  # epochs published by the Train workers
+        own = [p.relative_to(tmp_path / "driver-a") for p in (tmp_path / "driver-a" / "driver").rglob("*") if p.is_file()]
+        assert own and not [p for p in own if "final" in p.parts or "features" in p.parts]  # nothing a worker wrote
+        assert list((tmp_path / "driver-a" / "cache").rglob("final/model.safetensors"))  # fetched for the merges
+        assert list((tmp_path / "worker-node" / "cache").rglob("epoch-1/model.safetensors"))
+        log = submit("driver-b")
+        assert "(done earlier)" in log and "Tune sweep" not in log
+        assert list((tmp_path / "driver-b").rglob("report.md"))
         _check_traces(run)
     finally:
         subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120, env=env)

@@ -1,6 +1,7 @@
 """Drafter training on real data with the real verifier, at tiny sizes."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -99,6 +100,53 @@ def test_deepspeed_path_through_ray_train(verifier, caches, tmp_path):
     assert result.metrics["epoch"] == 1
     assert (tmp_path / "ds" / "epoch-1" / "deepspeed").is_dir()
     assert load_checkpoint(final).config.training["variant"] == "math"
+
+
+def _ray_train(cfg, staging, **kw):
+    """One Ray Train run whose workers keep their node-local files under ``staging`` (not ours)."""
+    import ray
+
+    from workers.train_worker import run_training
+
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
+             runtime_env={"env_vars": {"TASKSPEC_STAGING": str(staging), "TASKSPEC_TRAIN_THREADS": "1"}})
+    try:
+        return run_training(cfg, **kw)
+    finally:
+        ray.shutdown()
+
+
+def test_two_zero_workers_train_and_resume_through_a_uri(caches, tmp_path):
+    """Inputs, epochs (with both ranks' ZeRO shards) and the final checkpoint move only through
+    a file:// URI; a second run whose workers start with an empty local cache resumes from it."""
+    from drafters.checkpoint import load_checkpoint
+    from orchestrator import storage
+
+    root, c = caches
+    uri = f"file://{tmp_path / 'bucket' / 'run'}"
+    for corpus in c.values():  # the feature caches, published as the features stage does
+        for part in ("train", "heldout"):
+            storage.publish(f"{root}/{corpus[part]}", storage.join(uri, "features", corpus[part]))
+    out_uri = storage.join(uri, "checkpoints", "eagle2-math")
+    cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone="eagle2", variant="math", out_dir="unused", out_uri=out_uri,
+                      train_data=variant_data("math", storage.join(uri, "features"), c, N),
+                      heldout_data=heldout_data(storage.join(uri, "features"), c)[:1], lr=1e-3, batch_size=4,
+                      epochs=1, deepspeed=True, zero_stage=1)
+    _ray_train(cfg, tmp_path / "node-a", num_workers=2)
+    remote = tmp_path / "bucket/run/checkpoints/eagle2-math"
+    shards = sorted(p.name for p in (remote / "epoch-1/deepspeed/state").glob("*optim_states.pt"))
+    assert len(shards) == 2, shards  # one ZeRO-1 optimizer shard per rank
+    assert (remote / "epoch-1/state.json").is_file() and (remote / "final/model.safetensors").is_file()
+    assert (tmp_path / "node-a/cache").is_dir()
+    ray_train = tmp_path / "bucket/run/checkpoints/_ray_train"  # Ray Train's record: pointers, no second copy of weights
+    assert list(ray_train.rglob("pointer.json")) and not list(ray_train.rglob("*.safetensors"))
+    first = json.loads((remote / "epoch-1/state.json").read_text())["history"]
+
+    final, result = _ray_train(dataclasses.replace(cfg, epochs=2), tmp_path / "node-b", num_workers=2)
+    assert result.metrics["epoch"] == 2
+    history = load_checkpoint(str(storage.fetch(storage.join(out_uri, "final")))).config.training["history"]
+    assert history[: len(first)] == first and history[-1]["epoch"] == 2  # epoch 1 (its timings too) came from the URI
+    assert (remote / "epoch-2/state.json").is_file()
 
 
 def test_online_mode_matches_the_cache_and_trains(verifier, caches, tmp_path):

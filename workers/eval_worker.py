@@ -25,10 +25,12 @@ class EvalWorker:
     def _proposer(self, path: str, index: int):
         from decoding.runner import load_proposers
 
+        from orchestrator.storage import fetch
+
         key = f"{path}#{index}"
-        if key not in self._proposers:
-            p = load_proposers(self.model, [path], self.name)[0]
-            p.index, p.name = index, os.path.basename(os.path.dirname(path)) if path.endswith("final") else os.path.basename(path)
+        if key not in self._proposers:  # a URI is copied to this node first
+            p = load_proposers(self.model, [str(fetch(path))], self.name)[0]
+            p.index, p.name = index, path.rstrip("/").split("/")[-2 if path.rstrip("/").endswith("final") else -1]
             self._proposers[key] = p
         return self._proposers[key]
 

@@ -25,16 +25,24 @@ def train_loop_per_worker(config: dict) -> None:
     from decoding.verifiers import load_verifier
     from drafters.trainer import TrainConfig, train
 
+    from . import artifacts
+
     ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    cfg = TrainConfig(**config["train"])
+    rank, world, local_rank = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank()
+    cfg = artifacts.prepare(TrainConfig(**config["train"]), local_rank)  # with out_uri: inputs and last epoch fetched
     model, tok = load_verifier(cfg.verifier, device="cuda" if _cuda() else "cpu")
 
     def report(metrics: dict, ckpt_dir: Path) -> None:
-        ckpt = ray.train.Checkpoint.from_directory(str(ckpt_dir)) if rank == 0 else None
+        # with a URI the epoch is published there and Ray Train records a pointer to it (no second
+        # copy of the weights); without one Ray Train keeps a copy of the epoch directory
+        ckpt_ref = artifacts.publish_epoch(cfg, ckpt_dir, rank, local_rank)
+        ckpt = None
+        if rank == 0:
+            ckpt = ray.train.Checkpoint.from_directory(str(ckpt_ref or ckpt_dir))
         ray.train.report({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, checkpoint=ckpt)
 
-    train(cfg, model, rank=rank, world=world, report=report, tokenizer=tok)
+    final = train(cfg, model, rank=rank, world=world, report=report, tokenizer=tok)
+    artifacts.publish_final(cfg, final, rank)
 
 
 def _cuda() -> bool:
@@ -49,7 +57,9 @@ def trainer_for(cfg, num_workers: int = 1, use_gpu: bool = False, cpus_per_worke
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    storage = storage_path or str(Path(cfg.out_dir).resolve().parent / "_ray_train")
+    if storage_path is None:  # next to the checkpoints: the run's URI if it has one, else the local dir
+        storage_path = (cfg.out_uri.rsplit("/", 1)[0] + "/_ray_train") if cfg.out_uri else str(Path(cfg.out_dir).resolve().parent / "_ray_train")
+    storage = storage_path
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"train": dataclasses.asdict(cfg)},
@@ -61,7 +71,8 @@ def trainer_for(cfg, num_workers: int = 1, use_gpu: bool = False, cpus_per_worke
 
 
 def run_training(cfg, **kwargs):
-    """Fit one drafter with Ray Train; the final checkpoint lands in cfg.out_dir/final."""
+    """Fit one drafter with Ray Train; the final checkpoint lands in cfg.out_dir/final (and, with
+    cfg.out_uri, at out_uri/final: then out_dir is only the training node's copy)."""
     result = trainer_for(cfg, **kwargs).fit()
     if result.error:
         raise result.error

@@ -33,18 +33,22 @@ def run_sweep(configs: dict, storage_path: str, resources: dict, max_concurrent:
     backbone x variant minus finished cells). Returns Tune's ResultGrid."""
     from ray import tune
 
+    from orchestrator.storage import is_uri, join
+
     name = f"train-sweep-{sweep_id(configs, resources)}"
-    path = Path(storage_path) / name
+    if not is_uri(storage_path):
+        storage_path = str(Path(storage_path).resolve())
+    path = join(storage_path, name)
     trainable = tune.with_resources(_trial, {"cpu": 0.01})  # the Train workers hold the real resources
     param_space = {
         "cell": tune.grid_search(sorted(configs)),
         "configs": {k: dataclasses.asdict(v) for k, v in configs.items()}, "resources": resources,
     }
-    if tune.Tuner.can_restore(str(path)):  # the same sweep was interrupted: Tune's own restore
-        tuner = tune.Tuner.restore(str(path), trainable=trainable, resume_errored=True, param_space=param_space)
+    if tune.Tuner.can_restore(path):  # the same sweep was interrupted: Tune's own restore
+        tuner = tune.Tuner.restore(path, trainable=trainable, resume_errored=True, param_space=param_space)
     else:
         tuner = tune.Tuner(trainable, param_space=param_space,
                            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent),
-                           run_config=tune.RunConfig(name=name, storage_path=str(Path(storage_path).resolve())))
+                           run_config=tune.RunConfig(name=name, storage_path=storage_path))
     return tuner.fit()
 
