@@ -227,6 +227,7 @@ class Driver:
                 continue
             if self.force in ("features", "train"):
                 storage.remove(self.ref(f"checkpoints/{cell.name}"))
+                storage.remove(self.ref(f"checkpoints/_ray_train/train-{cell.name}"))  # Ray Train's run snapshot
             todo[cell.name] = self._train_config(cell, caches)
         if todo:
             import ray

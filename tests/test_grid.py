@@ -73,8 +73,12 @@ def test_rerun_skips_every_finished_unit(smoke_run):
     _check_traces(smoke_run)
 
 
-def test_sigkill_of_an_eval_worker_loses_and_duplicates_nothing(smoke_run):
-    proc = subprocess.Popen(GRID + ["--output-dir", str(smoke_run), "--force", "eval"], stdout=subprocess.PIPE,
+def test_force_train_then_sigkill_of_an_eval_worker_loses_and_duplicates_nothing(smoke_run):
+    """--force train retrains (not a restore of the finished Tune sweep), then an eval worker is
+    SIGKILLed mid-stage: the driver retries its shard and no row is lost or duplicated."""
+    finals = sorted(smoke_run.glob("checkpoints/*-math/final/model.safetensors"))
+    before = [f.stat().st_mtime_ns for f in finals]
+    proc = subprocess.Popen(GRID + ["--output-dir", str(smoke_run), "--force", "train"], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=ENV)
     killed = None
     deadline = time.time() + 600
@@ -90,6 +94,8 @@ def test_sigkill_of_an_eval_worker_loses_and_duplicates_nothing(smoke_run):
     log = proc.communicate(timeout=600)[0]
     assert proc.returncode == 0, log[-3000:]
     assert killed is not None, "no eval worker process was found to kill"
+    assert "Tune sweep" in log and "FAILED" not in log.split("[eval]")[0]
+    assert [f.stat().st_mtime_ns for f in finals] != before  # trained again
     _check_traces(smoke_run)
 
 
