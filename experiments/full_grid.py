@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     if args.dry_run:
         from orchestrator.dryrun import print_plan
 
-        print_plan(profile)
+        print_plan(profile, out)
         return 0
     from orchestrator.driver import Driver
 

@@ -58,10 +58,16 @@ def estimate(p: Profile) -> dict:
             "checkpoint_storage_gb": ckpt_gb, "corpus_tokens": corpus_tokens}
 
 
-def print_plan(p: Profile) -> None:
+def print_plan(p: Profile, output: str | None = None) -> None:
     s = plan_summary(p)
     r = p.resources
     print(f"profile {p.name!r}: verifier {p.verifier}; {p.description}")
+    if output:
+        from .storage import is_uri
+
+        how = ("a URI: every artifact moves through it with pyarrow filesystems; node-local copies go to $TASKSPEC_STAGING"
+               if is_uri(output) else "a directory: a multi-node run needs it on a filesystem every node mounts at this path")
+        print(f"output: {output} -- {how}")
     print("DAG: features -> train (Tune grid over backbone x variant, each a Ray Train TorchTrainer + DeepSpeed) "
           "-> merges -> evaluation (actor pool, sharded over prompts) -> report")
     print(f"  features : {len(s['features'])} corpora {s['features']} (mode: {p.data.feature_mode}; n={p.data.n}/domain, max_length {p.data.max_length})")

@@ -25,10 +25,11 @@ def test_shipped_profiles_validate_and_dry_run(name):
 
 def test_dry_run_imports_no_model_code():
     code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'experiments')!r}]; import full_grid; "
-            "rc = full_grid.main(['--profile', 'paper', '--dry-run']); "
+            "rc = full_grid.main(['--profile', 'paper', '--dry-run', '--output-dir', 's3://bucket/run']); "
             "print('MODULES', rc, 'torch' in sys.modules, 'transformers' in sys.modules, 'ray' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "MODULES 0 False False False" in r.stdout, r.stdout + r.stderr
+    assert "output: s3://bucket/run -- a URI" in r.stdout  # where artifacts go, and how
 
 
 @pytest.mark.parametrize("sets,match", [
