@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 import uuid
 from pathlib import Path
@@ -94,9 +95,10 @@ def _copy_one(sfs, spath: str, dfs, dpath: str) -> None:
     local = isinstance(dfs, fs.LocalFileSystem)
     target = f"{dpath}.{uuid.uuid4().hex[:8]}.tmp" if local else dpath
     dfs.create_dir(dpath.rsplit("/", 1)[0], recursive=True)
-    with sfs.open_input_stream(spath) as src, dfs.open_output_stream(target) as dst:
-        while chunk := src.read(16 << 20):
-            dst.write(chunk)
+    if local and isinstance(sfs, fs.LocalFileSystem):  # both local (or a shared mount): the kernel copies
+        shutil.copyfile(spath, target)
+    else:  # pyarrow's chunked, multi-threaded transfer (multipart uploads on object stores)
+        fs.copy_files(spath, target, source_filesystem=sfs, destination_filesystem=dfs, chunk_size=16 << 20, use_threads=True)
     if local:
         os.replace(target, dpath)
 
