@@ -134,9 +134,7 @@ def fetch(ref: str) -> Path:
 
 def publish(local: Path | str, ref: str, exclude: tuple = ()) -> None:
     """Copy a finished local file or tree to ``ref`` (no-op when ``ref`` is that same local path)."""
-    if is_uri(ref):
-        sync(str(local), ref, exclude=exclude)
-    elif Path(local).resolve() != Path(ref).resolve():
+    if is_uri(ref) or Path(local).resolve() != Path(ref).resolve():
         sync(str(local), ref, exclude=exclude)
 
 
