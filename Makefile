@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROFILE ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test smoke bench clean
+.PHONY: venv demo test smoke bench clean ray-head
 
 $(STAMP): pyproject.toml Makefile docker/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,13 @@ smoke: venv
 
 test: venv
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+
+# A local Ray head with token authentication (README "Quick start"); submit jobs with the printed line.
+ray-head: venv
+	export RAY_AUTH_MODE=token && $(BIN)/ray get-auth-token --generate > /dev/null && \
+	  $(BIN)/ray start --head --dashboard-host 127.0.0.1
+	@echo 'submit with:  export RAY_AUTH_MODE=token; . $(BIN)/activate; ray job submit --address http://127.0.0.1:8265 -- python experiments/full_grid.py --profile smoke --output-dir "$$PWD/runs/smoke-job"'
+	@echo 'stop with:    $(BIN)/ray stop'
 
 bench: venv
 	$(BIN)/python -m decoding bench

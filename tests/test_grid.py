@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -99,39 +100,54 @@ def test_force_train_then_sigkill_of_an_eval_worker_loses_and_duplicates_nothing
     _check_traces(smoke_run)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _readme_job_block() -> str:
+    """The README's job-submit commands, exactly as a user would paste them."""
+    text = (ROOT / "README.md").read_text()
+    after = text.split("<!-- job-submit:", 1)[1]
+    return after.split("```bash\n", 1)[1].split("```", 1)[0]
 
 
 def test_ray_job_submit_runs_the_grid_through_a_uri(tmp_path):
-    """`ray job submit` against a local head. The output is a file:// URI and the driver keeps its
-    files apart from the workers' (TASKSPEC_STAGING differs), as on a multi-node cluster: every
-    feature cache, checkpoint and trace must travel through the URI. A second submission from a
-    driver with an empty staging dir (a new machine) resumes everything from the URI."""
-    import tempfile
-
+    """First the README's own commands, verbatim, with token authentication on (an isolated HOME,
+    so ~/.ray/auth_token is created by them). Then, on the same head, the output is a file:// URI
+    and the driver keeps its files apart from the workers' (TASKSPEC_STAGING differs), as on a
+    multi-node cluster: every feature cache, checkpoint and trace must travel through the URI. A
+    second submission from a driver with an empty staging dir (a new machine) resumes everything."""
     ray_bin = str(Path(sys.executable).parent / "ray")
-    port, dash = _free_port(), _free_port()
-    env = {**ENV, "TASKSPEC_STAGING": str(tmp_path / "worker-node")}
-    env.pop("RAY_ADDRESS", None)
-    ray_tmp = tempfile.mkdtemp(prefix="rj", dir="/tmp")  # short: Ray's unix socket paths must stay < 108 chars
-    start = subprocess.run([ray_bin, "start", "--head", f"--port={port}", "--dashboard-host=127.0.0.1", f"--dashboard-port={dash}",
-                            "--num-cpus=2", "--include-dashboard=true", f"--temp-dir={ray_tmp}"],
-                           capture_output=True, text=True, timeout=180, env=env)
-    assert start.returncode == 0, start.stderr[-2000:]
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    env.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
+               TASKSPEC_STAGING=str(tmp_path / "worker-node"))
+    for port in (6379, 8265):
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} is busy: the README's commands need it"
+    readme_run = ROOT / "runs" / "smoke-job"
+    shutil.rmtree(readme_run, ignore_errors=True)
+    block = _readme_job_block()
+    assert "RAY_AUTH_MODE=token" in block and "ray job submit" in block
     run = tmp_path / "bucket" / "run"
+    auth_env = {**env, "RAY_AUTH_MODE": "token"}
 
     def submit(driver_staging: str) -> str:
-        r = subprocess.run([ray_bin, "job", "submit", "--address", f"http://127.0.0.1:{dash}", "--",
+        r = subprocess.run([ray_bin, "job", "submit", "--address", "http://127.0.0.1:8265", "--",
                             "env", f"TASKSPEC_STAGING={tmp_path / driver_staging}",
                             sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke", "--output-dir", f"file://{run}"],
-                           capture_output=True, text=True, timeout=900, env=env)
+                           capture_output=True, text=True, timeout=900, env=auth_env)
         assert r.returncode == 0 and "succeeded" in r.stdout.lower(), r.stdout[-3000:] + r.stderr[-2000:]
         return r.stdout
 
     try:
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=ROOT, capture_output=True, text=True,
+                           timeout=900, env=env)
+        assert r.returncode == 0 and "succeeded" in r.stdout.lower(), r.stdout[-3000:] + r.stderr[-3000:]
+        assert (home / ".ray" / "auth_token").is_file()  # authentication was on
+        assert (readme_run / "report" / "report.md").is_file()
+        _check_traces(readme_run)
+        # without the token the head refuses: authentication really is enforced
+        bad = subprocess.run([ray_bin, "job", "list", "--address", "http://127.0.0.1:8265"], capture_output=True,
+                             text=True, timeout=120, env={**env, "HOME": str(tmp_path)})
+        assert bad.returncode != 0 and "token" in (bad.stdout + bad.stderr).lower()
         submit("driver-a")
         _check_traces(run)
         assert list(run.glob("checkpoints/*-math/final/model.safetensors")) and (run / "report/report.md").is_file()
@@ -145,4 +161,5 @@ def test_ray_job_submit_runs_the_grid_through_a_uri(tmp_path):
         assert list((tmp_path / "driver-b").rglob("report.md"))
         _check_traces(run)
     finally:
-        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120, env=env)
+        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120, env=auth_env)
+        shutil.rmtree(readme_run, ignore_errors=True)
