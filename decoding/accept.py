@@ -40,6 +40,19 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
     return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
 
 
+class LazyRows:
+    """``rows[i]`` = ``fn(logits[i])``, computed on first use: the acceptance walk at T > 0 reads
+    q only at the root and the nodes it reaches, not at all N+1 rows."""
+
+    def __init__(self, fn, logits: torch.Tensor):
+        self.fn, self.logits, self._rows = fn, logits, {}
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        if i not in self._rows:
+            self._rows[i] = self.fn(self.logits[i])
+        return self._rows[i]
+
+
 @dataclass
 class Acceptance:
     path: list[int]  # accepted tree indices (1-based, root excluded), root to leaf
@@ -55,12 +68,10 @@ def _children(parents: torch.Tensor) -> list[list[int]]:
     return kids
 
 
-def accept_greedy(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, target: torch.Tensor) -> Acceptance:
-    """Temperature 0: the deepest node whose whole path equals the verifier's argmax chain.
+def greedy_match(tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: node i and all its ancestors equal the verifier's argmax at their parents.
 
-    tokens, parents, depths (N,); target (N+1,) argmax of q at the root and at every node.
-    Searching the whole tree (not only the first matching child) makes merged trees with duplicate
-    siblings take the longest accepted path from any subtree, as the study's Prop. A.2 requires.
+    tokens, parents (N,); target (N+1,) argmax of q at the root and at every node.
     """
     n = tokens.shape[0]
     ok = torch.zeros(n + 1, dtype=torch.bool)
@@ -69,7 +80,20 @@ def accept_greedy(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Ten
     match = tokens == target[par]  # (N,) node equals its parent's argmax
     for i in range(n):  # parents precede children
         ok[i + 1] = match[i] & ok[par[i]]
-    depth_ok = torch.where(ok[1:], depths, torch.zeros_like(depths))
+    return ok[1:]
+
+
+def accept_greedy(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, target: torch.Tensor) -> Acceptance:
+    """Temperature 0: the deepest node whose whole path equals the verifier's argmax chain.
+
+    tokens, parents, depths (N,); target (N+1,) argmax of q at the root and at every node.
+    Searching the whole tree (not only the first matching child) makes merged trees with duplicate
+    siblings take the longest accepted path from any subtree, as the study's Prop. A.2 requires.
+    """
+    n = tokens.shape[0]
+    ok = greedy_match(tokens, parents, target)
+    par = parents + 1
+    depth_ok = torch.where(ok, depths, torch.zeros_like(depths))
     if n == 0 or int(depth_ok.max()) == 0:
         path = []
     else:

@@ -24,6 +24,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tree-top-k", type=int, default=TreeConfig.top_k)
     p.add_argument("--tree-depth", type=int, default=TreeConfig.depth)
     p.add_argument("--tree-total-tokens", type=int, default=TreeConfig.total_tokens)
+    p.add_argument("--tree", choices=["fixed", "auto"], default="fixed",
+                   help="auto: measure this machine and the drafters, pick top_k/depth/total_tokens (decoding/autotree.py)")
 
 
 def decode_config(args) -> DecodeConfig:
@@ -57,6 +59,15 @@ def cmd_generate(args) -> int:
     model, tok = load_verifier(args.verifier)
     proposers = load_proposers(model, args.drafter, name)
     check_prompt_lengths(tok, model, prompts, cfg)
+    if args.tree == "auto":
+        import dataclasses
+
+        from .autotree import auto_tree, calibration_inputs
+
+        choice = auto_tree(model, proposers, cfg.strategy, eos_token_ids(model, tok), calibration_inputs(tok),
+                           cfg.merge_dedup, cfg.routing_granularity)
+        print(choice.describe())
+        cfg = dataclasses.replace(cfg, tree=choice.tree)
     decoder = SpeculativeDecoder(model, proposers, cfg, eos_token_ids(model, tok))
     rows, steps = [], []
     extra = {"strategy": cfg.strategy, "temperature": cfg.temperature}

@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .accept import accept_greedy, accept_sampling, entropy, logits_to_probs, sample
+from .accept import LazyRows, accept_greedy, accept_sampling, entropy, logits_to_probs, sample
 from .drafting import Proposer
 from .strategies import GRANULARITIES, make_strategy
 from .tree import TreeConfig
-from .verifier_pass import keep_positions, new_cache, prefill, tree_forward
+from .verifier_pass import commit_path, new_cache, prefill, tree_forward
 
 
 @dataclass(frozen=True)
@@ -44,6 +44,7 @@ class TurnResult:
     new_tokens: int
     wall_time_s: float
     steps: list[dict]
+    baseline: tuple | None = None  # (token ids, seconds) of transformers' generate on the same input, if timed
 
     @property
     def acceptance_length(self) -> float:
@@ -63,6 +64,7 @@ class SpeculativeDecoder:
         self.eos = set(eos_ids)
         self.strategy = make_strategy(config.strategy, len(self.proposers), config.routing_granularity, config.merge_dedup)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        self.observer = None  # optional callback(tree, verifier argmax (N+1,), proposal) per step (tree auto)
 
     def _next_dist(self, logits: torch.Tensor) -> torch.Tensor:
         if self.cfg.temperature == 0:
@@ -87,7 +89,10 @@ class SpeculativeDecoder:
         # 0. prefill: the prompt enters the verifier cache; its last logits give the first token
         cache = new_cache()
         feats, logits = prefill(self.model, cache, input_ids)  # (n, H), (n, V)
-        features = feats  # verifier features of every token in the cache
+        # verifier features of every token in the cache, in a buffer with room for the whole turn
+        cap = len(input_ids) + self.cfg.max_new_tokens + 1
+        features = feats.new_empty(cap, feats.shape[-1])
+        features[: len(input_ids)] = feats
         tokens = list(input_ids) + [self._first_token(logits[-1], gen)]
         out = tokens[len(input_ids):]
         for p in self.proposers:
@@ -99,18 +104,20 @@ class SpeculativeDecoder:
             # 1. draft: the strategy asks its drafters for one tree
             t0 = time.perf_counter()
             tok_t = torch.tensor(tokens)
-            prop = self.strategy.propose(self.proposers, tok_t, features, self.cfg.tree, self.cfg.temperature)
+            prop = self.strategy.propose(self.proposers, tok_t, features[:n], self.cfg.tree, self.cfg.temperature)
             tree = prop.tree
             # 2. verify: one verifier pass over [root] + tree nodes
             t1 = time.perf_counter()
             f_tree, l_tree = tree_forward(self.model, cache, n, tokens[n], tree.tokens, tree.parents, tree.depths)
             t2 = time.perf_counter()
-            # 3. accept: greedy chain (T = 0) or multi-candidate rejection sampling (T > 0)
-            q = self._next_dist(l_tree)  # (N+1, V)
+            if self.observer is not None:
+                self.observer(tree, l_tree.argmax(-1), prop)
+            # 3. accept: greedy chain (T = 0: the argmax only) or multi-candidate rejection sampling
+            #    (T > 0: q is computed only for the rows the walk visits)
             if self.cfg.temperature == 0:
                 acc = accept_greedy(tree.tokens, tree.parents, tree.depths, l_tree.argmax(-1))
             else:
-                acc = accept_sampling(tree.tokens, tree.parents, q, gen)
+                acc = accept_sampling(tree.tokens, tree.parents, LazyRows(self._next_dist, l_tree), gen)
             # 4. commit: the cache keeps exactly prefix + root + accepted path
             committed = [int(tree.tokens[i - 1]) for i in acc.path] + [acc.next_token]
             committed = committed[: self.cfg.max_new_tokens - len(out)]
@@ -119,20 +126,21 @@ class SpeculativeDecoder:
                     committed = committed[: j + 1]
                     break
             path = ([0] + acc.path)[: len(committed)]  # [root] + accepted nodes that were committed
-            keep_positions(cache, torch.cat([torch.arange(n), n + torch.tensor(path)]))
-            features = torch.cat([features, f_tree[path]])
+            commit_path(cache, n, path)
+            features[n : n + len(path)] = f_tree[path]
             tokens += committed
             out += committed
             calls += 1
             new_tokens += len(committed)
             t3 = time.perf_counter()
-            steps.append(self._step_record(calls - 1, tree, prop, acc, q, committed, t1 - t0, t2 - t1, t3 - t2))
+            steps.append(self._step_record(calls - 1, tree, prop, acc, l_tree, committed, t1 - t0, t2 - t1, t3 - t2))
         wall = time.perf_counter() - t_start
         self.last_cache = cache  # kept for inspection (tests compare it with a fresh prefill)
         return TurnResult(out, calls, new_tokens, wall, steps)
 
-    def _step_record(self, step, tree, prop, acc, q, committed, t_draft, t_verify, t_book) -> dict:
-        ent_q = entropy(q)  # (N+1,) verifier entropy at root and nodes
+    def _step_record(self, step, tree, prop, acc, l_tree, committed, t_draft, t_verify, t_book) -> dict:
+        rows = [0] + acc.path  # the parents of the accepted nodes and of the first rejected one
+        ent_q = dict(zip(rows, entropy(self._next_dist(l_tree[rows])).tolist()))  # verifier entropy there
         par1 = (tree.parents + 1).tolist()  # 1-based parent of each node
         acc_nodes = acc.path
         last = acc_nodes[-1] if acc_nodes else 0

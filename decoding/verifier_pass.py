@@ -27,10 +27,62 @@ def _features_and_logits(model, input_ids, position_ids, mask, cache):
     return h[0], model.lm_head(h)[0].float()  # (T, H), (T, V)
 
 
+def _grow_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class GrowingLayer(DynamicLayer):
+        """A DynamicLayer whose keys/values live in a buffer with spare capacity (doubling when
+        full): appending t rows copies t rows, where DynamicLayer's torch.cat copies the whole
+        cache on every call. ``keys``/``values`` are views of the first ``length`` rows."""
+
+        def lazy_initialization(self, key_states, value_states):
+            super().lazy_initialization(key_states, value_states)
+            self.buf_k = self.buf_v = None
+            self.length = 0
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            need = self.length + key_states.shape[-2]
+            if self.buf_k is None or need > self.buf_k.shape[-2]:
+                cap = max(need, 2 * (0 if self.buf_k is None else self.buf_k.shape[-2]), 256)
+                shape = (*key_states.shape[:-2], cap, key_states.shape[-1])
+                nk, nv = key_states.new_empty(shape), value_states.new_empty(shape)
+                if self.length:
+                    nk[..., : self.length, :] = self.buf_k[..., : self.length, :]
+                    nv[..., : self.length, :] = self.buf_v[..., : self.length, :]
+                self.buf_k, self.buf_v = nk, nv
+            self.buf_k[..., self.length : need, :] = key_states
+            self.buf_v[..., self.length : need, :] = value_states
+            self.set_length(need)
+            return self.keys, self.values
+
+        def set_length(self, m: int) -> None:
+            self.length = m
+            self.keys, self.values = self.buf_k[..., :m, :], self.buf_v[..., :m, :]
+
+        def get_seq_length(self) -> int:
+            return self.length if self.is_initialized else 0
+
+        def crop(self, tokens_to_remove: int) -> None:
+            if tokens_to_remove < 0 and self.is_initialized:
+                self.set_length(max(0, self.length + tokens_to_remove))
+
+    return GrowingLayer
+
+
+_GROWING = None
+
+
 def new_cache():
+    """A DynamicCache whose layers grow in place (see GrowingLayer)."""
+    global _GROWING
     from transformers import DynamicCache
 
-    return DynamicCache()
+    _GROWING = _GROWING or _grow_layer_class()
+    cache = DynamicCache()
+    cache.layer_class_to_replicate = _GROWING
+    return cache
 
 
 @torch.no_grad()
@@ -72,8 +124,31 @@ def keep_positions(cache, keep: torch.Tensor) -> None:
     """Keep only cache rows ``keep`` (in that order): the prefix plus the accepted path."""
     for layer, k, v in _layers(cache):
         idx = keep.to(getattr(layer, k).device)
+        if hasattr(layer, "set_length"):  # a GrowingLayer: gather (copies), write back, shrink
+            layer.buf_k[..., : idx.shape[0], :] = layer.keys.index_select(-2, idx)
+            layer.buf_v[..., : idx.shape[0], :] = layer.values.index_select(-2, idx)
+            layer.set_length(idx.shape[0])
+            continue
         setattr(layer, k, getattr(layer, k).index_select(-2, idx))
         setattr(layer, v, getattr(layer, v).index_select(-2, idx))
+
+
+@torch.no_grad()
+def commit_path(cache, prefix_len: int, path: list[int]) -> None:
+    """Keep the prefix and the rows ``prefix_len + path`` (the root and the accepted nodes, in
+    order) without touching the prefix: a crop when the path is the first rows, else only the
+    accepted rows move. Falls back to keep_positions for caches that are not GrowingLayers."""
+    m = prefix_len + len(path)
+    first_rows = path == list(range(len(path)))
+    for layer, _, _ in _layers(cache):
+        if not hasattr(layer, "set_length"):
+            keep_positions(cache, torch.cat([torch.arange(prefix_len), prefix_len + torch.tensor(path, dtype=torch.long)]))
+            return
+        if not first_rows:
+            idx = torch.tensor(path, dtype=torch.long, device=layer.buf_k.device) + prefix_len
+            layer.buf_k[..., prefix_len:m, :] = layer.buf_k[..., idx, :]  # gather copies first: no aliasing
+            layer.buf_v[..., prefix_len:m, :] = layer.buf_v[..., idx, :]
+        layer.set_length(m)
 
 
 def cache_length(cache) -> int:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from .cpu_matmul import install
+
 DEFAULT_VERIFIER = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -98,6 +100,8 @@ def load_verifier(name: str = DEFAULT_VERIFIER, dtype: str | None = None, device
     )
     model.to(device).eval().requires_grad_(False)
     model.verifier_name = source.name  # recorded in drafter checkpoints and traces
+    if device == "cpu":  # row-count-aware matmuls (decoding/cpu_matmul.py); generate uses them too
+        model.cpu_matmul = install(model)
     return model, tokenizer
 
 

@@ -3,30 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from decoding.tree import DraftTree, TreeConfig
-
-
-def chain_tree(paths: list[list[int]], owner: int = 0) -> DraftTree:
-    """A draft tree from token paths below the root (shared prefixes become shared nodes)."""
-    index, toks, pars, deps = {}, [], [], []
-    for path in paths:
-        parent = -1
-        for d, t in enumerate(path, 1):
-            key = (parent, t)
-            if key not in index:
-                index[key] = len(toks)
-                toks.append(t), pars.append(parent), deps.append(d)
-            parent = index[key]
-    # parents-first order: sort by depth (stable)
-    order = sorted(range(len(toks)), key=lambda i: deps[i])
-    pos = {o: i for i, o in enumerate(order)}
-    n = len(toks)
-    L = lambda xs: torch.tensor(xs, dtype=torch.long)  # noqa: E731
-    return DraftTree(
-        L([toks[o] for o in order]), L([pos[pars[o]] if pars[o] >= 0 else -1 for o in order]),
-        L([deps[o] for o in order]), -0.1 * L([deps[o] for o in order]).float(), torch.full((n,), 0.5),
-        torch.full((n,), owner, dtype=torch.long), torch.full((n,), 1 << owner, dtype=torch.long),
-    )
+from decoding.tree import TreeConfig, chain_tree
 
 
 class ConstantProposer:

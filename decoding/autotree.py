@@ -1,0 +1,228 @@
+"""``tree: auto``: the tree shape that maximises expected tokens per second on this machine.
+
+Three measurements, then a pure choice (as Sequoia and OPT-Tree fit trees to hardware):
+
+1. ``measure_verify_costs``: ms per verifier pass against the number of tokens fed (a few timed
+   passes after a real-length prefix; cached per verifier, dtype, device, threads and machine).
+2. ``calibrate``: decode a few calibration prompts at T=0 with a large tree per candidate top_k
+   (1, 2, 4) and record, per step, every node's drafter, depth, path score and whether its whole
+   path matches the verifier's argmax chain, plus the draft time per level. Because greedy
+   acceptance does not depend on the tree, the acceptance length of any smaller tree of the same
+   top_k (depth <= D, the best M-1 nodes by score: exactly what EAGLE-2's rerank keeps) is read
+   off these records without decoding again.
+3. ``choose``: expected tokens/s = tau(shape) / (draft + verify(nodes + 1) + bookkeeping) for every
+   shape; the best one, unless none beats autoregressive decoding (1 / verify(1)), in which case
+   the smallest tree (one draft token) is used and the choice says so.
+
+Limits: acceptance is calibrated at T=0 (at T>0 the sampled walk accepts differently); routing
+keeps the drafter the large tree's rule chose; the calibration prompts are not the evaluated ones.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .accept import greedy_match
+from .tree import TreeConfig, chain_tree
+
+CAL_TREES = {1: TreeConfig(1, 8, 9), 2: TreeConfig(2, 6, 24), 4: TreeConfig(4, 6, 32)}
+TOTALS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
+VERIFY_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64)
+CACHE = Path(os.environ.get("TASKSPEC_CACHE", Path.home() / ".cache" / "taskspec")) / "verify_cost.json"
+
+
+@dataclass
+class Calibration:
+    """Per candidate top_k: a list of steps, each a list of (owner, depth, score, ok) nodes, the
+    drafter the strategy chose (-1 = all) and draft ms per level per drafter."""
+
+    steps: dict = field(default_factory=dict)  # k -> [[(owner, depth, score, ok), ...], ...]
+    chosen: dict = field(default_factory=dict)  # k -> [owner or -1 per step]
+    draft_ms_level: dict = field(default_factory=dict)  # k -> ms per level per drafter
+    bookkeeping_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Choice:
+    tree: TreeConfig
+    tokens_per_s: float
+    ar_tokens_per_s: float
+    tau: float
+    pays: bool
+    table: list  # [(top_k, depth, total, tau, expected tok/s)] best first
+
+    def describe(self) -> str:
+        t = self.tree
+        head = f"tree auto: top_k={t.top_k} depth={t.depth} total_tokens={t.total_tokens}"
+        if not self.pays:
+            return (f"{head} (no tree is expected to pay on this machine: best expected "
+                    f"{self.table[0][4]:.1f} tok/s vs autoregressive {self.ar_tokens_per_s:.1f}; using the smallest tree)")
+        return (f"{head}: expected tau {self.tau:.2f}, {self.tokens_per_s:.1f} tok/s vs autoregressive "
+                f"{self.ar_tokens_per_s:.1f} ({self.tokens_per_s / self.ar_tokens_per_s:.2f}x)")
+
+
+def _interp(costs: dict[int, float], n: int) -> float:
+    xs = sorted(costs)
+    if n in costs:
+        return costs[n]
+    if n > xs[-1]:  # extrapolate from the last two points
+        a, b = xs[-2], xs[-1]
+        return costs[b] + (costs[b] - costs[a]) / (b - a) * (n - b)
+    hi = next(x for x in xs if x > n)
+    lo = max(x for x in xs if x < n)
+    return costs[lo] + (costs[hi] - costs[lo]) * (n - lo) / (hi - lo)
+
+
+def tau_of(steps: list, chosen: list, depth: int, total: int, merged: bool, n_drafters: int) -> float:
+    """Mean committed tokens per step of the sub-tree (depth <= ``depth``, best ``total``-1 nodes
+    by score per drafter tree) of every calibration step."""
+    if not steps:
+        return 1.0
+    acc = []
+    for nodes, ch in zip(steps, chosen):
+        best = 0
+        for owner in range(n_drafters):
+            if not merged and ch >= 0 and owner != ch:
+                continue
+            mine = sorted((n for n in nodes if n[0] == owner and n[1] <= depth), key=lambda n: -n[2])[: total - 1]
+            best = max([best] + [n[1] for n in mine if n[3]])
+        acc.append(1 + best)
+    return statistics.mean(acc)
+
+
+def choose(cal: Calibration, verify_ms: dict[int, float], merged: bool, n_drafters: int) -> Choice:
+    """The shape with the highest expected tokens/s (pure: no model needed)."""
+    ar = 1000.0 / verify_ms[1]
+    table = []
+    for k, cfg in CAL_TREES.items():
+        if k not in cal.steps:
+            continue
+        for depth in range(1, cfg.depth + 1):
+            totals = [depth + 1] if k == 1 else [m for m in TOTALS if m <= cfg.total_tokens]
+            for total in totals:
+                tau = tau_of(cal.steps[k], cal.chosen[k], depth, total, merged, n_drafters)
+                nodes = (total - 1) * (n_drafters if merged else 1)
+                ms = cal.draft_ms_level[k] * depth * n_drafters + _interp(verify_ms, nodes + 1) + cal.bookkeeping_ms
+                table.append((k, depth, total, tau, 1000.0 * tau / ms))
+    if not table:
+        raise ValueError("calibration recorded no steps")
+    table.sort(key=lambda r: -r[4])
+    best = table[0]
+    pays = best[4] > ar
+    if not pays:  # the cheapest speculation: one draft token
+        best = min(table, key=lambda r: (r[1], r[2], r[0]))
+    k, depth, total, tau, tps = best
+    return Choice(TreeConfig(k, depth, total), tps, ar, tau, pays, table)
+
+
+def _cache_key(model) -> str:
+    from .cpu_matmul import _machine
+
+    return f"{getattr(model, 'verifier_name', type(model).__name__)}|{model.dtype}|{model.device}|{_machine()}"
+
+
+@torch.no_grad()
+def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache: bool = True) -> dict[int, float]:
+    """ms per verifier pass feeding n tokens (a chain) after ``prompt_ids`` (median of ``reps``)."""
+    from .verifier_pass import commit_path, new_cache, prefill, tree_forward
+
+    key = _cache_key(model)
+    disk = {}
+    if use_cache:
+        try:
+            disk = json.loads(CACHE.read_text())
+        except (OSError, ValueError):
+            disk = {}
+        if key in disk:
+            return {int(n): v for n, v in disk[key].items()}
+    cache = new_cache()
+    prefill(model, cache, prompt_ids)
+    n = len(prompt_ids) - 1
+    commit_path(cache, n, [])
+    out = {}
+    for size in VERIFY_SIZES:
+        t = chain_tree([list(range(100, 100 + size - 1))])
+        ts = []
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            tree_forward(model, cache, n, prompt_ids[-1], t.tokens, t.parents, t.depths)
+            ts.append(time.perf_counter() - t0)
+            commit_path(cache, n, [])
+        out[size] = 1000 * statistics.median(ts[1:])
+    if use_cache:
+        disk[key] = out
+        try:
+            CACHE.parent.mkdir(parents=True, exist_ok=True)
+            tmp = CACHE.with_name(f".{CACHE.name}.{os.getpid()}")
+            tmp.write_text(json.dumps(disk, indent=1))
+            os.replace(tmp, CACHE)
+        except OSError:
+            pass
+    return out
+
+
+def calibrate(model, proposers, strategy: str, eos: list[int], inputs: list[list[int]], max_new_tokens: int = 32,
+              dedup: bool = False, granularity: str = "step") -> Calibration:
+    """Decode ``inputs`` (templated prompts) at T=0 with each calibration tree; record every step."""
+    from .engine import DecodeConfig, SpeculativeDecoder
+
+    cal = Calibration()
+    book = []
+    for k, tree in CAL_TREES.items():
+        steps, chosen, draft_s, levels = [], [], 0.0, 0
+        cfg = DecodeConfig(strategy=strategy, temperature=0.0, max_new_tokens=max_new_tokens, tree=tree,
+                           merge_dedup=dedup, routing_granularity=granularity)
+        dec = SpeculativeDecoder(model, proposers, cfg, eos)
+
+        def observe(tree_, target, prop):
+            ok = greedy_match(tree_.tokens, tree_.parents, target)
+            steps.append([(int(o), int(d), float(s), bool(g)) for o, d, s, g in
+                          zip(tree_.owner.tolist(), tree_.depths.tolist(), tree_.path_logp.tolist(), ok.tolist())])
+            chosen.append(int(prop.chosen))
+
+        dec.observer = observe
+        for i, ids in enumerate(inputs):
+            r = dec.generate(ids, seed_key=f"calibration/{i}")
+            n_drafting = 1 if strategy == "single" else len(proposers)
+            draft_s += sum(s["t_draft_s"] for s in r.steps)
+            levels += len(r.steps) * tree.depth * n_drafting
+            book += [s["t_bookkeeping_s"] for s in r.steps]
+        cal.steps[k], cal.chosen[k] = steps, chosen
+        cal.draft_ms_level[k] = 1000 * draft_s / max(levels, 1)
+    cal.bookkeeping_ms = 1000 * statistics.median(book) if book else 0.0
+    return cal
+
+
+def calibration_inputs(tokenizer, per_benchmark: int = 1, benchmarks=("gsm8k", "mt_bench")) -> list[list[int]]:
+    """First turns of the LAST prompts of each benchmark (evaluation subsamples are seeded draws,
+    the bench takes the first ones): real prompts of both domains, kept apart from what is scored."""
+    import warnings
+
+    from drafters.data.sources import load_benchmark
+    from drafters.data.templating import benchmark_prompt_ids
+
+    out = []
+    for b in benchmarks:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prompts = load_benchmark(b)[0]
+        out += [benchmark_prompt_ids(tokenizer, p, 0, []) for p in prompts[-per_benchmark:]]
+    return out
+
+
+def auto_tree(model, proposers, strategy: str, eos: list[int], inputs: list[list[int]], dedup: bool = False,
+              granularity: str = "step", max_new_tokens: int = 32) -> Choice:
+    """Measure, calibrate and choose; ``inputs`` are calibration prompts (token ids)."""
+    if strategy == "autoregressive" or not proposers:
+        raise ValueError("tree auto needs a speculative strategy with drafters")
+    costs = measure_verify_costs(model, inputs[0])
+    cal = calibrate(model, proposers, strategy, eos, inputs, max_new_tokens, dedup, granularity)
+    n = 1 if strategy == "single" else len(proposers)
+    return choose(cal, costs, strategy == "merged", n)
+

@@ -1,0 +1,151 @@
+"""Row-count-aware linear layers for CPU decoding.
+
+On the 2-core CPU, ``F.linear`` (x @ W.T) with 2-8 rows runs 2-3x slower than with one row (for
+the 49,152 x 576 LM head: 10 ms at one row, 24-35 ms at two or three), although streaming the
+weights once costs the same for any small row count. Computing ``W @ x.T`` instead takes another
+BLAS path that is 3-8x faster at those sizes (the LM head at 2-8 rows: 3-7 ms). So a tree pass
+of a few nodes paid 1.4-2x a one-token step for a reason that had nothing to do with the tree.
+
+``install(model)`` times both forms for every distinct weight shape at a few row counts (about
+two seconds, once per process) and makes each ``nn.Linear`` use the faster one for its row count;
+one row is padded to two where that wins. Applied to the verifier model, so ``generate`` (the
+baseline) and the speculative loop run the same kernels. Results equal ``F.linear`` up to float
+summation order (as any change of row count already does). CPU only; no-op on other devices.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import os
+import platform
+import tempfile
+import statistics
+import time
+
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # row counts that are timed; larger ones use F.linear
+CACHE = Path(os.environ.get("TASKSPEC_CACHE", Path.home() / ".cache" / "taskspec")) / "cpu_matmul.json"
+
+
+def wxt(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """(M, in) -> (M, out) as (W @ x.T).T; one row is padded to two (the one-row path is a GEMV)."""
+    if x2.shape[0] == 1:
+        return (W @ torch.cat([x2, x2]).T).T[:1].contiguous()
+    return (W @ x2.T).T.contiguous()
+
+
+def _time(fn, reps: int) -> float:
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts)
+
+
+COLD_BYTES = 128 * 2**20  # weights cycled per timing: more than any last-level cache, as in a real pass
+
+
+@torch.no_grad()
+def tune(W: torch.Tensor, reps: int = 3) -> dict[int, bool]:
+    """{row bucket: use W @ x.T} for this weight, from timing both forms on cold weights (a model
+    pass streams every weight from memory once; a hot loop over one small matrix would not)."""
+    copies = [W] + [W.clone() for _ in range(max(0, COLD_BYTES // (W.numel() * W.element_size()) - 1))]
+    out = {}
+    for m in BUCKETS:
+        x = torch.randn(m, W.shape[1], dtype=W.dtype, device=W.device)
+        a = _time(lambda: [wxt(x, w) for w in copies], reps)
+        b = _time(lambda: [F.linear(x, w) for w in copies], reps)
+        out[m] = a < 0.95 * b
+    return out
+
+
+_ON = [True]
+
+
+class disabled:
+    """``with disabled():`` runs installed layers as stock F.linear (the bench's stock baseline)."""
+
+    def __enter__(self):
+        _ON[0] = False
+
+    def __exit__(self, *exc):
+        _ON[0] = True
+
+
+class RowAwareLinear:
+    """The forward installed on an nn.Linear: picks the form by row count from a tuned table."""
+
+    def __init__(self, module: nn.Linear, table: dict[int, bool]):
+        self.m, self.table = module, table
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        W = self.m.weight
+        rows = x.numel() // x.shape[-1]
+        if rows > BUCKETS[-1] or x.device.type != "cpu" or x.dtype != W.dtype or not _ON[0]:
+            return F.linear(x, W, self.m.bias)
+        use = self.table[BUCKETS[max(0, bisect.bisect_right(BUCKETS, rows) - 1)]]
+        if not use:
+            return F.linear(x, W, self.m.bias)
+        y = wxt(x.reshape(rows, x.shape[-1]), W)
+        if self.m.bias is not None:
+            y = y + self.m.bias
+        return y.reshape(*x.shape[:-1], W.shape[0])
+
+
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+
+
+def _load_cache() -> dict:
+    try:
+        return json.loads(CACHE.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_cache(data: dict) -> None:
+    try:
+        CACHE.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".cpu_matmul.", dir=CACHE.parent)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(tmp, CACHE)
+    except OSError:
+        pass  # a read-only home: tune again next time
+
+
+def install(model: nn.Module) -> dict:
+    """Give every nn.Linear of a CPU model the faster form per row count. Returns
+    {"out x in": {rows: form}}. Tables are cached per machine, threads, torch, shape and dtype in
+    ``$TASKSPEC_CACHE/cpu_matmul.json`` (default ~/.cache/taskspec). ``TASKSPEC_CPU_MATMUL=0``
+    turns it off."""
+    if os.environ.get("TASKSPEC_CPU_MATMUL", "1") == "0":
+        return {}
+    disk = _load_cache()
+    machine = _machine()
+    tables: dict[str, dict] = {}
+    for mod in model.modules():
+        if isinstance(mod, nn.Linear) and mod.weight.device.type == "cpu":
+            key = f"{machine}|{tuple(mod.weight.shape)}|{mod.weight.dtype}"
+            if key not in tables:
+                if key not in disk:
+                    disk[key] = {str(m): v for m, v in tune(mod.weight.detach()).items()}
+                    _save_cache(disk)
+                tables[key] = {int(m): v for m, v in disk[key].items()}
+            mod.forward = RowAwareLinear(mod, tables[key])
+    return {k.split("|")[-2]: {m: "W@x.T" if v else "linear" for m, v in t.items()} for k, t in tables.items()}

@@ -1,0 +1,66 @@
+"""tree auto: the pure choice on constructed calibrations, and (slow) the real measure -> choose
+-> decode path on the embedded verifier, which must stay lossless whatever shape it picks."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoding.autotree import CAL_TREES, Calibration, choose, tau_of
+
+FLAT = {1: 40.0, 2: 40.0, 4: 41.0, 8: 42.0, 16: 44.0, 32: 50.0, 64: 60.0}  # verify ms: nodes nearly free
+STEEP = {1: 40.0, 2: 60.0, 4: 100.0, 8: 180.0, 16: 340.0, 32: 660.0, 64: 1300.0}
+
+
+def _chain_cal(correct_depth: int, draft_ms: float = 1.0) -> Calibration:
+    """k=1 chains of depth 8 where the first ``correct_depth`` tokens are always right."""
+    step = [(0, d, -0.1 * d, d <= correct_depth) for d in range(1, 9)]
+    return Calibration(steps={1: [step] * 5}, chosen={1: [0] * 5}, draft_ms_level={1: draft_ms}, bookkeeping_ms=0.5)
+
+
+def test_tau_of_reads_sub_trees_off_the_calibration_tree():
+    cal = _chain_cal(3)
+    assert tau_of(cal.steps[1], cal.chosen[1], 1, 2, False, 1) == 2.0
+    assert tau_of(cal.steps[1], cal.chosen[1], 3, 4, False, 1) == 4.0
+    assert tau_of(cal.steps[1], cal.chosen[1], 6, 7, False, 1) == 4.0  # depth 4+ is never right
+    # merged: the best of both drafters' sub-trees; routing: only the chosen one
+    two = [[(0, 1, -0.1, True), (1, 1, -0.1, True), (1, 2, -0.2, True)]]
+    assert tau_of(two, [-1], 2, 3, True, 2) == 3.0
+    assert tau_of(two, [0], 2, 3, False, 2) == 2.0
+
+
+def test_choose_goes_deep_when_passes_are_cheap_and_drafts_are_right():
+    c = choose(_chain_cal(6), FLAT, merged=False, n_drafters=1)
+    assert c.pays and c.tree.top_k == 1 and c.tree.depth == 6 and c.tau == 7.0
+    assert c.tokens_per_s > c.ar_tokens_per_s
+
+
+def test_choose_stays_shallow_when_passes_are_expensive():
+    # acceptance falls off with depth (correct prefixes 0..4 in equal shares)
+    steps = [[(0, d, -0.1 * d, d <= c) for d in range(1, 9)] for c in (0, 1, 1, 2, 2, 3, 4)]
+    cal = Calibration(steps={1: steps}, chosen={1: [0] * len(steps)}, draft_ms_level={1: 1.0})
+    deep = choose(cal, FLAT, False, 1).tree.depth
+    shallow = choose(cal, STEEP, False, 1).tree.depth
+    assert shallow < deep
+
+
+def test_when_nothing_pays_the_smallest_tree_is_used_and_said():
+    c = choose(_chain_cal(0, draft_ms=5.0), FLAT, False, 1)
+    assert not c.pays and (c.tree.top_k, c.tree.depth, c.tree.total_tokens) == (1, 1, 2)
+    assert "no tree is expected to pay" in c.describe()
+
+
+@pytest.mark.slow
+def test_auto_tree_on_the_real_verifier_picks_a_shape_and_stays_lossless(verifier, eos, random_proposers, bench_prompts):
+    from decoding.autotree import auto_tree, calibration_inputs
+    from decoding.engine import DecodeConfig, SpeculativeDecoder
+    from drafters.data.templating import benchmark_prompt_ids
+
+    model, tok = verifier
+    choice = auto_tree(model, random_proposers[:1], "single", eos, calibration_inputs(tok)[:1], max_new_tokens=12)
+    assert {r[0] for r in choice.table} == set(CAL_TREES)  # every candidate top_k was calibrated
+    assert choice.table and "tree auto:" in choice.describe()
+    assert not choice.pays  # random drafters never pay: the smallest tree
+    ids = benchmark_prompt_ids(tok, bench_prompts["gsm8k"][0], 0, [])
+    ref = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
+    dec = SpeculativeDecoder(model, random_proposers[:1], DecodeConfig(max_new_tokens=16, tree=choice.tree), eos)
+    assert dec.generate(ids).output_token_ids == ref[0, len(ids):].tolist()
