@@ -12,6 +12,7 @@ from typing import Protocol
 import torch
 
 from drafters.model import FeatureDrafter, KVCache, causal_mask
+from drafters.vocab import DraftHead
 
 from .accept import entropy
 from .tree import DraftTree, TreeConfig, expand_frontier, select_nodes
@@ -26,10 +27,12 @@ class Proposer(Protocol):
 
 
 class FeatureDrafterProposer:
-    """EAGLE-2 dynamic draft tree from a feature drafter + the verifier's embedding and LM head."""
+    """EAGLE-2 dynamic draft tree from a feature drafter + the verifier's embedding and LM head
+    (or, for a reduced draft vocabulary, the slice of the LM head the drafter was trained with)."""
 
     def __init__(self, drafter: FeatureDrafter, embed: torch.nn.Module, lm_head: torch.nn.Module, name: str, index: int = 0):
-        self.drafter, self.embed, self.lm_head = drafter, embed, lm_head
+        self.drafter, self.embed = drafter, embed
+        self.head = DraftHead(lm_head, drafter.draft_ids())
         self.name, self.index = name, index
         self.reset()
 
@@ -37,7 +40,7 @@ class FeatureDrafterProposer:
         self.cache = KVCache()  # holds pairs (f_i, x_{i+1}) for i < len(cache)
 
     def _logp(self, h: torch.Tensor, temperature: float) -> torch.Tensor:
-        logits = self.lm_head(h).float()  # (k, V)
+        logits = self.head(h).float()  # (k, N) over the draft vocabulary
         return (logits / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
 
     @torch.no_grad()
@@ -61,11 +64,13 @@ class FeatureDrafterProposer:
         logp = self._logp(h_last, temperature)  # (1, V)
         ent = entropy(logp.exp())  # (1,)
         k = min(cfg.top_k, logp.shape[-1])
-        top = logp[0].topk(k)
-        cand_tok, cand_par, cand_score, cand_depth, cand_ent = [top.indices], [torch.full((k,), -1)], [top.values], [torch.ones(k, dtype=torch.long)], [ent.expand(k)]
+        top_val, top_idx = logp[0].topk(k)
+        top_tok = self.head.to_verifier(top_idx)  # draft ids -> verifier ids
+        cand_tok, cand_par, cand_score = [top_tok], [torch.full((k,), -1)], [top_val]
+        cand_depth, cand_ent = [torch.ones(k, dtype=torch.long)], [ent.expand(k)]
         frontier = torch.arange(k)  # candidate indices of the frontier
         frontier_feat = h_last.expand(k, -1)  # (k, H): feature each frontier node conditions on
-        frontier_tok, frontier_score = top.indices, top.values
+        frontier_tok, frontier_score = top_tok, top_val
         fed_anc = torch.zeros(0, 0, dtype=torch.bool)  # ancestry among tree nodes fed to the drafter
         frontier_rows = None  # row of each frontier node's parent in fed_anc
         n_cand = k
@@ -84,6 +89,7 @@ class FeatureDrafterProposer:
             logp = self._logp(h, temperature)  # (k, V)
             ent = entropy(logp.exp())  # (k,)
             child_tok, child_score, best = expand_frontier(frontier_score.to(logp.device), logp, k)  # (k,k),(k,k),(k,)
+            child_tok = self.head.to_verifier(child_tok)  # draft ids -> verifier ids
             cand_tok.append(child_tok.flatten())
             cand_par.append(frontier.repeat_interleave(k))
             cand_score.append(child_score.flatten())

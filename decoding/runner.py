@@ -13,6 +13,7 @@ from drafters.checkpoint import load_checkpoint, load_config
 from drafters.data.records import BenchmarkPrompt
 from drafters.data.templating import benchmark_prompt_ids
 
+from .cpu_matmul import install
 from .drafting import FeatureDrafterProposer
 from .engine import DecodeConfig, SpeculativeDecoder
 
@@ -69,6 +70,8 @@ def load_proposers(model, paths: list[str], verifier_name: str) -> list[FeatureD
     for i, path in enumerate(paths):
         load_config(path).check_compatible(model, verifier_name)
         drafter = load_checkpoint(path, device=str(model.device), dtype=model.dtype)
+        if model.device.type == "cpu":
+            install(drafter)  # a draft level feeds top_k rows: the small-row matmul path (cpu_matmul.py)
         out.append(FeatureDrafterProposer(drafter, model.get_input_embeddings(), model.lm_head, Path(path).name, i))
     return out
 
@@ -85,16 +88,37 @@ def check_prompt_lengths(tokenizer, model, prompts: list[BenchmarkPrompt], cfg: 
                              f"verifier's context of {limit} positions (no truncation policy: shorten it)")
 
 
-def decode_prompt(decoder: SpeculativeDecoder, tokenizer, prompt: BenchmarkPrompt):
-    """All turns of one prompt: answer turn 1, append it as the assistant message, then turn 2."""
+def decode_prompt(decoder: SpeculativeDecoder, tokenizer, prompt: BenchmarkPrompt, baseline=None):
+    """All turns of one prompt: answer turn 1, append it as the assistant message, then turn 2.
+
+    ``baseline(ids) -> (token ids, seconds)``, if given, also runs on every turn's input (the
+    report's speed baseline, transformers' generate, timed on the same inputs in the same process).
+    """
     answers, results = [], []
     for turn in range(len(prompt.turns)):
         ids = benchmark_prompt_ids(tokenizer, prompt, turn, answers)
         res = decoder.generate(ids, seed_key=f"{prompt.id}/{turn}")
+        if baseline is not None:
+            res.baseline = baseline(ids)
         text = tokenizer.decode(res.output_token_ids, skip_special_tokens=True)
         answers.append(text)
         results.append((turn, res, text))
     return results
+
+
+def generate_baseline(model, eos: list[int], max_new_tokens: int, temperature: float, seed: int):
+    """transformers' generate, timed: greedy at T=0, full-distribution sampling at T>0."""
+    import time
+
+    def run(ids: list[int]):
+        kw = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        torch.manual_seed(seed)
+        t0 = time.perf_counter()
+        out = model.generate(torch.tensor([ids], device=model.device), max_new_tokens=max_new_tokens, eos_token_id=eos,
+                             pad_token_id=eos[0], attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=model.device), **kw)
+        return out[0, len(ids):].tolist(), time.perf_counter() - t0
+
+    return run
 
 
 def prompt_rows(prompt: BenchmarkPrompt, results, extra: dict | None = None) -> tuple[list[dict], list[dict]]:
@@ -110,6 +134,9 @@ def prompt_rows(prompt: BenchmarkPrompt, results, extra: dict | None = None) -> 
             "routing_choice": chosen.most_common(1)[0][0] if chosen else -1,
             "t_draft_s": sum(s["t_draft_s"] for s in res.steps),
             "t_verify_s": sum(s["t_verify_s"] for s in res.steps),
+            "generate_tokens": len(res.baseline[0]) if res.baseline else None,
+            "generate_wall_time_s": res.baseline[1] if res.baseline else None,
+            "generate_matches": (res.baseline[0] == res.output_token_ids) if res.baseline else None,
         }
         rows.append({**(extra or {}), **row})
         steps += [{**(extra or {}), "id": prompt.id, "turn": turn, **s} for s in res.steps]

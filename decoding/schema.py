@@ -9,6 +9,7 @@ KNOWN = {
     # prompt rows
     "id": S, "turn": I, "output_token_ids": pa.list_(I), "output_text": S, "verifier_calls": I, "new_tokens": I,
     "acceptance_length": F, "wall_time_s": F, "mean_tree_size": F, "routing_choice": I, "t_draft_s": F, "t_verify_s": F,
+    "generate_tokens": I, "generate_wall_time_s": F, "generate_matches": B,
     # step rows
     "step": I, "tree_size": I, "committed": I, "accepted_depth": I, "chosen_drafter": I, "accepted_owner": I,
     "accepted_owner_mask": I, "drafter_mean_confidence": pa.list_(F), "drafter_mean_entropy": pa.list_(F),

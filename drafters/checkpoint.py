@@ -16,14 +16,23 @@ from .model import FeatureDrafter
 FORMAT = "taskspec-drafter-v1"
 
 
-def init_drafter(cfg: DrafterConfig) -> FeatureDrafter:
-    """A randomly initialised drafter; the same seed gives the same weights (merging needs this)."""
+def init_drafter(cfg: DrafterConfig, draft_ids: torch.Tensor | None = None) -> FeatureDrafter:
+    """A randomly initialised drafter; the same seed gives the same weights (merging needs this).
+
+    ``draft_ids`` (sorted verifier ids) is required exactly when the config has a draft vocabulary.
+    """
+    if (cfg.draft_vocab_size is None) != (draft_ids is None):
+        raise ValueError("draft_ids must be given exactly when the config sets draft_vocab_size")
+    if draft_ids is not None and draft_ids.shape != (cfg.draft_vocab_size,):
+        raise ValueError(f"draft_ids has shape {tuple(draft_ids.shape)}, config says {cfg.draft_vocab_size}")
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(cfg.seed)
     try:
         model = FeatureDrafter(cfg)
     finally:
         torch.random.set_rng_state(gen_state)
+    if draft_ids is not None:
+        model.d2t.copy_(draft_ids.long() - torch.arange(draft_ids.shape[0]))
     return model
 
 
@@ -70,4 +79,7 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", dtype=torch.fl
     if missing or extra:
         raise ValueError(f"checkpoint {path}: missing weights {sorted(missing)}, unexpected {sorted(extra)}")
     model.load_state_dict(state)
-    return model.to(device=device, dtype=dtype).eval()
+    ids = model.draft_ids()
+    if ids is not None and (not bool((ids[1:] > ids[:-1]).all()) or int(ids[0]) < 0 or int(ids[-1]) >= cfg.vocab_size):
+        raise ValueError(f"checkpoint {path}: d2t does not map to sorted ids inside the verifier's vocabulary")
+    return model.to(device=device, dtype=dtype).eval()  # .to(dtype) casts floating tensors only: d2t stays int

@@ -24,6 +24,7 @@ class DrafterConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     seed: int = 0
+    draft_vocab_size: int | None = None  # reduced draft vocabulary (d2t stored with the weights); None = full
     training: dict = field(default_factory=dict)  # data variant, epochs, merge recipe, ...
 
     def __post_init__(self):
@@ -32,6 +33,10 @@ class DrafterConfig:
         for name in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "intermediate_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        if self.draft_vocab_size is not None and not (
+                isinstance(self.draft_vocab_size, int) and 1 <= self.draft_vocab_size <= self.vocab_size):
+            raise ValueError(f"draft_vocab_size must be an int in [1, vocab_size={self.vocab_size}] or None, "
+                             f"got {self.draft_vocab_size!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError("hidden_size must be divisible by num_attention_heads")
         if self.num_attention_heads % self.num_key_value_heads:
@@ -53,7 +58,8 @@ class DrafterConfig:
         return cls(**{k: v for k, v in d.items() if k in known})
 
     @classmethod
-    def for_verifier(cls, model, verifier: str, backbone: str, seed: int = 0) -> "DrafterConfig":
+    def for_verifier(cls, model, verifier: str, backbone: str, seed: int = 0,
+                     draft_vocab_size: int | None = None) -> "DrafterConfig":
         c = model.config
         rope = getattr(c, "rope_theta", None)
         if rope is None:
@@ -63,7 +69,7 @@ class DrafterConfig:
             num_attention_heads=c.num_attention_heads,
             num_key_value_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
             intermediate_size=c.intermediate_size, rms_norm_eps=getattr(c, "rms_norm_eps", 1e-5),
-            rope_theta=float(rope), seed=seed,
+            rope_theta=float(rope), seed=seed, draft_vocab_size=draft_vocab_size,
         )
 
     def check_compatible(self, model, verifier: str) -> None:

@@ -21,6 +21,7 @@ class AlignedBatch:
     top_ids: torch.Tensor  # (B, T, K) verifier top-K of x_{t+2} (from position t+1)
     top_probs: torch.Tensor  # (B, T, K)
     mask: torch.Tensor  # (B, T) bool: loss positions (assistant token at t+1, not padding)
+    lengths: torch.Tensor  # (B,) each example's own token count L (the aligned rows are L-1)
 
 
 def align(input_ids, features, loss_mask, top_ids=None, top_probs=None) -> dict:
@@ -51,13 +52,16 @@ def collate(examples: list, dtype=torch.float32) -> AlignedBatch:
         n = a["tokens"].shape[0]
         tokens[b, :n], feats[b, :n], target[b, :n] = a["tokens"], a["features"].to(dtype), a["target"].to(dtype)
         tid[b, :n], tpr[b, :n], mask[b, :n] = a["top_ids"].long(), a["top_probs"].float(), a["mask"]
-    return AlignedBatch(tokens, feats, target, tid, tpr, mask)
+    lengths = torch.tensor([a["tokens"].shape[0] + 1 for a in al])
+    return AlignedBatch(tokens, feats, target, tid, tpr, mask, lengths)
 
 
-def noise(features: torch.Tensor, generator: torch.Generator | None, seq_len: int, scale: float = 0.2) -> torch.Tensor:
-    """EAGLE's uniform input-feature augmentation: (U[0,1) - 0.5) * 0.2 * 512 / seq_len."""
+def noise(features: torch.Tensor, generator: torch.Generator | None, lengths: torch.Tensor, scale: float = 0.2) -> torch.Tensor:
+    """EAGLE's uniform input-feature augmentation: (U[0,1) - 0.5) * 0.2 * 512 / L, with L each
+    example's own length (B,), not the padded batch length (EAGLE trains unpadded sequences)."""
     u = torch.rand(features.shape, generator=generator, dtype=torch.float32).to(features)
-    return features + (u - 0.5) * scale * 512 / max(seq_len, 1)
+    per = scale * 512 / lengths.clamp_min(1).to(features.dtype)  # (B,)
+    return features + (u - 0.5) * per[:, None, None]
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -65,21 +69,23 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * m).sum() / m.sum().clamp_min(1.0)
 
 
-def eagle_losses(pred: torch.Tensor, target: torch.Tensor, lm_head, mask: torch.Tensor, top_ids=None, top_probs=None):
+def eagle_losses(pred: torch.Tensor, target: torch.Tensor, head, mask: torch.Tensor, top_ids=None, top_probs=None):
     """Returns (feature SmoothL1, soft CE vs the verifier's distribution, top-K distillation, logp).
 
-    pred, target (B, T, H); mask (B, T). Only masked positions go through the LM head.
+    pred, target (B, T, H); mask (B, T); ``head`` a :class:`drafters.vocab.DraftHead` (the full LM
+    head or a reduced draft vocabulary: then q is renormalised over it and top-K ids outside it
+    are dropped). Only masked positions go through the head.
     """
     sel = mask.nonzero(as_tuple=True)
     p_feat, t_feat = pred[sel], target[sel]  # (M, H)
     vloss = F.smooth_l1_loss(p_feat, t_feat.to(p_feat.dtype), reduction="none").mean(-1).mean() if p_feat.numel() else pred.sum() * 0
-    logp = lm_head(p_feat).float().log_softmax(-1)  # (M, V) drafter log-probs
+    logp = head(p_feat).float().log_softmax(-1)  # (M, N) drafter log-probs over the draft vocabulary
     with torch.no_grad():
-        q = lm_head(t_feat.to(p_feat.dtype)).float().softmax(-1)  # (M, V) verifier distribution
+        q = head(t_feat.to(p_feat.dtype)).float().softmax(-1)  # (M, N) verifier distribution (renormalised)
     ploss = -(q * logp).sum(-1).mean() if logp.numel() else vloss * 0
     topk = vloss * 0
     if top_ids is not None and logp.numel():
-        ids, pr = top_ids[sel], top_probs[sel]  # (M, K)
+        ids, pr = head.restrict_topk(top_ids[sel], top_probs[sel].float())  # (M, K) draft ids, 0-prob outside
         topk = -(pr * logp.gather(-1, ids)).sum(-1).mean()  # -sum_{x in topK(q)} q(x) log p(x)
     return vloss, ploss, topk, logp
 
@@ -105,7 +111,9 @@ def aligned_passes(drafter, embed, batch: AlignedBatch, steps: int, input_featur
     """Run HASS's forward-alignment passes 1..steps. Returns a list of predictions (B, T, H).
 
     Pass 1 is the ordinary teacher-forced pass. In pass m >= 2, the input feature at position t is
-    the previous pass's prediction at t-1 (the drafter's own estimate of f_t), detached.
+    the previous pass's prediction at t-1 (the drafter's own estimate of f_t), detached. As in
+    HASS, the keys and values of every pass keep their graph: the inputs are detached, but fc,
+    k_proj and v_proj still get gradients through the keys that later passes attend to.
     """
     B, T, _ = batch.features.shape
     pos = torch.arange(T, device=batch.features.device)
@@ -119,8 +127,8 @@ def aligned_passes(drafter, embed, batch: AlignedBatch, steps: int, input_featur
         extra = None if m == 1 else (torch.cat(kv_k, dim=-2), torch.cat(kv_v, dim=-2))
         mask = hass_mask(T, m, batch.features.device)
         out, (k, v) = drafter(emb, feats, pos, mask, extra_kv=extra)
-        kv_k.append(k.detach() if m > 1 else k)
-        kv_v.append(v.detach() if m > 1 else v)
+        kv_k.append(k)
+        kv_v.append(v)
         preds.append(out)
     return preds
 

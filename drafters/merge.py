@@ -4,7 +4,9 @@
 - ``task_arithmetic``: theta = theta_base + sum_i alpha * (theta_i - theta_base);
 - ``ties``: TIES-merging (trim each task vector to its top-k% magnitudes, elect a sign per
   parameter by total mass, average the values that agree with it) on top of theta_base.
-Each writes an ordinary drafter checkpoint whose config.json records the recipe.
+Each writes an ordinary drafter checkpoint whose config.json records the recipe. Only floating
+weights are merged; a reduced draft vocabulary (``d2t``) must be the same in every source (it is
+chosen once per backbone) and is carried over unchanged.
 """
 from __future__ import annotations
 
@@ -16,16 +18,23 @@ from .checkpoint import load_checkpoint, save_checkpoint
 from .config import DrafterConfig
 
 
+MAPS = ("d2t",)  # integer buffers: shared, never averaged
+
+
 def _check_same(states: list[dict], configs: list[DrafterConfig]) -> None:
     base = configs[0]
     for c in configs[1:]:
-        for f in ("backbone", "verifier", "hidden_size", "vocab_size", "intermediate_size", "num_attention_heads", "num_key_value_heads"):
+        for f in ("backbone", "verifier", "hidden_size", "vocab_size", "intermediate_size", "num_attention_heads",
+                  "num_key_value_heads", "draft_vocab_size"):
             if getattr(c, f) != getattr(base, f):
                 raise ValueError(f"cannot merge drafters with different {f}: {getattr(base, f)!r} vs {getattr(c, f)!r}")
     keys = set(states[0])
     for s in states[1:]:
         if set(s) != keys or any(s[k].shape != states[0][k].shape for k in keys):
             raise ValueError("cannot merge drafters with different parameter shapes")
+        for k in MAPS:
+            if k in keys and not torch.equal(s[k], states[0][k]):
+                raise ValueError(f"cannot merge drafters with different draft vocabularies ({k} differs)")
 
 
 def linear(a: dict, b: dict, lam: float) -> dict:
@@ -73,6 +82,10 @@ def merge_checkpoints(kind: str, paths: list[str], out: str, lam: float | None =
         states.append(bm.state_dict())
         base_state = states.pop()
     _check_same(states + ([base_state] if base_state is not None else []), cfgs)
+    maps = {k: states[0].pop(k) for k in MAPS if k in states[0]}
+    for st in states[1:] + ([base_state] if base_state is not None else []):
+        for k in maps:
+            st.pop(k)
     if kind == "linear":
         if len(states) != 2 or lam is None:
             raise ValueError("linear merge needs exactly two checkpoints (math, chat) and a lambda")
@@ -86,5 +99,5 @@ def merge_checkpoints(kind: str, paths: list[str], out: str, lam: float | None =
     recipe = {"merge": kind, "sources": list(paths), "lambda": lam, "base": base, "alpha": alpha, "density": density}
     cfg = dataclasses.replace(cfgs[0], training={"merge": recipe})
     m = models[0]
-    m.load_state_dict(merged)
+    m.load_state_dict({**merged, **maps})
     return save_checkpoint(m, out, cfg)

@@ -103,6 +103,14 @@ class FeatureDrafter(nn.Module):
         self.config = cfg
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.layer = DecoderLayer(cfg)
+        if cfg.draft_vocab_size is not None:  # EAGLE-3's map: draft id i -> verifier id i + d2t[i]
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+
+    def draft_ids(self) -> torch.Tensor | None:
+        """Verifier ids of the draft vocabulary (sorted), or None for the full vocabulary."""
+        if getattr(self, "d2t", None) is None:
+            return None
+        return self.d2t.long() + torch.arange(self.d2t.shape[0], device=self.d2t.device)
 
     def forward(self, token_embeds, features, positions, mask, cache: KVCache | None = None, extra_kv=None):
         """token_embeds, features (B, T, H) -> predicted features (B, T, H), new (k, v)."""

@@ -20,7 +20,8 @@ import torch
 from .checkpoint import init_drafter, save_checkpoint
 from .config import BACKBONES, DrafterConfig
 from .features import FeatureStore
-from .losses import aligned_passes, collate, eagle_losses, masked_mean, noise, step_mask
+from .losses import aligned_passes, collate, eagle_losses, noise, step_mask
+from .vocab import DraftHead, load_vocab
 
 
 class TrainingDiverged(RuntimeError):
@@ -40,13 +41,18 @@ class TrainConfig:
     batch_size: int = 8
     grad_accum: int = 1
     warmup_steps: int = 0
+    lr_schedule: str = "linear"  # linear: warm up, then decay linearly to 0 (EAGLE/HASS); constant
     grad_clip: float = 0.5
+    grad_clip_mode: str = "value"  # value: clamp each gradient entry (EAGLE/HASS); norm: global norm
     seed: int = 0
     hass_steps: int = 3
     vloss_weight: float = 1.0
     ploss_weight: float = 0.1
     topk_weight: float = 1.0
+    topk_from: float = 0.5  # HASS two-stage schedule: the top-K term joins after this fraction of the steps
     feature_noise: bool = True
+    draft_vocab: str | None = None  # vocabulary file (drafters.vocab.save_vocab); None = full vocabulary
+    bucket: bool = True  # length-bucketed batches (little padding); False = batches in stream order
     deepspeed: bool = True
     zero_stage: int = 1
     eval_depths: int = 3
@@ -66,6 +72,12 @@ class TrainConfig:
             raise ValueError(f"zero_stage must be 0-3, got {self.zero_stage}")
         if not self.train_data:
             raise ValueError("train_data is empty")
+        if self.lr_schedule not in ("linear", "constant"):
+            raise ValueError(f"lr_schedule must be linear or constant, got {self.lr_schedule!r}")
+        if self.grad_clip_mode not in ("value", "norm"):
+            raise ValueError(f"grad_clip_mode must be value or norm, got {self.grad_clip_mode!r}")
+        if not 0.0 <= self.topk_from <= 1.0:
+            raise ValueError(f"topk_from must be in [0, 1], got {self.topk_from}")
 
 
 class OnlineFeatures:
@@ -122,40 +134,85 @@ def iter_examples(data: list, seed: int | None, buffer: int = 256, online: Onlin
     yield from buf
 
 
-def batches(data, batch_size, seed, online: OnlineFeatures | None = None):
+def batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket: bool = False, pool: int = 16):
+    """Collated batches. ``bucket``: take ``pool`` batches' worth of (already shuffled) examples,
+    sort them by length, cut batches, and yield those in a seeded random order, so a batch pads
+    to similar lengths; every example is used once per epoch either way."""
+    rng = random.Random(seed)
     group = []
+
+    def flush(exs):
+        if not bucket:
+            return [exs[i : i + batch_size] for i in range(0, len(exs), batch_size)]
+        exs = sorted(exs, key=lambda e: len(e.input_ids))
+        out = [exs[i : i + batch_size] for i in range(0, len(exs), batch_size)]
+        rng.shuffle(out)
+        return out
+
+    cap = batch_size * (pool if bucket else 1)
     for e in iter_examples(data, seed, online=online):
         if int(e.loss_mask[1:].sum()) == 0:
             continue
         group.append(e)
-        if len(group) == batch_size:
-            yield collate(group)
+        if len(group) == cap:
+            yield from (collate(g) for g in flush(group))
             group = []
     if group:
-        yield collate(group)
+        yield from (collate(g) for g in flush(group))
 
 
-def compute_loss(cfg: TrainConfig, model, embed, lm_head, batch, generator):
-    """The backbone's objective. EAGLE-2: 1.0 SmoothL1 + 0.1 soft CE. HASS: + 1.0 top-K, summed
-    over ``hass_steps`` forward-alignment passes."""
-    feats = noise(batch.features, generator, batch.features.shape[1]) if cfg.feature_noise else batch.features
+def count_examples(data: list) -> int:
+    """Examples a data list holds (from manifests or id lists; no shard is read)."""
+    n = 0
+    for root, key, ids in data:
+        if ids is not None:
+            n += len(ids)
+        elif root in ("online", "online-heldout"):
+            raise ValueError("an online data entry needs explicit ids to be counted")
+        else:
+            n += int(FeatureStore(root, key).manifest()["examples"])
+    return n
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
+    """Linear warmup over ``warmup`` steps, then (``linear``) linear decay to 0 at ``total``."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return 1.0
+    return max(0.0, (total - step) / (total - warmup))
+
+
+def clamp_grads_by_value(model: torch.nn.Module, clip: float) -> list:
+    """EAGLE/HASS clip by value (clip_grad_value_). A hook on each parameter clamps its gradient
+    as it is produced, so it works under DeepSpeed too (per micro-batch and rank, before the
+    reduction; with one rank and no accumulation it equals clip_grad_value_)."""
+    return [p.register_hook(lambda g: g.clamp(-clip, clip)) for p in model.parameters() if p.requires_grad]
+
+
+def compute_loss(cfg: TrainConfig, model, embed, head, batch, generator, use_topk: bool = True):
+    """The backbone's objective. EAGLE-2: 1.0 SmoothL1 + 0.1 soft CE. HASS: + 1.0 top-K (once
+    ``use_topk``: the second stage of its schedule), summed over ``hass_steps`` alignment passes."""
+    feats = noise(batch.features, generator, batch.lengths) if cfg.feature_noise else batch.features
     steps = cfg.hass_steps if cfg.backbone == "hass" else 1
     preds = aligned_passes(model, embed, batch, steps, input_features=feats)
+    topk_on = cfg.backbone == "hass" and use_topk
     total, parts = 0.0, {}
     for j, pred in enumerate(preds, 1):
         m = step_mask(batch.mask, j)
-        topk = (batch.top_ids, batch.top_probs) if cfg.backbone == "hass" else (None, None)
-        v, p, t, _ = eagle_losses(pred, batch.target, lm_head, m, *topk)
-        loss = cfg.vloss_weight * v + cfg.ploss_weight * p + (cfg.topk_weight * t if cfg.backbone == "hass" else 0.0)
+        topk = (batch.top_ids, batch.top_probs) if topk_on else (None, None)
+        v, p, t, _ = eagle_losses(pred, batch.target, head, m, *topk)
+        loss = cfg.vloss_weight * v + cfg.ploss_weight * p + (cfg.topk_weight * t if topk_on else 0.0)
         total = total + loss
         parts[f"vloss_{j}"], parts[f"ploss_{j}"] = float(v.detach()), float(p.detach())
     return total, parts
 
 
 @torch.no_grad()
-def evaluate(model, embed, lm_head, data, depths: int = 3, batch_size: int = 8, online=None) -> dict:
+def evaluate(model, embed, head, data, depths: int = 3, batch_size: int = 8, online=None) -> dict:
     """Top-1 agreement with the verifier's next token at depth 1 (teacher-forced) and depths 2..D
-    (rolled out on the drafter's own features), on assistant positions of held-out examples."""
+    (rolled out on the drafter's own features), on assistant positions of held-out examples.
+    With a reduced draft vocabulary a verifier token outside it counts as a miss."""
     hits, counts = [0] * depths, [0] * depths
     model.eval()
     for batch in batches(data, batch_size, None, online):
@@ -165,7 +222,7 @@ def evaluate(model, embed, lm_head, data, depths: int = 3, batch_size: int = 8, 
             sel = m.nonzero(as_tuple=True)
             if not sel[0].numel():
                 continue
-            a = lm_head(pred[sel]).argmax(-1)
+            a = head.to_verifier(head(pred[sel]).argmax(-1))
             b = batch.top_ids[sel][:, 0]  # the verifier's argmax next token
             hits[j] += int((a == b).sum())
             counts[j] += int(sel[0].numel())
@@ -183,7 +240,7 @@ def _deepspeed_config(cfg: TrainConfig, world: int) -> dict:
         "train_micro_batch_size_per_gpu": cfg.batch_size,
         "gradient_accumulation_steps": cfg.grad_accum,
         "train_batch_size": cfg.batch_size * cfg.grad_accum * world,
-        "gradient_clipping": cfg.grad_clip,
+        "gradient_clipping": cfg.grad_clip if cfg.grad_clip_mode == "norm" else 0.0,  # value: hooks
         "zero_optimization": {"stage": cfg.zero_stage},
         "bf16": {"enabled": torch.cuda.is_available()},
         "steps_per_print": 10**9,
@@ -202,7 +259,8 @@ class _Plain:
     def step(self):
         self.micro += 1
         if self.micro % self.cfg.grad_accum == 0:
-            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
+            if self.cfg.grad_clip_mode == "norm":
+                torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.cfg.grad_clip)
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
 
@@ -239,11 +297,17 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    embed, lm_head = verifier_model.get_input_embeddings(), verifier_model.lm_head
-    dcfg = DrafterConfig.for_verifier(verifier_model, cfg.verifier, cfg.backbone, seed=cfg.seed)
-    model = init_drafter(dcfg)  # every variant of a backbone starts from the same init (merging)
+    embed = verifier_model.get_input_embeddings()
+    ids = load_vocab(cfg.draft_vocab) if cfg.draft_vocab else None
+    head = DraftHead(verifier_model.lm_head, ids)
+    dcfg = DrafterConfig.for_verifier(verifier_model, cfg.verifier, cfg.backbone, seed=cfg.seed,
+                                      draft_vocab_size=None if ids is None else int(ids.shape[0]))
+    model = init_drafter(dcfg, ids)  # every variant of a backbone starts from the same init (merging)
+    if cfg.grad_clip_mode == "value":
+        clamp_grads_by_value(model, cfg.grad_clip)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
-    sched_fn = (lambda s: min(1.0, (s + 1) / cfg.warmup_steps)) if cfg.warmup_steps else (lambda s: 1.0)
+    n_batches = -(-count_examples(cfg.train_data) // cfg.batch_size) if not online else None
+    total_steps = cfg.epochs * -(-n_batches // world) if n_batches else 0  # optimizer steps x grad_accum
     runner = _DeepSpeed(model, opt, cfg, world) if cfg.deepspeed else _Plain(model, opt, cfg)
     model = runner.module
     start, history = 0, []
@@ -259,15 +323,17 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
     gen = torch.Generator().manual_seed(cfg.seed)
     step = sum(h["steps"] for h in history)
     if start == 0 and rank == 0:
-        history.append({"epoch": 0, "steps": 0, **evaluate(model, embed, lm_head, cfg.heldout_data, cfg.eval_depths, online=online)})
+        history.append({"epoch": 0, "steps": 0, **evaluate(model, embed, head, cfg.heldout_data, cfg.eval_depths, online=online)})
     for epoch in range(start + 1, cfg.epochs + 1):
-        t0, losses, n_steps, n_tok = time.perf_counter(), [], 0, 0
-        for i, batch in enumerate(batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch, online)):
+        t0, losses, n_steps, n_tok, n_rows = time.perf_counter(), [], 0, 0, 0
+        for i, batch in enumerate(batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch, online, cfg.bucket)):
             if i % world != rank:
                 continue
             for g in opt.param_groups:
-                g["lr"] = cfg.lr * sched_fn(step)
-            loss, _ = compute_loss(cfg, model, embed, lm_head, batch, gen)
+                g["lr"] = cfg.lr * lr_factor(step // cfg.grad_accum, total_steps // cfg.grad_accum,
+                                             cfg.warmup_steps, cfg.lr_schedule if total_steps else "constant")
+            use_topk = not total_steps or step >= cfg.topk_from * total_steps
+            loss, _ = compute_loss(cfg, model, embed, head, batch, gen, use_topk=use_topk)
             if not torch.isfinite(loss):
                 raise TrainingDiverged(f"non-finite loss {float(loss)} at epoch {epoch} step {n_steps}; "
                                        f"last good checkpoint kept in {out}")
@@ -277,13 +343,15 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
             n_steps += 1
             step += 1
             n_tok += int(batch.mask.sum())
+            n_rows += int(batch.mask.numel())
             if cfg.max_seconds and time.perf_counter() - t0 > cfg.max_seconds:
                 break
         wall = time.perf_counter() - t0
         metrics = {"epoch": epoch, "steps": n_steps, "train_loss": sum(losses) / max(len(losses), 1),
-                   "train_tokens_per_s": n_tok / wall if wall else 0.0, "epoch_seconds": wall}
+                   "train_tokens_per_s": n_tok / wall if wall else 0.0, "epoch_seconds": wall,
+                   "loss_token_fraction": n_tok / max(n_rows, 1)}  # loss positions / padded batch positions
         if rank == 0:
-            metrics.update(evaluate(model, embed, lm_head, cfg.heldout_data, cfg.eval_depths, online=online))
+            metrics.update(evaluate(model, embed, head, cfg.heldout_data, cfg.eval_depths, online=online))
         history.append(metrics)
         d = _save_epoch(out, epoch, model, dcfg, cfg, history, runner, rank)
         if report is not None:

@@ -102,6 +102,21 @@ def heldout_data(root: str, caches: dict) -> list:
             for c in ("mathinstruct", "sharegpt") if c in caches]
 
 
+def build_vocab(tokenizer, eos_ids, corpora: list[str], spec: DataSpec, size: int, vocab_size: int,
+                options: SourceOptions = SourceOptions()):
+    """The reduced draft vocabulary of a backbone: the ``size`` most frequent target tokens at
+    assistant positions of the training examples of every corpus it trains on (the end-of-turn
+    ids always in). Returns (sorted ids, stats)."""
+    from .vocab import count_targets, select_ids
+
+    counts = sum(count_targets(select_examples(tokenizer, eos_ids, c, spec, options)[0], vocab_size) for c in corpora)
+    ids = select_ids(counts, size, eos_ids)
+    total = int(counts.sum())
+    stats = {"corpora": list(corpora), "size": size, "target_tokens": total, "distinct_targets": int((counts > 0).sum()),
+             "coverage": float(counts[ids].sum()) / total if total else float("nan")}
+    return ids, stats
+
+
 def online_selection(tokenizer, eos_ids, corpus: str, spec: DataSpec, options: SourceOptions = SourceOptions()) -> dict:
     """``online`` mode: only the example selection (ids); features are computed while training."""
     train, held = select_examples(tokenizer, eos_ids, corpus, spec, options)

@@ -69,6 +69,23 @@ def _features_task(verifier, dtype, corpus, spec_dict, root, online=False):
     return caches
 
 
+def _vocab_task(verifier, dtype, corpora, spec_dict, size, dest):
+    """The reduced draft vocabulary of the run (every backbone trains on these corpora), written
+    next to the features and published to ``dest`` (a path or URI)."""
+    from decoding.verifiers import eos_token_ids, load_verifier
+    from drafters.variants import DataSpec, build_vocab
+    from drafters.vocab import save_vocab
+
+    from . import storage
+
+    model, tok = load_verifier(verifier, dtype=dtype)
+    ids, stats = build_vocab(tok, eos_token_ids(model, tok), corpora, DataSpec(**spec_dict), size, model.config.vocab_size)
+    local = storage.node_cache(dest) if storage.is_uri(dest) else Path(dest)
+    save_vocab(ids, local, stats)
+    storage.publish(local, dest)
+    return stats
+
+
 class Driver:
     def __init__(self, profile: Profile, output_dir: str, force: str | None = None):
         from . import storage
@@ -185,7 +202,30 @@ class Driver:
             files = [] if caches[c].get("online") else [f"features/{caches[c][p]}/manifest.json" for p in ("train", "heldout")]
             self.manifest.record(key, "features", c, "done", files=files, caches=caches[c])
             prog.step(c)
+        self.vocab = self._draft_vocab(corpora)
         return caches
+
+    def _draft_vocab(self, corpora: list[str]) -> str | None:
+        """One reduced draft vocabulary for every drafter of the run (so merges and merged trees
+        share it, like the initialisation), from the training data of all trained corpora."""
+        import ray
+
+        size = self.p.train.draft_vocab
+        if size is None:
+            return None
+        key = "vocab-" + key_of([self.verifier_name, corpora, self._data_spec(), size])
+        rel = f"features/vocab-{key[6:]}.safetensors"
+        if self.manifest.done(key):
+            return self.ref(rel)
+        r = self.p.resources.features
+        task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(_vocab_task)
+        stats = ray.get(task.options(name="features:draft-vocab").remote(
+            self.p.verifier, self.p.verifier_dtype, corpora, self._data_spec(), size, self.ref(rel)))
+        self.manifest.record(key, "features", "draft-vocab", "done", files=[rel], vocab=stats)
+        Progress("features", 1, quiet=True).log(
+            f"draft vocabulary: {size} of {stats['distinct_targets']} distinct target tokens, "
+            f"covering {100 * stats['coverage']:.1f}% of {stats['target_tokens']} assistant tokens")
+        return self.ref(rel)
 
     # ------------------------------------------------------------------ 2. training
     def _train_config(self, cell, caches):
@@ -202,7 +242,8 @@ class Driver:
             out_dir=str(storage.node_cache(out)), out_uri=out if self.uri else None, train_data=variant_data(cell.variant, root, caches, self.p.data.n),
             heldout_data=heldout_data(root, caches), epochs=t.epochs, lr=t.lr, batch_size=t.batch_size,
             grad_accum=t.grad_accum, warmup_steps=t.warmup_steps, seed=t.init_seed, hass_steps=t.hass_steps,
-            deepspeed=t.deepspeed, zero_stage=t.zero_stage, max_seconds=t.max_seconds,
+            deepspeed=t.deepspeed, zero_stage=t.zero_stage, max_seconds=t.max_seconds, draft_vocab=self.vocab,
+            lr_schedule=t.lr_schedule, grad_clip_mode=t.grad_clip_mode, topk_from=t.topk_from, bucket=t.bucket,
             online_spec=self._data_spec() if self.p.data.feature_mode == "online" else None,
         )
 
@@ -286,11 +327,11 @@ class Driver:
                 src = [str(storage.fetch(s)) for s in src]
                 base = None
                 if m.kind != "linear":  # the shared random init (all variants start from it)
-                    from drafters.checkpoint import load_config
+                    from drafters.checkpoint import load_checkpoint, load_config
 
                     base_dir = self.out / "checkpoints" / f"{m.backbone}-init"
                     cfg = dataclasses.replace(load_config(src[0]), training={"init": True})
-                    save_checkpoint(init_drafter(cfg), base_dir, cfg)
+                    save_checkpoint(init_drafter(cfg, load_checkpoint(src[0]).draft_ids()), base_dir, cfg)
                     base = str(base_dir)
                 merge_checkpoints(m.kind, src, str(dest), lam=m.lam, base=base, density=self.p.merge.ties_density)
                 self._publish(f"checkpoints/{m.name}")

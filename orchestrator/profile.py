@@ -55,6 +55,11 @@ class TrainCfg:
     hass_steps: int = 3
     max_seconds: float | None = None
     init_seed: int = 0
+    draft_vocab: int | None = None  # reduced draft vocabulary size (one per run, from all trained corpora); null = full
+    lr_schedule: str = "linear"
+    grad_clip_mode: str = "value"
+    topk_from: float = 0.5
+    bucket: bool = True
 
     def validate(self):
         _need(bool(self.backbones) and set(self.backbones) <= {"eagle2", "hass"}, f"train.backbones must be a non-empty subset of [eagle2, hass], got {self.backbones}")
@@ -63,6 +68,11 @@ class TrainCfg:
         _need(self.lr > 0, f"train.lr must be > 0, got {self.lr}")
         _need(self.batch_size >= 1, f"train.batch_size must be >= 1, got {self.batch_size}")
         _need(self.zero_stage in (0, 1, 2, 3), f"train.zero_stage must be 0-3, got {self.zero_stage}")
+        _need(self.draft_vocab is None or (isinstance(self.draft_vocab, int) and self.draft_vocab >= 16),
+              f"train.draft_vocab must be null or an int >= 16, got {self.draft_vocab!r}")
+        _need(self.lr_schedule in ("linear", "constant"), f"train.lr_schedule must be linear or constant, got {self.lr_schedule!r}")
+        _need(self.grad_clip_mode in ("value", "norm"), f"train.grad_clip_mode must be value or norm, got {self.grad_clip_mode!r}")
+        _need(0.0 <= self.topk_from <= 1.0, f"train.topk_from must be in [0, 1], got {self.topk_from!r}")
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import time
 
 
 class Progress:
-    def __init__(self, stage: str, total: int, stream=sys.stdout):
+    def __init__(self, stage: str, total: int, stream=sys.stdout, quiet: bool = False):
         self.stage, self.total, self.done, self.t0, self.stream = stage, total, 0, time.time(), stream
         self._metrics = None
         try:
@@ -16,7 +16,8 @@ class Progress:
                              Gauge("taskspec_acceptance_length", "acceptance length of finished eval cells", tag_keys=("cell",)))
         except Exception:  # noqa: BLE001 - metrics are optional (no Ray, or no metrics agent)
             self._metrics = None
-        self.log(f"start: {total} unit(s)")
+        if not quiet:
+            self.log(f"start: {total} unit(s)")
 
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] [{self.stage}] {msg}", file=self.stream, flush=True)

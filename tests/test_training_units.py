@@ -41,13 +41,14 @@ def test_hass_pass_j_does_not_see_the_verifier_features_it_replaces():
     embed = torch.nn.Embedding(50, 16)
     T = 6
     feats = torch.randn(1, T, 16)
-    batch = AlignedBatch(torch.randint(0, 50, (1, T)), feats, feats, None, None, torch.ones(1, T, dtype=torch.bool))
+    batch = AlignedBatch(torch.randint(0, 50, (1, T)), feats, feats, None, None, torch.ones(1, T, dtype=torch.bool),
+                         torch.tensor([T + 1]))
     base = aligned_passes(model, embed, batch, 3)
     t = 4
     for changed in ([t], [t - 1, t]):
         f2 = feats.clone()
         f2[0, changed] += 5.0
-        out = aligned_passes(model, embed, AlignedBatch(batch.tokens, f2, f2, None, None, batch.mask), 3)
+        out = aligned_passes(model, embed, AlignedBatch(batch.tokens, f2, f2, None, None, batch.mask, batch.lengths), 3)
         assert not torch.allclose(out[0][0, t], base[0][0, t])  # teacher-forced pass sees f_t
         if changed == [t - 1, t]:  # ...and pass 2 sees f_{t-1} (through its estimate of f_t)
             assert not torch.allclose(out[1][0, t], base[1][0, t])

@@ -42,8 +42,9 @@ def prepare(cfg, local_rank: int):
     if not cfg.out_uri:
         return cfg
     out = storage.node_cache(cfg.out_uri)
+    vocab = str(storage.fetch(cfg.draft_vocab)) if cfg.draft_vocab else None
     cfg = dataclasses.replace(cfg, out_dir=str(out), train_data=localize_data(cfg.train_data),
-                              heldout_data=localize_data(cfg.heldout_data))
+                              heldout_data=localize_data(cfg.heldout_data), draft_vocab=vocab)
     if local_rank == 0:
         shutil.rmtree(out, ignore_errors=True)
         epoch = latest_remote_epoch(cfg.out_uri)

@@ -37,7 +37,7 @@ class EvalWorker:
     def run(self, cell: dict, checkpoint_paths: list[str], prompts: list, decode: dict) -> tuple[list, list]:
         """Decode ``prompts`` for one evaluation cell; returns (prompt rows, step rows)."""
         from decoding.engine import DecodeConfig, SpeculativeDecoder
-        from decoding.runner import decode_prompt, prompt_rows
+        from decoding.runner import decode_prompt, generate_baseline, prompt_rows
         from decoding.tree import TreeConfig
 
         tree = TreeConfig(decode["top_k"], decode["depth"], cell["total_tokens"] if cell["strategy"] != "autoregressive" else 2)
@@ -48,9 +48,12 @@ class EvalWorker:
         dec = SpeculativeDecoder(self.model, props, cfg, self.eos)
         extra = {k: cell[k] for k in ("drafter", "strategy", "routing_granularity", "merge_dedup", "total_tokens", "budget_matched")}
         extra["cell_key"] = decode["cell_key"]
+        # the autoregressive cell also times transformers' generate on the same inputs: the speed baseline
+        base = (generate_baseline(self.model, self.eos, cfg.max_new_tokens, cfg.temperature, cfg.seed)
+                if cell["strategy"] == "autoregressive" else None)
         rows, steps = [], []
         for prompt in prompts:
-            r, s = prompt_rows(prompt, decode_prompt(dec, self.tok, prompt), extra)
+            r, s = prompt_rows(prompt, decode_prompt(dec, self.tok, prompt, base), extra)
             rows += r
             steps += s
         return rows, steps
