@@ -16,7 +16,7 @@ TAU = {("math", "gsm8k"): 3.0, ("chat", "gsm8k"): 2.0, ("math", "mt_bench"): 1.5
 N_PROMPTS = 10
 
 
-def _prompt_rows(method, bench):
+def _prompt_rows(method, bench, with_generate=True):
     tau = TAU[(method, bench)]
     calls = 20
     strategy = "autoregressive" if method == "autoregressive" else "single"
@@ -26,7 +26,10 @@ def _prompt_rows(method, bench):
              "mean_tree_size": 0.0 if strategy == "autoregressive" else 15.0, "routing_choice": -1, "t_draft_s": 0.0,
              "t_verify_s": wall, "drafter": "-" if strategy == "autoregressive" else method, "strategy": strategy,
              "routing_granularity": "step", "merge_dedup": False, "total_tokens": 16, "budget_matched": False,
-             "cell_key": f"{method}-{bench}", "unit_key": f"{method}-{bench}"} for i in range(N_PROMPTS)]
+             "cell_key": f"{method}-{bench}", "unit_key": f"{method}-{bench}",
+             # the autoregressive cell times transformers' generate: 21 tokens in 1 s per prompt
+             **({"generate_tokens": 21, "generate_wall_time_s": 1.0, "generate_matches": True}
+                if with_generate and strategy == "autoregressive" else {})} for i in range(N_PROMPTS)]
 
 
 def _step_rows(method, bench):
@@ -39,13 +42,13 @@ def _step_rows(method, bench):
              "cell_key": f"{method}-{bench}", "unit_key": f"{method}-{bench}"} for i in range(N_PROMPTS)]
 
 
-def _make_run(root: Path, with_steps=True, benchmarks=("gsm8k", "mt_bench"), failed=False):
+def _make_run(root: Path, with_steps=True, benchmarks=("gsm8k", "mt_bench"), failed=False, with_generate=True):
     for (method, bench) in TAU:
         if bench not in benchmarks:
             continue
         bb = "none" if method == "autoregressive" else "hass"
         part = f"backbone={bb}/benchmark={bench}/temperature=0"
-        write_parquet_atomic(_prompt_rows(method, bench), root / "traces/prompts" / part / f"{method}.parquet")
+        write_parquet_atomic(_prompt_rows(method, bench, with_generate), root / "traces/prompts" / part / f"{method}.parquet")
         if with_steps and method != "autoregressive":
             write_parquet_atomic(_step_rows(method, bench), root / "traces/steps" / part / f"{method}.parquet")
     cells = {"k1": {"stage": "eval", "name": "hass:single:math|svamp|T=0", "status": "failed", "attempts": 3,
@@ -76,7 +79,10 @@ def test_tables_and_claims_are_exact_on_synthetic_traces(tmp_path):
         assert row["prompts"] == N_PROMPTS
     sp = pl.read_parquet(run / "report/tables/speed.parquet")
     math_g = sp.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k")).row(0, named=True)
-    assert math_g["tokens_per_s"] == pytest.approx(61 / 2.0) and math_g["speedup"] == pytest.approx(61 / 21)
+    assert math_g["tokens_per_s"] == pytest.approx(61 / 2.0) and math_g["speedup"] == pytest.approx(61 / 2.0 / 21)
+    assert math_g["vs_autoregressive"] == pytest.approx(61 / 21) and math_g["baseline"] == "generate (transformers)"
+    gen = sp.filter((pl.col("method") == "generate (transformers)") & (pl.col("benchmark") == "gsm8k")).row(0, named=True)
+    assert gen["tokens_per_s"] == pytest.approx(21.0) and gen["speedup"] == pytest.approx(1.0)
     assert math_g["calls_per_token"] == pytest.approx(20 / 61) and math_g["mean_tree_size"] == pytest.approx(15.0)
     ent = pl.read_parquet(run / "report/tables/table3_4_entropy.parquet")
     assert ent["draft_diff"].to_list() == pytest.approx([1.0] * ent.height)
@@ -97,8 +103,10 @@ def test_tables_and_claims_are_exact_on_synthetic_traces(tmp_path):
 
 
 def test_partial_runs_say_what_is_missing(tmp_path):
-    run = _make_run(tmp_path / "run", with_steps=False, benchmarks=("gsm8k",), failed=True)
+    run = _make_run(tmp_path / "run", with_steps=False, benchmarks=("gsm8k",), failed=True, with_generate=False)
     build_report(run)
+    sp = pl.read_parquet(run / "report/tables/speed.parquet")  # traces without generate timings: the own loop
+    assert set(sp["baseline"]) == {"autoregressive"}
     md = (run / "report/report.md").read_text()
     assert "FAILED eval: `hass:single:math|svamp|T=0`" in md
     assert "benchmark `mt_bench` has no rows" in md and "benchmark `svamp` has no rows" in md

@@ -123,8 +123,11 @@ def build_report(run_dir) -> Path:
     md.append("## Tables 5–8 — acceptance rate by depth\n")
     md.append(_md(dep))
     md.append("## Wall-clock speed (same run, same machine)\n")
+    md.append("`speedup` is tokens/s over transformers' `generate` (greedy at T=0, sampling at T>0), timed by each "
+              "autoregressive cell on the same inputs in the same actor; `vs_autoregressive` is over the project's own "
+              "autoregressive loop.\n")
     md.append(_md(sp.select("backbone", "method", "benchmark", "temperature", "tokens_per_s", "tokens_per_s_lo", "tokens_per_s_hi",
-                            "speedup", "calls_per_token", "mean_tree_size", "draft_share", "verify_share", "tokens_per_verified_node")))
+                            "speedup", "vs_autoregressive", "calls_per_token", "mean_tree_size", "draft_share", "verify_share", "tokens_per_verified_node")))
     for t in temps:
         f = figures.fig_speed(sp, t, out / f"fig_speed_T{t:g}.png")
         if f:

@@ -110,7 +110,8 @@ def fig_depth(depth: pl.DataFrame, backbone: str, temp: float, path: Path) -> Pa
 
 
 def fig_speed(sp: pl.DataFrame, temp: float, path: Path) -> Path | None:
-    s = sp.filter((pl.col("temperature") == temp) & (pl.col("method") != "autoregressive")).group_by(["backbone", "method"]).agg(
+    base = sp["baseline"][0] if "baseline" in sp.columns and sp.height else "autoregressive"
+    s = sp.filter((pl.col("temperature") == temp) & (pl.col("method") != base)).group_by(["backbone", "method"]).agg(
         pl.col("speedup").mean()).sort("speedup", descending=True)
     if s.is_empty():
         return None
@@ -118,9 +119,9 @@ def fig_speed(sp: pl.DataFrame, temp: float, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(max(7, 0.5 * s.height), 4.8))
     labels = [f"{b}:{m}" for b, m in zip(s["backbone"], s["method"])]
     ax.bar(range(s.height), s["speedup"], color=["tab:green" if v >= 1 else "tab:red" for v in s["speedup"]])
-    ax.axhline(1.0, color="black", lw=1, label="autoregressive (same run, same machine)")
+    ax.axhline(1.0, color="black", lw=1, label=f"{base} (same run, same machine)")
     ax.set_xticks(range(s.height), labels, rotation=40, ha="right")
-    ax.set_ylabel("wall-clock speedup over autoregressive (×)")
+    ax.set_ylabel(f"wall-clock speedup over {base} (×)")
     ax.set_title(f"Measured speedup, mean over benchmarks (T={temp:g})")
     ax.legend()
     fig.tight_layout()

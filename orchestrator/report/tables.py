@@ -25,16 +25,28 @@ def method_expr() -> pl.Expr:
 
 
 def scan(run: Path, kind: str) -> pl.LazyFrame | None:
+    """Every trace file of ``kind`` with its hive partition columns; files written by different
+    versions (one has a column another lacks) concatenate with nulls instead of failing."""
     root = Path(run) / "traces" / kind
-    if not root.is_dir() or not any(root.rglob("*.parquet")):
+    files = sorted(root.rglob("*.parquet")) if root.is_dir() else []
+    if not files:
         return None
-    return pl.scan_parquet(str(root / "**" / "*.parquet"), hive_partitioning=True).with_columns(
+    frames = []
+    for f in files:
+        parts = dict(p.split("=", 1) for p in f.relative_to(root).parts[:-1] if "=" in p)
+        frames.append(pl.scan_parquet(f).with_columns(*(pl.lit(v).alias(k) for k, v in parts.items())))
+    return pl.concat(frames, how="diagonal_relaxed").with_columns(
         pl.col("temperature").cast(pl.Float64), method_expr().alias("method"))
 
 
 def per_prompt(prompts: pl.LazyFrame) -> pl.DataFrame:
     """One row per (cell, prompt): turns summed."""
+    have = prompts.collect_schema().names()
+    for c, t in (("generate_tokens", pl.Int64), ("generate_wall_time_s", pl.Float64)):
+        if c not in have:  # traces written before the generate baseline existed
+            prompts = prompts.with_columns(pl.lit(None, dtype=t).alias(c))
     return (prompts.group_by(KEYS + ["id"]).agg(
+        pl.col("generate_tokens").sum(), pl.col("generate_wall_time_s").sum(),
         pl.col("new_tokens").sum(), pl.col("verifier_calls").sum(), pl.col("wall_time_s").sum(),
         pl.col("output_token_ids").list.len().sum().alias("out_tokens"),
         (pl.col("mean_tree_size") * pl.col("verifier_calls")).sum().alias("tree_nodes"),
@@ -66,10 +78,18 @@ def table1_wide(t1: pl.DataFrame, backbone: str, temperature: float) -> pl.DataF
     return wide.join(avg, on="method").sort("average", descending=True)
 
 
+GENERATE = "generate (transformers)"
+
+
 def speed(pp: pl.DataFrame) -> pl.DataFrame:
-    """Wall-clock: tokens/s with CI, speedup over autoregressive (same benchmark/temperature),
-    verifier calls per token, mean tree size, draft/verify time share, tau per verified node."""
-    tps = _ci_table(pp, "out_tokens", "wall_time_s", "tokens_per_s")
+    """Wall-clock: tokens/s with CI; ``speedup`` over transformers' generate (timed by the
+    autoregressive cell on the same inputs in the same actor; the project's own autoregressive loop
+    when no generate timing exists) and ``vs_autoregressive``; verifier calls per token, mean tree
+    size, draft/verify time share, tau per verified node."""
+    gen = (pp.filter((pl.col("method") == "autoregressive") & (pl.col("generate_wall_time_s") > 0))
+           .with_columns(pl.lit(GENERATE).alias("method"), pl.col("generate_tokens").alias("out_tokens"),
+                         pl.col("generate_wall_time_s").alias("wall_time_s")))
+    tps = _ci_table(pl.concat([pp, gen], how="diagonal_relaxed") if gen.height else pp, "out_tokens", "wall_time_s", "tokens_per_s")
     agg = pp.group_by(KEYS).agg(
         (pl.col("verifier_calls").sum() / pl.col("out_tokens").sum()).alias("calls_per_token"),
         (pl.col("tree_nodes").sum() / pl.col("verifier_calls").sum()).alias("mean_tree_size"),
@@ -77,9 +97,15 @@ def speed(pp: pl.DataFrame) -> pl.DataFrame:
         (pl.col("t_verify_s").sum() / pl.col("wall_time_s").sum()).alias("verify_share"),
         (pl.col("new_tokens").sum() / (pl.col("tree_nodes").sum() + pl.col("verifier_calls").sum())).alias("tokens_per_verified_node"),
     )
-    ar = tps.filter(pl.col("method") == "autoregressive").select("benchmark", "temperature", pl.col("tokens_per_s").alias("ar_tps"))
-    return (tps.join(agg, on=KEYS).join(ar, on=["benchmark", "temperature"], how="left")
-            .with_columns((pl.col("tokens_per_s") / pl.col("ar_tps")).alias("speedup")).drop("ar_tps").sort(KEYS))
+    on = ["benchmark", "temperature"]
+    ar = tps.filter(pl.col("method") == "autoregressive").select(*on, pl.col("tokens_per_s").alias("ar_tps"))
+    base_name = GENERATE if gen.height else "autoregressive"
+    base = tps.filter(pl.col("method") == base_name).select(*on, pl.col("tokens_per_s").alias("base_tps"))
+    return (tps.join(agg, on=KEYS, how="left").join(ar, on=on, how="left").join(base, on=on, how="left")
+            .with_columns((pl.col("tokens_per_s") / pl.col("base_tps")).alias("speedup"),
+                          (pl.col("tokens_per_s") / pl.col("ar_tps")).alias("vs_autoregressive"),
+                          pl.lit(base_name).alias("baseline"))
+            .drop("ar_tps", "base_tps").sort(KEYS))
 
 
 def routing(pp: pl.DataFrame, steps: pl.LazyFrame | None) -> pl.DataFrame:
