@@ -17,7 +17,7 @@ KNOWN = {
     "rejected_verifier_entropy": F, "depth_accept": pa.list_(B), "t_bookkeeping_s": F,
     # cell columns
     "backbone": S, "benchmark": S, "temperature": F, "drafter": S, "strategy": S, "routing_granularity": S,
-    "merge_dedup": B, "total_tokens": I, "budget_matched": B, "cell_key": S, "unit_key": S,
+    "merge_dedup": B, "total_tokens": I, "budget_matched": B, "cell_key": S, "unit_key": S, "tree": S, "tree_shape": S,
 }
 
 

@@ -1,11 +1,16 @@
-"""Benchmark: feature-extraction and training throughput per backbone on this machine.
+"""Benchmark: feature-extraction and training throughput on this machine, before/after each change.
 
-python experiments/bench_training.py [--n 32] [--max-length 256] [--steps 6]
-Prints verifier tokens/s for extraction and assistant (loss) tokens/s per training step.
+python experiments/bench_training.py [--n 32] [--max-length 192] [--steps 6] [--vocab 8192]
+
+Feature extraction: verifier tokens/s in fp32, and under bf16 autocast with the feature error it
+causes. Training (loss tokens/s per backbone, same examples, same number of steps), cumulatively:
+the full-vocabulary trainer in stream order (the old default), + the reduced draft vocabulary,
++ length-bucketed batches, + bf16 autocast (fp32 master weights).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import tempfile
 import time
@@ -24,47 +29,70 @@ def main(argv=None) -> int:
     from drafters.features import verifier_features
     from drafters.losses import collate
     from drafters.trainer import TrainConfig, compute_loss
+    from drafters.vocab import DraftHead, count_targets, select_ids
     from drafters.variants import DataSpec, select_examples
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=32)
-    ap.add_argument("--max-length", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--max-length", type=int, default=192)
+    ap.add_argument("--steps", type=int, default=7)  # + 1 warm-up = every batch of 2 x 32 examples
     ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=8192)
     args = ap.parse_args(argv)
     warnings.simplefilter("ignore")
     model, tok = load_verifier()
     eos = eos_token_ids(model, tok)
     spec = DataSpec(n=args.n, heldout=1, max_length=args.max_length)
     print(f"torch threads {torch.get_num_threads()}; n={args.n} per corpus, max_length {args.max_length}")
-    feats = []
+    feats, exs = [], []
     for corpus in ("mathinstruct", "sharegpt"):
         train, _ = select_examples(tok, eos, corpus, spec)
+        exs += train
+        ntok = sum(len(e.input_ids) for e in train)
         t = time.perf_counter()
         fx = verifier_features(model, train)
         dt = time.perf_counter() - t
-        ntok = sum(len(e.input_ids) for e in train)
-        print(f"feature extraction {corpus}: {ntok} tokens in {dt:.1f}s = {ntok / dt:.0f} tokens/s")
+        t = time.perf_counter()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            fb = verifier_features(model, train[:8])
+        dtb = time.perf_counter() - t
+        nb = sum(len(e.input_ids) for e in train[:8])
+        err = max(float((a.features.float() - b.features.float()).norm() / a.features.float().norm()) for a, b in zip(fx, fb))
+        top1 = sum(int((a.top_ids[:, 0] == b.top_ids[:, 0]).sum()) for a, b in zip(fx, fb)) / sum(len(a.top_ids) for a in fx[:8])
+        print(f"feature extraction {corpus}: fp32 {ntok / dt:.0f} tokens/s; bf16 autocast {nb / dtb:.0f} tokens/s "
+              f"(max relative feature error {err:.3f}, top-1 agreement with fp32 {top1:.3f})")
         feats += fx
+    ids = select_ids(count_targets(exs, model.config.vocab_size), args.vocab, eos)
+    feats.sort(key=lambda e: e.id)  # a fixed stream order, the same for every configuration
+    bucketed = sorted(feats, key=lambda e: len(e.input_ids))
+    configs = [("full vocab, stream order (old)", None, feats, False), (f"+ draft vocab {args.vocab}", ids, feats, False),
+               ("+ length buckets", ids, bucketed, False), ("+ bf16 autocast", ids, bucketed, True)]
     for backbone in ("eagle2", "hass"):
-        cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone=backbone, variant="math", out_dir=tempfile.mkdtemp(),
-                          train_data=[["x", "y", None]], batch_size=args.batch_size, deepspeed=False)
-        drafter = init_drafter(DrafterConfig.for_verifier(model, "smollm2-135m-instruct", backbone))
-        opt = torch.optim.AdamW(drafter.parameters(), lr=1e-4)
-        gen = torch.Generator().manual_seed(0)
-        tokens, t0 = 0, None
-        for step in range(args.steps + 1):
-            batch = collate(feats[(step * args.batch_size) % len(feats):][: args.batch_size])
-            if step == 1:
-                t0, tokens = time.perf_counter(), 0  # step 0 is warm-up
-            loss, _ = compute_loss(cfg, drafter, model.get_input_embeddings(), model.lm_head, batch, gen)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            tokens += int(batch.mask.sum())
-        dt = time.perf_counter() - t0
-        print(f"training {backbone}: {tokens} loss tokens in {dt:.1f}s = {tokens / dt:.0f} loss tokens/s "
-              f"({dt / args.steps:.2f}s per step of batch {args.batch_size})")
+        for label, vocab, order, bf16 in configs:
+            cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone=backbone, variant="math", out_dir=tempfile.mkdtemp(),
+                              train_data=[["x", "y", None]], batch_size=args.batch_size, deepspeed=False)
+            dcfg = DrafterConfig.for_verifier(model, "smollm2-135m-instruct", backbone,
+                                              draft_vocab_size=None if vocab is None else int(vocab.shape[0]))
+            drafter = init_drafter(dcfg, vocab)
+            head = DraftHead(model.lm_head, vocab)
+            opt = torch.optim.AdamW(drafter.parameters(), lr=1e-4)
+            gen = torch.Generator().manual_seed(0)
+            tokens, rows, t0 = 0, 0, None
+            for step in range(args.steps + 1):
+                batch = collate(order[(step * args.batch_size) % len(order):][: args.batch_size])
+                if step == 1:
+                    t0, tokens, rows = time.perf_counter(), 0, 0  # step 0 is warm-up
+                ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+                with ctx:
+                    loss, _ = compute_loss(cfg, drafter, model.get_input_embeddings(), head, batch, gen)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                tokens += int(batch.mask.sum())
+                rows += batch.mask.numel()
+            dt = time.perf_counter() - t0
+            print(f"training {backbone:<7} {label:<32} {tokens / dt:6.0f} loss tokens/s  "
+                  f"({dt / args.steps:.2f}s/step, loss positions {100 * tokens / rows:.0f}% of padded rows)")
     return 0
 
 

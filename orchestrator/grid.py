@@ -48,17 +48,22 @@ class EvalCell:
     total_tokens: int
     drafters: tuple = field(default_factory=tuple)  # checkpoint names (train/merge cell names)
     budget_matched: bool = False
+    tree: str = "fixed"  # fixed: the profile's tree; auto: fitted to the machine and drafters (decoding/autotree.py)
 
     @property
     def key(self) -> str:
-        return key_of(asdict(self))
+        d = asdict(self)
+        if d["tree"] == "fixed":  # keys of fixed-tree cells are what they were before tree auto existed
+            del d["tree"]
+        return key_of(d)
 
     @property
     def label(self) -> str:
         g = f"/{self.routing_granularity}" if self.strategy in ("confidence", "entropy") else ""
         d = "/dedup" if self.merge_dedup else ""
         b = f"@{self.total_tokens}" if self.budget_matched else ""
-        return f"{self.backbone}:{self.strategy}{g}{d}:{self.drafter}{b}|{self.benchmark}|T={self.temperature:g}"
+        a = "[auto]" if self.tree == "auto" else ""
+        return f"{self.backbone}:{self.strategy}{g}{d}:{self.drafter}{b}{a}|{self.benchmark}|T={self.temperature:g}"
 
 
 def train_cells(p: Profile) -> list[TrainCell]:
@@ -108,6 +113,12 @@ def eval_cells(p: Profile) -> list[EvalCell]:
                 if "merged" in e.strategies:
                     for dd in e.merge_dedup:
                         cells.append(mk(backbone=b, drafter=pair_name, strategy="merged", merge_dedup=bool(dd), drafters=pair))
+                for s in e.tree_auto:  # the same compositions with the tree fitted to this machine
+                    if s == "single":
+                        for d in pair:
+                            cells.append(mk(backbone=b, drafter=d.split("-", 1)[1], strategy="single", drafters=(d,), tree="auto"))
+                    else:
+                        cells.append(mk(backbone=b, drafter=pair_name, strategy=s, drafters=pair, tree="auto"))
     return cells
 
 

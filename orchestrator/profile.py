@@ -110,6 +110,7 @@ class EvalCfg:
     budget_matched: bool = True
     max_new_tokens: int = 64
     tree: TreeCfg = field(default_factory=TreeCfg)
+    tree_auto: list = field(default_factory=list)  # strategies also run with tree auto (single: the route pair)
     seed: int = 42
     shard_size: int = 4
 
@@ -124,6 +125,8 @@ class EvalCfg:
         _need(len(self.route_pair) >= 2 and set(self.route_pair) <= set(VARIANTS), f"eval.route_pair must name >= 2 data variants, got {self.route_pair}")
         _need(self.max_new_tokens >= 1, f"eval.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         _need(self.shard_size >= 1, f"eval.shard_size must be >= 1, got {self.shard_size}")
+        _need(set(self.tree_auto) <= {"single", "confidence", "entropy", "merged"},
+              f"eval.tree_auto must name speculative strategies (single, confidence, entropy, merged), got {self.tree_auto}")
         self.tree.validate()
 
 

@@ -95,3 +95,42 @@ def test_kv_cache_equals_fresh_prefill(verifier, eos, references):
     for a, b in zip(cache.layers, fresh.layers):
         torch.testing.assert_close(a.keys, b.keys, atol=2e-4, rtol=1e-3)
         torch.testing.assert_close(a.values, b.values, atol=2e-4, rtol=1e-3)
+
+
+@pytest.fixture(scope="module")
+def reduced_vocab_proposers(verifier, references, tmp_path_factory):
+    """Two random drafters (seeds 0/1, shared vocabulary) over a 512-token draft vocabulary that
+    holds the reference outputs' tokens, so drafts go through the d2t map into the verifier's ids."""
+    from decoding.runner import load_proposers
+    from drafters.checkpoint import init_drafter, save_checkpoint
+    from drafters.config import DrafterConfig
+    from tests.conftest import VERIFIER
+
+    model, _ = verifier
+    used = sorted({t for _, ref in references for turn in ref for t in turn})
+    fill = [i for i in range(600) if i not in set(used)][: 512 - len(used)]
+    ids = torch.tensor(sorted(set(used) | set(fill)))
+    root = tmp_path_factory.mktemp("vocab-drafters")
+    paths = []
+    for seed in (0, 1):
+        cfg = DrafterConfig.for_verifier(model, VERIFIER, "hass", seed=seed, draft_vocab_size=int(ids.shape[0]))
+        paths.append(str(save_checkpoint(init_drafter(cfg, ids), root / f"v{seed}")))
+    props = load_proposers(model, paths, VERIFIER)
+    assert all(p.head.size == 512 and torch.equal(p.head.ids, ids) for p in props)
+    return props, ids
+
+
+@pytest.mark.parametrize("strategy,n,granularity,dedup", CASES[1:])
+def test_reduced_vocabulary_drafters_match_generate(verifier, eos, reduced_vocab_proposers, references, strategy, n,
+                                                    granularity, dedup):
+    model, tok = verifier
+    props, ids = reduced_vocab_proposers
+    cfg = DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, routing_granularity=granularity, merge_dedup=dedup, tree=TREE)
+    dec = SpeculativeDecoder(model, props[:n], cfg, eos)
+    seen = []
+    dec.observer = lambda tree, target, prop: seen.append(tree.tokens)
+    for prompt, ref in references[:2]:
+        got = [res.output_token_ids for _, res, _ in decode_prompt(dec, tok, prompt)]
+        assert got == ref, f"{strategy}/{granularity} with a reduced vocabulary differs from generate"
+    drafted = torch.cat(seen)
+    assert drafted.numel() and bool(torch.isin(drafted, ids).all())  # every draft token is a verifier id in the vocab

@@ -18,6 +18,7 @@ class EvalWorker:
         self.name = resolve(verifier).name
         self.eos = eos_token_ids(self.model, self.tok)
         self._proposers: dict[str, object] = {}
+        self._auto: dict[tuple, object] = {}  # (checkpoints, strategy, dedup, granularity) -> tree auto choice
 
     def pid(self) -> int:
         return os.getpid()
@@ -45,8 +46,22 @@ class EvalWorker:
                            seed=decode["seed"], routing_granularity=cell["routing_granularity"],
                            merge_dedup=cell["merge_dedup"], tree=tree)
         props = [self._proposer(p, i) for i, p in enumerate(checkpoint_paths)]
+        if cell.get("tree", "fixed") == "auto":
+            import dataclasses
+
+            from decoding.autotree import auto_tree, calibration_inputs
+
+            key = (tuple(checkpoint_paths), cell["strategy"], cell["merge_dedup"], cell["routing_granularity"])
+            if key not in self._auto:  # calibrated once per actor and composition, on prompts not evaluated
+                self._auto[key] = auto_tree(self.model, props, cell["strategy"], self.eos, calibration_inputs(self.tok),
+                                            cell["merge_dedup"], cell["routing_granularity"],
+                                            max_new_tokens=min(32, cfg.max_new_tokens))
+                print(f"[eval] {cell['strategy']} {cell['drafter']}: {self._auto[key].describe()}", flush=True)
+            cfg = dataclasses.replace(cfg, tree=self._auto[key].tree)
         dec = SpeculativeDecoder(self.model, props, cfg, self.eos)
         extra = {k: cell[k] for k in ("drafter", "strategy", "routing_granularity", "merge_dedup", "total_tokens", "budget_matched")}
+        extra["tree"] = cell.get("tree", "fixed")
+        extra["tree_shape"] = f"{cfg.tree.top_k}/{cfg.tree.depth}/{cfg.tree.total_tokens}"
         extra["cell_key"] = decode["cell_key"]
         # the autoregressive cell also times transformers' generate on the same inputs: the speed baseline
         base = (generate_baseline(self.model, self.eos, cfg.max_new_tokens, cfg.temperature, cfg.seed)

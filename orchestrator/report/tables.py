@@ -15,13 +15,14 @@ KEYS = ["backbone", "method", "benchmark", "temperature"]
 def method_expr() -> pl.Expr:
     """A row label per composition: specialist name, merge name, routing(granularity), merged."""
     g = pl.col("routing_granularity")
+    auto = pl.when(pl.col("tree") == "auto").then(pl.lit(" [tree auto]")).otherwise(pl.lit(""))
     return (
         pl.when(pl.col("strategy") == "autoregressive").then(pl.lit("autoregressive"))
         .when(pl.col("strategy") == "single").then(
             pl.col("drafter") + pl.when(pl.col("budget_matched")).then(pl.lit("@") + pl.col("total_tokens").cast(pl.Utf8)).otherwise(pl.lit("")))
         .when(pl.col("strategy") == "merged").then(pl.when(pl.col("merge_dedup")).then(pl.lit("merged-dedup")).otherwise(pl.lit("merged")))
         .otherwise(pl.col("strategy") + pl.lit("(") + g + pl.lit(")"))
-    )
+    ) + auto
 
 
 def scan(run: Path, kind: str) -> pl.LazyFrame | None:
@@ -35,8 +36,11 @@ def scan(run: Path, kind: str) -> pl.LazyFrame | None:
     for f in files:
         parts = dict(p.split("=", 1) for p in f.relative_to(root).parts[:-1] if "=" in p)
         frames.append(pl.scan_parquet(f).with_columns(*(pl.lit(v).alias(k) for k, v in parts.items())))
-    return pl.concat(frames, how="diagonal_relaxed").with_columns(
-        pl.col("temperature").cast(pl.Float64), method_expr().alias("method"))
+    lf = pl.concat(frames, how="diagonal_relaxed")
+    if "tree" not in lf.collect_schema().names():  # traces from before tree auto: all fixed trees
+        lf = lf.with_columns(pl.lit("fixed").alias("tree"))
+    return lf.with_columns(pl.col("tree").fill_null("fixed"), pl.col("temperature").cast(pl.Float64)).with_columns(
+        method_expr().alias("method"))
 
 
 def per_prompt(prompts: pl.LazyFrame) -> pl.DataFrame:
