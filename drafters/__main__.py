@@ -13,8 +13,14 @@ def _init(args) -> None:
 
     name = resolve(args.verifier).name
     model, _ = load_verifier(args.verifier)
-    cfg = DrafterConfig.for_verifier(model, name, args.backbone, seed=args.seed)
-    out = save_checkpoint(init_drafter(cfg), args.out)
+    ids = None
+    if args.vocab_from:  # the same draft vocabulary as a trained drafter (a TIES / task-arithmetic base)
+        from .checkpoint import load_checkpoint
+
+        ids = load_checkpoint(args.vocab_from).draft_ids()
+    cfg = DrafterConfig.for_verifier(model, name, args.backbone, seed=args.seed,
+                                     draft_vocab_size=None if ids is None else int(ids.shape[0]))
+    out = save_checkpoint(init_drafter(cfg, ids), args.out)
     print(f"wrote randomly initialised {args.backbone} drafter for {name} to {out}")
 
 
@@ -25,6 +31,7 @@ def main(argv=None) -> int:
     q.add_argument("--verifier", default="smollm2-135m-instruct")
     q.add_argument("--backbone", choices=["eagle2", "hass"], required=True)
     q.add_argument("--seed", type=int, default=0)
+    q.add_argument("--vocab-from", default=None, help="copy the draft vocabulary of this checkpoint")
     q.add_argument("--out", required=True)
     q.set_defaults(fn=_init)
     from .cli_train import add_subcommands

@@ -19,8 +19,19 @@ def _train(args) -> None:
     corpora = {"math": ["mathinstruct"], "chat": ["sharegpt"]}.get(args.variant, ["mathinstruct", "sharegpt"])
     caches = {c: ensure_features(model, tok, eos, name, c, spec, features,
                                  progress=lambda s, d, t: print(f"[{s}] {d}/{t}", flush=True)) for c in corpora}
+    vocab = None
+    if args.draft_vocab:  # one file per (verifier, data spec, size): every variant trained with it shares it
+        from .variants import build_vocab
+        from .vocab import save_vocab
+
+        vocab = Path(features) / f"vocab-{name}-n{spec.n}-len{spec.max_length}-s{spec.seed}-{args.draft_vocab}.safetensors"
+        if not vocab.is_file():
+            ids, stats = build_vocab(tok, eos, ["mathinstruct", "sharegpt"], spec, args.draft_vocab, model.config.vocab_size)
+            save_vocab(ids, vocab, stats)
+            print(f"draft vocabulary {args.draft_vocab}: {100 * stats['coverage']:.1f}% of assistant tokens -> {vocab}")
+        vocab = str(vocab)
     cfg = TrainConfig(
-        verifier=name, backbone=args.backbone, variant=args.variant, out_dir=str(Path(args.out).resolve()),
+        verifier=name, backbone=args.backbone, variant=args.variant, out_dir=str(Path(args.out).resolve()), draft_vocab=vocab,
         train_data=variant_data(args.variant, features, caches, args.n), heldout_data=heldout_data(features, caches),
         epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed, deepspeed=not args.no_deepspeed,
         zero_stage=args.zero_stage,
@@ -65,6 +76,8 @@ def add_subcommands(sub) -> None:
     t.add_argument("--seed", type=int, default=0, help="drafter init seed (shared by all variants)")
     t.add_argument("--data-seed", type=int, default=42)
     t.add_argument("--zero-stage", type=int, default=1)
+    t.add_argument("--draft-vocab", type=int, default=None,
+                   help="reduced draft vocabulary size (from both corpora's training data; default: full vocabulary)")
     t.add_argument("--no-deepspeed", action="store_true")
     t.add_argument("--no-ray", action="store_true", help="train in this process (no Ray Train)")
     t.add_argument("--num-workers", type=int, default=1)

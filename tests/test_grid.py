@@ -63,6 +63,18 @@ def test_smoke_grid_writes_traces_and_report(smoke_run):
     joined = t0.join(base, on=["benchmark", "id", "turn"])
     assert joined.height == t0.height and (joined["output_token_ids"] == joined["ref"]).all()
     assert (smoke_run / "report/report.md").is_file() and list((smoke_run / "checkpoints").glob("*/final/model.safetensors"))
+    # one draft vocabulary for the run: every trained drafter and every merge carries the same map
+    from drafters.checkpoint import load_checkpoint
+
+    ckpts = list(smoke_run.glob("checkpoints/*/final")) + [p for p in smoke_run.glob("checkpoints/*avg*")]
+    maps = [load_checkpoint(c).draft_ids() for c in ckpts]
+    assert len(ckpts) >= 3 and all(m is not None and m.shape == (1024,) and (m == maps[0]).all() for m in maps)
+    # tree auto cells ran beside the fixed ones, with the chosen shape recorded
+    auto = prompts.filter(pl.col("tree") == "auto")
+    assert auto.height and auto["tree_shape"].null_count() == 0
+    # the autoregressive cells timed transformers' generate on the same inputs, with the same T=0 output
+    ar0 = prompts.filter((pl.col("strategy") == "autoregressive") & (pl.col("temperature") == 0.0))
+    assert (ar0["generate_wall_time_s"] > 0).all() and ar0["generate_matches"].all()
 
 
 def test_rerun_skips_every_finished_unit(smoke_run):
