@@ -15,6 +15,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter", action="append", default=[], help="drafter checkpoint dir (repeat for routing/merged)")
     p.add_argument("--strategy", default="single", help=f"one of {sorted(STRATEGIES)}")
     p.add_argument("--routing-granularity", default="step", help=f"one of {list(GRANULARITIES)}")
+    p.add_argument("--routing-decide-steps", type=int, default=1,
+                   help="turn/prompt routing: verifier calls whose mean scores decide the route")
     p.add_argument("--merge-dedup", action="store_true", help="merged trees: verify shared prefixes once (trie)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=None)
@@ -32,6 +34,7 @@ def decode_config(args) -> DecodeConfig:
     return DecodeConfig(
         strategy=args.strategy, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
         routing_granularity=args.routing_granularity, merge_dedup=args.merge_dedup,
+        routing_decide_steps=args.routing_decide_steps,
         top_k_sampling=args.top_k_sampling, top_p=args.top_p,
         tree=TreeConfig(args.tree_top_k, args.tree_depth, args.tree_total_tokens),
     )

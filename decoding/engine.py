@@ -20,7 +20,8 @@ class DecodeConfig:
     temperature: float = 0.0
     max_new_tokens: int = 128
     seed: int = 42
-    routing_granularity: str = "step"
+    routing_granularity: str = "step"  # step | turn | prompt (see strategies._Routed)
+    routing_decide_steps: int = 1  # turn/prompt granularity: verifier calls whose scores decide the route
     merge_dedup: bool = False  # merged trees: plain concatenation (study) or trie (deduplicated)
     top_k_sampling: int | None = None  # optional verifier top-k filter (temperature > 0)
     top_p: float | None = None  # optional verifier top-p filter (temperature > 0)
@@ -62,7 +63,8 @@ class SpeculativeDecoder:
     def __init__(self, model, proposers: list[Proposer], config: DecodeConfig, eos_ids: list[int]):
         self.model, self.proposers, self.cfg = model, list(proposers), config
         self.eos = set(eos_ids)
-        self.strategy = make_strategy(config.strategy, len(self.proposers), config.routing_granularity, config.merge_dedup)
+        self.strategy = make_strategy(config.strategy, len(self.proposers), config.routing_granularity, config.merge_dedup,
+                                      config.routing_decide_steps)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.observer = None  # optional callback(tree, verifier argmax (N+1,), proposal) per step (tree auto)
 
@@ -75,6 +77,10 @@ class SpeculativeDecoder:
         if self.cfg.temperature == 0:
             return int(logits.argmax())
         return sample(self._next_dist(logits), gen)
+
+    def start_prompt(self) -> None:
+        """A new prompt begins (its turns follow): prompt-level routing decides afresh."""
+        self.strategy.start_prompt()
 
     @torch.no_grad()
     def generate(self, input_ids: list[int], seed_key: str = "") -> TurnResult:

@@ -95,6 +95,7 @@ def decode_prompt(decoder: SpeculativeDecoder, tokenizer, prompt: BenchmarkPromp
     report's speed baseline, transformers' generate, timed on the same inputs in the same process).
     """
     answers, results = [], []
+    decoder.start_prompt()
     for turn in range(len(prompt.turns)):
         ids = benchmark_prompt_ids(tokenizer, prompt, turn, answers)
         res = decoder.generate(ids, seed_key=f"{prompt.id}/{turn}")

@@ -13,7 +13,7 @@ import torch
 from .drafting import Proposer
 from .tree import DraftTree, TreeConfig, merge_trees
 
-GRANULARITIES = ("step", "prompt")
+GRANULARITIES = ("step", "turn", "prompt")
 
 
 @dataclass
@@ -29,10 +29,15 @@ class Strategy:
     min_drafters = 0
     max_drafters: int | None = None
 
-    def __init__(self, granularity: str = "step", dedup: bool = False):
+    def __init__(self, granularity: str = "step", dedup: bool = False, decide_steps: int = 1):
         if granularity not in GRANULARITIES:
             raise ValueError(f"routing granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
-        self.granularity, self.dedup = granularity, dedup
+        if not isinstance(decide_steps, int) or decide_steps < 1:
+            raise ValueError(f"routing decide_steps must be a positive int, got {decide_steps!r}")
+        self.granularity, self.dedup, self.decide_steps = granularity, dedup, decide_steps
+
+    def start_prompt(self) -> None:
+        """Called before the first turn of every prompt."""
 
     def start_turn(self) -> None:
         """Called at the first verifier call of every turn."""
@@ -62,24 +67,37 @@ class Single(Strategy):
 
 
 class _Routed(Strategy):
+    """Routing at one of three granularities: ``step`` (every verifier call), ``turn`` (decided
+    from the first ``decide_steps`` calls of each turn, then locked for the turn) or ``prompt``
+    (decided from the first ``decide_steps`` calls of the prompt's first turn, then locked for
+    every turn of the prompt). While deciding, every drafter drafts and the scores so far pick."""
+
     min_drafters = 2
 
     def score(self, conf: list[float], ent: list[float]) -> int:
         raise NotImplementedError
 
+    def start_prompt(self):
+        self.locked, self.seen = None, []
+
     def start_turn(self):
-        self.locked = None
+        if self.granularity == "turn" or not hasattr(self, "seen"):
+            self.start_prompt()
 
     def propose(self, drafters, tokens, features, cfg, temperature):
-        if self.granularity == "prompt" and getattr(self, "locked", None) is not None:
+        if self.granularity != "step" and getattr(self, "locked", None) is not None:
             tree = drafters[self.locked].draft(tokens, features, cfg, temperature)
             conf = [float("nan")] * len(drafters)
             ent = [float("nan")] * len(drafters)
             conf[self.locked], ent[self.locked] = tree.mean_confidence(), tree.mean_entropy()
             return Proposal(tree, self.locked, conf, ent)
         trees, conf, ent = self._all(drafters, tokens, features, cfg, temperature)
-        choice = self.score(conf, ent)
-        if self.granularity == "prompt":
+        if self.granularity == "step":
+            return Proposal(trees[self.score(conf, ent)], self.score(conf, ent), conf, ent)
+        self.seen.append((conf, ent))  # mean scores over the deciding steps so far
+        mean = lambda xs: [float(torch.tensor(col).nanmean()) for col in zip(*xs)]  # noqa: E731
+        choice = self.score(mean([c for c, _ in self.seen]), mean([e for _, e in self.seen]))
+        if len(self.seen) >= self.decide_steps:
             self.locked = choice
         return Proposal(trees[choice], choice, conf, ent)
 
@@ -115,7 +133,8 @@ class Merged(Strategy):
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Autoregressive, Single, Confidence, Entropy, Merged)}
 
 
-def make_strategy(name: str, n_drafters: int, granularity: str = "step", dedup: bool = False) -> Strategy:
+def make_strategy(name: str, n_drafters: int, granularity: str = "step", dedup: bool = False,
+                  decide_steps: int = 1) -> Strategy:
     """Build a strategy by name, checking the number of drafters it needs."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}")
@@ -124,4 +143,4 @@ def make_strategy(name: str, n_drafters: int, granularity: str = "step", dedup: 
         raise ValueError(f"strategy {name!r} needs at least {cls.min_drafters} drafter(s), got {n_drafters}")
     if cls.max_drafters is not None and n_drafters > cls.max_drafters:
         raise ValueError(f"strategy {name!r} takes at most {cls.max_drafters} drafter(s), got {n_drafters}")
-    return cls(granularity=granularity, dedup=dedup)
+    return cls(granularity=granularity, dedup=dedup, decide_steps=decide_steps)

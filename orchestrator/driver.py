@@ -369,8 +369,11 @@ class Driver:
             ck_keys = [self.ckpt_keys.get(d) for d in cell.drafters]  # retrained drafters -> new eval keys
             for s in range(0, len(ps), e.shard_size):
                 shard = ps[s : s + e.shard_size]
-                key = "eval-" + key_of([cell.key, self.verifier_name, e.max_new_tokens, e.seed, e.tree.top_k, e.tree.depth,
-                                        [p.id for p in shard], [ckpts[d] for d in cell.drafters], ck_keys])
+                parts = [cell.key, self.verifier_name, e.max_new_tokens, e.seed, e.tree.top_k, e.tree.depth,
+                         [p.id for p in shard], [ckpts[d] for d in cell.drafters], ck_keys]
+                if e.routing_decide_steps != 1 and cell.routing_granularity != "step":
+                    parts.append(e.routing_decide_steps)  # (1 keeps the keys runs had before this setting)
+                key = "eval-" + key_of(parts)
                 units.append((cell, shard, key, None))
         return units
 
@@ -404,7 +407,7 @@ class Driver:
         actors = [actor_cls.options(name=f"eval-worker-{i}-{os.getpid()}").remote(self.p.verifier, self.p.verifier_dtype, max(1, int(r.num_cpus)))
                   for i in range(n_act)]
         decode = {"top_k": self.p.eval.tree.top_k, "depth": self.p.eval.tree.depth, "max_new_tokens": self.p.eval.max_new_tokens,
-                  "seed": self.p.eval.seed}
+                  "seed": self.p.eval.seed, "routing_decide_steps": self.p.eval.routing_decide_steps}
         queue = [(u, 1) for u in todo]
         inflight = {}
         free = list(range(n_act))

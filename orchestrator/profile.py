@@ -105,6 +105,7 @@ class EvalCfg:
     temperatures: list = field(default_factory=lambda: [0.0, 1.0])
     strategies: list = field(default_factory=lambda: list(STRATEGIES))
     routing_granularities: list = field(default_factory=lambda: ["step"])
+    routing_decide_steps: int = 1  # turn/prompt routing: verifier calls whose mean scores decide (the study: 1)
     route_pair: list = field(default_factory=lambda: ["math", "chat"])  # the specialists composed
     merge_dedup: list = field(default_factory=lambda: [False])
     budget_matched: bool = True
@@ -121,7 +122,9 @@ class EvalCfg:
             _need(n is None or (isinstance(n, int) and n >= 1), f"eval.benchmarks.{b} must be a positive int or null, got {n!r}")
         _need(bool(self.temperatures) and all(isinstance(t, (int, float)) and t >= 0 for t in self.temperatures), f"eval.temperatures must be a non-empty list of numbers >= 0, got {self.temperatures}")
         _need(bool(self.strategies) and set(self.strategies) <= set(STRATEGIES), f"eval.strategies must be a non-empty subset of {list(STRATEGIES)}, got {self.strategies}")
-        _need(set(self.routing_granularities) <= {"step", "prompt"} and bool(self.routing_granularities), f"eval.routing_granularities must be a subset of [step, prompt], got {self.routing_granularities}")
+        _need(set(self.routing_granularities) <= {"step", "turn", "prompt"} and bool(self.routing_granularities), f"eval.routing_granularities must be a subset of [step, turn, prompt], got {self.routing_granularities}")
+        _need(isinstance(self.routing_decide_steps, int) and self.routing_decide_steps >= 1,
+              f"eval.routing_decide_steps must be a positive int, got {self.routing_decide_steps!r}")
         _need(len(self.route_pair) >= 2 and set(self.route_pair) <= set(VARIANTS), f"eval.route_pair must name >= 2 data variants, got {self.route_pair}")
         _need(self.max_new_tokens >= 1, f"eval.max_new_tokens must be >= 1, got {self.max_new_tokens}")
         _need(self.shard_size >= 1, f"eval.shard_size must be >= 1, got {self.shard_size}")

@@ -104,3 +104,43 @@ def test_logits_to_probs_filters():
     torch.testing.assert_close(p, torch.tensor([0.625, 0.375, 0.0, 0.0]))
     p = logits_to_probs(logits, 1.0, top_p=0.7)  # smallest prefix with mass >= 0.7: {0, 1}
     torch.testing.assert_close(p, torch.tensor([0.625, 0.375, 0.0, 0.0]))
+
+
+class _Scripted:
+    """A proposer whose tree's mean confidence follows a script (one value per call)."""
+
+    def __init__(self, confs, owner):
+        self.confs, self.owner, self.calls = list(confs), owner, 0
+
+    def reset(self):
+        pass
+
+    def draft(self, tokens, features, cfg, temperature):
+        c = self.confs[min(self.calls, len(self.confs) - 1)]
+        self.calls += 1
+        t = chain_tree([[5]], self.owner)
+        t.path_logp[:] = torch.tensor(c).log()
+        return t
+
+
+def _route(granularity, decide_steps, turns):
+    """Chosen drafter per call; ``turns`` = calls per turn of one prompt."""
+    from decoding.strategies import make_strategy
+
+    a, b = _Scripted([0.9, 0.1, 0.1, 0.1, 0.1, 0.1], 0), _Scripted([0.2, 0.6, 0.6, 0.6, 0.6, 0.6], 1)
+    s = make_strategy("confidence", 2, granularity, decide_steps=decide_steps)
+    s.start_prompt()
+    out = []
+    for n in turns:
+        s.start_turn()
+        out.append([s.propose([a, b], None, None, None, 0.0).chosen for _ in range(n)])
+    return out
+
+
+def test_prompt_routing_decides_once_per_prompt_from_the_first_k_steps():
+    assert _route("step", 1, [3, 3]) == [[0, 1, 1], [1, 1, 1]]
+    assert _route("prompt", 1, [3, 3]) == [[0, 0, 0], [0, 0, 0]]  # locked for every turn of the prompt
+    # K = 3: running means pick a, a (0.5 > 0.4), then b (0.37 < 0.47), which is locked from then on
+    assert _route("prompt", 3, [4, 2]) == [[0, 0, 1, 1], [1, 1]]
+    # turn: decided afresh at each turn's first call
+    assert _route("turn", 1, [2, 2]) == [[0, 0], [1, 1]]
