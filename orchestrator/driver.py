@@ -13,6 +13,7 @@ import traceback
 from pathlib import Path
 
 from .grid import EvalCell, eval_cells, key_of, merge_cells, train_cells
+from .grid import corpora as grid_corpora
 from .manifest import STAGES, Manifest
 from .profile import Profile, profile_dict
 from .progress import Progress
@@ -175,8 +176,7 @@ class Driver:
     def stage_features(self) -> dict:
         import ray
 
-        vs = set(self.p.train.variants)
-        corpora = [c for c, need in (("mathinstruct", vs - {"chat"}), ("sharegpt", vs - {"math"})) if need]
+        corpora = grid_corpora(self.p)
         from . import storage
 
         root = self.ref("features")

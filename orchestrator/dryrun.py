@@ -4,7 +4,7 @@ Every number below comes from stated assumptions (ASSUMPTIONS), not from a measu
 """
 from __future__ import annotations
 
-from .grid import eval_cells, merge_cells, plan_summary, train_cells
+from .grid import corpora, eval_cells, merge_cells, plan_summary, train_cells
 from .profile import Profile
 
 # Per-verifier constants: parameters, hidden size, vocabulary.
@@ -24,9 +24,11 @@ ASSUMPTIONS = {
 
 
 def estimate(p: Profile) -> dict:
-    v = VERIFIERS.get(p.verifier, VERIFIERS["llama3-8b-instruct"])
+    v = VERIFIERS.get(p.verifier)
+    if v is None:  # a local directory or hub id: no constants known, so no silent 8B stand-in
+        return {"unknown_verifier": True}
     a = ASSUMPTIONS
-    tpe = {c: min(n, p.data.max_length) for c, n in a["tokens_per_example"].items()}
+    tpe = {c: min(n, p.data.max_length) for c, n in a["tokens_per_example"].items() if c in corpora(p)}
     n = p.data.n
     corpus_tokens = {c: (n + p.data.heldout) * t for c, t in tpe.items()}
     flops_verifier = 2 * v["params"]  # forward FLOPs per token
@@ -34,8 +36,8 @@ def estimate(p: Profile) -> dict:
     head = 2 * v["hidden"] * v["vocab"]  # LM head forward per token
     train_flops_per_token = {"eagle2": 6 * drafter_params + 3 * head, "hass": p.train.hass_steps * (6 * drafter_params + 3 * head)}
     eff = a["gpu_peak_flops"] * a["mfu"]
-    variant_tokens = {"math": n * tpe["mathinstruct"], "chat": n * tpe["sharegpt"],
-                      "mixed_half": n // 2 * (tpe["mathinstruct"] + tpe["sharegpt"]), "mixed_full": n * (tpe["mathinstruct"] + tpe["sharegpt"])}
+    tm, tc = tpe.get("mathinstruct", 0), tpe.get("sharegpt", 0)
+    variant_tokens = {"math": n * tm, "chat": n * tc, "mixed_half": n // 2 * (tm + tc), "mixed_full": n * (tm + tc)}
     online = p.data.feature_mode == "online"
     train_h = 0.0
     for c in train_cells(p):
@@ -53,7 +55,11 @@ def estimate(p: Profile) -> dict:
         gen = min(a["generated_tokens_per_turn"], p.eval.max_new_tokens) * turns * k
         tau = 1.0 if cell.strategy == "autoregressive" else a["assumed_tau"]
         eval_h += gen / tau * a["verify_step_seconds"] / 3600
-    ckpt_gb = (len(train_cells(p)) * p.train.epochs + len(merge_cells(p))) * drafter_params * 2 / 1e9
+    weights = drafter_params * 2  # bytes of one drafter's weights (bf16/fp16-sized estimate)
+    # every epoch keeps the weights plus the optimizer state (fp32 master + Adam m, v = 12 bytes/param,
+    # sharded over ranks by ZeRO but the same in total); finals and merges keep the weights only
+    state = drafter_params * 12
+    ckpt_gb = (len(train_cells(p)) * (p.train.epochs * (weights + state) + weights) + len(merge_cells(p)) * weights) / 1e9
     return {"features_gpu_h": feat_h, "train_gpu_h": train_h, "eval_gpu_h": eval_h, "feature_storage_gb": storage_gb,
             "checkpoint_storage_gb": ckpt_gb, "corpus_tokens": corpus_tokens}
 
@@ -79,6 +85,9 @@ def print_plan(p: Profile, output: str | None = None) -> None:
           f"{r.eval_actors} actor(s) x ({r.eval.num_cpus} CPU, {r.eval.num_gpus} GPU), shard size {p.eval.shard_size}")
     e = estimate(p)
     a = ASSUMPTIONS
+    if e.get("unknown_verifier"):
+        print(f"estimate: none -- no size constants for verifier {p.verifier!r} (known: {sorted(VERIFIERS)})")
+        return
     print("estimate (assumptions: tokens/example " + str(a["tokens_per_example"]) + f", verifier FLOPs/token = 2 x params, "
           f"GPU {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s peak at {a['mfu']:.0%} MFU, verify step {a['verify_step_seconds'] * 1e3:.0f} ms, "
           f"tau {a['assumed_tau']}, {a['generated_tokens_per_turn']} generated tokens/turn):")
@@ -86,4 +95,4 @@ def print_plan(p: Profile, output: str | None = None) -> None:
           + (" (online mode: computed inside training, no cache)" if p.data.feature_mode == "online" else ""))
     print(f"  train    : {e['train_gpu_h']:.1f} GPU-h")
     print(f"  eval     : {e['eval_gpu_h']:.1f} GPU-h")
-    print(f"  storage  : checkpoints {e['checkpoint_storage_gb']:.1f} GB")
+    print(f"  storage  : checkpoints {e['checkpoint_storage_gb']:.1f} GB (every epoch with optimizer state, finals, merges)")

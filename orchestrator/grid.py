@@ -122,10 +122,18 @@ def eval_cells(p: Profile) -> list[EvalCell]:
     return cells
 
 
+BENCHMARK_SIZES = {"mt_bench": 80, "gsm8k": 1319, "math500": 500, "svamp": 1000}  # prompts each (local copies)
+
+
+def corpora(p: Profile) -> list[str]:
+    """The corpora the trained variants read (math: mathinstruct; chat: sharegpt; mixed: both)."""
+    vs = set(p.train.variants)
+    return [c for c, need in (("mathinstruct", vs - {"chat"}), ("sharegpt", vs - {"math"})) if need]
+
+
 def plan_summary(p: Profile) -> dict:
     t, m, ev = train_cells(p), merge_cells(p), eval_cells(p)
-    prompts = sum((n or {"mt_bench": 80, "gsm8k": 1319, "math500": 500, "svamp": 1000}[b]) for b, n in p.eval.benchmarks.items())
-    per_bench = {b: n for b, n in p.eval.benchmarks.items()}
-    n_prompt_runs = sum(per_bench[c.benchmark] or 0 for c in ev)
-    return {"features": ["mathinstruct", "sharegpt"], "train": [c.name for c in t], "merge": [c.name for c in m],
-            "eval_cells": len(ev), "eval_prompt_runs": n_prompt_runs, "prompts_total": prompts}
+    per_bench = {b: (n or BENCHMARK_SIZES[b]) for b, n in p.eval.benchmarks.items()}  # null = every prompt
+    n_prompt_runs = sum(per_bench[c.benchmark] for c in ev)
+    return {"features": corpora(p), "train": [c.name for c in t], "merge": [c.name for c in m],
+            "eval_cells": len(ev), "eval_prompt_runs": n_prompt_runs, "prompts_total": sum(per_bench.values())}

@@ -62,3 +62,24 @@ def test_grid_includes_budget_matched_singles_and_both_granularities():
     assert bm and all(c.total_tokens == 2 * (p.eval.tree.total_tokens - 1) + 1 for c in bm)
     assert {c.routing_granularity for c in cells if c.strategy == "confidence"} == {"step", "prompt"}
     assert len({c.key for c in cells}) == len(cells)
+
+
+def test_paper_dry_run_counts_match_an_independent_count():
+    """Every benchmark counts (null = all its prompts), corpora follow the variants, and an
+    unknown verifier gets no invented cost constants."""
+    from orchestrator.dryrun import estimate
+    from orchestrator.grid import corpora
+
+    p = load_profile("paper")
+    cells = eval_cells(p)
+    full = {"mt_bench": 80, "gsm8k": 1319, "math500": 500, "svamp": 300}  # paper: svamp capped at 300, the rest null
+    expected = 0
+    for c in cells:
+        expected += full[c.benchmark]
+    s = plan_summary(p)
+    assert s["eval_prompt_runs"] == expected and s["prompts_total"] == sum(full.values())
+    assert {c.benchmark for c in cells} == set(full)
+    one = ["merge.kinds=[ties]", "eval.strategies=[autoregressive,single]"]
+    assert corpora(load_profile("paper", ["train.variants=[math]", *one])) == ["mathinstruct"]
+    assert plan_summary(load_profile("paper", ["train.variants=[chat]", *one]))["features"] == ["sharegpt"]
+    assert estimate(load_profile("smoke", ["verifier=Qwen/Qwen2.5-0.5B-Instruct"])) == {"unknown_verifier": True}
