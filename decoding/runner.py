@@ -128,7 +128,7 @@ def prompt_rows(prompt: BenchmarkPrompt, results, extra: dict | None = None) -> 
     for turn, res, text in results:
         chosen = Counter(s["chosen_drafter"] for s in res.steps if s["chosen_drafter"] >= 0)
         row = {
-            "id": prompt.id, "turn": turn, "output_token_ids": res.output_token_ids, "output_text": text,
+            "prompt_id": prompt.id, "turn": turn, "output_token_ids": res.output_token_ids, "output_text": text,
             "verifier_calls": res.verifier_calls, "new_tokens": res.new_tokens,
             "acceptance_length": res.acceptance_length, "wall_time_s": res.wall_time_s,
             "mean_tree_size": (sum(s["tree_size"] for s in res.steps) / len(res.steps)) if res.steps else 0.0,
@@ -140,7 +140,7 @@ def prompt_rows(prompt: BenchmarkPrompt, results, extra: dict | None = None) -> 
             "generate_matches": (res.baseline[0] == res.output_token_ids) if res.baseline else None,
         }
         rows.append({**(extra or {}), **row})
-        steps += [{**(extra or {}), "id": prompt.id, "turn": turn, **s} for s in res.steps]
+        steps += [{**(extra or {}), "prompt_id": prompt.id, "turn": turn, **s} for s in res.steps]
     return rows, steps
 
 

@@ -7,7 +7,7 @@ import pyarrow as pa
 F, I, S, B = pa.float64(), pa.int64(), pa.string(), pa.bool_()
 KNOWN = {
     # prompt rows
-    "id": S, "turn": I, "output_token_ids": pa.list_(I), "output_text": S, "verifier_calls": I, "new_tokens": I,
+    "prompt_id": S, "turn": I, "output_token_ids": pa.list_(I), "output_text": S, "verifier_calls": I, "new_tokens": I,
     "acceptance_length": F, "wall_time_s": F, "mean_tree_size": F, "routing_choice": I, "t_draft_s": F, "t_verify_s": F,
     "generate_tokens": I, "generate_wall_time_s": F, "generate_matches": B,
     # step rows

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     depth = rng.integers(0, 5, n)
     acc_ent = pl.Series(rng.random(n)).to_frame("e")
     df = pl.DataFrame({
-        "id": rng.integers(0, 2000, n).astype(str), "turn": rng.integers(0, 2, n), "step": rng.integers(0, 200, n),
+        "prompt_id": rng.integers(0, 2000, n).astype(str), "turn": rng.integers(0, 2, n), "step": rng.integers(0, 200, n),
         "drafter": rng.choice(["math", "chat", "mixed_half", "mixed_full"], n), "strategy": rng.choice(["single", "merged"], n),
         "routing_granularity": "step", "merge_dedup": False, "budget_matched": False, "total_tokens": 16,
         "rejected_draft_entropy": rng.random(n) * 2, "rejected_verifier_entropy": rng.random(n),

@@ -34,10 +34,10 @@ def test_generate_cli_writes_rows_and_trace(tmp_path, random_drafter_dirs, verif
              "--prompts", prompts, "--out", str(out), "--trace-out", str(trace))
     assert r.returncode == 0, r.stderr[-2000:]
     df = pl.read_parquet(out)
-    assert df.height == 3 and set(df["id"]) == {"q1", "q2"}
-    for col in ("id", "turn", "output_token_ids", "output_text", "verifier_calls", "new_tokens", "acceptance_length", "wall_time_s"):
+    assert df.height == 3 and set(df["prompt_id"]) == {"q1", "q2"}
+    for col in ("prompt_id", "turn", "output_token_ids", "output_text", "verifier_calls", "new_tokens", "acceptance_length", "wall_time_s"):
         assert col in df.columns
-    row = df.filter(pl.col("id") == "q1").row(0, named=True)
+    row = df.filter(pl.col("prompt_id") == "q1").row(0, named=True)
     ids = tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], tokenize=False, add_generation_prompt=True)
     x = torch.tensor([tok(ids, add_special_tokens=False)["input_ids"]])
     ref = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=12)[0, x.shape[1]:].tolist()

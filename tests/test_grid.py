@@ -37,7 +37,7 @@ def _check_traces(run: Path):
     steps = pl.scan_parquet(str(run / "traces/steps/**/*.parquet"), hive_partitioning=True).collect()
     expected_rows = sum(u["rows"] for u in units.values())
     assert prompts.height == expected_rows  # no lost rows
-    assert prompts.select("unit_key", "id", "turn").n_unique() == prompts.height  # no duplicated rows
+    assert prompts.select("unit_key", "prompt_id", "turn").n_unique() == prompts.height  # no duplicated rows
     assert steps.height == int(prompts["verifier_calls"].sum())
     assert {"backbone", "benchmark", "temperature", "strategy", "acceptance_length", "routing_choice"} <= set(prompts.columns)
     return prompts
@@ -58,9 +58,9 @@ def test_smoke_grid_writes_traces_and_report(smoke_run):
     ar = prompts.filter(pl.col("strategy") == "autoregressive")
     assert (ar["acceptance_length"] == 1.0).all()
     # lossless at T=0: every strategy's output equals the autoregressive baseline's, prompt by prompt
-    t0 = prompts.filter(pl.col("temperature") == 0.0).select("benchmark", "id", "turn", "strategy", "drafter", "output_token_ids")
-    base = t0.filter(pl.col("strategy") == "autoregressive").select("benchmark", "id", "turn", pl.col("output_token_ids").alias("ref"))
-    joined = t0.join(base, on=["benchmark", "id", "turn"])
+    t0 = prompts.filter(pl.col("temperature") == 0.0).select("benchmark", "prompt_id", "turn", "strategy", "drafter", "output_token_ids")
+    base = t0.filter(pl.col("strategy") == "autoregressive").select("benchmark", "prompt_id", "turn", pl.col("output_token_ids").alias("ref"))
+    joined = t0.join(base, on=["benchmark", "prompt_id", "turn"])
     assert joined.height == t0.height and (joined["output_token_ids"] == joined["ref"]).all()
     assert (smoke_run / "report/report.md").is_file() and list((smoke_run / "checkpoints").glob("*/final/model.safetensors"))
     # one draft vocabulary for the run: every trained drafter and every merge carries the same map

@@ -21,7 +21,7 @@ def _prompt_rows(method, bench, with_generate=True):
     calls = 20
     strategy = "autoregressive" if method == "autoregressive" else "single"
     wall = calls * 0.1  # every call takes 0.1 s: tokens/s = (new + 1) / wall
-    return [{"id": f"{bench}/{i}", "turn": 0, "output_token_ids": list(range(int(tau * calls) + 1)), "output_text": "x",
+    return [{"prompt_id": f"{bench}/{i}", "turn": 0, "output_token_ids": list(range(int(tau * calls) + 1)), "output_text": "x",
              "verifier_calls": calls, "new_tokens": int(tau * calls), "acceptance_length": tau, "wall_time_s": wall,
              "mean_tree_size": 0.0 if strategy == "autoregressive" else 15.0, "routing_choice": -1, "t_draft_s": 0.0,
              "t_verify_s": wall, "drafter": "-" if strategy == "autoregressive" else method, "strategy": strategy,
@@ -33,7 +33,7 @@ def _prompt_rows(method, bench, with_generate=True):
 
 
 def _step_rows(method, bench):
-    return [{"id": f"{bench}/{i}", "turn": 0, "step": 0, "tree_size": 15, "committed": 3, "accepted_depth": 2,
+    return [{"prompt_id": f"{bench}/{i}", "turn": 0, "step": 0, "tree_size": 15, "committed": 3, "accepted_depth": 2,
              "chosen_drafter": 0, "accepted_owner": 0, "accepted_owner_mask": 1, "drafter_mean_confidence": [0.5],
              "drafter_mean_entropy": [1.0], "accepted_draft_entropy": [0.5, 0.5], "accepted_verifier_entropy": [0.2, 0.2],
              "rejected_draft_entropy": 1.5, "rejected_verifier_entropy": 0.7, "depth_accept": [True, True, False],
@@ -48,7 +48,10 @@ def _make_run(root: Path, with_steps=True, benchmarks=("gsm8k", "mt_bench"), fai
             continue
         bb = "none" if method == "autoregressive" else "hass"
         part = f"backbone={bb}/benchmark={bench}/temperature=0"
-        write_parquet_atomic(_prompt_rows(method, bench, with_generate), root / "traces/prompts" / part / f"{method}.parquet")
+        rows = _prompt_rows(method, bench, with_generate)
+        if not with_generate:  # an old run: no generate timings, and the prompt column was still called "id"
+            rows = [{("id" if k == "prompt_id" else k): v for k, v in r.items()} for r in rows]
+        write_parquet_atomic(rows, root / "traces/prompts" / part / f"{method}.parquet")
         if with_steps and method != "autoregressive":
             write_parquet_atomic(_step_rows(method, bench), root / "traces/steps" / part / f"{method}.parquet")
     cells = {"k1": {"stage": "eval", "name": "hass:single:math|svamp|T=0", "status": "failed", "attempts": 3,
@@ -107,6 +110,8 @@ def test_partial_runs_say_what_is_missing(tmp_path):
     build_report(run)
     sp = pl.read_parquet(run / "report/tables/speed.parquet")  # traces without generate timings: the own loop
     assert set(sp["baseline"]) == {"autoregressive"}
+    t1 = pl.read_parquet(run / "report/tables/table1_acceptance.parquet")  # old "id" column read as prompt_id
+    assert set(t1["prompts"]) == {N_PROMPTS}
     md = (run / "report/report.md").read_text()
     assert "FAILED eval: `hass:single:math|svamp|T=0`" in md
     assert "benchmark `mt_bench` has no rows" in md and "benchmark `svamp` has no rows" in md

@@ -91,7 +91,7 @@ def _rq4(pp, backbone, temp):
         correct = sub.with_columns(
             pl.when(pl.col("benchmark").is_in(list(MATH_BENCH))).then(pl.col("routing_choice") == 0)
             .otherwise(pl.col("routing_choice") == 1).cast(pl.Float64).alias("ok"))
-        w = correct.pivot(on="method", index=["benchmark", "id"], values="ok").drop_nulls()
+        w = correct.pivot(on="method", index=["benchmark", "prompt_id"], values="ok").drop_nulls()
         if w.is_empty():
             continue
         est, lo, hi = mean_diff_ci((w[c] - w[e]).to_numpy())
@@ -106,7 +106,7 @@ def _entropy_claim(steps, backbone, temp):
     if s.is_empty():
         return out
     per = (s.with_columns(pl.col("accepted_draft_entropy").list.mean().alias("acc"))
-           .group_by(["method", "benchmark", "id"]).agg(pl.col("acc").mean(), pl.col("rejected_draft_entropy").mean().alias("rej")))
+           .group_by(["method", "benchmark", "prompt_id"]).agg(pl.col("acc").mean(), pl.col("rejected_draft_entropy").mean().alias("rej")))
     diff = (per["rej"] - per["acc"]).to_numpy()
     est, lo, hi = mean_diff_ci(diff)
     n = int(per.group_by("method", "benchmark").len()["len"].min())

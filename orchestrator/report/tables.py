@@ -37,6 +37,10 @@ def scan(run: Path, kind: str) -> pl.LazyFrame | None:
         parts = dict(p.split("=", 1) for p in f.relative_to(root).parts[:-1] if "=" in p)
         frames.append(pl.scan_parquet(f).with_columns(*(pl.lit(v).alias(k) for k, v in parts.items())))
     lf = pl.concat(frames, how="diagonal_relaxed")
+    names = lf.collect_schema().names()
+    if "id" in names:  # traces written before the column was named prompt_id
+        lf = (lf.with_columns(pl.coalesce("prompt_id", "id").alias("prompt_id")) if "prompt_id" in names
+              else lf.rename({"id": "prompt_id"})).drop("id", strict=False)
     if "tree" not in lf.collect_schema().names():  # traces from before tree auto: all fixed trees
         lf = lf.with_columns(pl.lit("fixed").alias("tree"))
     return lf.with_columns(pl.col("tree").fill_null("fixed"), pl.col("temperature").cast(pl.Float64)).with_columns(
@@ -49,7 +53,7 @@ def per_prompt(prompts: pl.LazyFrame) -> pl.DataFrame:
     for c, t in (("generate_tokens", pl.Int64), ("generate_wall_time_s", pl.Float64)):
         if c not in have:  # traces written before the generate baseline existed
             prompts = prompts.with_columns(pl.lit(None, dtype=t).alias(c))
-    return (prompts.group_by(KEYS + ["id"]).agg(
+    return (prompts.group_by(KEYS + ["prompt_id"]).agg(
         pl.col("generate_tokens").sum(), pl.col("generate_wall_time_s").sum(),
         pl.col("new_tokens").sum(), pl.col("verifier_calls").sum(), pl.col("wall_time_s").sum(),
         pl.col("output_token_ids").list.len().sum().alias("out_tokens"),
@@ -154,8 +158,8 @@ def aligned(pp: pl.DataFrame, backbone: str, temperature: float, bench: str, a: 
     def get(m):
         bb = "none" if m == "autoregressive" else backbone
         return pp.filter((pl.col("backbone") == bb) & (pl.col("method") == m) & (pl.col("temperature") == temperature)
-                         & (pl.col("benchmark") == bench)).select("id", "new_tokens", "verifier_calls")
-    j = get(a).join(get(b), on="id", suffix="_b")
+                         & (pl.col("benchmark") == bench)).select("prompt_id", "new_tokens", "verifier_calls")
+    j = get(a).join(get(b), on="prompt_id", suffix="_b")
     return (j["new_tokens"].to_numpy(), j["verifier_calls"].to_numpy(), j["new_tokens_b"].to_numpy(), j["verifier_calls_b"].to_numpy())
 
 
