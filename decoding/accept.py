@@ -108,37 +108,59 @@ def accept_greedy(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Ten
     return Acceptance(path, int(target[last]), kids[0] if kids else None)
 
 
-def accept_sampling(tokens: torch.Tensor, parents: torch.Tensor, q: torch.Tensor, generator: torch.Generator) -> Acceptance:
+def accept_sampling(tokens: torch.Tensor, parents: torch.Tensor, q, generator: torch.Generator) -> Acceptance:
     """Temperature > 0: multi-candidate rejection sampling for deterministic proposals.
 
-    q (N+1, V) verifier distributions at the root and every node. At a node, try children in
-    order; accept child x with probability q'(x), where q' is q with previously rejected siblings
-    zeroed and renormalised; if all are rejected, sample the next token from q'. Lossless: the
-    committed token at every position is distributed exactly as q.
+    q (N+1, V) (or :class:`LazyRows`) verifier distributions at the root and every node. At a
+    node, the distinct tokens of its children are tried in order; token x is accepted with
+    probability q'(x), where q' is q with previously rejected tokens zeroed and renormalised; if
+    all are rejected, the next token is sampled from q'. Lossless: the committed token at every
+    position is distributed exactly as q.
+
+    Same-token siblings are pooled (as EAGLE matches candidates by token prefix): a merged tree
+    without dedup holds one copy of a token per drafter, each with its own subtree; after x is
+    accepted the walk continues among the children of every copy of x, so no subtree is lost.
+    The copies share their token path, hence their verifier context, KV rows and q.
     """
     kids = _children(parents)
-    node, path = 0, []
+    group, last = [0], 0  # copies of the current node (the same token path); the last accepted node
     while True:
-        q_node = q[node]  # (V,)
-        removed: list[int] = []  # rejected sibling tokens: q' = q with these zeroed, renormalised
+        q_node = q[group[0]]  # (V,)
+        order: list[int] = []
+        copies: dict[int, list[int]] = {}
+        for g in group:
+            for c in kids[g]:
+                x = int(tokens[c - 1])
+                if x not in copies:
+                    copies[x] = []
+                    order.append(x)
+                copies[x].append(c)
+        removed: list[int] = []  # rejected tokens: q' = q with these zeroed, renormalised
         removed_mass = 0.0
         accepted, first_rejected = None, None
-        for c in kids[node]:
-            x = int(tokens[c - 1])
-            qx = 0.0 if x in removed else float(q_node[x])
+        for x in order:
+            qx = float(q_node[x])
             u = float(torch.rand((), generator=generator))
             if u * (1.0 - removed_mass) < qx:  # accept with probability q'(x) = q(x) / (1 - removed)
-                accepted = c
+                accepted = x
                 break
-            first_rejected = c if first_rejected is None else first_rejected
-            if x not in removed:
-                removed.append(x)
-                removed_mass += qx
+            first_rejected = copies[x][0] if first_rejected is None else first_rejected
+            removed.append(x)
+            removed_mass += qx
         if accepted is None:
             residual = q_node.clone()
             if removed:
                 residual[torch.tensor(removed)] = 0.0
             nxt = sample(residual, generator)
-            return Acceptance(path, nxt, first_rejected)
-        path.append(accepted)
-        node = accepted
+            return Acceptance(_path_to(last, parents), nxt, first_rejected)
+        group = copies[accepted]
+        last = group[0]
+
+
+def _path_to(node: int, parents: torch.Tensor) -> list[int]:
+    """Tree indices (1-based) from the root's child down to ``node`` (0 = the root: empty)."""
+    path = []
+    while node > 0:
+        path.append(node)
+        node = int(parents[node - 1]) + 1
+    return path[::-1]

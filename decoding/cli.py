@@ -18,6 +18,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--routing-decide-steps", type=int, default=1,
                    help="turn/prompt routing: verifier calls whose mean scores decide the route")
     p.add_argument("--merge-dedup", action="store_true", help="merged trees: verify shared prefixes once (trie)")
+    p.add_argument("--merge-budget", action="store_true",
+                   help="merged trees: rerank the union to --tree-total-tokens (budget-matched; default: concatenation)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--top-k-sampling", type=int, default=None)
@@ -34,7 +36,7 @@ def decode_config(args) -> DecodeConfig:
     return DecodeConfig(
         strategy=args.strategy, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
         routing_granularity=args.routing_granularity, merge_dedup=args.merge_dedup,
-        routing_decide_steps=args.routing_decide_steps,
+        routing_decide_steps=args.routing_decide_steps, merge_budget=args.merge_budget,
         top_k_sampling=args.top_k_sampling, top_p=args.top_p,
         tree=TreeConfig(args.tree_top_k, args.tree_depth, args.tree_total_tokens),
     )

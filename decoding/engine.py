@@ -23,6 +23,7 @@ class DecodeConfig:
     routing_granularity: str = "step"  # step | turn | prompt (see strategies._Routed)
     routing_decide_steps: int = 1  # turn/prompt granularity: verifier calls whose scores decide the route
     merge_dedup: bool = False  # merged trees: plain concatenation (study) or trie (deduplicated)
+    merge_budget: bool = False  # merged trees: rerank the union to tree.total_tokens (budget-matched)
     top_k_sampling: int | None = None  # optional verifier top-k filter (temperature > 0)
     top_p: float | None = None  # optional verifier top-p filter (temperature > 0)
     tree: TreeConfig = field(default_factory=TreeConfig)
@@ -64,7 +65,7 @@ class SpeculativeDecoder:
         self.model, self.proposers, self.cfg = model, list(proposers), config
         self.eos = set(eos_ids)
         self.strategy = make_strategy(config.strategy, len(self.proposers), config.routing_granularity, config.merge_dedup,
-                                      config.routing_decide_steps)
+                                      config.routing_decide_steps, config.merge_budget)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.observer = None  # optional callback(tree, verifier argmax (N+1,), proposal) per step (tree auto)
 
@@ -146,6 +147,9 @@ class SpeculativeDecoder:
 
     def _step_record(self, step, tree, prop, acc, l_tree, committed, t_draft, t_verify, t_book) -> dict:
         rows = [0] + acc.path  # the parents of the accepted nodes and of the first rejected one
+        if acc.rejected is not None:
+            rows.append(int(tree.parents[acc.rejected - 1]) + 1)  # (pooled copies: maybe off the path)
+        rows = sorted(set(rows))
         ent_q = dict(zip(rows, entropy(self._next_dist(l_tree[rows])).tolist()))  # verifier entropy there
         par1 = (tree.parents + 1).tolist()  # 1-based parent of each node
         acc_nodes = acc.path

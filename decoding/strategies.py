@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .drafting import Proposer
-from .tree import DraftTree, TreeConfig, merge_trees
+from .tree import DraftTree, TreeConfig, merge_trees, rerank
 
 GRANULARITIES = ("step", "turn", "prompt")
 
@@ -29,12 +29,12 @@ class Strategy:
     min_drafters = 0
     max_drafters: int | None = None
 
-    def __init__(self, granularity: str = "step", dedup: bool = False, decide_steps: int = 1):
+    def __init__(self, granularity: str = "step", dedup: bool = False, decide_steps: int = 1, budget: bool = False):
         if granularity not in GRANULARITIES:
             raise ValueError(f"routing granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
         if not isinstance(decide_steps, int) or decide_steps < 1:
             raise ValueError(f"routing decide_steps must be a positive int, got {decide_steps!r}")
-        self.granularity, self.dedup, self.decide_steps = granularity, dedup, decide_steps
+        self.granularity, self.dedup, self.decide_steps, self.budget = granularity, dedup, decide_steps, budget
 
     def start_prompt(self) -> None:
         """Called before the first turn of every prompt."""
@@ -121,20 +121,23 @@ class Entropy(_Routed):
 
 
 class Merged(Strategy):
-    """Shared root, every drafter's nodes below it, one verifier pass."""
+    """Shared root, every drafter's nodes below it, one verifier pass. ``budget``: the union is
+    reranked globally by path score to ``total_tokens`` - 1 nodes (the same verification budget
+    as one drafter's tree); otherwise the study's plain concatenation (N x (total_tokens - 1))."""
 
     name, min_drafters = "merged", 2
 
     def propose(self, drafters, tokens, features, cfg, temperature):
         trees, conf, ent = self._all(drafters, tokens, features, cfg, temperature)
-        return Proposal(merge_trees(trees, dedup=self.dedup), -1, conf, ent)
+        tree = merge_trees(trees, dedup=self.dedup)
+        return Proposal(rerank(tree, cfg.total_tokens - 1) if self.budget else tree, -1, conf, ent)
 
 
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Autoregressive, Single, Confidence, Entropy, Merged)}
 
 
 def make_strategy(name: str, n_drafters: int, granularity: str = "step", dedup: bool = False,
-                  decide_steps: int = 1) -> Strategy:
+                  decide_steps: int = 1, budget: bool = False) -> Strategy:
     """Build a strategy by name, checking the number of drafters it needs."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}")
@@ -143,4 +146,4 @@ def make_strategy(name: str, n_drafters: int, granularity: str = "step", dedup: 
         raise ValueError(f"strategy {name!r} needs at least {cls.min_drafters} drafter(s), got {n_drafters}")
     if cls.max_drafters is not None and n_drafters > cls.max_drafters:
         raise ValueError(f"strategy {name!r} takes at most {cls.max_drafters} drafter(s), got {n_drafters}")
-    return cls(granularity=granularity, dedup=dedup, decide_steps=decide_steps)
+    return cls(granularity=granularity, dedup=dedup, decide_steps=decide_steps, budget=budget)

@@ -113,6 +113,16 @@ def select_nodes(cand_scores: torch.Tensor, cand_parents: torch.Tensor, cand_dep
     return keep, new_par
 
 
+def rerank(tree: DraftTree, n: int) -> DraftTree:
+    """The best ``n`` nodes of a (merged) tree by path score, ancestor-closed, parents first: the
+    budget-matched merged tree (the union of the drafters' candidates reranked globally)."""
+    if tree.size <= n:
+        return tree
+    keep, new_par = select_nodes(tree.path_logp, tree.parents, tree.depths, n)
+    return DraftTree(tree.tokens[keep], new_par, tree.depths[keep], tree.path_logp[keep], tree.draft_entropy[keep],
+                     tree.owner[keep], tree.owner_mask[keep])
+
+
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
     """(N+1, N+1) bool with the root at index 0: [i, j] = node j is node i or an ancestor of it."""
     n = parents.shape[0]

@@ -113,6 +113,9 @@ def eval_cells(p: Profile) -> list[EvalCell]:
                 if "merged" in e.strategies:
                     for dd in e.merge_dedup:
                         cells.append(mk(backbone=b, drafter=pair_name, strategy="merged", merge_dedup=bool(dd), drafters=pair))
+                        if e.budget_matched:  # the union reranked to one tree's budget, beside the concatenation
+                            cells.append(mk(backbone=b, drafter=pair_name, strategy="merged", merge_dedup=bool(dd),
+                                            drafters=pair, budget_matched=True))
                 for s in e.tree_auto:  # the same compositions with the tree fitted to this machine
                     if s == "single":
                         for d in pair:

@@ -144,3 +144,56 @@ def test_prompt_routing_decides_once_per_prompt_from_the_first_k_steps():
     assert _route("prompt", 3, [4, 2]) == [[0, 0, 1, 1], [1, 1]]
     # turn: decided afresh at each turn's first call
     assert _route("turn", 1, [2, 2]) == [[0, 0], [1, 1]]
+
+
+def _two_token_freqs(tree, q, q_next, n, rule=accept_sampling):
+    """Empirical joint distribution of the first two committed tokens (q rows: root, then nodes;
+    q_next[x]: the verifier's distribution after token x, for a walk that commits one token)."""
+    V = q.shape[-1]
+    counts = torch.zeros(V, V)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(n):
+        acc = rule(tree.tokens, tree.parents, q, g)
+        toks = [int(tree.tokens[i - 1]) for i in acc.path] + [acc.next_token]
+        if len(toks) >= 2:
+            counts[toks[0], toks[1]] += 1
+        else:  # the second token would come from the next step's q at the first: sample it exactly
+            counts[toks[0], int(torch.multinomial(q_next[toks[0]], 1, generator=g))] += 1
+    return counts / n
+
+
+def test_pooled_copies_keep_every_subtree_and_stay_lossless():
+    """A merged tree without dedup: token 1 twice under the root (two drafters), copy A with child
+    2, copy B with child 3. After 1 is accepted both 2 and 3 are tried (the old walk saw only A's
+    subtree), and the joint law of the first two tokens is q(x1) q(x2 | x1) within 5 sigma."""
+    q_root = torch.tensor([0.1, 0.6, 0.2, 0.1])
+    q_after = {0: torch.tensor([0.25, 0.25, 0.25, 0.25]), 1: torch.tensor([0.05, 0.05, 0.2, 0.7]),
+               2: torch.tensor([0.4, 0.3, 0.2, 0.1]), 3: torch.tensor([0.1, 0.1, 0.1, 0.7])}
+    a, b = chain_tree([[1, 2]], 0), chain_tree([[1, 3]], 1)
+    tree = merge_trees([a, b], dedup=False)  # nodes: 1(A), 2(A), 1(B), 3(B) in some parents-first order
+    q = torch.stack([q_root] + [q_after[int(t)] for t in tree.tokens])
+    n = 20_000
+    freq = _two_token_freqs(tree, q, q_after, n)
+    exact = q_root[:, None] * torch.stack([q_after[i] for i in range(4)])
+    sigma = (exact * (1 - exact) / n).sqrt()
+    assert ((freq - exact).abs() <= 5 * sigma + 1e-9).all(), (freq, exact)
+    # the walk reaches B's child 3 (under the second copy of 1): x1=1, x2=3 is committed in one step
+    g = torch.Generator().manual_seed(0)
+    deep = [accept_sampling(tree.tokens, tree.parents, q, g) for _ in range(2000)]
+    assert any(len(d.path) == 2 and int(tree.tokens[d.path[1] - 1]) == 3 for d in deep)
+    for d in deep:  # every committed path is a real parent -> child chain
+        for i, j in zip(d.path, d.path[1:]):
+            assert int(tree.parents[j - 1]) + 1 == i
+
+
+def test_rerank_keeps_the_best_nodes_ancestor_closed():
+    from decoding.tree import rerank
+
+    a, b = chain_tree([[1, 2, 3]], 0), chain_tree([[4, 5]], 1)
+    a.path_logp[:] = torch.tensor([-0.1, -0.5, -2.0])
+    b.path_logp[:] = torch.tensor([-0.2, -0.3])
+    t = rerank(merge_trees([a, b]), 3)
+    assert sorted(t.tokens.tolist()) == [1, 4, 5] and t.size == 3
+    for i, p in enumerate(t.parents.tolist()):  # parents first, ancestors kept
+        assert p < i
+    assert rerank(t, 10) is t

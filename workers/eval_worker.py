@@ -44,7 +44,8 @@ class EvalWorker:
         tree = TreeConfig(decode["top_k"], decode["depth"], cell["total_tokens"] if cell["strategy"] != "autoregressive" else 2)
         cfg = DecodeConfig(strategy=cell["strategy"], temperature=cell["temperature"], max_new_tokens=decode["max_new_tokens"],
                            seed=decode["seed"], routing_granularity=cell["routing_granularity"],
-                           merge_dedup=cell["merge_dedup"], tree=tree, routing_decide_steps=decode.get("routing_decide_steps", 1))
+                           merge_dedup=cell["merge_dedup"], tree=tree, routing_decide_steps=decode.get("routing_decide_steps", 1),
+                           merge_budget=cell["strategy"] == "merged" and cell["budget_matched"])
         props = [self._proposer(p, i) for i, p in enumerate(checkpoint_paths)]
         if cell.get("tree", "fixed") == "auto":
             import dataclasses

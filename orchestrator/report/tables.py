@@ -20,7 +20,9 @@ def method_expr() -> pl.Expr:
         pl.when(pl.col("strategy") == "autoregressive").then(pl.lit("autoregressive"))
         .when(pl.col("strategy") == "single").then(
             pl.col("drafter") + pl.when(pl.col("budget_matched")).then(pl.lit("@") + pl.col("total_tokens").cast(pl.Utf8)).otherwise(pl.lit("")))
-        .when(pl.col("strategy") == "merged").then(pl.when(pl.col("merge_dedup")).then(pl.lit("merged-dedup")).otherwise(pl.lit("merged")))
+        .when(pl.col("strategy") == "merged").then(
+            pl.when(pl.col("merge_dedup")).then(pl.lit("merged-dedup")).otherwise(pl.lit("merged"))
+            + pl.when(pl.col("budget_matched")).then(pl.lit("@") + pl.col("total_tokens").cast(pl.Utf8)).otherwise(pl.lit("")))
         .otherwise(pl.col("strategy") + pl.lit("(") + g + pl.lit(")"))
     ) + auto
 
