@@ -88,7 +88,11 @@ def _dtype(name: str | None, source: VerifierSource, device: str) -> torch.dtype
 def load_verifier(name: str = DEFAULT_VERIFIER, dtype: str | None = None, device: str = "cpu"):
     """Load (model, tokenizer) once per process; the model is in eval mode with grads off."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    if os.environ.get("TASKSPEC_VERBOSE") != "1":  # per-process loading bars off (--verbose brings them back)
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
     source = resolve(name)
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     token = os.environ.get("HF_TOKEN")  # gated hub models (Llama-3); never read from a file

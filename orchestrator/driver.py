@@ -36,11 +36,12 @@ def _ray_init(p: Profile) -> None:
 
     if ray.is_initialized():
         return
+    env = {"TOKENIZERS_PARALLELISM": "false", "TASKSPEC_VERBOSE": os.environ.get("TASKSPEC_VERBOSE", "0")}
+    quiet = {} if env["TASKSPEC_VERBOSE"] == "1" else {"log_to_driver": True, "logging_level": "WARNING"}
     if os.environ.get("RAY_ADDRESS"):  # inside `ray job submit` or a configured cluster
-        ray.init(address=os.environ["RAY_ADDRESS"])
+        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, **quiet)
     else:
-        ray.init(dashboard_host="127.0.0.1", include_dashboard=True,
-                 runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}})
+        ray.init(dashboard_host="127.0.0.1", include_dashboard=True, runtime_env={"env_vars": env}, **quiet)
 
 
 def _features_task(verifier, dtype, corpus, spec_dict, root, online=False):
@@ -168,6 +169,7 @@ class Driver:
         summary = self._timed("eval", self.stage_eval, ckpts)
         self._timed("report", self.stage_report)
         print("stage wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in self.stage_seconds.items()))
+        self.print_summary()
         if not os.environ.get("RAY_ADDRESS"):
             ray.shutdown()
         return summary
@@ -456,6 +458,27 @@ class Driver:
         for a in actors:
             ray.kill(a)
         return {"eval_units": len(units)}
+
+    def print_summary(self) -> None:
+        """The last lines on screen: failures, the headline numbers, where the report is."""
+        import polars as pl
+
+        failed = [c for c in self.manifest.cells().values() if c["status"] == "failed"]
+        print(f"summary: {len(failed)} failed unit(s)" + "".join(f"\n  FAILED {c['stage']}: {c['name']}" for c in failed[:5])
+              + ("\n  ..." if len(failed) > 5 else ""))
+        tables = self.out / "report" / "tables"
+        try:
+            t1 = pl.read_parquet(tables / "table1_acceptance.parquet")
+            sp = pl.read_parquet(tables / "speed.parquet")
+        except (OSError, pl.exceptions.PolarsError):
+            return
+        for (bb, t), g in sorted(t1.filter(pl.col("method") != "autoregressive").group_by(["backbone", "temperature"]),
+                                 key=lambda kv: (str(kv[0][0]), kv[0][1])):
+            best = g.group_by("method").agg(pl.col("tau").mean()).sort("tau", descending=True).head(3)
+            fast = (sp.filter((pl.col("backbone") == bb) & (pl.col("temperature") == t)).group_by("method")
+                    .agg(pl.col("speedup").mean()).sort("speedup", descending=True).head(1))
+            print(f"  {bb} T={t:g}: best tau " + ", ".join(f"{m} {v:.2f}" for m, v in best.iter_rows())
+                  + ("" if fast.is_empty() else f"; fastest {fast[0, 0]} {fast[0, 1]:.2f}x {sp['baseline'][0]}"))
 
     # ------------------------------------------------------------------ 5. report
     def stage_report(self) -> None:
