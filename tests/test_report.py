@@ -43,19 +43,25 @@ def _step_rows(method, bench):
 
 
 def _make_run(root: Path, with_steps=True, benchmarks=("gsm8k", "mt_bench"), failed=False, with_generate=True):
+    done = {}
     for (method, bench) in TAU:
         if bench not in benchmarks:
             continue
         bb = "none" if method == "autoregressive" else "hass"
         part = f"backbone={bb}/benchmark={bench}/temperature=0"
+        files = [f"traces/prompts/{part}/{method}.parquet"] + ([f"traces/steps/{part}/{method}.parquet"]
+                                                               if with_steps and method != "autoregressive" else [])
+        done[f"eval-{method}-{bench}"] = {"stage": "eval", "name": f"{method}|{bench}", "status": "done", "files": files}
         rows = _prompt_rows(method, bench, with_generate)
         if not with_generate:  # an old run: no generate timings, and the prompt column was still called "id"
             rows = [{("id" if k == "prompt_id" else k): v for k, v in r.items()} for r in rows]
         write_parquet_atomic(rows, root / "traces/prompts" / part / f"{method}.parquet")
         if with_steps and method != "autoregressive":
             write_parquet_atomic(_step_rows(method, bench), root / "traces/steps" / part / f"{method}.parquet")
-    cells = {"k1": {"stage": "eval", "name": "hass:single:math|svamp|T=0", "status": "failed", "attempts": 3,
-                    "error": "RayActorError: worker died", "files": []}} if failed else {}
+    cells = dict(done)
+    if failed:
+        cells["k1"] = {"stage": "eval", "name": "hass:single:math|svamp|T=0", "status": "failed", "attempts": 3,
+                       "error": "RayActorError: worker died", "files": []}
     (root / "manifest.json").write_text(json.dumps({"cells": cells}))
     (root / "profile.json").write_text(json.dumps({"eval": {"benchmarks": {"gsm8k": 10, "mt_bench": 10, "svamp": 10}}}))
     return root
@@ -119,3 +125,20 @@ def test_partial_runs_say_what_is_missing(tmp_path):
     empty.mkdir()
     build_report(empty)
     assert "No prompt traces found" in (empty / "report/report.md").read_text()
+
+
+def test_only_manifest_recorded_traces_are_read(tmp_path):
+    """A rerun with changed settings into the same directory leaves the old files behind; the
+    manifest records only the new ones, so no row is counted twice and the old ones are listed."""
+    run = _make_run(tmp_path / "run")
+    part = "backbone=hass/benchmark=gsm8k/temperature=0"
+    stale = _prompt_rows("math", "gsm8k")
+    for r in stale:
+        r["new_tokens"] = 0  # an old configuration with a different outcome
+    write_parquet_atomic(stale, run / "traces/prompts" / part / "old-math.parquet")
+    build_report(run)
+    t1 = pl.read_parquet(run / "report/tables/table1_acceptance.parquet")
+    row = t1.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k")).row(0, named=True)
+    assert row["prompts"] == N_PROMPTS and row["tau"] == pytest.approx(TAU[("math", "gsm8k")])
+    md = (run / "report/report.md").read_text()
+    assert "not recorded by the manifest" in md and "old-math.parquet" in md

@@ -11,7 +11,7 @@ import polars as pl
 
 from . import figures
 from .claims import check_claims
-from .tables import depth_table, entropy_table, per_prompt, routing, scan, speed, table1, table1_wide
+from .tables import depth_table, entropy_table, per_prompt, routing, scan, speed, table1, table1_wide, trace_files
 
 
 def _md(df: pl.DataFrame, digits: int = 3) -> str:
@@ -64,14 +64,29 @@ def missing_section(run: Path, pp: pl.DataFrame | None) -> list[str]:
     return lines
 
 
+def recorded_traces(run: Path) -> set[str] | None:
+    """Trace files the manifest records for finished eval units (None without a manifest)."""
+    man = run / "manifest.json"
+    if not man.is_file():
+        return None
+    cells = json.loads(man.read_text())["cells"].values()
+    return {f for c in cells if c["stage"] == "eval" and c["status"] == "done" for f in c.get("files", [])}
+
+
 def build_report(run_dir) -> Path:
     run = Path(run_dir)
     out = run / "report"
     out.mkdir(parents=True, exist_ok=True)
-    prompts, steps = scan(run, "prompts"), scan(run, "steps")
+    recorded = recorded_traces(run)
+    prompts, steps = scan(run, "prompts", recorded), scan(run, "steps", recorded)
     md = [f"# Task-aware speculative decoding — report for `{run.name}`\n"]
     pp = per_prompt(prompts) if prompts is not None else None
     miss = missing_section(run, pp)
+    stale = trace_files(run, "prompts", recorded)[1] + trace_files(run, "steps", recorded)[1]
+    if stale:
+        miss.append(f"- {len(stale)} trace file(s) under traces/ are not recorded by the manifest (an earlier "
+                    f"configuration, or a unit that failed when redone) and were ignored:")
+        miss += [f"  - `{f.relative_to(run)}`" for f in stale[:20]] + (["  - ..."] if len(stale) > 20 else [])
     if pp is None or pp.is_empty():
         md.append("No prompt traces found under traces/prompts: nothing to report.\n")
         md += ["## Missing\n"] + miss

@@ -27,11 +27,23 @@ def method_expr() -> pl.Expr:
     ) + auto
 
 
-def scan(run: Path, kind: str) -> pl.LazyFrame | None:
-    """Every trace file of ``kind`` with its hive partition columns; files written by different
-    versions (one has a column another lacks) concatenate with nulls instead of failing."""
+def trace_files(run: Path, kind: str, recorded: set[str] | None = None) -> tuple[list[Path], list[Path]]:
+    """(files to read, files ignored) of ``kind``: with ``recorded`` (paths relative to the run,
+    from the manifest's finished eval units) only those; a file the manifest does not record is
+    stale (another configuration, or a unit that failed when it was redone) and is ignored."""
     root = Path(run) / "traces" / kind
     files = sorted(root.rglob("*.parquet")) if root.is_dir() else []
+    if recorded is None:
+        return files, []
+    keep = [f for f in files if str(f.relative_to(run)) in recorded]
+    return keep, [f for f in files if str(f.relative_to(run)) not in recorded]
+
+
+def scan(run: Path, kind: str, recorded: set[str] | None = None) -> pl.LazyFrame | None:
+    """The trace files of ``kind`` (see trace_files) with their hive partition columns; files
+    written by different versions (one has a column another lacks) concatenate with nulls."""
+    root = Path(run) / "traces" / kind
+    files, _ = trace_files(run, kind, recorded)
     if not files:
         return None
     frames = []
