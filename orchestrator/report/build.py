@@ -10,7 +10,7 @@ from pathlib import Path
 import polars as pl
 
 from . import figures
-from .claims import check_claims
+from .claims import check_claims, study_comparison
 from .tables import depth_table, entropy_table, per_prompt, routing, scan, speed, table1, table1_wide, trace_files
 
 
@@ -99,9 +99,12 @@ def build_report(run_dir) -> Path:
     rt = routing(pp, steps)
     ent = entropy_table(steps) if steps is not None else pl.DataFrame()
     dep = depth_table(steps) if steps is not None else pl.DataFrame()
-    cl = check_claims(pp, steps.collect() if steps is not None else None, dep if not dep.is_empty() else None)
+    prof = json.loads((run / "profile.json").read_text()) if (run / "profile.json").is_file() else {}
+    pair = tuple(prof.get("eval", {}).get("route_pair", ("math", "chat")))
+    cl = check_claims(pp, steps.collect() if steps is not None else None, dep if not dep.is_empty() else None, pair)
+    study = study_comparison(t1)
     for name, df in (("table1_acceptance", t1), ("speed", sp), ("table2_routing", rt), ("table3_4_entropy", ent),
-                     ("table5_8_depth", dep), ("claims", cl)):
+                     ("table5_8_depth", dep), ("claims", cl), ("study_vs_ours", study)):
         _save_table(df, out, name)
     backbones = sorted(set(pp["backbone"].unique().to_list()) - {"none"})
     temps = sorted(pp["temperature"].unique().to_list())
@@ -113,6 +116,11 @@ def build_report(run_dir) -> Path:
     md.append("## Claims of the study, checked on this run\n")
     md.append(_md(cl.select("claim", "backbone", "temperature", "comparison", "prompts", "estimate", "ci_lo", "ci_hi", "verdict", "study")
                   if not cl.is_empty() else cl))
+    md.append("## The study's numbers beside ours (acceptance length)\n")
+    md.append("The study's verifier is Llama-3-8B-Instruct with 70k examples per domain; `our_tau` is this run's "
+              "(mean over the benchmarks present for `average`). Source: arXiv 2603.27027.\n")
+    md.append(_md(study.filter(pl.col("our_tau").is_not_null()) if study.filter(pl.col("our_tau").is_not_null()).height
+                  else study.head(0)))
     figs = []
     for b in backbones:
         for t in temps:
