@@ -81,7 +81,7 @@ def _within_bounds(freq, p, n, sigmas=5.0):
     return bool(((f - e).abs() <= sigmas * sd).all())
 
 
-@pytest.mark.parametrize("strategy", ["single", "confidence", "merged"])
+@pytest.mark.parametrize("strategy", ["single", "confidence", "entropy", "merged", "merged-dedup", "merged-budget"])
 def test_temperature_one_matches_verifier_sampling(verifier, scenario, strategy):
     """N = 20,000 speculative steps from one state. The first committed token's empirical
     distribution matches the verifier's own T=1 distribution at the root (5-sigma binomial bound
@@ -108,7 +108,11 @@ def test_temperature_one_matches_verifier_sampling(verifier, scenario, strategy)
     props = [Scripted([[top[2]], [t1, c1]], 0), Scripted([[t1, c1], [top[1]]], 1)]
     n_props = 1 if strategy == "single" else 2
     tokens = torch.tensor(ids + [root])
-    tree = make_strategy(strategy, n_props).propose(props[:n_props], tokens, feats, TreeConfig(2, 2, 8), 1.0).tree
+    name, dedup, budget = strategy.split("-")[0], strategy.endswith("dedup"), strategy.endswith("budget")
+    tree = make_strategy(name, n_props, dedup=dedup, budget=budget).propose(
+        props[:n_props], tokens, feats, TreeConfig(2, 2, 4 if budget else 8), 1.0).tree
+    if budget:
+        assert tree.size == 3  # the union reranked to total_tokens - 1 nodes
     cache, _ = _prefilled(model, ids)
     _, logits = tree_forward(model, cache, len(ids), root, tree.tokens, tree.parents, tree.depths)
     q = logits_to_probs(logits, 1.0)  # (N+1, V)
