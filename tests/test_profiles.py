@@ -58,8 +58,10 @@ def test_unwritable_output_dir_is_refused_before_work(tmp_path):
 def test_grid_includes_budget_matched_singles_and_both_granularities():
     p = load_profile("demo")
     cells = eval_cells(p)
-    bm = [c for c in cells if c.budget_matched]
+    bm = [c for c in cells if c.budget_matched and c.strategy == "single"]
     assert bm and all(c.total_tokens == 2 * (p.eval.tree.total_tokens - 1) + 1 for c in bm)
+    mb = [c for c in cells if c.budget_matched and c.strategy == "merged"]  # the union reranked to one tree's budget
+    assert mb and all(c.total_tokens == p.eval.tree.total_tokens for c in mb)
     assert {c.routing_granularity for c in cells if c.strategy == "confidence"} == {"step", "prompt"}
     assert len({c.key for c in cells}) == len(cells)
 
