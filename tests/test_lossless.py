@@ -120,7 +120,7 @@ def reduced_vocab_proposers(verifier, references, tmp_path_factory):
     return props, ids
 
 
-@pytest.mark.parametrize("strategy,n,granularity,dedup", CASES[1:])
+@pytest.mark.parametrize("strategy,n,granularity,dedup", [c for c in CASES[1:] if c[2] == "step"])
 def test_reduced_vocabulary_drafters_match_generate(verifier, eos, reduced_vocab_proposers, references, strategy, n,
                                                     granularity, dedup):
     model, tok = verifier
@@ -129,7 +129,7 @@ def test_reduced_vocabulary_drafters_match_generate(verifier, eos, reduced_vocab
     dec = SpeculativeDecoder(model, props[:n], cfg, eos)
     seen = []
     dec.observer = lambda tree, target, prop: seen.append(tree.tokens)
-    for prompt, ref in references[:2]:
+    for prompt, ref in (references[0], references[-1]):  # GSM8K and both MT-Bench turns
         got = [res.output_token_ids for _, res, _ in decode_prompt(dec, tok, prompt)]
         assert got == ref, f"{strategy}/{granularity} with a reduced vocabulary differs from generate"
     drafted = torch.cat(seen)
