@@ -72,7 +72,8 @@ def load_proposers(model, paths: list[str], verifier_name: str) -> list[FeatureD
         drafter = load_checkpoint(path, device=str(model.device), dtype=model.dtype)
         if model.device.type == "cpu":
             install(drafter)  # a draft level feeds top_k rows: the small-row matmul path (cpu_matmul.py)
-        out.append(FeatureDrafterProposer(drafter, model.get_input_embeddings(), model.lm_head, Path(path).name, i))
+        name = Path(path).parent.name if Path(path).name == "final" else Path(path).name  # run/<drafter>/final
+        out.append(FeatureDrafterProposer(drafter, model.get_input_embeddings(), model.lm_head, name, i))
     return out
 
 
