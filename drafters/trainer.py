@@ -205,6 +205,7 @@ def compute_loss(cfg: TrainConfig, model, embed, head, batch, generator, use_top
         loss = cfg.vloss_weight * v + cfg.ploss_weight * p + (cfg.topk_weight * t if topk_on else 0.0)
         total = total + loss
         parts[f"vloss_{j}"], parts[f"ploss_{j}"] = float(v.detach()), float(p.detach())
+        parts["topk_total"] = parts.get("topk_total", 0.0) + (cfg.topk_weight * float(t.detach()) if topk_on else 0.0)
     return total, parts
 
 
@@ -325,7 +326,7 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
     if start == 0 and rank == 0:
         history.append({"epoch": 0, "steps": 0, **evaluate(model, embed, head, cfg.heldout_data, cfg.eval_depths, online=online)})
     for epoch in range(start + 1, cfg.epochs + 1):
-        t0, losses, n_steps, n_tok, n_rows = time.perf_counter(), [], 0, 0, 0
+        t0, losses, base_losses, n_steps, n_tok, n_rows = time.perf_counter(), [], [], 0, 0, 0
         for i, batch in enumerate(batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch, online, cfg.bucket)):
             if i % world != rank:
                 continue
@@ -333,13 +334,14 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
                 g["lr"] = cfg.lr * lr_factor(step // cfg.grad_accum, total_steps // cfg.grad_accum,
                                              cfg.warmup_steps, cfg.lr_schedule if total_steps else "constant")
             use_topk = not total_steps or step >= cfg.topk_from * total_steps
-            loss, _ = compute_loss(cfg, model, embed, head, batch, gen, use_topk=use_topk)
+            loss, parts = compute_loss(cfg, model, embed, head, batch, gen, use_topk=use_topk)
             if not torch.isfinite(loss):
                 raise TrainingDiverged(f"non-finite loss {float(loss)} at epoch {epoch} step {n_steps}; "
                                        f"last good checkpoint kept in {out}")
             runner.backward(loss)
             runner.step()
             losses.append(float(loss.detach()))
+            base_losses.append(losses[-1] - parts["topk_total"])
             n_steps += 1
             step += 1
             n_tok += int(batch.mask.sum())
@@ -347,7 +349,10 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
             if cfg.max_seconds and time.perf_counter() - t0 > cfg.max_seconds:
                 break
         wall = time.perf_counter() - t0
+        # train_loss: what was optimised; train_base_loss: without HASS's top-K term, which joins
+        # mid-run (two-stage schedule), so it compares across the stages
         metrics = {"epoch": epoch, "steps": n_steps, "train_loss": sum(losses) / max(len(losses), 1),
+                   "train_base_loss": sum(base_losses) / max(len(base_losses), 1),
                    "train_tokens_per_s": n_tok / wall if wall else 0.0, "epoch_seconds": wall,
                    "loss_token_fraction": n_tok / max(n_rows, 1)}  # loss positions / padded batch positions
         if rank == 0:
