@@ -19,7 +19,6 @@ keeps the drafter the large tree's rule chose; the calibration prompts are not t
 """
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 import torch
 
 from .accept import greedy_match
+from .cpu_matmul import _machine, load_json_cache, save_json_cache
 from .tree import TreeConfig, chain_tree
 
 CAL_TREES = {1: TreeConfig(1, 8, 9), 2: TreeConfig(2, 6, 24), 4: TreeConfig(4, 6, 32)}
@@ -122,8 +122,6 @@ def choose(cal: Calibration, verify_ms: dict[int, float], merged: bool, n_drafte
 
 
 def _cache_key(model) -> str:
-    from .cpu_matmul import _machine
-
     return f"{getattr(model, 'verifier_name', type(model).__name__)}|{model.dtype}|{model.device}|{_machine()}"
 
 
@@ -133,14 +131,9 @@ def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache:
     from .verifier_pass import commit_path, new_cache, prefill, tree_forward
 
     key = _cache_key(model)
-    disk = {}
-    if use_cache:
-        try:
-            disk = json.loads(CACHE.read_text())
-        except (OSError, ValueError):
-            disk = {}
-        if key in disk:
-            return {int(n): v for n, v in disk[key].items()}
+    disk = load_json_cache(CACHE) if use_cache else {}
+    if key in disk:
+        return {int(n): v for n, v in disk[key].items()}
     cache = new_cache()
     prefill(model, cache, prompt_ids)
     n = len(prompt_ids) - 1
@@ -157,13 +150,7 @@ def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache:
         out[size] = 1000 * statistics.median(ts[1:])
     if use_cache:
         disk[key] = out
-        try:
-            CACHE.parent.mkdir(parents=True, exist_ok=True)
-            tmp = CACHE.with_name(f".{CACHE.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(disk, indent=1))
-            os.replace(tmp, CACHE)
-        except OSError:
-            pass
+        save_json_cache(CACHE, disk)
     return out
 
 

@@ -111,22 +111,24 @@ def _machine() -> str:
     return f"{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}"
 
 
-def _load_cache() -> dict:
+def load_json_cache(path: Path) -> dict:
+    """A measurement cache (JSON); missing or unreadable = empty."""
     try:
-        return json.loads(CACHE.read_text())
+        return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _save_cache(data: dict) -> None:
+def save_json_cache(path: Path, data: dict) -> None:
+    """Write a measurement cache atomically; a read-only home only means measuring again next time."""
     try:
-        CACHE.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".cpu_matmul.", dir=CACHE.parent)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, CACHE)
+        os.replace(tmp, path)
     except OSError:
-        pass  # a read-only home: tune again next time
+        pass
 
 
 def install(model: nn.Module) -> dict:
@@ -136,7 +138,7 @@ def install(model: nn.Module) -> dict:
     turns it off."""
     if os.environ.get("TASKSPEC_CPU_MATMUL", "1") == "0":
         return {}
-    disk = _load_cache()
+    disk = load_json_cache(CACHE)
     machine = _machine()
     tables: dict[str, dict] = {}
     for mod in model.modules():
@@ -145,7 +147,7 @@ def install(model: nn.Module) -> dict:
             if key not in tables:
                 if key not in disk:
                     disk[key] = {str(m): v for m, v in tune(mod.weight.detach()).items()}
-                    _save_cache(disk)
+                    save_json_cache(CACHE, disk)
                 tables[key] = {int(m): v for m, v in disk[key].items()}
             mod.forward = RowAwareLinear(mod, tables[key])
     return {k.split("|")[-2]: {m: "W@x.T" if v else "linear" for m, v in t.items()} for k, t in tables.items()}

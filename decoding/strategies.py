@@ -93,7 +93,8 @@ class _Routed(Strategy):
             return Proposal(tree, self.locked, conf, ent)
         trees, conf, ent = self._all(drafters, tokens, features, cfg, temperature)
         if self.granularity == "step":
-            return Proposal(trees[self.score(conf, ent)], self.score(conf, ent), conf, ent)
+            choice = self.score(conf, ent)
+            return Proposal(trees[choice], choice, conf, ent)
         self.seen.append((conf, ent))  # mean scores over the deciding steps so far
         mean = lambda xs: [float(torch.tensor(col).nanmean()) for col in zip(*xs)]  # noqa: E731
         choice = self.score(mean([c for c, _ in self.seen]), mean([e for _, e in self.seen]))
