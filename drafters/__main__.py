@@ -1,4 +1,4 @@
-"""python -m drafters {init,train,merge} ..."""
+"""python -m drafters {init,train,merge,features,export,import} ..."""
 from __future__ import annotations
 
 import argparse
@@ -24,6 +24,40 @@ def _init(args) -> None:
     print(f"wrote randomly initialised {args.backbone} drafter for {name} to {out}")
 
 
+def _export(args) -> None:
+    from decoding.verifiers import verifier_config
+
+    from .checkpoint import load_config
+    from .export import ContractError, export
+    from .formats import FORMATS, TOKEN_MAP_FILE
+
+    try:
+        vcfg, ref = verifier_config(args.verifier or load_config(args.ckpt).verifier)
+        out = export(args.ckpt, args.format, args.out, vcfg, ref, dtype=args.dtype,
+                     full_vocab_head=args.full_vocab_head, depth=args.depth)
+    except (ContractError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}")
+    print(f"wrote {args.format} export of {args.ckpt} to {out} (checked against the {args.format} contract)")
+    serve = FORMATS[args.format].serve.replace("DIR", str(out))
+    if (out / TOKEN_MAP_FILE).is_file():
+        serve += f" --speculative-token-map {out / TOKEN_MAP_FILE}"
+    print("serve with " + serve)
+    if args.format == "speculators" and load_config(args.ckpt).draft_vocab_size is not None:
+        print("note: d2t/t2d are written as speculators' EAGLE-3 class stores them; its EAGLE-1/HASS class "
+              "(speculators <= 0.4) skips them and drafts over the full vocabulary")
+
+
+def _import(args) -> None:
+    from .checkpoint import save_checkpoint
+    from .export import ContractError, load_export
+
+    try:
+        drafter = load_export(args.export_dir, verifier=args.verifier, backbone=args.backbone)
+    except (ContractError, FileNotFoundError) as e:
+        raise SystemExit(f"error: {e}")
+    print(f"wrote {save_checkpoint(drafter, args.out)} from {args.export_dir}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m drafters")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -34,6 +68,22 @@ def main(argv=None) -> int:
     q.add_argument("--vocab-from", default=None, help="copy the draft vocabulary of this checkpoint")
     q.add_argument("--out", required=True)
     q.set_defaults(fn=_init)
+    q = sub.add_parser("export", help="write a drafter in a serving format (checked against its contract)")
+    q.add_argument("ckpt", help="a drafter checkpoint directory (config.json + model.safetensors)")
+    q.add_argument("--format", choices=["eagle", "sglang", "speculators"], required=True)
+    q.add_argument("--out", required=True)
+    q.add_argument("--verifier", default=None, help="default: the verifier the drafter was trained for")
+    q.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    q.add_argument("--depth", type=int, default=5, help="speculative tokens recorded in a speculators config")
+    q.add_argument("--full-vocab-head", action="store_true",
+                   help="eagle format only: export a reduced-vocabulary drafter to draft over the full vocabulary")
+    q.set_defaults(fn=_export)
+    q = sub.add_parser("import", help="read an export back into this project's checkpoint format")
+    q.add_argument("export_dir")
+    q.add_argument("--out", required=True)
+    q.add_argument("--verifier", default=None)
+    q.add_argument("--backbone", choices=["eagle2", "hass"], default=None)
+    q.set_defaults(fn=_import)
     from .cli_train import add_subcommands
 
     add_subcommands(sub)

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from .atomic import atomic_dir
 from .config import DrafterConfig
 from .model import FeatureDrafter
 
@@ -38,25 +37,12 @@ def init_drafter(cfg: DrafterConfig, draft_ids: torch.Tensor | None = None) -> F
 
 def save_checkpoint(model: FeatureDrafter, out_dir: str | os.PathLike, config: DrafterConfig | None = None) -> Path:
     """Write DIR/config.json + DIR/model.safetensors via a temp dir renamed into place."""
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
     cfg = config or model.config
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_dir(out_dir) as tmp:
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / "model.safetensors"))
         (tmp / "config.json").write_text(json.dumps({"format": FORMAT, **cfg.to_dict()}, indent=2, sort_keys=True))
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    return Path(out_dir)
 
 
 def load_config(path: str | os.PathLike) -> DrafterConfig:

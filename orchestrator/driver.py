@@ -37,6 +37,8 @@ def _ray_init(p: Profile) -> None:
     if ray.is_initialized():
         return
     env = {"TOKENIZERS_PARALLELISM": "false", "TASKSPEC_VERBOSE": os.environ.get("TASKSPEC_VERBOSE", "0")}
+    if env["TASKSPEC_VERBOSE"] != "1":  # transformers' GGUF loader draws a plain tqdm bar per process
+        env["TQDM_DISABLE"] = "1"
     quiet = {} if env["TASKSPEC_VERBOSE"] == "1" else {"log_to_driver": True, "logging_level": "WARNING"}
     if os.environ.get("RAY_ADDRESS"):  # inside `ray job submit` or a configured cluster
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, **quiet)

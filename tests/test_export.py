@@ -1,0 +1,139 @@
+"""Exports to vLLM EAGLE / SGLang EAGLE / speculators: the contract, refusals, and the round trip
+(an export read back drafts exactly the trees the original drafts, on a real prompt)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from decoding.engine import DecodeConfig, SpeculativeDecoder
+from decoding.runner import decode_prompt, load_proposers
+from decoding.tree import TreeConfig
+from decoding.verifiers import verifier_config
+from drafters.__main__ import main as drafters_main
+from drafters.checkpoint import init_drafter, load_checkpoint, save_checkpoint
+from drafters.config import DrafterConfig
+from drafters.export import ContractError, check_export, export, load_export
+from drafters.formats import TOKEN_MAP_FILE
+from drafters.merge import merge_checkpoints
+from tests.conftest import VERIFIER
+
+H, Q, KV, I, V = 576, 576, 192, 1536, 49152  # SmolLM2-135M: 9 heads, 3 kv heads, head_dim 64
+LAYER = {"self_attn.q_proj.weight": (Q, H), "self_attn.k_proj.weight": (KV, H), "self_attn.v_proj.weight": (KV, H),
+         "self_attn.o_proj.weight": (H, Q), "mlp.gate_proj.weight": (I, H), "mlp.up_proj.weight": (I, H),
+         "mlp.down_proj.weight": (H, I), "post_attention_layernorm.weight": (H,)}
+
+
+@pytest.fixture(scope="module")
+def vcfg():
+    return verifier_config(VERIFIER)
+
+
+@pytest.fixture(scope="module")
+def ckpts(verifier, tmp_path_factory):
+    """A full-vocabulary drafter, two reduced-vocabulary ones (seeds 0/1, one vocabulary), their average."""
+    model, _ = verifier
+    root = tmp_path_factory.mktemp("export-src")
+    ids = torch.arange(0, 2 * 1024, 2)  # 1,024 verifier ids, every other one
+    full = DrafterConfig.for_verifier(model, VERIFIER, "eagle2", seed=3)
+    out = {"full": str(save_checkpoint(init_drafter(full), root / "full"))}
+    for seed in (0, 1):
+        cfg = DrafterConfig.for_verifier(model, VERIFIER, "hass", seed=seed, draft_vocab_size=1024)
+        out[f"r{seed}"] = str(save_checkpoint(init_drafter(cfg, ids), root / f"r{seed}"))
+    out["merged"] = str(merge_checkpoints("linear", [out["r0"], out["r1"]], str(root / "avg"), lam=0.5))
+    return out, ids
+
+
+def _exported(path):
+    return json.loads((path / "config.json").read_text()), load_file(str(path / "model.safetensors"))
+
+
+def test_eagle_export_is_the_vllm_layout(ckpts, vcfg, tmp_path):
+    (paths, _), (config, ref) = ckpts, vcfg
+    out = export(paths["full"], "eagle", tmp_path / "e", config, ref)
+    cfg, w = _exported(out)
+    want = {"fc.weight": (H, 2 * H), **{f"layers.0.{k}": s for k, s in LAYER.items()}}
+    assert {k: tuple(v.shape) for k, v in w.items()} == want  # no input layernorm, embedding or LM head
+    assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["num_hidden_layers"] == 1
+    assert cfg["max_position_embeddings"] == 8192 == config["max_position_embeddings"]  # the verifier's
+    assert (cfg["hidden_size"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["rope_theta"]) == (H, 3, 64, 100000.0)
+    src = load_checkpoint(paths["full"]).state_dict()
+    assert torch.equal(w["layers.0.mlp.down_proj.weight"], src["layer.down_proj.weight"])
+
+
+def test_reduced_vocabulary_cannot_go_to_vllm_eagle_silently(ckpts, vcfg, tmp_path):
+    (paths, _), (config, ref) = ckpts, vcfg
+    with pytest.raises(ContractError, match="reduced draft vocabulary"):
+        export(paths["r0"], "eagle", tmp_path / "e", config, ref)
+    assert not (tmp_path / "e").exists()
+    out = export(paths["r0"], "eagle", tmp_path / "e", config, ref, full_vocab_head=True)
+    assert load_export(out).draft_ids() is None  # stated: it drafts over the full vocabulary
+
+
+def test_sglang_and_speculators_carry_the_vocabulary(ckpts, vcfg, tmp_path):
+    (paths, ids), (config, ref) = ckpts, vcfg
+    s = export(paths["r0"], "sglang", tmp_path / "s", config, ref)
+    cfg, w = _exported(s)
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle"]
+    assert torch.equal(w["fc.bias"], torch.zeros(H))  # SGLang's fc has a bias: zeros, never left random
+    assert torch.load(s / TOKEN_MAP_FILE, weights_only=True) == ids.tolist()
+    p = export(paths["r0"], "speculators", tmp_path / "p", config, ref, dtype="bfloat16")
+    cfg, w = _exported(p)
+    assert cfg["speculators_model_type"] == "eagle" and cfg["draft_vocab_size"] == 1024
+    assert cfg["transformer_layer_config"]["num_hidden_layers"] == 1 and not cfg["fusion_bias"]
+    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert set(w) == {"fusion_fc.weight", "d2t", "t2d", *(f"transformer.{k}" for k in LAYER)}
+    assert w["fusion_fc.weight"].dtype == torch.bfloat16 and w["d2t"].dtype == torch.int64
+    assert torch.equal(w["d2t"] + torch.arange(1024), ids) and torch.equal(w["t2d"].nonzero().flatten(), ids)
+
+
+def test_check_export_names_every_broken_key(ckpts, vcfg, tmp_path):
+    (paths, _), (config, ref) = ckpts, vcfg
+    out = export(paths["full"], "eagle", tmp_path / "e", config, ref)
+    w = load_file(str(out / "model.safetensors"))
+    w.pop("layers.0.self_attn.k_proj.weight")
+    w["layers.0.input_layernorm.weight"] = torch.ones(H)
+    w["fc.weight"] = w["fc.weight"][:, :H].contiguous()
+    save_file(w, str(out / "model.safetensors"))
+    with pytest.raises(ContractError) as e:
+        check_export(out)
+    msg = str(e.value)
+    assert "missing weights ['layers.0.self_attn.k_proj.weight']" in msg
+    assert "unexpected weights ['layers.0.input_layernorm.weight']" in msg and "fc.weight has shape (576, 576)" in msg
+
+
+def test_export_refuses_a_drafter_of_another_verifier(ckpts, vcfg, tmp_path):
+    (paths, _), (config, ref) = ckpts, vcfg
+    with pytest.raises(ContractError, match="hidden_size 576 != the verifier's 4096"):
+        export(paths["full"], "sglang", tmp_path / "x", {**config, "hidden_size": 4096}, ref)
+    with pytest.raises(ContractError, match="RoPE scaling"):
+        export(paths["full"], "sglang", tmp_path / "x", {**config, "rope_parameters": {"rope_type": "llama3"}}, ref)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("fmt,src", [("eagle", "full"), ("sglang", "r0"), ("speculators", "merged")])
+def test_round_trip_drafts_the_same_trees(verifier, eos, bench_prompts, ckpts, vcfg, tmp_path, fmt, src):
+    """Export -> `python -m drafters import` -> decode: the same draft trees (tokens and scores) and
+    the same output as the original checkpoint, on a real GSM8K prompt (merged checkpoint included)."""
+    model, tok = verifier
+    (paths, _), (config, ref) = ckpts, vcfg
+    out = export(paths[src], fmt, tmp_path / fmt, config, ref)
+    assert drafters_main(["import", str(out), "--out", str(tmp_path / "back")]) == 0
+    back, orig = load_checkpoint(tmp_path / "back"), load_checkpoint(paths[src])
+    assert back.config.draft_vocab_size == orig.config.draft_vocab_size and back.config.backbone == orig.config.backbone
+    for k, v in orig.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    runs = []
+    for path in (paths[src], str(tmp_path / "back")):
+        trees = []
+        dec = SpeculativeDecoder(model, load_proposers(model, [path], VERIFIER),
+                                 DecodeConfig(strategy="single", max_new_tokens=12, tree=TreeConfig(3, 3, 8)), eos)
+        dec.observer = lambda tree, target, prop: trees.append((tree.tokens.clone(), tree.path_logp.clone()))
+        outs = [res.output_token_ids for _, res, _ in decode_prompt(dec, tok, bench_prompts["gsm8k"][0])]
+        runs.append((outs, trees))
+    (o1, t1), (o2, t2) = runs
+    assert o1 == o2 and len(t1) == len(t2) > 0
+    for (a, sa), (b, sb) in zip(t1, t2):
+        assert torch.equal(a, b) and torch.equal(sa, sb)
