@@ -20,12 +20,17 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a profile value")
     ap.add_argument("--force", default=None, help="redo one stage and what depends on it: features|train|merge|eval|report")
     ap.add_argument("--dry-run", action="store_true", help="print the plan; load no model")
+    ap.add_argument("--tracking", choices=["none", "mlflow", "wandb"], default=None,
+                    help="experiment tracking (profile key tracking.backend): MLflow file store under the output dir, "
+                         "or W&B offline")
     ap.add_argument("--verbose", action="store_true", help="model-loading bars, library logs and Tune's status table")
     args = ap.parse_args(argv)
     if args.verbose:
         import os
 
         os.environ["TASKSPEC_VERBOSE"] = "1"
+    if args.tracking:
+        args.set.append(f"tracking.backend={args.tracking}")
     try:
         profile = load_profile(args.profile, args.set)
     except ProfileError as e:

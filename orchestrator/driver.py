@@ -17,6 +17,8 @@ from .grid import corpora as grid_corpora
 from .manifest import STAGES, Manifest
 from .profile import Profile, profile_dict
 from .progress import Progress
+from .report.tables import KEYS as TABLE_KEYS
+from .tracking import Tracker
 
 PARTITIONS = ("backbone", "benchmark", "temperature")
 
@@ -39,11 +41,15 @@ def _ray_init(p: Profile) -> None:
     env = {"TOKENIZERS_PARALLELISM": "false", "TASKSPEC_VERBOSE": os.environ.get("TASKSPEC_VERBOSE", "0")}
     if env["TASKSPEC_VERBOSE"] != "1":  # transformers' GGUF loader draws a plain tqdm bar per process
         env["TQDM_DISABLE"] = "1"
-    quiet = {} if env["TASKSPEC_VERBOSE"] == "1" else {"log_to_driver": True, "logging_level": "WARNING"}
+    # quiet: workers' own output stays in Ray's log files (/tmp/ray/session_latest/logs, the dashboard);
+    # the console gets the driver's stage lines and summary. Failures reach the manifest and the report.
+    quiet = {} if env["TASKSPEC_VERBOSE"] == "1" else {"log_to_driver": False, "logging_level": "WARNING"}
     if os.environ.get("RAY_ADDRESS"):  # inside `ray job submit` or a configured cluster
         ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, **quiet)
-    else:
-        ray.init(dashboard_host="127.0.0.1", include_dashboard=True, runtime_env={"env_vars": env}, **quiet)
+    else:  # TASKSPEC_METRICS_PORT: where the local head serves Prometheus metrics (default: a random port)
+        port = os.environ.get("TASKSPEC_METRICS_PORT")
+        extra = {"_metrics_export_port": int(port)} if port else {}
+        ray.init(dashboard_host="127.0.0.1", include_dashboard=True, runtime_env={"env_vars": env}, **quiet, **extra)
 
 
 def _features_task(verifier, dtype, corpus, spec_dict, root, online=False):
@@ -118,6 +124,8 @@ class Driver:
         else:
             self.force = None
         self.stage_seconds: dict[str, float] = {}
+        t = profile.tracking  # a missing tracker package is an error now, before any work
+        self.tracker = Tracker(t.backend, self.out, profile.name, t.uri, t.experiment)
         self._last_sync = time.time()
         self.ckpt_keys: dict[str, str] = {}  # checkpoint name -> manifest key of the unit that made it
 
@@ -170,6 +178,7 @@ class Driver:
         ckpts.update(self._timed("merge", self.stage_merge, ckpts))
         summary = self._timed("eval", self.stage_eval, ckpts)
         self._timed("report", self.stage_report)
+        self._track()
         print("stage wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in self.stage_seconds.items()))
         self.print_summary()
         if not os.environ.get("RAY_ADDRESS"):
@@ -289,7 +298,7 @@ class Driver:
                 storage.remove(self.ref("ray_results"))
             prog.log(f"Tune sweep over {sorted(todo)}")
             grid = run_sweep(todo, self.ref("ray_results"), {"num_workers": r.num_workers, "cpus_per_worker": r.cpus_per_worker, "use_gpu": r.use_gpu},
-                             max_concurrent=r.max_concurrent_trials)
+                             max_concurrent=r.max_concurrent_trials, callbacks=self.tracker.tune_callbacks())
             errors = {res.config["cell"]: res.error for res in grid if res.error}
             for name in todo:
                 final = self.ref(f"checkpoints/{name}/final")
@@ -481,6 +490,28 @@ class Driver:
                     .agg(pl.col("speedup").mean()).sort("speedup", descending=True).head(1))
             print(f"  {bb} T={t:g}: best tau " + ", ".join(f"{m} {v:.2f}" for m, v in best.iter_rows())
                   + ("" if fast.is_empty() else f"; fastest {fast[0, 0]} {fast[0, 1]:.2f}x {sp['baseline'][0]}"))
+
+    def _track(self) -> None:
+        """The summary run in the tracker: the profile, tau and speedup per eval cell, the report."""
+        import polars as pl
+
+        if self.tracker.backend == "none":
+            return
+        tables, cells = self.out / "report" / "tables", []
+        try:
+            t1 = pl.read_parquet(tables / "table1_acceptance.parquet")
+            sp = pl.read_parquet(tables / "speed.parquet").select(*TABLE_KEYS, "speedup")
+            rows = t1.join(sp, on=TABLE_KEYS, how="left").iter_rows(named=True)
+        except (OSError, pl.exceptions.PolarsError):
+            rows = []
+        for r in rows:
+            cells.append({"name": f"{r['backbone']}.{r['method']}.{r['benchmark']}.T{r['temperature']:g}",
+                          "tau": r["tau"], "speedup": r.get("speedup")})
+        try:
+            self.tracker.log_run(profile_dict(self.p), cells, self.stage_seconds, self.out / "report")
+            print(f"tracking: {self.tracker.backend} run '{self.p.name}-summary' in {self.tracker.uri}")
+        except Exception as e:  # noqa: BLE001 - the results on disk stand; say the tracker did not get them
+            print(f"tracking: {self.tracker.backend} failed ({type(e).__name__}: {e}); results are on disk")
 
     # ------------------------------------------------------------------ 5. report
     def stage_report(self) -> None:

@@ -156,6 +156,17 @@ class Resources:
 
 
 @dataclass(frozen=True)
+class TrackingCfg:
+    backend: str = "none"  # none | mlflow | wandb
+    uri: str | None = None  # mlflow: tracking URI (default: a file store under <output>/mlruns); wandb: its dir
+    experiment: str | None = None  # default: taskspec-<profile>
+
+    def validate(self):
+        _need(self.backend in ("none", "mlflow", "wandb"),
+              f"tracking.backend must be none, mlflow or wandb, got {self.backend!r}")
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     verifier: str = "smollm2-135m-instruct"
@@ -167,8 +178,10 @@ class Profile:
     resources: Resources = field(default_factory=Resources)
     retries: int = 2
     verifier_dtype: str | None = None
+    tracking: TrackingCfg = field(default_factory=TrackingCfg)
 
     def validate(self) -> "Profile":
+        self.tracking.validate()
         self.data.validate()
         self.train.validate()
         self.merge.validate()

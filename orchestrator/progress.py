@@ -1,4 +1,9 @@
-"""Progress lines for the driver log (stage, done/total, ETA) and live Ray metrics."""
+"""Progress lines for the driver log (stage, done/total, ETA) and live Ray metrics.
+
+Metrics (exported by Ray's metrics agent in Prometheus format, with Ray's ``ray_`` prefix and, for
+counters, the ``_total`` suffix): ``ray_taskspec_units_done_total{stage}`` (finished units per
+stage) and ``ray_taskspec_acceptance_length{cell}`` (tau of each finished eval cell).
+"""
 from __future__ import annotations
 
 import sys
@@ -32,5 +37,6 @@ class Progress:
                 self._metrics[0].inc(n, tags={"stage": self.stage})
                 if acceptance is not None and cell:
                     self._metrics[1].set(acceptance, tags={"cell": cell})
-            except Exception:  # noqa: BLE001
-                pass
+            except Exception as e:  # noqa: BLE001 - say so once; progress lines and results are unaffected
+                self.log(f"Ray metrics disabled for this stage: {type(e).__name__}: {e}")
+                self._metrics = None

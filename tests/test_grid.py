@@ -47,10 +47,84 @@ def _check_traces(run: Path):
 def smoke_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("smoke")
     t = time.time()
-    r = subprocess.run(GRID + ["--output-dir", str(run)], capture_output=True, text=True, timeout=900, env=ENV)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    with socket.socket() as s:  # a free port for the head's Prometheus endpoint, scraped while the grid runs
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out, err = run.parent / f"{run.name}-stdout.txt", run.parent / f"{run.name}-stderr.txt"
+    seen = set()
+    with open(out, "w") as fo, open(err, "w") as fe:
+        proc = subprocess.Popen(GRID + ["--output-dir", str(run), "--tracking", "mlflow"], stdout=fo, stderr=fe,
+                                text=True, env={**ENV, "TASKSPEC_METRICS_PORT": str(port)})
+        while proc.poll() is None and time.time() - t < 900:
+            seen |= _scrape(port)
+            time.sleep(3)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.wait() == 0, out.read_text()[-3000:] + err.read_text()[-3000:]
     print(f"smoke grid wall time {time.time() - t:.0f}s")
+    (run.parent / f"{run.name}-metrics.txt").write_text("\n".join(sorted(seen)))
     return run
+
+
+def _scrape(port: int) -> set[str]:
+    """taskspec metric samples (name{labels}) on the local head's Prometheus endpoint, if it is up."""
+    import urllib.request
+
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+    except OSError:
+        return set()
+    return {line.split(" ")[0] for line in text.splitlines() if "taskspec" in line and not line.startswith("#")}
+
+
+def test_ray_metrics_are_exported_under_the_documented_names(smoke_run):
+    seen = (smoke_run.parent / f"{smoke_run.name}-metrics.txt").read_text().splitlines()
+    names = {x.split("{")[0] for x in seen}
+    assert {"ray_taskspec_units_done_total", "ray_taskspec_acceptance_length"} <= names, seen
+    assert any('stage="eval"' in x for x in seen if x.startswith("ray_taskspec_units_done_total")), seen
+    readme = (ROOT / "README.md").read_text()
+    assert all(f"`{n}{{" in readme for n in ("ray_taskspec_units_done_total", "ray_taskspec_acceptance_length"))
+
+
+def test_console_output_is_short_and_ends_with_the_summary(smoke_run):
+    """No per-process loading bars or Tune tables by default: a few hundred lines, summary last."""
+    lines = (smoke_run.parent / f"{smoke_run.name}-stdout.txt").read_text().splitlines()
+    err = (smoke_run.parent / f"{smoke_run.name}-stderr.txt").read_text().splitlines()
+    assert len(lines) + len(err) < 150, f"{len(lines)} + {len(err)} lines of output:\n" + "\n".join((lines + err)[:80])
+    assert not [x for x in lines + err if "de-quantizing" in x or "it/s]" in x], "a progress bar leaked into the output"
+    tail = "\n".join(lines[-12:])
+    assert "summary:" in tail and "best tau" in tail and lines[-1].startswith("done: results in"), tail
+
+
+def test_mlflow_store_has_the_training_curves_and_the_summary(smoke_run):
+    """--tracking mlflow: a real local MLflow file store under the output dir, written through
+    Ray Tune's MLflow callback (one run per training cell, one step per epoch) and the summary run."""
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.grid import train_cells
+    from orchestrator.profile import load_profile
+
+    p = load_profile("smoke")
+    client = MlflowClient((smoke_run / "mlruns").as_uri())
+    exp = client.get_experiment_by_name("taskspec-smoke")
+    assert exp is not None
+    runs = client.search_runs([exp.experiment_id])
+    train = [r for r in runs if r.data.tags.get("taskspec.stage") == "train"]
+    assert sorted(r.data.params["cell"] for r in train) == sorted(c.name for c in train_cells(p))
+    for r in train:
+        assert r.data.params["train/lr"] == str(p.train.lr) and r.data.params["train/backbone"] in p.train.backbones
+        curve = client.get_metric_history(r.info.run_id, "epoch")
+        assert [m.value for m in sorted(curve, key=lambda m: m.step)] == [float(e) for e in range(1, p.train.epochs + 1)]
+        assert "top1_depth1" in r.data.metrics and "train_loss" in r.data.metrics
+    (summary,) = [r for r in runs if r.data.tags.get("taskspec.stage") == "summary"]
+    assert summary.data.params["eval.max_new_tokens"] == str(p.eval.max_new_tokens)
+    t1 = pl.read_parquet(smoke_run / "report/tables/table1_acceptance.parquet")
+    taus = {k: v for k, v in summary.data.metrics.items() if k.startswith("tau.")}
+    assert len(taus) == t1.height and all(v > 0 for v in taus.values())
+    assert any(k.startswith("speedup.") for k in summary.data.metrics)
+    arts = [a.path for a in client.list_artifacts(summary.info.run_id, "report")]
+    assert "report/report.md" in arts
 
 
 def test_smoke_grid_writes_traces_and_report(smoke_run):

@@ -8,17 +8,31 @@ import time
 from pathlib import Path
 
 
-def _trial(params: dict) -> None:
+# the hyperparameters a tracker shows for each training cell (Tune logs the trial config as parameters)
+SHOWN = ("backbone", "variant", "epochs", "lr", "batch_size", "grad_accum", "warmup_steps", "lr_schedule",
+         "grad_clip", "grad_clip_mode", "hass_steps", "topk_from", "bucket", "deepspeed", "zero_stage", "seed")
+
+
+RAY_KEYS = {"training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "time_since_restore",
+            "iterations_since_restore", "pid", "done"}  # filled in by Ray itself
+
+
+def _trial(params: dict, configs: dict, resources: dict) -> None:
     from ray import tune
 
     from drafters.trainer import TrainConfig
     from workers.train_worker import run_training
 
-    cfg = TrainConfig(**params["configs"][params["cell"]])
-    res = params["resources"]
-    final, result = run_training(cfg, num_workers=res["num_workers"], use_gpu=res["use_gpu"],
-                                 cpus_per_worker=res["cpus_per_worker"], name=f"train-{params['cell']}")
-    tune.report({k: v for k, v in (result.metrics or {}).items() if isinstance(v, (int, float))} | {"final": 1})
+    cfg = TrainConfig(**configs[params["cell"]])
+    final, result = run_training(cfg, num_workers=resources["num_workers"], use_gpu=resources["use_gpu"],
+                                 cpus_per_worker=resources["cpus_per_worker"], name=f"train-{params['cell']}")
+    # one Tune result per epoch (Ray Train reported them in its own run), so the tracker callbacks see the curve
+    numeric = lambda m: {k: v for k, v in m.items() if isinstance(v, (int, float)) and k not in RAY_KEYS}  # noqa: E731
+    history = result.metrics_dataframe
+    epochs = history.to_dict("records") if history is not None and len(history) else []
+    for row in epochs[:-1]:
+        tune.report(numeric(row))
+    tune.report(numeric(result.metrics or (epochs[-1] if epochs else {})) | {"final": 1})
 
 
 def sweep_id(configs: dict, resources: dict) -> str:
@@ -30,9 +44,10 @@ def sweep_id(configs: dict, resources: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def run_sweep(configs: dict, storage_path: str, resources: dict, max_concurrent: int = 1):
+def run_sweep(configs: dict, storage_path: str, resources: dict, max_concurrent: int = 1, callbacks=()):
     """configs: {"<backbone>-<variant>": TrainConfig} for the cells still to train (the grid is
-    backbone x variant minus finished cells). Returns Tune's ResultGrid."""
+    backbone x variant minus finished cells); callbacks: extra Tune callbacks (experiment
+    tracking). Returns Tune's ResultGrid."""
     from ray import tune
 
     from orchestrator.storage import is_uri, join
@@ -41,11 +56,12 @@ def run_sweep(configs: dict, storage_path: str, resources: dict, max_concurrent:
     if not is_uri(storage_path):
         storage_path = str(Path(storage_path).resolve())
     path = join(storage_path, name)
-    trainable = tune.with_resources(_trial, {"cpu": 0.01})  # the Train workers hold the real resources
-    param_space = {
-        "cell": tune.grid_search(sorted(configs)),
-        "configs": {k: dataclasses.asdict(v) for k, v in configs.items()}, "resources": resources,
-    }
+    cfgs = {k: dataclasses.asdict(v) for k, v in configs.items()}
+    trainable = tune.with_resources(tune.with_parameters(_trial, configs=cfgs, resources=resources),
+                                    {"cpu": 0.01})  # the Train workers hold the real resources
+    shown = {k: {f: v[f] for f in SHOWN} for k, v in cfgs.items()}
+    param_space = {"cell": tune.grid_search(sorted(configs)),
+                   "train": tune.sample_from(lambda config: shown[config["cell"]])}
     if tune.Tuner.can_restore(path):  # the same sweep was interrupted: Tune's own restore
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_errored=True, param_space=param_space)
     else:
@@ -53,7 +69,7 @@ def run_sweep(configs: dict, storage_path: str, resources: dict, max_concurrent:
         tuner = tune.Tuner(trainable, param_space=param_space,
                            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent),
                            run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=verbose,
-                                                     callbacks=[_TrialLines()]))
+                                                     callbacks=[_TrialLines(), *callbacks]))
     return tuner.fit()
 
 
