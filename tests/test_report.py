@@ -198,3 +198,21 @@ def test_study_numbers_are_data_beside_ours():
     row = cmp.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k") & (pl.col("backbone") == "hass")).row(0, named=True)
     assert row["study_tau"] == 5.02 and row["source"] == "Table 1" and row["our_tau"] == pytest.approx(1.7)
     assert cmp.height == len(STUDY_NUMBERS)
+
+
+def test_report_opens_with_a_one_screen_summary_and_an_appendix(tmp_path):
+    run = _make_run(tmp_path / "run", failed=True)
+    build_report(run)
+    md = (run / "report/report.md").read_text()
+    summary = md[md.index("## Summary"): md.index("## Figures")]
+    assert md.index("## Summary") < md.index("## Figures") < md.index("## Table 1")
+    assert len(summary.splitlines()) <= 50  # one screen
+    for part in ("Acceptance length τ", "Claims of the study", "Speed against `generate (transformers)`",
+                 "FAILED eval: `hass:single:math|svamp|T=0`"):
+        assert part in summary, part
+    assert "| autoregressive | 1.0 |" in summary  # the shared baseline row sits in the backbone's column
+    assert "Tables 5–8" not in md and "Table 2 —" not in md  # the long tables moved out
+    app = (run / "report/report_appendix.md").read_text()
+    for part in ("Table 2 —", "Tables 3–4", "Tables 5–8", "every cell", "The study's numbers beside ours"):
+        assert part in app, part
+    assert "<details>" in (run / "report/report.html").read_text()

@@ -11,7 +11,8 @@ import polars as pl
 
 from . import figures
 from .claims import check_claims, study_comparison
-from .tables import depth_table, entropy_table, per_prompt, routing, scan, speed, table1, table1_wide, trace_files
+from .tables import (GENERATE, depth_table, entropy_table, per_prompt, routing, scan, speed, table1, table1_wide,
+                     trace_files)
 
 
 def _md(df: pl.DataFrame, digits: int = 3) -> str:
@@ -110,60 +111,107 @@ def build_report(run_dir) -> Path:
     temps = sorted(pp["temperature"].unique().to_list())
     md.append("τ = tokens committed by tree-verification passes / number of passes (prefill excluded); "
               "95% CIs are percentile bootstraps over prompts (2,000 resamples). Raw per-prompt rows: "
-              "`traces/prompts`, per-call rows: `traces/steps`.\n")
-    if miss:
-        md += ["## Missing or failed\n"] + miss + [""]
-    md.append("## Claims of the study, checked on this run\n")
-    md.append(_md(cl.select("claim", "backbone", "temperature", "comparison", "prompts", "estimate", "ci_lo", "ci_hi", "verdict", "study")
-                  if not cl.is_empty() else cl))
-    md.append("## The study's numbers beside ours (acceptance length)\n")
-    md.append("The study's verifier is Llama-3-8B-Instruct with 70k examples per domain; `our_tau` is this run's "
-              "(mean over the benchmarks present for `average`). Source: arXiv 2603.27027.\n")
-    md.append(_md(study.filter(pl.col("our_tau").is_not_null()) if study.filter(pl.col("our_tau").is_not_null()).height
-                  else study.head(0)))
-    figs = []
+              "`traces/prompts`, per-call rows: `traces/steps`; every table below is also in `tables/` "
+              "(CSV and Parquet); the long ones are in `report_appendix.md`.\n")
+    md += summary_section(t1, sp, cl, miss, pp)
+    md.append("## Figures\n")
+    for b in backbones:
+        for t in temps:
+            f = figures.fig_tau(t1, b, t, out / f"fig1_tau_{b}_T{t:g}.png")
+            if f:
+                md.append(f"![acceptance length, {b}, T={t:g}]({f.name})\n")
+        extra = (("Figure 6 — weight averaging along λ", figures.fig_lambda(t1, b, temps[0], out / f"fig6_lambda_{b}.png")),
+                 ("Figure 7 — draft entropy, accepted vs rejected",
+                  figures.fig_entropy(ent, b, temps[0], out / f"fig7_entropy_{b}.png") if not ent.is_empty() else None),
+                 ("Figure 8 — acceptance rate by depth",
+                  figures.fig_depth(dep, b, temps[0], out / f"fig8_depth_{b}.png") if not dep.is_empty() else None))
+        for title, f in extra:
+            if f:
+                md += [f"### {title} ({b})\n", f"![{title}]({f.name})\n"]
+    for t in temps:
+        f = figures.fig_speed(sp, t, out / f"fig_speed_T{t:g}.png")
+        if f:
+            md.append(f"![speedup over generate, T={t:g}]({f.name})\n")
     for b in backbones:
         for t in temps:
             md.append(f"## Table 1 — {b}, T={t:g}: acceptance length [95% CI]\n")
             md.append(_md(table1_wide(t1, b, t)))
-            f = figures.fig_tau(t1, b, t, out / f"fig1_tau_{b}_T{t:g}.png")
-            if f:
-                md.append(f"![acceptance length]({f.name})\n")
-                figs.append(f)
-        f = figures.fig_lambda(t1, b, temps[0], out / f"fig6_lambda_{b}.png")
-        if f:
-            md += ["### Figure 6 — weight averaging along λ\n", f"![lambda sweep]({f.name})\n"]
-        f = figures.fig_entropy(ent, b, temps[0], out / f"fig7_entropy_{b}.png") if not ent.is_empty() else None
-        if f:
-            md += ["### Figure 7 — draft entropy, accepted vs rejected\n", f"![entropy]({f.name})\n"]
-        f = figures.fig_depth(dep, b, temps[0], out / f"fig8_depth_{b}.png") if not dep.is_empty() else None
-        if f:
-            md += ["### Figure 8 — acceptance rate by depth\n", f"![depth]({f.name})\n"]
-    md.append("## Table 2 — routing decisions (drafter 0 = first of the pair, e.g. math)\n")
-    md.append(_md(rt))
-    md.append("## Tables 3–4 — entropy (nats) of accepted vs first-rejected tokens\n")
-    md.append(_md(ent))
-    md.append("## Tables 5–8 — acceptance rate by depth\n")
-    md.append(_md(dep))
-    md.append("## Wall-clock speed (same run, same machine)\n")
-    md.append("`speedup` is tokens/s over transformers' `generate` (greedy at T=0, sampling at T>0), timed by each "
-              "autoregressive cell on the same inputs in the same actor; `vs_autoregressive` is over the project's own "
-              "autoregressive loop.\n")
-    md.append(_md(sp.select("backbone", "method", "benchmark", "temperature", "tokens_per_s", "tokens_per_s_lo", "tokens_per_s_hi",
-                            "speedup", "vs_autoregressive", "calls_per_token", "mean_tree_size", "draft_share", "verify_share", "tokens_per_verified_node")))
-    for t in temps:
-        f = figures.fig_speed(sp, t, out / f"fig_speed_T{t:g}.png")
-        if f:
-            md.append(f"![speedup]({f.name})\n")
-    text = "\n".join(md)
+    app = [f"# Appendix to the report for `{run.name}`\n",
+           "## Claims of the study, checked on this run (every comparison)\n",
+           _md(cl.select("claim", "backbone", "temperature", "comparison", "prompts", "estimate", "ci_lo", "ci_hi",
+                         "verdict", "study") if not cl.is_empty() else cl),
+           "## The study's numbers beside ours (acceptance length)\n",
+           "The study's verifier is Llama-3-8B-Instruct with 70k examples per domain; `our_tau` is this run's "
+           "(mean over the benchmarks present for `average`). Source: arXiv 2603.27027.\n",
+           _md(study.filter(pl.col("our_tau").is_not_null()) if study.filter(pl.col("our_tau").is_not_null()).height
+               else study.head(0)),
+           "## Table 2 — routing decisions (drafter 0 = first of the pair, e.g. math)\n", _md(rt),
+           "## Tables 3–4 — entropy (nats) of accepted vs first-rejected tokens\n", _md(ent),
+           "## Tables 5–8 — acceptance rate by depth\n", _md(dep),
+           "## Wall-clock speed, every cell (same run, same machine)\n", SPEED_NOTE,
+           _md(sp.select("backbone", "method", "benchmark", "temperature", "tokens_per_s", "tokens_per_s_lo",
+                         "tokens_per_s_hi", "speedup", "vs_autoregressive", "calls_per_token", "mean_tree_size",
+                         "draft_share", "verify_share", "tokens_per_verified_node"))]
+    text, appendix = "\n".join(md), "\n".join(app)
     p = out / "report.md"
+    _write_text(out / "report_appendix.md", appendix)
     _write_text(p, text)
-    _write_text(out / "report.html", _html(text))
+    _write_text(out / "report.html", _html(text, appendix))
     return p
 
 
-def _html(md_text: str) -> str:
-    """A small markdown subset -> HTML (headings, tables, images, paragraphs)."""
+SPEED_NOTE = ("`speedup` is tokens/s over transformers' `generate` (greedy at T=0, sampling at T>0), timed by each "
+              "autoregressive cell on the same inputs in the same actor; `vs_autoregressive` is over the project's own "
+              "autoregressive loop.\n")
+HEADLINE_ROWS = 12
+
+
+def summary_section(t1: pl.DataFrame, sp: pl.DataFrame, cl: pl.DataFrame, miss: list[str],
+                    pp: pl.DataFrame) -> list[str]:
+    """One screen: the headline τ table, the claim verdicts, the speed against generate, what failed."""
+    md = ["## Summary\n"]
+    n_prompts = pp.select("benchmark", "prompt_id").n_unique()
+    md.append(f"{t1.height} cells over {n_prompts} prompts; {len(miss)} problem line(s) (under *What failed*).\n")
+    real = sorted(set(t1["backbone"].to_list()) - {"none"}) or ["none"]
+    shared = t1.filter(pl.col("backbone") == "none")  # autoregressive: one row for every backbone's column
+    t1b = pl.concat([t1.filter(pl.col("backbone") != "none")]
+                    + [shared.with_columns(pl.lit(b).alias("backbone")) for b in real])
+    temp = {t: f"T={t:g}" for t in t1b["temperature"].unique().to_list()}
+    head = (t1b.with_columns(pl.format("{} {}", pl.col("backbone"),
+                                       pl.col("temperature").replace_strict(temp, return_dtype=pl.String)).alias("col"))
+            .group_by("method", "col").agg(pl.col("tau").mean().round(2)))
+    wide = head.pivot(on="col", index="method", values="tau")
+    cols = sorted(c for c in wide.columns if c != "method")
+    wide = (wide.with_columns(pl.mean_horizontal(*cols).round(2).alias("_mean")).sort("_mean", descending=True)
+            .select("method", *cols))
+    more = max(0, wide.height - HEADLINE_ROWS)
+    md.append("**Acceptance length τ** (mean over benchmarks; per benchmark with CIs in Table 1"
+              + (f"; {more} more method(s) there" if more else "") + ")\n")
+    md.append(_md(wide.head(HEADLINE_ROWS), 2))
+    if not cl.is_empty():
+        md.append("**Claims of the study** (prompt-level paired bootstrap; every comparison in the appendix)\n")
+        short = (cl.with_columns(pl.format("{} [{}, {}]", pl.col("estimate").round(2), pl.col("ci_lo").round(2),
+                                           pl.col("ci_hi").round(2)).alias("estimate [95% CI]"))
+                 .select("claim", "backbone", "temperature", "comparison", "estimate [95% CI]", "verdict"))
+        md.append(_md(short))
+    own = sp.filter(pl.col("method") != GENERATE)
+    if not own.is_empty() and own["speedup"].null_count() < own.height:
+        base = sp["baseline"][0]
+        per = (own.group_by("backbone", "temperature", "method").agg(pl.col("speedup").mean().round(2))
+               .sort("speedup", descending=True, nulls_last=True)
+               .group_by("backbone", "temperature", maintain_order=True).head(3)
+               .sort(["backbone", "temperature", "speedup"], descending=[False, False, True], nulls_last=True))
+        md.append(f"**Speed against `{base}`** (same run, same prompts; the 3 fastest methods per backbone and "
+                  "temperature, mean over benchmarks; every cell in the appendix)\n")
+        md.append(_md(per.rename({"speedup": f"speedup vs {base}"}), 2))
+    md.append("**What failed**\n")
+    md += (miss[:8] + ([f"- ... {len(miss) - 8} more"] if len(miss) > 8 else [])) if miss else ["- nothing"]
+    md.append("")
+    return md
+
+
+def _html(md_text: str, appendix: str = "") -> str:
+    """A small markdown subset -> HTML (headings, tables, images, paragraphs); the appendix folded."""
     out, in_table = ["<html><head><meta charset='utf-8'><style>body{font-family:sans-serif;max-width:1200px;margin:auto}"
                      "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:3px 6px}</style></head><body>"], False
     for line in md_text.splitlines():
@@ -189,4 +237,8 @@ def _html(md_text: str) -> str:
             out.append(f"<p>{html.escape(line)}</p>")
     if in_table:
         out.append("</table>")
+    if appendix:
+        body = _html(appendix)
+        body = body[body.index("<body>") + 6 : body.rindex("</body>")]
+        out.append(f"<details><summary>Appendix: every comparison and the long tables</summary>{body}</details>")
     return "\n".join(out + ["</body></html>"])
