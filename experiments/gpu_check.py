@@ -1,0 +1,172 @@
+"""GPU readiness in one short script (a few minutes on one GPU):
+
+1. exactness: every strategy (single, confidence, entropy, merged, merged-dedup, budget-matched
+   merged) decodes real prompts at T=0 in float32 and bfloat16 and is compared token for token with
+   transformers' greedy ``generate`` on the same device; a divergence is classified as a near-tie
+   (top-2 logit gap <= --tie-gap at the first differing position: reported, expected in bf16) or a
+   MISMATCH (a bug: exit code 1);
+2. speed: tokens/s of each strategy against ``generate`` (same prompts, device, dtype);
+3. training: one short DeepSpeed (ZeRO-1) run of a HASS drafter through Ray Train on the GPU, from
+   features extracted on the GPU, printing loss tokens/s.
+
+``python experiments/gpu_check.py [--verifier NAME|DIR] [--drafter CKPT ...]`` (random drafters when
+none are given: exactness and overhead are still measured; acceptance then is ~1).
+``--device cpu`` runs the same checks on a CPU (used by the test suite to keep this script working).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+STRATEGIES = ("single", "confidence", "entropy", "merged", "merged-dedup", "merged-budget")
+
+
+def _sync(device: str) -> None:
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def classify(model, ids: list[int], got: list[int], ref: list[int], gap: float) -> tuple[str, float | None]:
+    """equal | near-tie | MISMATCH, and the verifier's top-2 logit gap where they part."""
+    import torch
+
+    if got == ref:
+        return "equal", None
+    i = next((k for k, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+    with torch.no_grad():
+        logits = model(torch.tensor([ids + ref[:i]], device=model.device)).logits[0, -1].float()
+    top = logits.topk(2).values
+    g = float(top[0] - top[1])
+    return ("near-tie" if g <= gap else "MISMATCH"), g
+
+
+def check_dtype(args, dtype: str) -> int:
+    import torch
+
+    from decoding.bench import hf_generate
+    from decoding.engine import DecodeConfig, SpeculativeDecoder
+    from decoding.runner import load_proposers
+    from decoding.tree import TreeConfig
+    from decoding.verifiers import eos_token_ids, load_verifier, resolve
+    from drafters.checkpoint import init_drafter, save_checkpoint
+    from drafters.config import DrafterConfig
+    from drafters.data.sources import load_benchmark
+    from drafters.data.templating import benchmark_prompt_ids
+
+    name = resolve(args.verifier).name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, tok = load_verifier(args.verifier, dtype=dtype, device=args.device)
+    eos = eos_token_ids(model, tok)
+    paths = list(args.drafter)
+    tmp = tempfile.mkdtemp(prefix="gpu-check-")
+    for s in range(len(paths), 2):
+        cfg = DrafterConfig.for_verifier(model, name, "hass", seed=s)
+        paths.append(str(save_checkpoint(init_drafter(cfg), f"{tmp}/random-{s}")))
+    props = load_proposers(model, paths, name)
+    prompts = [p for b in ("gsm8k", "mt_bench") for p in load_benchmark(b)[0][: args.n_prompts]]
+    inputs = [benchmark_prompt_ids(tok, p, 0, []) for p in prompts]
+    hf_generate(model, inputs[0], 4, eos, 0.0, 0)  # warm-up
+    _sync(args.device)
+    t0 = time.perf_counter()
+    refs = [hf_generate(model, ids, args.max_new_tokens, eos, 0.0, 0) for ids in inputs]
+    _sync(args.device)
+    gen_tps = sum(map(len, refs)) / (time.perf_counter() - t0)
+    print(f"\n== {name} on {args.device}, {dtype}: {len(inputs)} prompts x {args.max_new_tokens} tokens; "
+          f"generate {gen_tps:.1f} tok/s")
+    print(f"{'strategy':<16}{'equal':>7}{'near-tie':>10}{'MISMATCH':>10}{'tok/s':>9}{'vs gen':>8}{'tau':>6}  gaps at ties")
+    bad = 0
+    for spec in STRATEGIES:
+        strat, dedup, budget = spec.split("-")[0], spec.endswith("dedup"), spec.endswith("budget")
+        n = 1 if strat == "single" else 2
+        cfg = DecodeConfig(strategy=strat, max_new_tokens=args.max_new_tokens, merge_dedup=dedup, merge_budget=budget,
+                           tree=TreeConfig(4, 4, 16))
+        dec = SpeculativeDecoder(model, props[:n], cfg, eos)
+        counts, gaps, toks, calls, new = {"equal": 0, "near-tie": 0, "MISMATCH": 0}, [], 0, 0, 0
+        _sync(args.device)
+        t0 = time.perf_counter()
+        outs = [dec.generate(ids, seed_key=str(i)) for i, ids in enumerate(inputs)]
+        _sync(args.device)
+        wall = time.perf_counter() - t0
+        for ids, res, ref in zip(inputs, outs, refs):
+            kind, gap = classify(model, ids, res.output_token_ids, ref, args.tie_gap)
+            counts[kind] += 1
+            toks, calls, new = toks + len(res.output_token_ids), calls + res.verifier_calls, new + res.new_tokens
+            if gap is not None:
+                gaps.append(round(gap, 4))
+        bad += counts["MISMATCH"]
+        tps = toks / wall
+        print(f"{spec:<16}{counts['equal']:>7}{counts['near-tie']:>10}{counts['MISMATCH']:>10}{tps:>9.1f}"
+              f"{tps / gen_tps:>7.2f}x{new / max(calls, 1):>6.2f}  {gaps or ''}")
+    return bad
+
+
+def check_training(args) -> None:
+    """One short DeepSpeed run through Ray Train on the device (the grid's own training path)."""
+    import ray
+
+    from decoding.verifiers import eos_token_ids, load_verifier, resolve
+    from drafters.trainer import TrainConfig
+    from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
+    from workers.train_worker import run_training
+
+    name = resolve(args.verifier).name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, tok = load_verifier(args.verifier, device=args.device)
+    root = tempfile.mkdtemp(prefix="gpu-check-features-")
+    spec = DataSpec(n=64, heldout=8, max_length=256)
+    t0 = time.perf_counter()
+    caches = {"mathinstruct": ensure_features(model, tok, eos_token_ids(model, tok), name, "mathinstruct", spec, root)}
+    print(f"\n== training: features for {spec.n} examples in {time.perf_counter() - t0:.1f}s")
+    cfg = TrainConfig(verifier=name, backbone="hass", variant="math", out_dir=tempfile.mkdtemp(prefix="gpu-check-train-"),
+                      train_data=variant_data("math", root, caches, spec.n), heldout_data=heldout_data(root, caches),
+                      epochs=1, lr=1e-3, batch_size=8, deepspeed=True, zero_stage=1)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    try:
+        gpu = args.device.startswith("cuda")
+        final, result = run_training(cfg, num_workers=1, use_gpu=gpu, cpus_per_worker=1, name="gpu-check")
+    finally:
+        ray.shutdown()
+    m = result.metrics or {}
+    print(f"DeepSpeed ZeRO-1 on {'the GPU' if gpu else 'the CPU'}: {m.get('steps')} steps, loss {m.get('train_loss', 0):.3f}, "
+          f"{m.get('train_tokens_per_s', 0):.0f} loss tokens/s, held-out top-1 {m.get('top1_depth1', 0):.3f} -> {final}")
+
+
+def main(argv=None) -> int:
+    import torch
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--verifier", default="smollm2-135m-instruct")
+    ap.add_argument("--drafter", action="append", default=[], help="drafter checkpoint (repeat for two)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--n-prompts", type=int, default=4, help="per benchmark (gsm8k, mt_bench)")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--tie-gap", type=float, default=0.05, help="top-2 logit gap that counts as a near-tie")
+    ap.add_argument("--no-train", action="store_true")
+    args = ap.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("error: no CUDA device; `--device cpu` runs the same checks on the CPU", file=sys.stderr)
+        return 2
+    if args.device.startswith("cuda"):
+        print(f"device: {torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB), "
+              f"torch {torch.__version__}")
+    bad = sum(check_dtype(args, d) for d in args.dtypes.split(","))
+    if not args.no_train:
+        check_training(args)
+    print(f"\n{'FAILED' if bad else 'OK'}: {bad} mismatch(es) that are not near-ties")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""A small random-weight model with Llama-3-8B-Instruct's *shape*, built locally (no download):
+grouped-query attention (8 query / 2 key-value heads), RoPE theta 500,000, Llama-3's 128,256-token
+vocabulary with its special tokens at their ids (128000 <|begin_of_text|>, 128006/128007 header,
+128009 <|eot_id|>), its chat template and end-of-turn ids [128001, 128009], stored in bfloat16.
+
+It exercises the non-default verifier path (a local model directory, bf16, GQA, a large
+vocabulary, a template whose end-of-turn token is not EOS) on a CPU:
+``python experiments/llama3_shaped.py --out /tmp/llama3-shaped`` then
+``python -m decoding ... --verifier /tmp/llama3-shaped``. The tokenizer is a byte-level BPE
+trained here on the shipped benchmark prompts and padded to the vocabulary (ids it never emits
+are named ``<|fill_N|>``), so its text is not Llama-3's; the ids and the template are.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+VOCAB = 128_256
+BASE = 128_000  # first special id
+SPECIAL = {0: "<|begin_of_text|>", 1: "<|end_of_text|>", 6: "<|start_header_id|>", 7: "<|end_header_id|>",
+           9: "<|eot_id|>"}
+# Meta's published Llama-3 Instruct chat template (a format fact of the model)
+CHAT_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + "
+    "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+
+def _texts() -> list[str]:
+    from drafters.data.sources import load_benchmark
+
+    out = []
+    for b in ("gsm8k", "math500", "svamp", "mt_bench"):
+        out += [t for p in load_benchmark(b)[0][:200] for t in p.turns]
+    return out
+
+
+def build_tokenizer(merges_vocab: int = 4000):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(_texts(), trainers.BpeTrainer(vocab_size=merges_vocab, show_progress=False,
+                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    vocab = bpe.get_vocab()
+    vocab.update({f"<|fill_{i}|>": i for i in range(len(vocab), BASE)})  # unreachable by merges, decodable
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in json.loads(bpe.to_str())["model"]["merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer, tok.decoder = bpe.pre_tokenizer, bpe.decoder
+    tok.add_special_tokens([AddedToken(SPECIAL.get(i, f"<|reserved_special_token_{i}|>"), special=True)
+                            for i in range(VOCAB - BASE)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIAL[0], eos_token=SPECIAL[9],
+                                   pad_token=SPECIAL[1], chat_template=CHAT_TEMPLATE)
+    assert fast.convert_tokens_to_ids(SPECIAL[9]) == BASE + 9 and len(fast) == VOCAB
+    return fast
+
+
+def build(out: str | Path, hidden: int = 256, layers: int = 2, seed: int = 0) -> Path:
+    """Write the model directory (config, bf16 safetensors, tokenizer, generation config)."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    out = Path(out)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=hidden // 8, rope_theta=500_000.0,
+                      max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                      bos_token_id=BASE, eos_token_id=[BASE + 1, BASE + 9], pad_token_id=BASE + 1)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    model.generation_config = GenerationConfig(bos_token_id=BASE, eos_token_id=[BASE + 1, BASE + 9],
+                                               pad_token_id=BASE + 1, do_sample=False)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    build_tokenizer().save_pretrained(out)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=2)
+    args = ap.parse_args(argv)
+    print(f"wrote {build(args.out, args.hidden, args.layers)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Temperature 1, end to end: `SpeculativeDecoder.generate` samples the verifier's own distribution.
+
+For every strategy (single, confidence, entropy, merged, merged-dedup, budget-matched merged) the
+first two generated tokens of a real GSM8K prompt, over many seeds, are compared with the exact
+joint p(t1) p(t2 | t1) computed from the verifier: every pair with expected count >= 8, and the
+rest pooled, must lie within 5 binomial standard deviations (a false alarm per bin has
+probability < 1e-6). The first token comes from the prefill; the second from the first
+speculative step, whose tree holds the verifier's two most likely children of t1 (and a
+grandchild), so acceptance and the residual rule are exercised. The same bound catches a broken
+rule (on rejection, resample from the verifier's distribution instead of the residual).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import decoding.engine as engine
+from decoding.accept import accept_sampling, logits_to_probs, sample
+from decoding.engine import DecodeConfig, SpeculativeDecoder
+from decoding.tree import TreeConfig, chain_tree
+from drafters.data.templating import benchmark_prompt_ids
+
+pytestmark = pytest.mark.slow
+N = 400
+SIGMAS = 5.0
+
+
+class TableProposer:
+    """Drafts, after t1, the verifier's two most likely children of t1 and the best child's best
+    child (looked up in a table computed once); owner 1 lists the branches in the other order."""
+
+    def __init__(self, table: dict, owner: int):
+        self.table, self.owner, self.name = table, owner, f"table{owner}"
+
+    def reset(self):
+        pass
+
+    def draft(self, tokens, features, cfg, temperature):
+        c1, g1, c2 = self.table.get(int(tokens[-1]), (1000, 1001, 1002))
+        paths = [[c1, g1], [c2]] if self.owner == 0 else [[c2], [c1, g1]]
+        return chain_tree(paths, self.owner)
+
+
+@pytest.fixture(scope="module")
+def joint(verifier, bench_prompts):
+    """ids, the exact joint {(t1, t2): p} over the likely first tokens, and the proposers' table."""
+    model, tok = verifier
+    ids = benchmark_prompt_ids(tok, bench_prompts["gsm8k"][0], 0, [])
+    with torch.no_grad():
+        p1 = logits_to_probs(model(torch.tensor([ids])).logits[0, -1], 1.0)
+        firsts = [t for t in p1.topk(8).indices.tolist() if p1[t] >= 0.01]
+        p2 = logits_to_probs(model(torch.tensor([ids + [t] for t in firsts])).logits[:, -1], 1.0)  # (M, V)
+        top2 = p2.topk(2).indices
+        p3 = logits_to_probs(model(torch.tensor([ids + [t, int(c[0])] for t, c in zip(firsts, top2)])).logits[:, -1], 1.0)
+    table = {t: (int(top2[i, 0]), int(p3[i].argmax()), int(top2[i, 1])) for i, t in enumerate(firsts)}
+    pairs = {(t, c): float(p1[t] * p2[i, c]) for i, t in enumerate(firsts) for c in p2[i].topk(6).indices.tolist()}
+    return ids, pairs, table
+
+
+def _z_max(outs: list[tuple[int, int]], pairs: dict) -> float:
+    """Largest |observed - expected| / binomial sd over the bins (pairs with N p >= 8, rest pooled)."""
+    bins = [k for k, p in pairs.items() if N * p >= 8]
+    counts = {k: 0 for k in bins}
+    for o in outs:
+        if o in counts:
+            counts[o] += 1
+    probs = [pairs[k] for k in bins] + [1.0 - sum(pairs[k] for k in bins)]
+    obs = [counts[k] for k in bins] + [N - sum(counts.values())]
+    return max(abs(o / N - p) / max((p * (1 - p) / N) ** 0.5, 1e-4) for o, p in zip(obs, probs))
+
+
+def _broken_sampling(tokens, parents, q, generator):
+    """A WRONG rule: on rejection of every child, sample from q at the root instead of the residual."""
+    acc = accept_sampling(tokens, parents, q, generator)
+    return acc if acc.path else type(acc)([], sample(q[0], generator), acc.rejected)
+
+
+def _sample(model, eos, table, ids, strategy, n_props):
+    name, dedup, budget = strategy.split("-")[0], strategy.endswith("dedup"), strategy.endswith("budget")
+    cfg = DecodeConfig(strategy=name, temperature=1.0, max_new_tokens=2, merge_dedup=dedup, merge_budget=budget,
+                       tree=TreeConfig(2, 2, 4 if budget else 8))
+    dec = SpeculativeDecoder(model, [TableProposer(table, i) for i in range(n_props)], cfg, eos)
+    return [tuple(dec.generate(ids, seed_key=f"s{i}").output_token_ids[:2]) for i in range(N)]
+
+
+@pytest.mark.parametrize("strategy", ["single", "confidence", "entropy", "merged", "merged-dedup", "merged-budget"])
+def test_generate_samples_the_verifier_distribution(verifier, eos, joint, strategy):
+    model, _ = verifier
+    ids, pairs, table = joint
+    z = _z_max(_sample(model, eos, table, ids, strategy, 1 if strategy == "single" else 2), pairs)
+    assert z <= SIGMAS, f"{strategy}: a (t1, t2) frequency is {z:.1f} sd from the verifier's joint distribution"
+
+
+def test_the_same_bound_catches_a_broken_rule(verifier, eos, joint, monkeypatch):
+    model, _ = verifier
+    ids, pairs, table = joint
+    monkeypatch.setattr(engine, "accept_sampling", _broken_sampling)
+    z = _z_max(_sample(model, eos, table, ids, "single", 1), pairs)
+    assert z > SIGMAS, f"the broken rule stayed within {z:.1f} sd: the test has no power"
