@@ -210,6 +210,18 @@ def compute_loss(cfg: TrainConfig, model, embed, head, batch, generator, use_top
 
 
 @torch.no_grad()
+def heldout_metrics(model, embed, head, cfg, online=None) -> dict:
+    """Agreement on all held-out sets pooled (``top1_depth{j}``) and on each one
+    (``top1_depth{j}_<corpus>``): a specialist is judged on its own domain's held-out set."""
+    out = evaluate(model, embed, head, cfg.heldout_data, cfg.eval_depths, online=online)
+    if len(cfg.heldout_data) > 1:
+        for entry in cfg.heldout_data:
+            corpus = entry[1] if str(entry[0]).startswith("online") else str(entry[1]).split("-")[0]
+            per = evaluate(model, embed, head, [entry], cfg.eval_depths, online=online)
+            out.update({f"{k}_{corpus}": v for k, v in per.items()})
+    return out
+
+
 def evaluate(model, embed, head, data, depths: int = 3, batch_size: int = 8, online=None) -> dict:
     """Top-1 agreement with the verifier's next token at depth 1 (teacher-forced) and depths 2..D
     (rolled out on the drafter's own features), on assistant positions of held-out examples.
@@ -324,7 +336,7 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
     gen = torch.Generator().manual_seed(cfg.seed)
     step = sum(h["steps"] for h in history)
     if start == 0 and rank == 0:
-        history.append({"epoch": 0, "steps": 0, **evaluate(model, embed, head, cfg.heldout_data, cfg.eval_depths, online=online)})
+        history.append({"epoch": 0, "steps": 0, **heldout_metrics(model, embed, head, cfg, online)})
     for epoch in range(start + 1, cfg.epochs + 1):
         t0, losses, base_losses, n_steps, n_tok, n_rows = time.perf_counter(), [], [], 0, 0, 0
         for i, batch in enumerate(batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch, online, cfg.bucket)):
@@ -356,7 +368,7 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
                    "train_tokens_per_s": n_tok / wall if wall else 0.0, "epoch_seconds": wall,
                    "loss_token_fraction": n_tok / max(n_rows, 1)}  # loss positions / padded batch positions
         if rank == 0:
-            metrics.update(evaluate(model, embed, head, cfg.heldout_data, cfg.eval_depths, online=online))
+            metrics.update(heldout_metrics(model, embed, head, cfg, online))
         history.append(metrics)
         d = _save_epoch(out, epoch, model, dcfg, cfg, history, runner, rank)
         if report is not None:

@@ -170,3 +170,21 @@ def test_online_mode_matches_the_cache_and_trains(verifier, caches, tmp_path):
     final = train(cfg, model, tokenizer=tok)
     hist = json.loads((final / "config.json").read_text())["training"]["history"]
     assert hist[-1]["top1_depth1"] > hist[0]["top1_depth1"]
+
+
+def test_heldout_metrics_report_each_domain(verifier, caches, tmp_path):
+    """A specialist is judged on its own domain: pooled agreement plus one value per held-out set."""
+    from drafters.checkpoint import init_drafter
+    from drafters.config import DrafterConfig
+    from drafters.trainer import evaluate, heldout_metrics
+    from drafters.vocab import DraftHead
+
+    model, _ = verifier
+    root, c = caches
+    cfg = dataclasses.replace(_cfg(root, c, tmp_path, "eagle2"), heldout_data=heldout_data(root, c))
+    drafter = init_drafter(DrafterConfig.for_verifier(model, "smollm2-135m-instruct", "eagle2", seed=5))
+    embed, head = model.get_input_embeddings(), DraftHead(model.lm_head)
+    m = heldout_metrics(drafter, embed, head, cfg)
+    assert m["top1_depth1"] == evaluate(drafter, embed, head, cfg.heldout_data, cfg.eval_depths)["top1_depth1"]
+    for corpus, entry in zip(("mathinstruct", "sharegpt"), cfg.heldout_data):
+        assert m[f"top1_depth1_{corpus}"] == evaluate(drafter, embed, head, [entry], cfg.eval_depths)["top1_depth1"]
