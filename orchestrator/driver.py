@@ -17,6 +17,7 @@ from .grid import corpora as grid_corpora
 from .manifest import STAGES, Manifest
 from .profile import Profile, profile_dict
 from .progress import Progress
+from .report.build import current_failures
 from .report.tables import KEYS as TABLE_KEYS
 from .tracking import Tracker
 
@@ -474,7 +475,7 @@ class Driver:
         """The last lines on screen: failures, the headline numbers, where the report is."""
         import polars as pl
 
-        failed = [c for c in self.manifest.cells().values() if c["status"] == "failed"]
+        failed = current_failures(self.manifest.cells())
         print(f"summary: {len(failed)} failed unit(s)" + "".join(f"\n  FAILED {c['stage']}: {c['name']}" for c in failed[:5])
               + ("\n  ..." if len(failed) > 5 else ""))
         tables = self.out / "report" / "tables"

@@ -216,3 +216,16 @@ def test_report_opens_with_a_one_screen_summary_and_an_appendix(tmp_path):
     for part in ("Table 2 —", "Tables 3–4", "Tables 5–8", "every cell", "The study's numbers beside ours"):
         assert part in app, part
     assert "<details>" in (run / "report/report.html").read_text()
+
+
+def test_a_failure_later_redone_is_not_listed(tmp_path):
+    run = _make_run(tmp_path / "run", failed=True)
+    man = json.loads((run / "manifest.json").read_text())
+    man["cells"]["missing-then-done"] = {"stage": "eval", "name": "hass:single:math|gsm8k|T=0", "status": "failed",
+                                         "attempts": 1, "error": "missing drafter: hass-math", "files": []}
+    man["cells"]["done-later"] = {"stage": "eval", "name": "hass:single:math|gsm8k|T=0", "status": "done",
+                                  "attempts": 1, "error": None, "files": []}
+    (run / "manifest.json").write_text(json.dumps(man))
+    build_report(run)
+    md = (run / "report/report.md").read_text()
+    assert "missing drafter: hass-math" not in md and "FAILED eval: `hass:single:math|svamp|T=0`" in md

@@ -50,7 +50,7 @@ def missing_section(run: Path, pp: pl.DataFrame | None) -> list[str]:
     man = run / "manifest.json"
     if man.is_file():
         cells = json.loads(man.read_text())["cells"]
-        failed = [(c["stage"], c["name"], (c.get("error") or "")[:160]) for c in cells.values() if c["status"] != "done"]
+        failed = [(c["stage"], c["name"], (c.get("error") or "")[:160]) for c in current_failures(cells)]
         for stage, name, err in sorted(failed):
             lines.append(f"- FAILED {stage}: `{name}` — {err}")
         prof = run / "profile.json"
@@ -63,6 +63,13 @@ def missing_section(run: Path, pp: pl.DataFrame | None) -> list[str]:
     else:
         lines.append("- manifest.json is missing: failures cannot be listed")
     return lines
+
+
+def current_failures(cells: dict) -> list[dict]:
+    """Failed records not superseded: a unit that failed and was later done under the same stage
+    and name (e.g. a cell skipped for a missing drafter, then run once the drafter was trained)."""
+    done = {(c["stage"], c["name"]) for c in cells.values() if c["status"] == "done"}
+    return [c for c in cells.values() if c["status"] != "done" and (c["stage"], c["name"]) not in done]
 
 
 def recorded_traces(run: Path) -> set[str] | None:
