@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
+from drafters.model import DTYPES as _DTYPES
+
 from .cpu_matmul import install
 
 DEFAULT_VERIFIER = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,8 @@ from .atomic import atomic_dir
 from .checkpoint import load_checkpoint
 from .config import DrafterConfig
 from .formats import FORMATS, LLAMA_KEYS, TOKEN_MAP_FILE, Format, dims, shape_of
+from .model import DTYPES as _DTYPES
 from .model import FeatureDrafter
-
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ContractError(ValueError):

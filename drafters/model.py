@@ -12,6 +12,9 @@ from torch import nn
 
 from .config import DrafterConfig
 
+# dtype names the verifier loader and the exporter accept (one table for both)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
