@@ -17,6 +17,7 @@ import time
 import torch
 
 from . import cpu_matmul
+from .drafting import draft_together
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -95,6 +96,18 @@ def micro(model, proposers, prompt_ids: list[int], cfg, reps: int = 7) -> None:
             ms = 1000 * statistics.median(ts)
             vocab = p.head.size if hasattr(p, "head") else "full"
             print(f"  draft {p.name} (vocab {vocab}) top_k={k} depth={depth}: {ms:6.1f} ms per tree, {ms / depth:5.1f} ms per level")
+    if len(proposers) > 1:  # routing and merged trees: every drafter in lock step, one head matmul per level
+        ts = []
+        for _ in range(reps):
+            for p in proposers:
+                p.reset()
+            draft_together(proposers, toks, feats[:-1], dataclasses.replace(cfg, depth=1, total_tokens=2), 0.0)
+            t0 = time.perf_counter()
+            draft_together(proposers, toks, feats[:-1], cfg, 0.0)
+            ts.append(time.perf_counter() - t0)
+        ms = 1000 * statistics.median(ts)
+        print(f"  draft all {len(proposers)} drafters in lock step top_k={cfg.top_k} depth={cfg.depth}: {ms:6.1f} ms "
+              f"per step, {ms / cfg.depth:5.1f} ms per level")
 
 
 def cmd_bench(args) -> int:

@@ -4,9 +4,15 @@
 the root, not yet seen by the verifier) and the verifier features of all tokens before the root,
 and returns a :class:`DraftTree`. ``FeatureDrafterProposer`` runs EAGLE-2's dynamic tree with a
 trained (or random) drafter and keeps the drafter's KV cache across steps.
+
+``draft_together`` drafts with several proposers in lock step: at every level, the rows of all
+drafters that share a draft head (the same verifier LM head and draft vocabulary) go through ONE
+head matmul, so routing and merged trees stream the head's weights once per level, not once per
+drafter. Each drafter's tree is exactly the tree it drafts alone.
 """
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Protocol
 
 import torch
@@ -26,26 +32,72 @@ class Proposer(Protocol):
     def draft(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig, temperature: float) -> DraftTree: ...
 
 
+def shared_head(lm_head: torch.nn.Module, ids: torch.Tensor | None) -> DraftHead:
+    """One :class:`DraftHead` per (LM head, draft vocabulary), kept on the LM head module, so
+    drafters of one backbone share its weight slice (and ``draft_together`` can stack their rows)."""
+    heads = lm_head.__dict__.setdefault("_taskspec_draft_heads", {})
+    key = None if ids is None else (int(ids.shape[0]), hash(ids.cpu().numpy().tobytes()))
+    if key not in heads or (ids is not None and not torch.equal(heads[key].ids.cpu(), ids.cpu().long())):
+        heads[key] = DraftHead(lm_head, ids)
+    return heads[key]
+
+
+def draft_together(proposers: list[Proposer], tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig,
+                   temperature: float) -> list[DraftTree]:
+    """Every proposer's tree, drafted in lock step with one head matmul per level per shared head.
+    Proposers without ``draft_steps`` (oracle, chains) draft on their own."""
+    out: list[DraftTree | None] = [None] * len(proposers)
+    gens: dict[int, Generator] = {}
+    pending: dict[int, torch.Tensor] = {}  # proposer index -> hidden rows waiting for logits
+    for i, p in enumerate(proposers):
+        if hasattr(p, "draft_steps"):
+            gens[i] = p.draft_steps(tokens, features, cfg, temperature)
+            pending[i] = next(gens[i])
+        else:
+            out[i] = p.draft(tokens, features, cfg, temperature)
+    with torch.no_grad():
+        while pending:
+            groups: dict[int, list[int]] = {}
+            for i in pending:
+                groups.setdefault(id(proposers[i].head), []).append(i)
+            for idx in groups.values():
+                rows = [pending.pop(i) for i in idx]
+                logits = proposers[idx[0]].head(torch.cat(rows) if len(rows) > 1 else rows[0])
+                for i, part in zip(idx, logits.split([r.shape[0] for r in rows])):
+                    try:
+                        pending[i] = gens[i].send(part)
+                    except StopIteration as stop:
+                        out[i] = stop.value
+    return out  # type: ignore[return-value]
+
+
 class FeatureDrafterProposer:
     """EAGLE-2 dynamic draft tree from a feature drafter + the verifier's embedding and LM head
     (or, for a reduced draft vocabulary, the slice of the LM head the drafter was trained with)."""
 
     def __init__(self, drafter: FeatureDrafter, embed: torch.nn.Module, lm_head: torch.nn.Module, name: str, index: int = 0):
         self.drafter, self.embed = drafter, embed
-        self.head = DraftHead(lm_head, drafter.draft_ids())
+        self.head = shared_head(lm_head, drafter.draft_ids())
         self.name, self.index = name, index
         self.reset()
 
     def reset(self) -> None:
         self.cache = KVCache()  # holds pairs (f_i, x_{i+1}) for i < len(cache)
 
-    def _logp(self, h: torch.Tensor, temperature: float) -> torch.Tensor:
-        logits = self.head(h).float()  # (k, N) over the draft vocabulary
+    @staticmethod
+    def _logp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+        logits = logits.float()  # (k, N) over the draft vocabulary
         return (logits / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
 
-    @torch.no_grad()
     def draft(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig, temperature: float) -> DraftTree:
         """tokens (n+1,) committed incl. root; features (n, H) verifier features of tokens[:n]."""
+        return draft_together([self], tokens, features, cfg, temperature)[0]
+
+    @torch.no_grad()
+    def draft_steps(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig,
+                    temperature: float) -> Generator[torch.Tensor, torch.Tensor, DraftTree]:
+        """The dynamic tree as a coroutine: yields hidden rows (r, H), is sent their head logits
+        (r, N), returns the tree. ``draft_together`` drives it."""
         n = features.shape[0]
         dev = features.device
         m = len(self.cache)
@@ -61,7 +113,7 @@ class FeatureDrafterProposer:
         h, _ = self.drafter(emb[None], features[m:n][None], pos, causal_mask(n - m, m, dev), cache=self.cache)
         h_last = h[0, -1:]  # (1, H): predicted feature at the root -> distribution of depth-1 tokens
         # 2. level 1: top-k of the root's draft distribution
-        logp = self._logp(h_last, temperature)  # (1, V)
+        logp = self._logp((yield h_last), temperature)  # (1, V)
         ent = entropy(logp.exp())  # (1,)
         k = min(cfg.top_k, logp.shape[-1])
         top_val, top_idx = logp[0].topk(k)
@@ -86,7 +138,7 @@ class FeatureDrafterProposer:
             pos = torch.full((k,), n - 2 + d, device=dev)  # all nodes at one depth share a position
             h, _ = self.drafter(self.embed(frontier_tok.to(dev))[None], frontier_feat[None], pos, mask, cache=self.cache)
             h = h[0]  # (k, H)
-            logp = self._logp(h, temperature)  # (k, V)
+            logp = self._logp((yield h), temperature)  # (k, V)
             ent = entropy(logp.exp())  # (k,)
             child_tok, child_score, best = expand_frontier(frontier_score.to(logp.device), logp, k)  # (k,k),(k,k),(k,)
             child_tok = self.head.to_verifier(child_tok)  # draft ids -> verifier ids

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .drafting import Proposer
+from .drafting import Proposer, draft_together
 from .tree import DraftTree, TreeConfig, merge_trees, rerank
 
 GRANULARITIES = ("step", "turn", "prompt")
@@ -47,7 +47,7 @@ class Strategy:
 
     @staticmethod
     def _all(drafters, tokens, features, cfg, temperature):
-        trees = [d.draft(tokens, features, cfg, temperature) for d in drafters]
+        trees = draft_together(drafters, tokens, features, cfg, temperature)
         return trees, [t.mean_confidence() for t in trees], [t.mean_entropy() for t in trees]
 
 

@@ -134,3 +134,33 @@ def test_reduced_vocabulary_drafters_match_generate(verifier, eos, reduced_vocab
         assert got == ref, f"{strategy}/{granularity} with a reduced vocabulary differs from generate"
     drafted = torch.cat(seen)
     assert drafted.numel() and bool(torch.isin(drafted, ids).all())  # every draft token is a verifier id in the vocab
+
+
+def test_drafting_in_lock_step_stacks_the_shared_head(verifier, bench_prompts, reduced_vocab_proposers):
+    """Routing and merged trees draft every drafter in lock step: drafters of one vocabulary share one
+    head, which runs once per level for all of them, and each tree equals the tree drafted alone."""
+    from decoding.drafting import draft_together
+    from decoding.verifier_pass import new_cache, prefill
+
+    model, tok = verifier
+    props, _ = reduced_vocab_proposers
+    assert props[0].head is props[1].head  # one (N, H) weight slice for the backbone's drafters
+    ids = benchmark_prompt_ids(tok, bench_prompts["gsm8k"][0], 0, [])
+    feats, _ = prefill(model, new_cache(), ids)
+    toks = torch.tensor(ids)
+    alone = []
+    for p in props:
+        p.reset()
+        alone.append(p.draft(toks, feats[:-1], TREE, 0.0))
+    calls = []
+    hook = props[0].head.register_forward_hook(lambda m, args, out: calls.append(out.shape[0]))
+    try:
+        for p in props:
+            p.reset()
+        together = draft_together(props, toks, feats[:-1], TREE, 0.0)
+    finally:
+        hook.remove()
+    assert calls == [2] + [2 * TREE.top_k] * (TREE.depth - 1)  # one matmul per level, both drafters' rows
+    for a, b in zip(alone, together):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
+        torch.testing.assert_close(a.path_logp, b.path_logp, atol=1e-4, rtol=1e-4)
