@@ -12,7 +12,8 @@ def _train(args) -> None:
     from .variants import DataSpec, ensure_features, heldout_data, variant_data
 
     name = resolve(args.verifier).name
-    spec = DataSpec(n=args.n, heldout=args.heldout, max_length=args.max_length, seed=args.data_seed)
+    spec = DataSpec(n=args.n, heldout=args.heldout, max_length=args.max_length, seed=args.data_seed,
+                    self_distill=args.self_distill)
     features = str(Path(args.features_dir).resolve())
     model, tok = load_verifier(args.verifier)
     eos = eos_token_ids(model, tok)
@@ -78,6 +79,8 @@ def add_subcommands(sub) -> None:
     t.add_argument("--zero-stage", type=int, default=1)
     t.add_argument("--draft-vocab", type=int, default=None,
                    help="reduced draft vocabulary size (from both corpora's training data; default: full vocabulary)")
+    t.add_argument("--self-distill", choices=["greedy", "sample"], default=None,
+                   help="train on the verifier's own answers to the training prompts (cached; held-out stays original)")
     t.add_argument("--no-deepspeed", action="store_true")
     t.add_argument("--no-ray", action="store_true", help="train in this process (no Ray Train)")
     t.add_argument("--num-workers", type=int, default=1)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from .data.sources import SourceOptions, load_corpus
 from .data.templating import tokenize_conversation
+from .distill import MODES, distilled
 from .features import FeatureStore, content_key, verifier_features
 
 VARIANTS = ("math", "chat", "mixed_half", "mixed_full")
@@ -25,8 +26,11 @@ class DataSpec:
     heldout: int = 32
     max_length: int = 512
     seed: int = 42
+    self_distill: str | None = None  # None | greedy | sample: train on the verifier's own answers (distill.py)
 
     def __post_init__(self):
+        if self.self_distill not in (None, *MODES):
+            raise ValueError(f"self_distill must be one of {list(MODES)} or null, got {self.self_distill!r}")
         if self.n < 2:
             raise ValueError(f"data n must be >= 2, got {self.n}")
         if self.max_length < 16:
@@ -35,6 +39,12 @@ class DataSpec:
 
 def select_examples(tokenizer, eos_ids, corpus: str, spec: DataSpec, options: SourceOptions = SourceOptions()):
     """Tokenized (train, heldout) examples of one corpus, deterministic given spec.seed."""
+    train, held = select_conversations(tokenizer, eos_ids, corpus, spec, options)
+    return [e for _, e in train], [e for _, e in held]
+
+
+def select_conversations(tokenizer, eos_ids, corpus: str, spec: DataSpec, options: SourceOptions = SourceOptions()):
+    """(train, heldout) lists of (conversation, tokenized example), deterministic given spec.seed."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         convs, _ = load_corpus(corpus, options)
@@ -46,7 +56,7 @@ def select_examples(tokenizer, eos_ids, corpus: str, spec: DataSpec, options: So
         ex = tokenize_conversation(tokenizer, convs[i], spec.max_length, eos_ids)
         if sum(ex.loss_mask[1:]) == 0:
             continue  # no assistant token inside max_length
-        out.append(ex)
+        out.append((convs[i], ex))
         if len(out) == need:
             break
     if len(out) < need:
@@ -60,12 +70,21 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
     """Extract (or reuse) the feature caches of one corpus: {"train": key, "heldout": key, ...}.
 
     A second call with the same content key runs no verifier forward pass. ``prefetch(key)``, if
-    given, runs before each cache lookup (e.g. to copy the cache from remote storage).
+    given, runs before each cache lookup (e.g. to copy the cache from remote storage). With
+    ``spec.self_distill`` the training examples' assistant turns are the verifier's own answers (the
+    same conversations and user turns); the held-out slice stays original, so agreement is comparable.
     """
-    train, held = select_examples(tokenizer, eos_ids, corpus, spec, options)
+    train, held = select_conversations(tokenizer, eos_ids, corpus, spec, options)
+    train_exs, held_exs = [e for _, e in train], [e for _, e in held]
+    train_part = "train"
+    if spec.self_distill:
+        train_part = f"train-distill-{spec.self_distill}-{spec.seed}"
+        convs = distilled(model, tokenizer, eos_ids, verifier, corpus, [c for c, _ in train], spec.max_length,
+                          spec.self_distill, spec.seed, root, progress=progress)
+        train_exs = [tokenize_conversation(tokenizer, c, spec.max_length, eos_ids) for c in convs]
     keys = {}
-    for part, exs in (("train", train), ("heldout", held)):
-        key = content_key(verifier, f"{corpus}-{part}", [e.id for e in exs], spec.max_length)
+    for part, label, exs in (("train", train_part, train_exs), ("heldout", "heldout", held_exs)):
+        key = content_key(verifier, f"{corpus}-{label}", [e.id for e in exs], spec.max_length)
         if prefetch is not None:
             prefetch(key)
         store = FeatureStore(root, key)
@@ -77,7 +96,7 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
                         progress(f"features {corpus}/{part}", min(j + 16, len(exs)), len(exs))
 
             store.write(gen(), {"verifier": verifier, "corpus": corpus, "part": part, "max_length": spec.max_length,
-                                "seed": spec.seed})
+                                "seed": spec.seed, "self_distill": spec.self_distill if part == "train" else None})
         keys[part] = key
         keys[f"{part}_ids"] = [e.id for e in exs]
     return keys

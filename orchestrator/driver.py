@@ -146,7 +146,10 @@ class Driver:
 
     def _data_spec(self) -> dict:
         d = self.p.data
-        return {"n": d.n, "heldout": d.heldout, "max_length": d.max_length, "seed": d.seed}
+        spec = {"n": d.n, "heldout": d.heldout, "max_length": d.max_length, "seed": d.seed}
+        if d.self_distill:  # only when set, so the keys of runs without it stay what they were
+            spec["self_distill"] = d.self_distill
+        return spec
 
     def _sync(self) -> None:
         """Publish the manifest (after the files it records, which are published as they finish)."""

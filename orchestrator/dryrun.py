@@ -76,7 +76,9 @@ def print_plan(p: Profile, output: str | None = None) -> None:
         print(f"output: {output} -- {how}")
     print("DAG: features -> train (Tune grid over backbone x variant, each a Ray Train TorchTrainer + DeepSpeed) "
           "-> merges -> evaluation (actor pool, sharded over prompts) -> report")
-    print(f"  features : {len(s['features'])} corpora {s['features']} (mode: {p.data.feature_mode}; n={p.data.n}/domain, max_length {p.data.max_length})")
+    print(f"  features : {len(s['features'])} corpora {s['features']} (mode: {p.data.feature_mode}; n={p.data.n}/domain, max_length {p.data.max_length})"
+          + (f"; self-distilled ({p.data.self_distill}): the verifier first regenerates the {p.data.n} training answers "
+             "per corpus (decode time not in the estimate below)" if p.data.self_distill else ""))
     print(f"  train    : {len(s['train'])} runs, {p.train.epochs} epochs, ZeRO-{p.train.zero_stage}, "
           f"{r.train.num_workers} worker(s) x {r.train.cpus_per_worker} CPU{' + 1 GPU' if r.train.use_gpu else ''}, "
           f"{r.train.max_concurrent_trials} concurrent trial(s)")

@@ -33,12 +33,17 @@ class DataCfg:
     max_length: int = 256
     seed: int = 42
     feature_mode: str = "cached"  # cached | online
+    self_distill: str | None = None  # null | greedy | sample: train on the verifier's own answers (held-out stays original)
 
     def validate(self):
         _need(self.n >= 2, f"data.n must be >= 2, got {self.n}")
         _need(self.heldout >= 1, f"data.heldout must be >= 1, got {self.heldout}")
         _need(self.max_length >= 16, f"data.max_length must be >= 16, got {self.max_length}")
         _need(self.feature_mode in ("cached", "online"), f"data.feature_mode must be cached or online, got {self.feature_mode!r}")
+        _need(self.self_distill in (None, "greedy", "sample"),
+              f"data.self_distill must be null, greedy or sample, got {self.self_distill!r}")
+        _need(not (self.self_distill and self.feature_mode == "online"),
+              "data.self_distill needs data.feature_mode: cached (the regenerated answers are cached with the features)")
 
 
 @dataclass(frozen=True)
