@@ -3,7 +3,12 @@ harmonized context alignment masks.
 
 Alignment (EAGLE): the drafter's input at position t is (f_t, x_{t+1}); its output predicts the
 verifier feature f_{t+1}, whose LM-head distribution is the verifier's distribution of x_{t+2}.
-Position t carries loss iff token t+1 is an assistant token.
+Position t carries loss iff token t+1 is an assistant token (``mask_mode="next"``: exactly the
+positions a drafter sees at decode time, whose input token is the assistant's). The EAGLE/HASS
+data loaders put it one position earlier, iff token t is an assistant token
+(``mask_mode="reference"``): that adds the last assistant position (input = the token after the
+end-of-turn) and drops the first (input = the first answer token). Held-out agreement always
+counts the ``next`` positions, so the two are compared on what decoding sees.
 """
 from __future__ import annotations
 
@@ -24,22 +29,27 @@ class AlignedBatch:
     lengths: torch.Tensor  # (B,) each example's own token count L (the aligned rows are L-1)
 
 
-def align(input_ids, features, loss_mask, top_ids=None, top_probs=None) -> dict:
+MASK_MODES = ("next", "reference")
+
+
+def align(input_ids, features, loss_mask, top_ids=None, top_probs=None, mask_mode: str = "next") -> dict:
     """One sequence of length L -> drafter training pairs of length L-1 (see module doc)."""
+    if mask_mode not in MASK_MODES:
+        raise ValueError(f"loss mask mode must be one of {list(MASK_MODES)}, got {mask_mode!r}")
     out = {
         "tokens": input_ids[1:],  # x_{t+1}
         "features": features[:-1],  # f_t
         "target": features[1:],  # f_{t+1}
-        "mask": loss_mask[1:].bool(),
+        "mask": (loss_mask[1:] if mask_mode == "next" else loss_mask[:-1]).bool(),
     }
     if top_ids is not None:
         out["top_ids"], out["top_probs"] = top_ids[1:], top_probs[1:]
     return out
 
 
-def collate(examples: list, dtype=torch.float32) -> AlignedBatch:
+def collate(examples: list, dtype=torch.float32, mask_mode: str = "next") -> AlignedBatch:
     """Right-pad aligned sequences from FeatureExamples into a batch."""
-    al = [align(e.input_ids, e.features, e.loss_mask, e.top_ids, e.top_probs) for e in examples]
+    al = [align(e.input_ids, e.features, e.loss_mask, e.top_ids, e.top_probs, mask_mode) for e in examples]
     T = max(a["tokens"].shape[0] for a in al)
     B, H, K = len(al), al[0]["features"].shape[-1], al[0]["top_ids"].shape[-1]
     tokens = torch.zeros(B, T, dtype=torch.long)

@@ -20,7 +20,7 @@ import torch
 from .checkpoint import init_drafter, save_checkpoint
 from .config import BACKBONES, DrafterConfig
 from .features import FeatureStore
-from .losses import aligned_passes, collate, eagle_losses, noise, step_mask
+from .losses import MASK_MODES, aligned_passes, collate, eagle_losses, noise, step_mask
 from .vocab import DraftHead, load_vocab
 
 
@@ -53,6 +53,7 @@ class TrainConfig:
     feature_noise: bool = True
     draft_vocab: str | None = None  # vocabulary file (drafters.vocab.save_vocab); None = full vocabulary
     bucket: bool = True  # length-bucketed batches (little padding); False = batches in stream order
+    loss_mask: str = "next"  # next: token t+1 is the assistant's (decode-time positions); reference: EAGLE/HASS's
     deepspeed: bool = True
     zero_stage: int = 1
     eval_depths: int = 3
@@ -76,6 +77,8 @@ class TrainConfig:
             raise ValueError(f"lr_schedule must be linear or constant, got {self.lr_schedule!r}")
         if self.grad_clip_mode not in ("value", "norm"):
             raise ValueError(f"grad_clip_mode must be value or norm, got {self.grad_clip_mode!r}")
+        if self.loss_mask not in MASK_MODES:
+            raise ValueError(f"loss_mask must be one of {list(MASK_MODES)}, got {self.loss_mask!r}")
         if not 0.0 <= self.topk_from <= 1.0:
             raise ValueError(f"topk_from must be in [0, 1], got {self.topk_from}")
 
@@ -134,7 +137,8 @@ def iter_examples(data: list, seed: int | None, buffer: int = 256, online: Onlin
     yield from buf
 
 
-def batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket: bool = False, pool: int = 16):
+def batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket: bool = False, pool: int = 16,
+            mask_mode: str = "next"):
     """Collated batches. ``bucket``: take ``pool`` batches' worth of (already shuffled) examples,
     sort them by length, cut batches, and yield those in a seeded random order, so a batch pads
     to similar lengths; every example is used once per epoch either way."""
@@ -155,10 +159,10 @@ def batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket
             continue
         group.append(e)
         if len(group) == cap:
-            yield from (collate(g) for g in flush(group))
+            yield from (collate(g, mask_mode=mask_mode) for g in flush(group))
             group = []
     if group:
-        yield from (collate(g) for g in flush(group))
+        yield from (collate(g, mask_mode=mask_mode) for g in flush(group))
 
 
 def count_examples(data: list) -> int:
@@ -339,7 +343,8 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
         history.append({"epoch": 0, "steps": 0, **heldout_metrics(model, embed, head, cfg, online)})
     for epoch in range(start + 1, cfg.epochs + 1):
         t0, losses, base_losses, n_steps, n_tok, n_rows = time.perf_counter(), [], [], 0, 0, 0
-        for i, batch in enumerate(batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch, online, cfg.bucket)):
+        for i, batch in enumerate(batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch, online, cfg.bucket,
+                                          mask_mode=cfg.loss_mask)):
             if i % world != rank:
                 continue
             for g in opt.param_groups:

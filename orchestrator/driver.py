@@ -261,6 +261,7 @@ class Driver:
             grad_accum=t.grad_accum, warmup_steps=t.warmup_steps, seed=t.init_seed, hass_steps=t.hass_steps,
             deepspeed=t.deepspeed, zero_stage=t.zero_stage, max_seconds=t.max_seconds, draft_vocab=self.vocab,
             lr_schedule=t.lr_schedule, grad_clip_mode=t.grad_clip_mode, topk_from=t.topk_from, bucket=t.bucket,
+            loss_mask=t.loss_mask,
             online_spec=self._data_spec() if self.p.data.feature_mode == "online" else None,
         )
 
@@ -275,6 +276,8 @@ class Driver:
         tcfg = dataclasses.asdict(self.p.train)
         for k in ("backbones", "variants"):
             tcfg.pop(k)
+        if tcfg["loss_mask"] == "next":  # added later: at its default the keys of earlier runs stay valid
+            tcfg.pop("loss_mask")
         for cell in cells:
             key = "train-" + key_of([self.verifier_name, self._data_spec(), tcfg, cell.backbone, cell.variant])
             keys[cell.name] = key

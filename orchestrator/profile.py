@@ -64,6 +64,7 @@ class TrainCfg:
     lr_schedule: str = "linear"
     grad_clip_mode: str = "value"
     topk_from: float = 0.5
+    loss_mask: str = "next"  # next (decode-time positions) | reference (EAGLE/HASS loaders, one earlier)
     bucket: bool = True
 
     def validate(self):
@@ -78,6 +79,7 @@ class TrainCfg:
         _need(self.lr_schedule in ("linear", "constant"), f"train.lr_schedule must be linear or constant, got {self.lr_schedule!r}")
         _need(self.grad_clip_mode in ("value", "norm"), f"train.grad_clip_mode must be value or norm, got {self.grad_clip_mode!r}")
         _need(0.0 <= self.topk_from <= 1.0, f"train.topk_from must be in [0, 1], got {self.topk_from!r}")
+        _need(self.loss_mask in ("next", "reference"), f"train.loss_mask must be next or reference, got {self.loss_mask!r}")
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ def test_dry_run_imports_no_model_code():
     (["eval.benchmarks={gsm9k: 2}"], "unknown benchmark 'gsm9k'"),
     (["train.variants=[math]", "merge.kinds=[]"], "need two drafters"),
     (["eval.temperatures=[-1]"], "eval.temperatures"),
+    (["train.loss_mask=shifted"], "train.loss_mask must be next or reference"),
     (["data.self_distill=beam"], "data.self_distill must be null, greedy or sample"),
     (["data.self_distill=greedy", "data.feature_mode=online"], "data.self_distill needs data.feature_mode: cached"),
 ])

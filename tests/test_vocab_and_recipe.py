@@ -174,3 +174,17 @@ def test_length_buckets_cut_padding_and_keep_every_example():
     real = lambda bs: sum(int(b.lengths.sum()) - b.lengths.numel() for b in bs)  # noqa: E731
     assert real(plain) == real(bucketed)  # the same examples
     assert rows(bucketed) < 0.7 * rows(plain)
+
+
+def test_loss_mask_modes_next_and_reference_differ_by_one_position():
+    from drafters.losses import align
+
+    ids = torch.arange(8)
+    feats = torch.randn(8, 4)
+    mask = torch.tensor([0, 0, 0, 1, 1, 1, 0, 0])  # an answer of three tokens (its end-of-turn last)
+    nxt = align(ids, feats, mask)["mask"]
+    ref = align(ids, feats, mask, mask_mode="reference")["mask"]
+    # position t: input (f_t, x_{t+1}); next = x_{t+1} is the assistant's; reference = x_t is
+    assert nxt.int().tolist() == [0, 0, 1, 1, 1, 0, 0] and ref.int().tolist() == [0, 0, 0, 1, 1, 1, 0]
+    with pytest.raises(ValueError, match="loss mask mode"):
+        align(ids, feats, mask, mask_mode="shifted")
