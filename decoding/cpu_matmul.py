@@ -18,7 +18,6 @@ import bisect
 import json
 import os
 import platform
-import tempfile
 import statistics
 import time
 
@@ -27,6 +26,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from drafters.atomic import write_text_atomic
 
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # row counts that are timed; larger ones use F.linear
 CACHE = Path(os.environ.get("TASKSPEC_CACHE", Path.home() / ".cache" / "taskspec")) / "cpu_matmul.json"
@@ -122,11 +123,7 @@ def load_json_cache(path: Path) -> dict:
 def save_json_cache(path: Path, data: dict) -> None:
     """Write a measurement cache atomically; a read-only home only means measuring again next time."""
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
     except OSError:
         pass
 

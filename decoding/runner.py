@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections import Counter
 from pathlib import Path
 
 import torch
 
+from drafters.atomic import atomic_file
 from drafters.checkpoint import load_checkpoint, load_config
 from drafters.data.records import BenchmarkPrompt
 from drafters.data.templating import benchmark_prompt_ids
@@ -155,14 +155,8 @@ def write_parquet_atomic(rows: list[dict], path: str | os.PathLike, schema=None)
     from .schema import to_table
 
     table = pa.Table.from_pylist(rows, schema=schema) if schema is not None else to_table(rows)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
+    with atomic_file(out) as tmp:
         pq.write_table(table, tmp)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return out
 
 

@@ -27,3 +27,24 @@ def atomic_dir(out: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def atomic_file(out: str | os.PathLike) -> Iterator[str]:
+    """Yield a temp file path next to ``out`` (parents created); on success it replaces ``out``,
+    on any error it is removed and ``out`` is untouched."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        yield tmp
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(out: str | os.PathLike, text: str) -> None:
+    with atomic_file(out) as tmp:
+        Path(tmp).write_text(text)

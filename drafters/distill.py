@@ -15,11 +15,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 
 import torch
 
+from .atomic import write_text_atomic
 from .data.records import Conversation
 from .data.templating import prompt_ids
 
@@ -29,18 +29,6 @@ MODES = ("greedy", "sample")
 def distill_key(verifier: str, corpus: str, ids: list[str], max_length: int, mode: str, seed: int) -> str:
     h = hashlib.sha256(json.dumps([verifier, corpus, ids, max_length, mode, seed]).encode()).hexdigest()
     return f"{corpus}-distill-{mode}-{h[:16]}"
-
-
-def _write_json(obj, out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 @torch.no_grad()
@@ -118,6 +106,6 @@ def distilled(model, tokenizer, eos_ids, verifier: str, corpus: str, convs: list
     if model is None:
         raise FileNotFoundError(f"no self-distilled cache {path} and no verifier to build it")
     out, stats = regenerate(model, tokenizer, eos_ids, convs, max_length, mode, seed, progress=progress)
-    _write_json({"key": key, "stats": stats,
-                 "conversations": [{"id": c.id, "source": c.source, "turns": c.turns} for c in out]}, path)
+    write_text_atomic(path, json.dumps({"key": key, "stats": stats,
+                 "conversations": [{"id": c.id, "source": c.source, "turns": c.turns} for c in out]}))
     return out

@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from .atomic import atomic_file, write_text_atomic
 from .data.templating import TokenizedExample
 
 TOPK = 10
@@ -67,21 +67,8 @@ def verifier_features(model, examples: list[TokenizedExample], batch_tokens: int
 
 
 def _atomic_save(tensors: dict, path: Path, metadata: dict | None = None) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
+    with atomic_file(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
 
 
 class FeatureStore:
@@ -131,7 +118,7 @@ class FeatureStore:
         flush()
         manifest = {"key": self.key, **meta, "examples": len(ids_all), "tokens": sum(s["tokens"] for s in shards),
                     "shards": shards}
-        _atomic_write_text(self.manifest_path, json.dumps(manifest, indent=1))
+        write_text_atomic(self.manifest_path, json.dumps(manifest, indent=1))
         return manifest
 
     def iter_examples(self, select: set[str] | None = None) -> Iterator[FeatureExample]:

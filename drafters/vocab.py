@@ -60,20 +60,14 @@ def ids_of(d2t: torch.Tensor) -> torch.Tensor:
 def save_vocab(ids: torch.Tensor, path: str | os.PathLike, meta: dict | None = None) -> Path:
     """A vocabulary file (safetensors ``ids``), written to a temp file and renamed."""
     import json
-    import tempfile
 
     from safetensors.torch import save_file
 
+    from .atomic import atomic_file
+
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
+    with atomic_file(out) as tmp:
         save_file({"ids": ids.long().contiguous()}, tmp, metadata={"meta": json.dumps(meta or {})})
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return out
 
 

@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import threading
 from pathlib import Path
+
+from drafters.atomic import write_text_atomic
 
 STAGES = ("features", "train", "merge", "eval", "report")
 
@@ -53,8 +54,4 @@ class Manifest:
         return {k: c for k, c in self.data["cells"].items() if stage is None or c["stage"] == stage}
 
     def _flush(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".manifest.", suffix=".tmp", dir=self.path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.data, f, indent=1, sort_keys=True)
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=True))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -102,3 +103,17 @@ def test_object_store_transfer_path_round_trips(tmp_path):
     files = storage._files(mock, "bucket/run")
     assert set(files) == {"w.bin"} and files["w.bin"].size == len(data)
     assert not storage._stale(files["w.bin"], files["w.bin"])
+
+
+def test_atomic_file_leaves_the_old_file_on_error_and_no_temp_behind(tmp_path):
+    from drafters.atomic import atomic_file, write_text_atomic
+
+    out = tmp_path / "sub" / "x.json"
+    write_text_atomic(out, "old")
+    with pytest.raises(RuntimeError):
+        with atomic_file(out) as tmp:
+            Path(tmp).write_text("half")
+            raise RuntimeError("killed mid-write")
+    assert out.read_text() == "old" and sorted(p.name for p in out.parent.iterdir()) == ["x.json"]
+    write_text_atomic(out, "new")
+    assert out.read_text() == "new"

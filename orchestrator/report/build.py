@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import html
 import json
-import os
-import tempfile
 from pathlib import Path
 
 import polars as pl
+
+from drafters.atomic import atomic_file, write_text_atomic
 
 from . import figures
 from .claims import check_claims, study_comparison
@@ -26,11 +26,7 @@ def _md(df: pl.DataFrame, digits: int = 3) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write_text(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+_write_text = write_text_atomic
 
 
 def _save_table(df: pl.DataFrame, out: Path, name: str) -> None:
@@ -39,10 +35,8 @@ def _save_table(df: pl.DataFrame, out: Path, name: str) -> None:
         return
     flat = df.select([c for c, t in df.schema.items() if not isinstance(t, (pl.List, pl.Struct))])
     for ext, fn in (("csv", flat.write_csv), ("parquet", df.write_parquet)):
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=out / "tables")
-        os.close(fd)
-        fn(tmp)
-        os.replace(tmp, out / "tables" / f"{name}.{ext}")
+        with atomic_file(out / "tables" / f"{name}.{ext}") as tmp:
+            fn(tmp)
 
 
 def missing_section(run: Path, pp: pl.DataFrame | None) -> list[str]:
