@@ -73,8 +73,17 @@ def _features_task(verifier, dtype, corpus, spec_dict, root, online=False):
             else:
                 shutil.rmtree(local / key, ignore_errors=True)
 
+    t0, started, last = time.time(), {}, [time.time()]
+
+    def progress(what: str, done: int, total: int) -> None:  # worker log (dashboard; the driver log when not quiet)
+        now = time.time()
+        t = started.setdefault(what, last[0])  # a sub-stage starts when the one before it last reported
+        last[0] = now
+        eta = (now - t) / done * (total - done) if done else float("nan")
+        print(f"[features {corpus}] {what}: {done}/{total}, elapsed {now - t0:.0f}s, ETA {eta:.0f}s", flush=True)
+
     caches = ensure_features(model, tok, eos_token_ids(model, tok), resolve(verifier).name, corpus, DataSpec(**spec_dict),
-                             str(local), prefetch=prefetch)
+                             str(local), prefetch=prefetch, progress=progress)
     for part in ("train", "heldout"):
         storage.publish(local / caches[part], storage.join(root, caches[part]))
     return caches
