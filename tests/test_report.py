@@ -229,3 +229,23 @@ def test_a_failure_later_redone_is_not_listed(tmp_path):
     build_report(run)
     md = (run / "report/report.md").read_text()
     assert "missing drafter: hass-math" not in md and "FAILED eval: `hass:single:math|svamp|T=0`" in md
+
+
+def test_compare_runs_pairs_prompts_across_runs(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("compare_runs", Path(__file__).parents[1] / "experiments/compare_runs.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    a = _make_run(tmp_path / "a")
+    TAU[("math", "gsm8k")] = 3.5  # the ablation's drafter: +0.5 on every GSM8K prompt
+    try:
+        b = _make_run(tmp_path / "b")
+    finally:
+        TAU[("math", "gsm8k")] = 3.0
+    assert mod.main(["--run", f"base={a}", "--run", f"better={b}", "--backbone", "hass", "--method", "math"]) == 0
+    out = capsys.readouterr().out
+    assert "| better | 10 | 3.500" in out and "+0.500 [+0.500, +0.500] (n=10)" in out
+    assert "| better | 10 | 1.500" in out  # MT-Bench unchanged
+    with pytest.raises(SystemExit, match="no chat cell|no math cell"):
+        mod.main(["--run", f"base={a}", "--backbone", "eagle2"])
