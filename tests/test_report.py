@@ -211,6 +211,7 @@ def test_report_opens_with_a_one_screen_summary_and_an_appendix(tmp_path):
                  "FAILED eval: `hass:single:math|svamp|T=0`"):
         assert part in summary, part
     assert "| autoregressive | 1.0 |" in summary  # the shared baseline row sits in the backbone's column
+    assert summary.count("| RQ1-math |") == 1 and "| claim | hass T=0 |" in summary  # one row per claim
     assert "Tables 5–8" not in md and "Table 2 —" not in md  # the long tables moved out
     app = (run / "report/report_appendix.md").read_text()
     for part in ("Table 2 —", "Tables 3–4", "Tables 5–8", "every cell", "The study's numbers beside ours"):

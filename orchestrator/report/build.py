@@ -167,6 +167,26 @@ SPEED_NOTE = ("`speedup` is tokens/s over transformers' `generate` (greedy at T=
 HEADLINE_ROWS = 12
 
 
+def _verdict_word(v: str) -> str:
+    return v.split(" (")[0]
+
+
+def claims_grid(cl: pl.DataFrame) -> pl.DataFrame:
+    """One row per claim, one column per backbone and temperature (the summary's claim table)."""
+    cols, rows = [], {}
+    for (claim, bb, t), g in cl.group_by("claim", "backbone", "temperature", maintain_order=True):
+        col = f"{bb} T={t:g}"
+        cols += [col] if col not in cols else []
+        if g.height == 1:
+            r = g.row(0, named=True)
+            cell = f"{r['estimate']:+.2f} [{r['ci_lo']:+.2f}, {r['ci_hi']:+.2f}] {_verdict_word(r['verdict'])}"
+        else:
+            words = [_verdict_word(v) for v in g["verdict"].to_list()]
+            cell = ", ".join(f"{w} {words.count(w)}/{len(words)}" for w in dict.fromkeys(words))
+        rows.setdefault(claim, {"claim": claim})[col] = cell
+    return pl.DataFrame([{c: r.get(c, "—") for c in ["claim", *cols]} for r in rows.values()])
+
+
 def summary_section(t1: pl.DataFrame, sp: pl.DataFrame, cl: pl.DataFrame, miss: list[str],
                     pp: pl.DataFrame) -> list[str]:
     """One screen: the headline τ table, the claim verdicts, the speed against generate, what failed."""
@@ -190,11 +210,14 @@ def summary_section(t1: pl.DataFrame, sp: pl.DataFrame, cl: pl.DataFrame, miss: 
               + (f"; {more} more method(s) there" if more else "") + ")\n")
     md.append(_md(wide.head(HEADLINE_ROWS), 2))
     if not cl.is_empty():
-        md.append("**Claims of the study** (prompt-level paired bootstrap; every comparison in the appendix)\n")
-        short = (cl.with_columns(pl.format("{} [{}, {}]", pl.col("estimate").round(2), pl.col("ci_lo").round(2),
-                                           pl.col("ci_hi").round(2)).alias("estimate [95% CI]"))
-                 .select("claim", "backbone", "temperature", "comparison", "estimate [95% CI]", "verdict"))
-        md.append(_md(short))
+        md.append("**Claims of the study** (prompt-level paired bootstrap; one comparison: estimate [95% CI] "
+                  "and verdict; several (per benchmark or per drafter pair): verdict counts; every comparison "
+                  "with its CI in the appendix)\n")
+        md.append(_md(claims_grid(cl)))
+        few = sum("< 10 prompts" in v for v in cl["verdict"].to_list())
+        if few:
+            md.append(f"{few} of {cl.height} comparisons are inconclusive because fewer than 10 prompts were paired "
+                      "(the study's rule), whatever their interval says.\n")
     own = sp.filter(pl.col("method") != GENERATE)
     if not own.is_empty() and own["speedup"].null_count() < own.height:
         base = sp["baseline"][0]
