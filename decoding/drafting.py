@@ -36,8 +36,8 @@ def shared_head(lm_head: torch.nn.Module, ids: torch.Tensor | None) -> DraftHead
     """One :class:`DraftHead` per (LM head, draft vocabulary), kept on the LM head module, so
     drafters of one backbone share its weight slice (and ``draft_together`` can stack their rows)."""
     heads = lm_head.__dict__.setdefault("_taskspec_draft_heads", {})
-    key = None if ids is None else (int(ids.shape[0]), hash(ids.cpu().numpy().tobytes()))
-    if key not in heads or (ids is not None and not torch.equal(heads[key].ids.cpu(), ids.cpu().long())):
+    key = None if ids is None else ids.cpu().long().numpy().tobytes()
+    if key not in heads:
         heads[key] = DraftHead(lm_head, ids)
     return heads[key]
 

@@ -12,7 +12,6 @@ distribution it will be verified against instead of the dataset authors'.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -22,13 +21,9 @@ import torch
 from .atomic import write_text_atomic
 from .data.records import Conversation
 from .data.templating import prompt_ids
+from .features import content_key
 
 MODES = ("greedy", "sample")
-
-
-def distill_key(verifier: str, corpus: str, ids: list[str], max_length: int, mode: str, seed: int) -> str:
-    h = hashlib.sha256(json.dumps([verifier, corpus, ids, max_length, mode, seed]).encode()).hexdigest()
-    return f"{corpus}-distill-{mode}-{h[:16]}"
 
 
 @torch.no_grad()
@@ -61,6 +56,7 @@ def regenerate(model, tokenizer, eos_ids, convs: list[Conversation], max_length:
         raise ValueError(f"self_distill must be one of {list(MODES)} or null, got {mode!r}")
     turns = [list(c.turns) for c in convs]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else list(eos_ids)[0]
+    eos = set(eos_ids)
     stats = {"mode": mode, "turns": 0, "regenerated": 0, "kept_past_max_length": 0, "kept_empty": 0, "new_tokens": 0}
     rounds = max(sum(r == "assistant" for r, _ in t) for t in turns) if turns else 0
     for r in range(rounds):
@@ -82,7 +78,7 @@ def regenerate(model, tokenizer, eos_ids, convs: list[Conversation], max_length:
             outs = _generate(model, pad, [ids for _, _, ids in batch], max_new, mode, seed * 1_000_003 + r * 7919 + j,
                              eos_ids)
             for (ci, ti, ids), new in zip(batch, outs):
-                text = tokenizer.decode([t for t in new[: max_length - len(ids)] if t not in set(eos_ids)],
+                text = tokenizer.decode([t for t in new[: max_length - len(ids)] if t not in eos],
                                         skip_special_tokens=True)
                 if not text.strip():
                     stats["kept_empty"] += 1
@@ -98,7 +94,7 @@ def regenerate(model, tokenizer, eos_ids, convs: list[Conversation], max_length:
 def distilled(model, tokenizer, eos_ids, verifier: str, corpus: str, convs: list[Conversation], max_length: int,
               mode: str, seed: int, root: str | os.PathLike, progress=None) -> list[Conversation]:
     """``regenerate`` through a cache file under ``root/distill/``; a hit needs no model."""
-    key = distill_key(verifier, corpus, [c.id for c in convs], max_length, mode, seed)
+    key = content_key(verifier, f"{corpus}-distill-{mode}-{seed}", [c.id for c in convs], max_length)
     path = Path(root) / "distill" / f"{key}.json"
     if path.exists():
         rows = json.loads(path.read_text())["conversations"]

@@ -26,9 +26,6 @@ def _md(df: pl.DataFrame, digits: int = 3) -> str:
     return "\n".join(lines) + "\n"
 
 
-_write_text = write_text_atomic
-
-
 def _save_table(df: pl.DataFrame, out: Path, name: str) -> None:
     (out / "tables").mkdir(parents=True, exist_ok=True)
     if df.is_empty():
@@ -93,8 +90,8 @@ def build_report(run_dir) -> Path:
         md.append("No prompt traces found under traces/prompts: nothing to report.\n")
         md += ["## Missing\n"] + miss
         p = out / "report.md"
-        _write_text(p, "\n".join(md))
-        _write_text(out / "report.html", f"<pre>{html.escape(chr(10).join(md))}</pre>")
+        write_text_atomic(p, "\n".join(md))
+        write_text_atomic(out / "report.html", f"<pre>{html.escape(chr(10).join(md))}</pre>")
         return p
     t1 = table1(pp)
     sp = speed(pp)
@@ -155,9 +152,9 @@ def build_report(run_dir) -> Path:
                          "draft_share", "verify_share", "tokens_per_verified_node"))]
     text, appendix = "\n".join(md), "\n".join(app)
     p = out / "report.md"
-    _write_text(out / "report_appendix.md", appendix)
-    _write_text(p, text)
-    _write_text(out / "report.html", _html(text, appendix))
+    write_text_atomic(out / "report_appendix.md", appendix)
+    write_text_atomic(p, text)
+    write_text_atomic(out / "report.html", _html(text, appendix))
     return p
 
 
