@@ -61,8 +61,13 @@ def prompt_seed(seed: int, key: str) -> int:
 class SpeculativeDecoder:
     """Decode with a verifier, a list of proposers and a strategy (by name)."""
 
-    def __init__(self, model, proposers: list[Proposer], config: DecodeConfig, eos_ids: list[int]):
+    def __init__(self, model, proposers: list[Proposer], config: DecodeConfig, eos_ids: list[int],
+                 prompt_cache: bool = False):
         self.model, self.proposers, self.cfg = model, list(proposers), config
+        # prompt_cache: keep the last prompt's prefill (keys/values, features, last logits) and reuse a
+        # copy when the same prompt comes again (n samples of one prompt). Off by default: eval and
+        # bench time every prefill, as transformers' generate pays it.
+        self._prompt = {} if prompt_cache else None
         self.eos = set(eos_ids)
         self.strategy = make_strategy(config.strategy, len(self.proposers), config.routing_granularity, config.merge_dedup,
                                       config.routing_decide_steps, config.merge_budget)
@@ -79,6 +84,21 @@ class SpeculativeDecoder:
             return int(logits.argmax())
         return sample(self._next_dist(logits), gen)
 
+    def _prefill(self, input_ids: list[int]):
+        """(cache holding the prompt, its features (n, H), the last position's logits (1, V))."""
+        key, memo = tuple(input_ids), self._prompt
+        if memo is not None and memo.get("key") == key:
+            cache = new_cache()
+            for i, (k, v) in enumerate(memo["kv"]):
+                cache.update(k.clone(), v.clone(), i)
+            return cache, memo["feats"], memo["logits"]
+        cache = new_cache()
+        feats, logits = prefill(self.model, cache, input_ids)
+        if memo is not None:
+            kv = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
+            self._prompt = {"key": key, "kv": kv, "feats": feats, "logits": logits[-1:]}
+        return cache, feats, logits[-1:]
+
     def start_prompt(self) -> None:
         """A new prompt begins (its turns follow): prompt-level routing decides afresh."""
         self.strategy.start_prompt()
@@ -94,8 +114,7 @@ class SpeculativeDecoder:
         gen = torch.Generator().manual_seed(prompt_seed(self.cfg.seed, seed_key))
         t_start = time.perf_counter()
         # 0. prefill: the prompt enters the verifier cache; its last logits give the first token
-        cache = new_cache()
-        feats, logits = prefill(self.model, cache, input_ids)  # (n, H), (n, V)
+        cache, feats, logits = self._prefill(input_ids)  # cache, (n, H), (1, V)
         # verifier features of every token in the cache, in a buffer with room for the whole turn
         cap = len(input_ids) + self.cfg.max_new_tokens + 1
         features = feats.new_empty(cap, feats.shape[-1])

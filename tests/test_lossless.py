@@ -97,6 +97,32 @@ def test_kv_cache_equals_fresh_prefill(verifier, eos, references):
         torch.testing.assert_close(a.values, b.values, atol=2e-4, rtol=1e-3)
 
 
+def test_prompt_cache_reuses_the_prefill_and_changes_nothing(verifier, eos, random_proposers, references):
+    """A repeated prompt reuses a copy of its prefill (no forward over the prompt); every result, at T=0
+    and seeded T=1, equals a decoder without the cache, and a different prompt is prefilled afresh."""
+    model, tok = verifier
+    (p0, _), (p1, _) = references[0], references[1]
+    a, b = benchmark_prompt_ids(tok, p0, 0, []), benchmark_prompt_ids(tok, p1, 0, [])
+    assert min(len(a), len(b)) > 2 * TREE.total_tokens + 1 and a != b
+    rows = []
+    hook = model.model.register_forward_pre_hook(lambda m, args, kw: rows.append(kw["input_ids"].shape[1]),
+                                                 with_kwargs=True)
+    try:
+        for t in (0.0, 1.0):
+            cfg = DecodeConfig(strategy="merged", temperature=t, max_new_tokens=12, tree=TREE)
+            plain = SpeculativeDecoder(model, random_proposers, cfg, eos)
+            cached = SpeculativeDecoder(model, random_proposers, cfg, eos, prompt_cache=True)
+            runs = ((a, "x", True), (a, "y", False), (a, "y", False), (b, "x", True), (a, "x", True))
+            for ids, key, prefills in runs:
+                want = plain.generate(ids, seed_key=key).output_token_ids
+                rows.clear()
+                got = cached.generate(ids, seed_key=key)
+                assert got.output_token_ids == want, (t, key)
+                assert (rows[0] == len(ids)) == prefills, (t, key, rows)  # a tree pass feeds <= 21 rows
+    finally:
+        hook.remove()
+
+
 @pytest.fixture(scope="module")
 def reduced_vocab_proposers(verifier, references, tmp_path_factory):
     """Two random drafters (seeds 0/1, shared vocabulary) over a 512-token draft vocabulary that
