@@ -26,11 +26,11 @@ def _eval_units(run: Path) -> dict:
     return {k: c for k, c in cells.items() if c["stage"] == "eval"}
 
 
-def _check_traces(run: Path):
+def _check_traces(run: Path, overrides: list[str] = ()):
     from orchestrator.grid import eval_cells
     from orchestrator.profile import load_profile
 
-    p = load_profile("smoke")
+    p = load_profile("smoke", list(overrides))
     units = _eval_units(run)
     assert len(units) == len(eval_cells(p)) and all(u["status"] == "done" for u in units.values())
     prompts = pl.scan_parquet(str(run / "traces/prompts/**/*.parquet"), hive_partitioning=True).collect()
@@ -214,11 +214,17 @@ def test_ray_job_submit_runs_the_grid_through_a_uri(tmp_path):
     assert "RAY_AUTH_MODE=token" in block and "ray job submit" in block
     run = tmp_path / "bucket" / "run"
     auth_env = {**env, "RAY_AUTH_MODE": "token"}
+    # the URI runs keep every stage (features, both drafters, the merge) but evaluate only GSM8K at T=0
+    # with single and merged trees: what travels through the URI is the same, at a third of the cells
+    small = ["eval.temperatures=[0.0]", "eval.strategies=[single, merged]", "eval.tree_auto=[]",
+             "eval.benchmarks={gsm8k: 1}"]
 
     def submit(driver_staging: str) -> str:
+        sets = [a for s in small for a in ("--set", s)]
         r = subprocess.run([ray_bin, "job", "submit", "--address", "http://127.0.0.1:8265", "--",
-                            "env", f"TASKSPEC_STAGING={tmp_path / driver_staging}",
-                            sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke", "--output-dir", f"file://{run}"],
+                            "env", f"TASKSPEC_STAGING={tmp_path / driver_staging}", sys.executable,
+                            str(ROOT / "experiments/full_grid.py"), "--profile", "smoke", "--output-dir", f"file://{run}",
+                            *sets],
                            capture_output=True, text=True, timeout=900, env=auth_env)
         assert r.returncode == 0 and "succeeded" in r.stdout.lower(), r.stdout[-3000:] + r.stderr[-2000:]
         return r.stdout
@@ -235,7 +241,7 @@ def test_ray_job_submit_runs_the_grid_through_a_uri(tmp_path):
                              text=True, timeout=120, env={**env, "HOME": str(tmp_path)})
         assert bad.returncode != 0 and "token" in (bad.stdout + bad.stderr).lower()
         submit("driver-a")
-        _check_traces(run)
+        _check_traces(run, small)
         assert list(run.glob("checkpoints/*-math/final/model.safetensors")) and (run / "report/report.md").is_file()
         assert list(run.glob("checkpoints/*-math/epoch-1/state.json"))  # epochs published by the Train workers
         own = [p.relative_to(tmp_path / "driver-a") for p in (tmp_path / "driver-a" / "driver").rglob("*") if p.is_file()]
@@ -245,7 +251,7 @@ def test_ray_job_submit_runs_the_grid_through_a_uri(tmp_path):
         log = submit("driver-b")
         assert "(done earlier)" in log and "Tune sweep" not in log
         assert list((tmp_path / "driver-b").rglob("report.md"))
-        _check_traces(run)
+        _check_traces(run, small)
     finally:
         subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120, env=auth_env)
         shutil.rmtree(readme_run, ignore_errors=True)
