@@ -6,18 +6,35 @@ unit once its files are complete, so rerunning the same command skips finished w
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import time
 import traceback
+import warnings
 from pathlib import Path
 
+import polars as pl
+import ray
+
+from decoding.runner import write_parquet_atomic
+from decoding.verifiers import eos_token_ids, load_verifier, resolve
+from drafters.checkpoint import init_drafter, load_checkpoint, load_config, save_checkpoint
+from drafters.data.sources import load_benchmark, subsample
+from drafters.merge import merge_checkpoints
+from drafters.trainer import TrainConfig
+from drafters.variants import DataSpec, build_vocab, ensure_features, heldout_data, online_selection, variant_data
+from drafters.vocab import save_vocab
+from workers.eval_worker import EvalWorker
+from workers.tune_sweep import run_sweep
+
+from . import storage
 from .grid import EvalCell, eval_cells, key_of, merge_cells, train_cells
 from .grid import corpora as grid_corpora
 from .manifest import STAGES, Manifest
 from .profile import Profile, profile_dict
 from .progress import Progress
-from .report.build import current_failures
+from .report.build import build_report, current_failures
 from .report.tables import KEYS as TABLE_KEYS
 from .tracking import Tracker
 
@@ -35,8 +52,6 @@ def check_output_dir(out: Path) -> None:
 
 
 def _ray_init(p: Profile) -> None:
-    import ray
-
     if ray.is_initialized():
         return
     env = {"TOKENIZERS_PARALLELISM": "false", "TASKSPEC_VERBOSE": os.environ.get("TASKSPEC_VERBOSE", "0")}
@@ -56,10 +71,6 @@ def _ray_init(p: Profile) -> None:
 def _features_task(verifier, dtype, corpus, spec_dict, root, online=False):
     """Extract one corpus's caches under ``root`` (a path or URI; with a URI the remote copy is
     the truth: a cache is fetched if it is there, else extracted locally and published)."""
-    from decoding.verifiers import eos_token_ids, load_verifier, resolve
-    from drafters.variants import DataSpec, ensure_features, online_selection
-
-    from . import storage
 
     model, tok = load_verifier(verifier, dtype=dtype)
     if online:  # fix the selection here; features are computed later, inside training
@@ -92,11 +103,6 @@ def _features_task(verifier, dtype, corpus, spec_dict, root, online=False):
 def _vocab_task(verifier, dtype, corpora, spec_dict, size, dest):
     """The reduced draft vocabulary of the run (every backbone trains on these corpora), written
     next to the features and published to ``dest`` (a path or URI)."""
-    from decoding.verifiers import eos_token_ids, load_verifier
-    from drafters.variants import DataSpec, build_vocab
-    from drafters.vocab import save_vocab
-
-    from . import storage
 
     model, tok = load_verifier(verifier, dtype=dtype)
     ids, stats = build_vocab(tok, eos_token_ids(model, tok), corpora, DataSpec(**spec_dict), size, model.config.vocab_size)
@@ -108,8 +114,6 @@ def _vocab_task(verifier, dtype, corpora, spec_dict, size, dest):
 
 class Driver:
     def __init__(self, profile: Profile, output_dir: str, force: str | None = None):
-        from . import storage
-
         self.p = profile
         self.uri = output_dir if storage.is_uri(output_dir) else None
         if self.uri:  # the driver's own files live in a staging dir; every artifact moves through the URI
@@ -142,15 +146,11 @@ class Driver:
     # ------------------------------------------------------------------ helpers
     def ref(self, rel: str) -> str:
         """The shared location of an artifact (a path under the output dir, or a URI)."""
-        from . import storage
-
         return storage.join(self.root, rel)
 
     def _publish(self, rel: str) -> None:
         """Copy a file the driver wrote (under its staging dir) to the URI."""
         if self.uri:
-            from . import storage
-
             storage.publish(self.out / rel, self.ref(rel))
 
     def _data_spec(self) -> dict:
@@ -163,8 +163,6 @@ class Driver:
     def _sync(self) -> None:
         """Publish the manifest (after the files it records, which are published as they finish)."""
         if self.uri:
-            from . import storage
-
             storage.sync(str(self.out / "profile.json"), self.ref("profile.json"), force=True)
             if (self.out / "manifest.json").is_file():
                 storage.sync(str(self.out / "manifest.json"), self.ref("manifest.json"), force=True)
@@ -179,12 +177,8 @@ class Driver:
         return out
 
     def run(self) -> dict:
-        import ray
-
-        from decoding.verifiers import resolve
-
         self.verifier_name = resolve(self.p.verifier).name
-        (self.out / "profile.json").write_text(__import__("json").dumps(profile_dict(self.p), indent=1, default=str))
+        (self.out / "profile.json").write_text(json.dumps(profile_dict(self.p), indent=1, default=str))
         _ray_init(self.p)
         caches = self._timed("features", self.stage_features)
         ckpts = self._timed("train", self.stage_train, caches)
@@ -200,11 +194,7 @@ class Driver:
 
     # ------------------------------------------------------------------ 1. features
     def stage_features(self) -> dict:
-        import ray
-
         corpora = grid_corpora(self.p)
-        from . import storage
-
         root = self.ref("features")
         prog = Progress("features", len(corpora))
         caches, pending = {}, {}
@@ -234,8 +224,6 @@ class Driver:
     def _draft_vocab(self, corpora: list[str]) -> str | None:
         """One reduced draft vocabulary for every drafter of the run (so merges and merged trees
         share it, like the initialisation), from the training data of all trained corpora."""
-        import ray
-
         size = self.p.train.draft_vocab
         if size is None:
             return None
@@ -255,11 +243,6 @@ class Driver:
 
     # ------------------------------------------------------------------ 2. training
     def _train_config(self, cell, caches):
-        from drafters.trainer import TrainConfig
-        from drafters.variants import heldout_data, variant_data
-
-        from . import storage
-
         root = self.ref("features")
         t = self.p.train
         out = self.ref(f"checkpoints/{cell.name}")
@@ -275,10 +258,6 @@ class Driver:
         )
 
     def stage_train(self, caches) -> dict:
-        from workers.tune_sweep import run_sweep
-
-        from . import storage
-
         cells = train_cells(self.p)
         prog = Progress("train", len(cells))
         ckpts, todo, keys = {}, {}, {}
@@ -300,8 +279,6 @@ class Driver:
                 storage.remove(self.ref(f"checkpoints/_ray_train/train-{cell.name}"))  # Ray Train's run snapshot
             todo[cell.name] = self._train_config(cell, caches)
         if todo:
-            import ray
-
             r = self.p.resources.train
             total = ray.cluster_resources()
             need_cpu = r.num_workers * r.cpus_per_worker + 0.01
@@ -330,11 +307,6 @@ class Driver:
 
     # ------------------------------------------------------------------ 3. merges
     def stage_merge(self, ckpts: dict) -> dict:
-        from drafters.checkpoint import init_drafter, save_checkpoint
-        from drafters.merge import merge_checkpoints
-
-        from . import storage
-
         cells = merge_cells(self.p)
         prog = Progress("merge", len(cells))
         out = {}
@@ -356,8 +328,6 @@ class Driver:
                 src = [str(storage.fetch(s)) for s in src]
                 base = None
                 if m.kind != "linear":  # the shared random init (all variants start from it)
-                    from drafters.checkpoint import load_checkpoint, load_config
-
                     base_dir = self.out / "checkpoints" / f"{m.backbone}-init"
                     cfg = dataclasses.replace(load_config(src[0]), training={"init": True})
                     save_checkpoint(init_drafter(cfg, load_checkpoint(src[0]).draft_ids()), base_dir, cfg)
@@ -374,10 +344,6 @@ class Driver:
 
     # ------------------------------------------------------------------ 4. evaluation
     def _prompts(self):
-        import warnings
-
-        from drafters.data.sources import load_benchmark, subsample
-
         out = {}
         for b, n in self.p.eval.benchmarks.items():
             with warnings.catch_warnings():
@@ -411,11 +377,6 @@ class Driver:
         return f"traces/prompts/{part}/{key}.parquet", f"traces/steps/{part}/{key}.parquet"
 
     def stage_eval(self, ckpts) -> dict:
-        import ray
-
-        from decoding.runner import write_parquet_atomic
-        from workers.eval_worker import EvalWorker
-
         units = self._eval_units(ckpts)
         prog = Progress("eval", len(units))
         todo = []
@@ -488,8 +449,6 @@ class Driver:
 
     def print_summary(self) -> None:
         """The last lines on screen: failures, the headline numbers, where the report is."""
-        import polars as pl
-
         failed = current_failures(self.manifest.cells())
         print(f"summary: {len(failed)} failed unit(s)" + "".join(f"\n  FAILED {c['stage']}: {c['name']}" for c in failed[:5])
               + ("\n  ..." if len(failed) > 5 else ""))
@@ -509,8 +468,6 @@ class Driver:
 
     def _track(self) -> None:
         """The summary run in the tracker: the profile, tau and speedup per eval cell, the report."""
-        import polars as pl
-
         if self.tracker.backend == "none":
             return
         tables, cells = self.out / "report" / "tables", []
@@ -531,10 +488,6 @@ class Driver:
 
     # ------------------------------------------------------------------ 5. report
     def stage_report(self) -> None:
-        from orchestrator.report.build import build_report
-
-        from . import storage
-
         if self.uri:  # traces of earlier runs, from other machines (one listing; none yet is fine)
             try:
                 storage.sync(self.ref("traces"), str(self.out / "traces"), prune=True)
