@@ -211,8 +211,8 @@ class Driver:
                         storage.remove(storage.join(root, sub))
             r = self.p.resources.features
             task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(_features_task)
-            pending[c] = (key, task.options(name=f"features:{c}").remote(self.p.verifier, self.p.verifier_dtype, c, self._data_spec(), root,
-                                                                             self.p.data.feature_mode == "online"))
+            pending[c] = (key, task.options(name=f"features:{c}").remote(
+                self.p.verifier, self.p.verifier_dtype, c, self._data_spec(), root, self.p.data.feature_mode == "online"))
         for c, (key, ref) in pending.items():
             caches[c] = ray.get(ref)
             files = [] if caches[c].get("online") else [f"features/{caches[c][p]}/manifest.json" for p in ("train", "heldout")]
@@ -248,7 +248,8 @@ class Driver:
         out = self.ref(f"checkpoints/{cell.name}")
         return TrainConfig(
             verifier=self.verifier_name, backbone=cell.backbone, variant=cell.variant,
-            out_dir=str(storage.node_cache(out)), out_uri=out if self.uri else None, train_data=variant_data(cell.variant, root, caches, self.p.data.n),
+            out_dir=str(storage.node_cache(out)), out_uri=out if self.uri else None,
+            train_data=variant_data(cell.variant, root, caches, self.p.data.n),
             heldout_data=heldout_data(root, caches), epochs=t.epochs, lr=t.lr, batch_size=t.batch_size,
             grad_accum=t.grad_accum, warmup_steps=t.warmup_steps, seed=t.init_seed, hass_steps=t.hass_steps,
             deepspeed=t.deepspeed, zero_stage=t.zero_stage, max_seconds=t.max_seconds, draft_vocab=self.vocab,
@@ -290,7 +291,8 @@ class Driver:
             if self.force in ("features", "train"):  # else Tune would restore the finished sweep
                 storage.remove(self.ref("ray_results"))
             prog.log(f"Tune sweep over {sorted(todo)}")
-            grid = run_sweep(todo, self.ref("ray_results"), {"num_workers": r.num_workers, "cpus_per_worker": r.cpus_per_worker, "use_gpu": r.use_gpu},
+            per_trial = {"num_workers": r.num_workers, "cpus_per_worker": r.cpus_per_worker, "use_gpu": r.use_gpu}
+            grid = run_sweep(todo, self.ref("ray_results"), per_trial,
                              max_concurrent=r.max_concurrent_trials, callbacks=self.tracker.tune_callbacks())
             errors = {res.config["cell"]: res.error for res in grid if res.error}
             for name in todo:
@@ -394,7 +396,8 @@ class Driver:
         r = self.p.resources.eval
         actor_cls = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=-1, max_task_retries=0)(EvalWorker)
         n_act = max(1, min(self.p.resources.eval_actors, len(todo)))
-        actors = [actor_cls.options(name=f"eval-worker-{i}-{os.getpid()}").remote(self.p.verifier, self.p.verifier_dtype, max(1, int(r.num_cpus)))
+        actors = [actor_cls.options(name=f"eval-worker-{i}-{os.getpid()}").remote(
+                      self.p.verifier, self.p.verifier_dtype, max(1, int(r.num_cpus)))
                   for i in range(n_act)]
         decode = {"top_k": self.p.eval.tree.top_k, "depth": self.p.eval.tree.depth, "max_new_tokens": self.p.eval.max_new_tokens,
                   "seed": self.p.eval.seed, "routing_decide_steps": self.p.eval.routing_decide_steps}
