@@ -131,3 +131,17 @@ def eos_token_ids(model, tokenizer) -> list[int]:
         eos = tokenizer.eos_token_id
     ids = [eos] if isinstance(eos, int) else list(eos)
     return sorted({int(i) for i in ids})
+
+
+@torch.no_grad()
+def compare_greedy(model, ids: list[int], got: list[int], ref: list[int], gap: float) -> tuple[str, float | None]:
+    """A greedy output ``got`` against a reference ``ref`` after the prompt ``ids``: "equal",
+    "near-tie" or "MISMATCH", and the verifier's top-2 logit gap where they first part (None if
+    equal). In reduced precision another kernel may flip a near tie; a gap above ``gap`` may not."""
+    if got == ref:
+        return "equal", None
+    i = next((k for k, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
+    logits = model(torch.tensor([ids + ref[:i]], device=model.device)).logits[0, -1].float()
+    top = logits.topk(2).values
+    g = float(top[0] - top[1])
+    return ("near-tie" if g <= gap else "MISMATCH"), g

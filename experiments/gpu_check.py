@@ -17,7 +17,6 @@ none are given: exactness and overhead are still measured; acceptance then is ~1
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import tempfile
 import time
@@ -37,28 +36,12 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def classify(model, ids: list[int], got: list[int], ref: list[int], gap: float) -> tuple[str, float | None]:
-    """equal | near-tie | MISMATCH, and the verifier's top-2 logit gap where they part."""
-    import torch
-
-    if got == ref:
-        return "equal", None
-    i = next((k for k, (a, b) in enumerate(zip(got, ref)) if a != b), min(len(got), len(ref)))
-    with torch.no_grad():
-        logits = model(torch.tensor([ids + ref[:i]], device=model.device)).logits[0, -1].float()
-    top = logits.topk(2).values
-    g = float(top[0] - top[1])
-    return ("near-tie" if g <= gap else "MISMATCH"), g
-
-
 def check_dtype(args, dtype: str) -> int:
-    import torch
-
     from decoding.bench import hf_generate
     from decoding.engine import DecodeConfig, SpeculativeDecoder
     from decoding.runner import load_proposers
     from decoding.tree import TreeConfig
-    from decoding.verifiers import eos_token_ids, load_verifier, resolve
+    from decoding.verifiers import compare_greedy, eos_token_ids, load_verifier, resolve
     from drafters.checkpoint import init_drafter, save_checkpoint
     from drafters.config import DrafterConfig
     from drafters.data.sources import load_benchmark
@@ -101,7 +84,7 @@ def check_dtype(args, dtype: str) -> int:
         wall = time.perf_counter() - t0
         tie_gap = args.tie_gap if args.tie_gap is not None else TIE_GAP[dtype]
         for ids, res, ref in zip(inputs, outs, refs):
-            kind, gap = classify(model, ids, res.output_token_ids, ref, tie_gap)
+            kind, gap = compare_greedy(model, ids, res.output_token_ids, ref, tie_gap)
             counts[kind] += 1
             toks, calls, new = toks + len(res.output_token_ids), calls + res.verifier_calls, new + res.new_tokens
             if gap is not None:
