@@ -203,7 +203,7 @@ class Driver:
             rec = self.manifest.get(key)
             if rec and self.manifest.done(key):
                 caches[c] = rec["caches"]
-                prog.step(f"{c} (cached)")
+                prog.step(f"{c} (cached)", skipped=True)
                 continue
             if self.force == "features":
                 for sub in storage.listdir(root):
@@ -273,7 +273,7 @@ class Driver:
             self.ckpt_keys[cell.name] = key
             if self.manifest.done(key):
                 ckpts[cell.name] = self.ref(f"checkpoints/{cell.name}/final")
-                prog.step(f"{cell.name} (done earlier)")
+                prog.step(f"{cell.name} (done earlier)", skipped=True)
                 continue
             if self.force in ("features", "train"):
                 storage.remove(self.ref(f"checkpoints/{cell.name}"))
@@ -320,11 +320,11 @@ class Driver:
             dest = self.out / "checkpoints" / m.name
             if self.manifest.done(key):
                 out[m.name] = self.ref(f"checkpoints/{m.name}")
-                prog.step(f"{m.name} (done earlier)")
+                prog.step(f"{m.name} (done earlier)", skipped=True)
                 continue
             if None in src:
                 self.manifest.record(key, "merge", m.name, "failed", error="a source drafter failed to train")
-                prog.step(f"{m.name} skipped: missing source")
+                prog.step(f"{m.name} skipped: missing source", skipped=True)
                 continue
             try:
                 src = [str(storage.fetch(s)) for s in src]
@@ -386,9 +386,9 @@ class Driver:
             if missing:
                 mkey = "eval-missing-" + cell.key
                 self.manifest.record(mkey, "eval", cell.label, "failed", error=missing)
-                prog.step(f"{cell.label} skipped: {missing}")
+                prog.step(f"{cell.label} skipped: {missing}", skipped=True)
             elif self.manifest.done(key):
-                prog.step(f"{cell.label} (done earlier)")
+                prog.step(f"{cell.label} (done earlier)", skipped=True)
             else:
                 todo.append((cell, shard, key))
         if not todo:

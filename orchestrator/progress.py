@@ -13,6 +13,7 @@ import time
 class Progress:
     def __init__(self, stage: str, total: int, stream=sys.stdout, quiet: bool = False):
         self.stage, self.total, self.done, self.t0, self.stream = stage, total, 0, time.time(), stream
+        self.skipped = 0  # units finished by an earlier run (or skipped): they say nothing about the rate
         self._metrics = None
         try:
             from ray.util.metrics import Counter, Gauge
@@ -27,11 +28,14 @@ class Progress:
     def log(self, msg: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] [{self.stage}] {msg}", file=self.stream, flush=True)
 
-    def step(self, what: str = "", n: int = 1, acceptance: float | None = None, cell: str | None = None) -> None:
+    def step(self, what: str = "", n: int = 1, acceptance: float | None = None, cell: str | None = None,
+             skipped: bool = False) -> None:
+        """``n`` more units done; ``skipped``: done earlier (or not run), so the ETA's rate leaves them out."""
         self.done += n
-        el = time.time() - self.t0
-        eta = el / self.done * (self.total - self.done) if self.done else float("nan")
-        self.log(f"{self.done}/{self.total} done, elapsed {el:.0f}s, ETA {eta:.0f}s  {what}")
+        self.skipped += n if skipped else 0
+        el, worked, left = time.time() - self.t0, self.done - self.skipped, self.total - self.done
+        eta = "0s" if not left else f"{el / worked * left:.0f}s" if worked else "?"
+        self.log(f"{self.done}/{self.total} done, elapsed {el:.0f}s, ETA {eta}  {what}")
         if self._metrics:
             try:
                 self._metrics[0].inc(n, tags={"stage": self.stage})
