@@ -250,3 +250,22 @@ def test_compare_runs_pairs_prompts_across_runs(tmp_path, capsys):
     assert "| better | 10 | 1.500" in out  # MT-Bench unchanged
     with pytest.raises(SystemExit, match="no chat cell|no math cell"):
         mod.main(["--run", f"base={a}", "--backbone", "eagle2"])
+
+
+def test_depth_claim_bootstraps_prompts_and_counts_them():
+    """RQ5 pairs depth 1 with the deepest depth reached per prompt: a drafter that reaches that depth
+    on one prompt only must not shrink n to 1 (it did), and each prompt counts once however many
+    single drafters it has."""
+    from orchestrator.report.claims import _depth_claim
+
+    rows = []
+    for i in range(12):
+        for method in ("math", "chat"):
+            deep = method == "math" or i == 0  # chat reaches depth 3 on one prompt only
+            da = [True, True, False] if deep else [True, False]
+            for _ in range(3):  # 3 steps per prompt: depth 1 accepted, depth 3 rejected when reached
+                rows.append({"backbone": "hass", "temperature": 0.0, "strategy": "single", "method": method,
+                             "benchmark": "gsm8k", "prompt_id": f"p{i}", "depth_accept": da})
+    (r,) = _depth_claim(pl.DataFrame(rows), "hass", 0.0)
+    assert r["prompts"] == 12 and r["estimate"] == pytest.approx(1.0) and r["verdict"] == "holds"
+    assert "depth 3" in r["comparison"]

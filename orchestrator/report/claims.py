@@ -183,7 +183,10 @@ def _depth_claim(steps, backbone, temp, min_reached: int = 20):
                                                      values="depth_accept").drop_nulls())
     if per.is_empty():
         return []
-    est, lo, hi = mean_diff_ci((per["1"] - per[str(deep)]).to_numpy())
-    n = int(per.group_by("method", "benchmark").len()["len"].min())
+    # one value per prompt (the mean over the single drafters that reached both depths on it), so the
+    # bootstrap resamples prompts and n counts them
+    per = per.group_by("benchmark", "prompt_id").agg((pl.col("1") - pl.col(str(deep))).mean().alias("diff"))
+    est, lo, hi = mean_diff_ci(per["diff"].to_numpy())
+    n = per.height
     return [_row("RQ5", backbone, temp, f"accept rate depth 1 - depth {deep}, per prompt (single drafters)", est, lo, hi,
                  verdict(lo, hi), n)]
