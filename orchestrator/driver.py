@@ -138,6 +138,8 @@ class Driver:
         else:
             self.force = None
         self.stage_seconds: dict[str, float] = {}
+        # tags every trace row: the report tells ratios timed in one invocation from a resumed run's mix
+        self.invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{os.getpid()}"
         t = profile.tracking  # a missing tracker package is an error now, before any work
         self.tracker = Tracker(t.backend, self.out, profile.name, t.uri, t.experiment)
         self._last_sync = time.time()
@@ -432,7 +434,8 @@ class Driver:
                     prog.step(f"{cell.label} FAILED after {attempt} attempts")
                 continue
             pfile, sfile = self._paths(cell, key)
-            strip = lambda rs: [{k: v for k, v in x.items() if k not in PARTITIONS} | {"unit_key": key} for x in rs]  # noqa: E731
+            tags = {"unit_key": key, "invocation": self.invocation}
+            strip = lambda rs: [{k: v for k, v in x.items() if k not in PARTITIONS} | tags for x in rs]  # noqa: E731
             cols = {"backbone": cell.backbone, "benchmark": cell.benchmark, "temperature": cell.temperature}
             rows = [{**x, **cols} for x in rows]
             write_parquet_atomic(strip(rows), self.out / pfile)

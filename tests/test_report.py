@@ -269,3 +269,24 @@ def test_depth_claim_bootstraps_prompts_and_counts_them():
     (r,) = _depth_claim(pl.DataFrame(rows), "hass", 0.0)
     assert r["prompts"] == 12 and r["estimate"] == pytest.approx(1.0) and r["verdict"] == "holds"
     assert "depth 3" in r["comparison"]
+
+
+def test_speed_cells_timed_apart_from_their_baseline_are_flagged(tmp_path):
+    """A resumed run mixes invocations: a cell timed in another invocation than the autoregressive
+    cell (whose generate timing is the baseline) is marked, and the summary says how many."""
+    run = _make_run(tmp_path / "run")
+    for f in (run / "traces/prompts").rglob("*.parquet"):
+        late = f.name == "math.parquet" and "gsm8k" in str(f)
+        rows = pl.read_parquet(f).with_columns(pl.lit("B" if late else "A").alias("invocation"))
+        write_parquet_atomic(rows.to_dicts(), f)
+    build_report(run)
+    sp = pl.read_parquet(run / "report/tables/speed.parquet")
+    flag = {(m, b): v for m, b, v in sp.select("method", "benchmark", "same_invocation").iter_rows()}
+    assert flag[("math", "gsm8k")] is False and flag[("chat", "gsm8k")] is True and flag[("math", "mt_bench")] is True
+    assert flag[("generate (transformers)", "gsm8k")] is True
+    md = (run / "report/report.md").read_text()
+    assert "1 of 6 speed cells were timed in another grid invocation" in md
+    plain = _make_run(tmp_path / "old")  # traces from before the tag: unknown, and no line
+    build_report(plain)
+    assert pl.read_parquet(plain / "report/tables/speed.parquet")["same_invocation"].null_count() > 0
+    assert "another grid invocation" not in (plain / "report/report.md").read_text()

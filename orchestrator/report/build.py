@@ -225,6 +225,11 @@ def summary_section(t1: pl.DataFrame, sp: pl.DataFrame, cl: pl.DataFrame, miss: 
         md.append(f"**Speed against `{base}`** (same run, same prompts; the 3 fastest methods per backbone and "
                   "temperature, mean over benchmarks; every cell in the appendix)\n")
         md.append(_md(per.rename({"speedup": f"speedup vs {base}"}), 2))
+        mixed = own.filter(pl.col("same_invocation") == False)  # noqa: E712 - polars expression
+        if mixed.height:
+            md.append(f"{mixed.height} of {own.height} speed cells were timed in another grid invocation than their "
+                      "`generate` baseline (a resumed run): the machine's load may differ, so those ratios are "
+                      "not speed measurements (`same_invocation` in the speed table).\n")
     md.append("**What failed**\n")
     md += (miss[:8] + ([f"- ... {len(miss) - 8} more"] if len(miss) > 8 else [])) if miss else ["- nothing"]
     md.append("")

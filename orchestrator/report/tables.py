@@ -64,11 +64,11 @@ def scan(run: Path, kind: str, recorded: set[str] | None = None) -> pl.LazyFrame
 def per_prompt(prompts: pl.LazyFrame) -> pl.DataFrame:
     """One row per (cell, prompt): turns summed."""
     have = prompts.collect_schema().names()
-    for c, t in (("generate_tokens", pl.Int64), ("generate_wall_time_s", pl.Float64)):
-        if c not in have:  # traces written before the generate baseline existed
+    for c, t in (("generate_tokens", pl.Int64), ("generate_wall_time_s", pl.Float64), ("invocation", pl.Utf8)):
+        if c not in have:  # traces written before the generate baseline (or the invocation tag) existed
             prompts = prompts.with_columns(pl.lit(None, dtype=t).alias(c))
     return (prompts.group_by(KEYS + ["prompt_id"]).agg(
-        pl.col("generate_tokens").sum(), pl.col("generate_wall_time_s").sum(),
+        pl.col("generate_tokens").sum(), pl.col("generate_wall_time_s").sum(), pl.col("invocation").first(),
         pl.col("new_tokens").sum(), pl.col("verifier_calls").sum(), pl.col("wall_time_s").sum(),
         pl.col("output_token_ids").list.len().sum().alias("out_tokens"),
         (pl.col("mean_tree_size") * pl.col("verifier_calls")).sum().alias("tree_nodes"),
@@ -124,10 +124,24 @@ def speed(pp: pl.DataFrame) -> pl.DataFrame:
     base_name = GENERATE if gen.height else "autoregressive"
     base = tps.filter(pl.col("method") == base_name).select(*on, pl.col("tokens_per_s").alias("base_tps"))
     return (tps.join(agg, on=KEYS, how="left").join(ar, on=on, how="left").join(base, on=on, how="left")
+            .join(_same_invocation(pp, on), on=KEYS, how="left")
             .with_columns((pl.col("tokens_per_s") / pl.col("base_tps")).alias("speedup"),
                           (pl.col("tokens_per_s") / pl.col("ar_tps")).alias("vs_autoregressive"),
                           pl.lit(base_name).alias("baseline"))
             .drop("ar_tps", "base_tps").sort(KEYS))
+
+
+def _same_invocation(pp: pl.DataFrame, on: list[str]) -> pl.DataFrame:
+    """Per cell: was it timed in the grid invocation(s) that timed its baseline (the autoregressive
+    cell of its benchmark and temperature)? False marks a resumed run's mix of machine conditions;
+    null, traces written before the invocation tag."""
+    inv = pp.group_by(KEYS).agg(pl.col("invocation").drop_nulls().unique().sort().alias("inv"))
+    ar = inv.filter(pl.col("method") == "autoregressive").select(*on, pl.col("inv").alias("base_inv"))
+    inv = pl.concat([inv, ar.with_columns(pl.lit(GENERATE).alias("method"), pl.lit("none").alias("backbone"))
+                     .rename({"base_inv": "inv"})], how="diagonal_relaxed")
+    known = (pl.col("inv").list.len() > 0) & (pl.col("base_inv").list.len() > 0)
+    return (inv.join(ar, on=on, how="left")
+            .select(*KEYS, pl.when(known).then(pl.col("inv") == pl.col("base_inv")).alias("same_invocation")))
 
 
 def routing(pp: pl.DataFrame, steps: pl.LazyFrame | None) -> pl.DataFrame:
