@@ -28,7 +28,7 @@ smoke: venv
 	$(BIN)/python experiments/full_grid.py --profile smoke
 
 test: venv
-	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs --durations=20 $(PYTEST_ARGS)
 
 # A local Ray head with token authentication (README "Quick start"); submit jobs with the printed line.
 ray-head: venv
