@@ -290,3 +290,15 @@ def test_speed_cells_timed_apart_from_their_baseline_are_flagged(tmp_path):
     build_report(plain)
     assert pl.read_parquet(plain / "report/tables/speed.parquet")["same_invocation"].null_count() > 0
     assert "another grid invocation" not in (plain / "report/report.md").read_text()
+
+
+def test_a_grid_without_the_autoregressive_cell_still_gets_its_report(tmp_path):
+    """No baseline timed (strategies without autoregressive): no speedups, no speed figure, and the
+    report is written (it crashed drawing the figure over null speedups)."""
+    run = _make_run(tmp_path / "run")
+    m = json.loads((run / "manifest.json").read_text())
+    m["cells"] = {k: c for k, c in m["cells"].items() if "autoregressive" not in k}
+    (run / "manifest.json").write_text(json.dumps(m))
+    build_report(run)
+    assert (run / "report/report.md").is_file() and not list((run / "report").glob("fig_speed_*.png"))
+    assert pl.read_parquet(run / "report/tables/speed.parquet")["speedup"].null_count() > 0
