@@ -109,7 +109,7 @@ def test_prompt_cache_reuses_the_prefill_and_changes_nothing(verifier, eos, rand
                                                  with_kwargs=True)
     try:
         for t in (0.0, 1.0):
-            cfg = DecodeConfig(strategy="merged", temperature=t, max_new_tokens=12, tree=TREE)
+            cfg = DecodeConfig(strategy="merged", temperature=t, max_new_tokens=6, tree=TREE)
             plain = SpeculativeDecoder(model, random_proposers, cfg, eos)
             cached = SpeculativeDecoder(model, random_proposers, cfg, eos, prompt_cache=True)
             runs = ((a, "x", True), (a, "y", False), (a, "y", False), (b, "x", True), (a, "x", True))
