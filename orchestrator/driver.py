@@ -468,7 +468,7 @@ class Driver:
                                  key=lambda kv: (str(kv[0][0]), kv[0][1])):
             best = g.group_by("method").agg(pl.col("tau").mean()).sort("tau", descending=True).head(3)
             fast = (sp.filter((pl.col("backbone") == bb) & (pl.col("temperature") == t)).group_by("method")
-                    .agg(pl.col("speedup").mean()).sort("speedup", descending=True).head(1))
+                    .agg(pl.col("speedup").mean()).drop_nulls("speedup").sort("speedup", descending=True).head(1))
             print(f"  {bb} T={t:g}: best tau " + ", ".join(f"{m} {v:.2f}" for m, v in best.iter_rows())
                   + ("" if fast.is_empty() else f"; fastest {fast[0, 0]} {fast[0, 1]:.2f}x {sp['baseline'][0]}"))
 

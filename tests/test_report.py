@@ -302,3 +302,19 @@ def test_a_grid_without_the_autoregressive_cell_still_gets_its_report(tmp_path):
     build_report(run)
     assert (run / "report/report.md").is_file() and not list((run / "report").glob("fig_speed_*.png"))
     assert pl.read_parquet(run / "report/tables/speed.parquet")["speedup"].null_count() > 0
+
+
+def test_the_drivers_closing_summary_reads_a_run_without_a_baseline(tmp_path, capsys):
+    """The driver's last lines (best τ, fastest method) on a run whose speed table has no speedups:
+    it printed the fastest method's speedup as a number and died on None."""
+    from orchestrator.driver import Driver
+    from orchestrator.profile import load_profile
+
+    run = _make_run(tmp_path / "run")
+    m = json.loads((run / "manifest.json").read_text())
+    m["cells"] = {k: c for k, c in m["cells"].items() if "autoregressive" not in k}
+    (run / "manifest.json").write_text(json.dumps(m))
+    build_report(run)
+    Driver(load_profile("smoke"), str(run)).print_summary()
+    out = capsys.readouterr().out
+    assert "summary: 0 failed unit(s)" in out and "hass T=0: best tau math 2.25" in out and "fastest" not in out
