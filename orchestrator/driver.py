@@ -71,7 +71,6 @@ def _ray_init(p: Profile) -> None:
 def _features_task(verifier, dtype, corpus, spec_dict, root, online=False):
     """Extract one corpus's caches under ``root`` (a path or URI; with a URI the remote copy is
     the truth: a cache is fetched if it is there, else extracted locally and published)."""
-
     model, tok = load_verifier(verifier, dtype=dtype)
     if online:  # fix the selection here; features are computed later, inside training
         return online_selection(tok, eos_token_ids(model, tok), corpus, DataSpec(**spec_dict))
@@ -103,7 +102,6 @@ def _features_task(verifier, dtype, corpus, spec_dict, root, online=False):
 def _vocab_task(verifier, dtype, corpora, spec_dict, size, dest):
     """The reduced draft vocabulary of the run (every backbone trains on these corpora), written
     next to the features and published to ``dest`` (a path or URI)."""
-
     model, tok = load_verifier(verifier, dtype=dtype)
     ids, stats = build_vocab(tok, eos_token_ids(model, tok), corpora, DataSpec(**spec_dict), size, model.config.vocab_size)
     local = storage.node_cache(dest) if storage.is_uri(dest) else Path(dest)
