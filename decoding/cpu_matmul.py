@@ -6,8 +6,12 @@ weights once costs the same for any small row count. Computing ``W @ x.T`` inste
 BLAS path that is 3-8x faster at those sizes (the LM head at 2-8 rows: 3-7 ms). So a tree pass
 of a few nodes paid 1.4-2x a one-token step for a reason that had nothing to do with the tree.
 
-``install(model)`` times both forms for every distinct weight shape at a few row counts (about
-two seconds, once per process) and makes each ``nn.Linear`` use the faster one for its row count;
+Even ``W @ x.T`` runs 4-8 rows at 40-60% of the one-row speed, so ``cpu_kernel.py`` adds a
+third form, a thin-GEMM kernel compiled on first use that streams the weights once for up to 32
+rows (a 576 x 1536 weight at 6 rows: 150 us, against 360 for ``W @ x.T`` and 130 for one row).
+
+``install(model)`` times every form for every distinct weight shape at a few row counts (a few
+seconds, cached per machine) and makes each ``nn.Linear`` use the fastest one for its row count;
 one row is padded to two where that wins. Applied to the verifier model, so ``generate`` (the
 baseline) and the speculative loop run the same kernels. Results equal ``F.linear`` up to float
 summation order (as any change of row count already does). CPU only; no-op on other devices.
@@ -28,6 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from drafters.atomic import write_text_atomic
+
+from . import cpu_kernel
 
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # row counts that are timed; larger ones use F.linear
 CACHE = Path(os.environ.get("TASKSPEC_CACHE", Path.home() / ".cache" / "taskspec")) / "cpu_matmul.json"
@@ -53,17 +59,26 @@ def _time(fn, reps: int) -> float:
 COLD_BYTES = 128 * 2**20  # weights cycled per timing: more than any last-level cache, as in a real pass
 
 
+FORMS = ("linear", "wxt", "kernel")  # F.linear; (W @ x.T).T; the thin-GEMM kernel (cpu_kernel.py)
+
+
+def _form_fn(form: str):
+    return {"linear": F.linear, "wxt": wxt, "kernel": cpu_kernel.matmul}[form]
+
+
 @torch.no_grad()
-def tune(W: torch.Tensor, reps: int = 3) -> dict[int, bool]:
-    """{row bucket: use W @ x.T} for this weight, from timing both forms on cold weights (a model
-    pass streams every weight from memory once; a hot loop over one small matrix would not)."""
+def tune(W: torch.Tensor, reps: int = 3) -> dict[int, str]:
+    """{row bucket: fastest form} for this weight, from timing every form on cold weights (a model
+    pass streams every weight from memory once; a hot loop over one small matrix would not). A
+    form must beat F.linear by 5% to replace it."""
     copies = [W] + [W.clone() for _ in range(max(0, COLD_BYTES // (W.numel() * W.element_size()) - 1))]
+    forms = [f for f in FORMS if f != "kernel" or (W.dtype == torch.float32 and cpu_kernel.available())]
     out = {}
     for m in BUCKETS:
         x = torch.randn(m, W.shape[1], dtype=W.dtype, device=W.device)
-        a = _time(lambda: [wxt(x, w) for w in copies], reps)
-        b = _time(lambda: [F.linear(x, w) for w in copies], reps)
-        out[m] = a < 0.95 * b
+        t = {f: _time(lambda: [_form_fn(f)(x, w) for w in copies], reps) for f in forms}
+        t["linear"] /= 0.95
+        out[m] = min(t, key=t.get)
     return out
 
 
@@ -83,7 +98,7 @@ class disabled:
 class RowAwareLinear:
     """The forward installed on an nn.Linear: picks the form by row count from a tuned table."""
 
-    def __init__(self, module: nn.Linear, table: dict[int, bool]):
+    def __init__(self, module: nn.Linear, table: dict[int, str]):
         self.m, self.table = module, table
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -91,10 +106,10 @@ class RowAwareLinear:
         rows = x.numel() // x.shape[-1]
         if rows > BUCKETS[-1] or x.device.type != "cpu" or x.dtype != W.dtype or not _ON[0]:
             return F.linear(x, W, self.m.bias)
-        use = self.table[BUCKETS[max(0, bisect.bisect_right(BUCKETS, rows) - 1)]]
-        if not use:
+        form = self.table[BUCKETS[max(0, bisect.bisect_right(BUCKETS, rows) - 1)]]
+        if form == "linear":
             return F.linear(x, W, self.m.bias)
-        y = wxt(x.reshape(rows, x.shape[-1]), W)
+        y = _form_fn(form)(x.reshape(rows, x.shape[-1]), W)
         if self.m.bias is not None:
             y = y + self.m.bias
         return y.reshape(*x.shape[:-1], W.shape[0])
@@ -109,7 +124,8 @@ def _machine() -> str:
                 break
     except OSError:
         pass
-    return f"{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}"
+    kernel = cpu_kernel.library_path().name if cpu_kernel.available() else "no-kernel"
+    return f"v2|{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}|{kernel}"
 
 
 def load_json_cache(path: Path) -> dict:
@@ -147,4 +163,4 @@ def install(model: nn.Module) -> dict:
                     save_json_cache(CACHE, disk)
                 tables[key] = {int(m): v for m, v in disk[key].items()}
             mod.forward = RowAwareLinear(mod, tables[key])
-    return {k.split("|")[-2]: {m: "W@x.T" if v else "linear" for m, v in t.items()} for k, t in tables.items()}
+    return {k.split("|")[-2]: dict(t) for k, t in tables.items()}
