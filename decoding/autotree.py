@@ -14,6 +14,10 @@ Three measurements, then a pure choice (as Sequoia and OPT-Tree fit trees to har
    shape; the best one, unless none beats autoregressive decoding (1 / verify(1)), in which case
    the smallest tree (one draft token) is used and the choice says so.
 
+Calibration is per task: the grid calibrates each composition on held-out prompts of the cell's
+own benchmark (a math drafter on GSM8K affords a deeper tree than on MT-Bench), and the bench on
+the benchmarks it scores.
+
 Limits: acceptance is calibrated at T=0 (at T>0 the sampled walk accepts differently); routing
 keeps the drafter the large tree's rule chose; the calibration prompts are not the evaluated ones.
 """
@@ -186,20 +190,25 @@ def calibrate(model, proposers, strategy: str, eos: list[int], inputs: list[list
     return cal
 
 
-def calibration_inputs(tokenizer, per_benchmark: int = 1, benchmarks=("gsm8k", "mt_bench")) -> list[list[int]]:
-    """First turns of the LAST prompts of each benchmark (evaluation subsamples are seeded draws,
-    the bench takes the first ones): real prompts of both domains, kept apart from what is scored."""
+def calibration_inputs(tokenizer, per_benchmark: int = 1, benchmarks=("gsm8k", "mt_bench"),
+                       exclude=()) -> list[list[int]]:
+    """First turns of the LAST ``per_benchmark`` prompts of each benchmark whose ids are not in
+    ``exclude`` (the evaluated ones; evaluation subsamples are seeded draws, the bench takes the
+    first prompts): real prompts of the evaluated domain, kept apart from what is scored. Only when
+    a benchmark is evaluated in full are its last prompts used anyway (acceptance then comes from
+    prompts that are also scored; the tree shape is all it decides)."""
     import warnings
 
     from drafters.data.sources import load_benchmark
     from drafters.data.templating import benchmark_prompt_ids
 
-    out = []
+    out, exclude = [], set(exclude)
     for b in benchmarks:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             prompts = load_benchmark(b)[0]
-        out += [benchmark_prompt_ids(tokenizer, p, 0, []) for p in prompts[-per_benchmark:]]
+        held_out = [p for p in prompts if p.id not in exclude] or prompts
+        out += [benchmark_prompt_ids(tokenizer, p, 0, []) for p in held_out[-per_benchmark:]]
     return out
 
 

@@ -174,7 +174,9 @@ def cmd_bench(args) -> int:
         if args.tree == "auto" and strat != "autoregressive":
             from .autotree import auto_tree, calibration_inputs
 
-            cal_inputs = cal_inputs or calibration_inputs(tok)
+            benches = args.benchmarks.split(",")  # held-out prompts of the scored tasks
+            cal_inputs = cal_inputs or calibration_inputs(tok, max(1, 2 // len(benches)), benches,
+                                                          exclude={p.id for p in prompts})
             choice = auto_tree(model, proposers[:n], strat, eos, cal_inputs, dedup, cfg.routing_granularity)
             print(f"  {spec}: {choice.describe()}")
             shapes.append((" auto", choice.tree))

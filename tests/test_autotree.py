@@ -64,3 +64,23 @@ def test_auto_tree_on_the_real_verifier_picks_a_shape_and_stays_lossless(verifie
     ref = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
     dec = SpeculativeDecoder(model, random_proposers[:1], DecodeConfig(max_new_tokens=16, tree=choice.tree), eos)
     assert dec.generate(ids).output_token_ids == ref[0, len(ids):].tolist()
+
+
+def test_calibration_prompts_come_from_the_scored_task_and_are_never_scored(verifier):
+    import warnings
+
+    from decoding.autotree import calibration_inputs
+    from drafters.data.sources import load_benchmark
+    from drafters.data.templating import benchmark_prompt_ids
+
+    tok = verifier[1]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        svamp = load_benchmark("svamp")[0]
+    ids = {tuple(benchmark_prompt_ids(tok, p, 0, [])): p.id for p in svamp}
+    scored = {p.id for p in svamp[-3:]}  # a seeded draw may well contain the last prompts
+    cal = calibration_inputs(tok, 2, ("svamp",), exclude=scored)
+    assert [ids[tuple(c)] for c in cal] == [svamp[-5].id, svamp[-4].id]  # the last held-out ones, in order
+    # a benchmark scored in full has nothing held out: its last prompts are used anyway
+    everything = calibration_inputs(tok, 1, ("svamp",), exclude={p.id for p in svamp})
+    assert [ids[tuple(c)] for c in everything] == [svamp[-1].id]

@@ -52,12 +52,14 @@ class EvalWorker:
 
             from decoding.autotree import auto_tree, calibration_inputs
 
-            key = (tuple(checkpoint_paths), cell["strategy"], cell["merge_dedup"], cell["routing_granularity"])
-            if key not in self._auto:  # calibrated once per actor and composition, on prompts not evaluated
-                self._auto[key] = auto_tree(self.model, props, cell["strategy"], self.eos, calibration_inputs(self.tok),
-                                            cell["merge_dedup"], cell["routing_granularity"],
-                                            max_new_tokens=min(32, cfg.max_new_tokens))
-                print(f"[eval] {cell['strategy']} {cell['drafter']}: {self._auto[key].describe()}", flush=True)
+            key = (tuple(checkpoint_paths), cell["strategy"], cell["merge_dedup"], cell["routing_granularity"],
+                   cell["benchmark"])
+            if key not in self._auto:  # calibrated once per actor, composition and task, on prompts not evaluated
+                cal = calibration_inputs(self.tok, 2, (cell["benchmark"],), exclude={p.id for p in prompts})
+                self._auto[key] = auto_tree(self.model, props, cell["strategy"], self.eos, cal, cell["merge_dedup"],
+                                            cell["routing_granularity"], max_new_tokens=min(32, cfg.max_new_tokens))
+                print(f"[eval] {cell['strategy']} {cell['drafter']} {cell['benchmark']}: {self._auto[key].describe()}",
+                      flush=True)
             cfg = dataclasses.replace(cfg, tree=self._auto[key].tree)
         dec = SpeculativeDecoder(self.model, props, cfg, self.eos)
         extra = {k: cell[k] for k in ("drafter", "strategy", "routing_granularity", "merge_dedup", "total_tokens", "budget_matched")}
