@@ -318,3 +318,16 @@ def test_the_drivers_closing_summary_reads_a_run_without_a_baseline(tmp_path, ca
     Driver(load_profile("smoke"), str(run)).print_summary()
     out = capsys.readouterr().out
     assert "summary: 0 failed unit(s)" in out and "hass T=0: best tau math 2.25" in out and "fastest" not in out
+
+
+def test_a_claim_without_an_interval_says_so_instead_of_printing_nan():
+    from orchestrator.report.build import claims_grid
+    from orchestrator.report.claims import _row
+
+    nan = float("nan")
+    cl = pl.DataFrame([_row("RQ3a", "hass", 0.0, "merged - confidence(step), average", 0.25, nan, nan, "inconclusive", 1),
+                       _row("RQ3b", "hass", 0.0, "confidence(step) - best single", 0.1, 0.02, 0.2, "holds", 12)])
+    cells = dict(zip(claims_grid(cl)["claim"], claims_grid(cl)["hass T=0"]))
+    assert cells["RQ3a"] == "+0.25 [no interval: fewer than 2 prompts] inconclusive"
+    assert cells["RQ3b"] == "+0.10 [+0.02, +0.20] holds"
+    assert "nan" not in " ".join(cells.values())

@@ -168,6 +168,15 @@ def _verdict_word(v: str) -> str:
     return v.split(" (")[0]
 
 
+def _estimate_text(est, lo, hi) -> str:
+    """"+0.12 [+0.05, +0.20]"; an interval that cannot be computed (one prompt) is said, not printed as nan."""
+    if est is None or est != est:
+        return "no estimate"
+    if lo is None or hi is None or lo != lo or hi != hi:
+        return f"{est:+.2f} [no interval: fewer than 2 prompts]"
+    return f"{est:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
 def claims_grid(cl: pl.DataFrame) -> pl.DataFrame:
     """One row per claim, one column per backbone and temperature (the summary's claim table)."""
     cols, rows = [], {}
@@ -176,7 +185,7 @@ def claims_grid(cl: pl.DataFrame) -> pl.DataFrame:
         cols += [col] if col not in cols else []
         if g.height == 1:
             r = g.row(0, named=True)
-            cell = f"{r['estimate']:+.2f} [{r['ci_lo']:+.2f}, {r['ci_hi']:+.2f}] {_verdict_word(r['verdict'])}"
+            cell = f"{_estimate_text(r['estimate'], r['ci_lo'], r['ci_hi'])} {_verdict_word(r['verdict'])}"
         else:
             words = [_verdict_word(v) for v in g["verdict"].to_list()]
             cell = ", ".join(f"{w} {words.count(w)}/{len(words)}" for w in dict.fromkeys(words))
