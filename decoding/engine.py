@@ -93,7 +93,7 @@ class SpeculativeDecoder:
                 cache.update(k.clone(), v.clone(), i)
             return cache, memo["feats"], memo["logits"]
         cache = new_cache()
-        feats, logits = prefill(self.model, cache, input_ids)
+        feats, logits = prefill(self.model, cache, input_ids)  # (n, H), (1, V)
         if memo is not None:
             kv = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
             self._prompt = {"key": key, "kv": kv, "feats": feats, "logits": logits[-1:]}

@@ -20,11 +20,11 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _features_and_logits(model, input_ids, position_ids, mask, cache):
+def _features_and_logits(model, input_ids, position_ids, mask, cache, last_only: bool = False):
     kw = {_cache_kwarg(model): cache}
     out = model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True, **kw)
     h = out.last_hidden_state  # (1, T, H): post final-norm, the feature the LM head consumes
-    return h[0], model.lm_head(h)[0].float()  # (T, H), (T, V)
+    return h[0], model.lm_head(h[:, -1:] if last_only else h)[0].float()  # (T, H), (T or 1, V)
 
 
 def _grow_layer_class():
@@ -87,10 +87,13 @@ def new_cache():
 
 @torch.no_grad()
 def prefill(model, cache, input_ids: list[int]):
-    """Feed a prompt into an empty cache. Returns features (T, H) and logits (T, V)."""
+    """Feed a prompt into an empty cache. Returns features (T, H) and the LAST position's logits
+    (1, V): only the next token needs them, and projecting every prompt position through the LM
+    head (a 49k x 576 matmul per position on SmolLM2) cost more than the rest of the prefill, which
+    transformers' generate does not pay either (it keeps the last position's logits only)."""
     ids = torch.tensor([input_ids], device=model.device)  # (1, T)
     pos = torch.arange(len(input_ids), device=model.device)[None]  # (1, T)
-    return _features_and_logits(model, ids, pos, None, cache)
+    return _features_and_logits(model, ids, pos, None, cache, last_only=True)
 
 
 def tree_mask(parents: torch.Tensor, prefix_len: int, dtype, device) -> torch.Tensor:
