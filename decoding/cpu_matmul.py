@@ -102,17 +102,21 @@ class RowAwareLinear:
         self.m, self.table = module, table
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        W = self.m.weight
-        rows = x.numel() // x.shape[-1]
-        if rows > BUCKETS[-1] or x.device.type != "cpu" or x.dtype != W.dtype or not _ON[0]:
-            return F.linear(x, W, self.m.bias)
-        form = self.table[BUCKETS[max(0, bisect.bisect_right(BUCKETS, rows) - 1)]]
-        if form == "linear":
-            return F.linear(x, W, self.m.bias)
-        y = _form_fn(form)(x.reshape(rows, x.shape[-1]), W)
-        if self.m.bias is not None:
-            y = y + self.m.bias
-        return y.reshape(*x.shape[:-1], W.shape[0])
+        return apply(x, self.m.weight, self.m.bias, self.table)
+
+
+def apply(x: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None, table: dict[int, str]) -> torch.Tensor:
+    """F.linear(x, W, bias) in the form ``table`` names for x's row count."""
+    rows = x.numel() // x.shape[-1]
+    if rows > BUCKETS[-1] or x.device.type != "cpu" or x.dtype != W.dtype or not _ON[0]:
+        return F.linear(x, W, bias)
+    form = table[BUCKETS[max(0, bisect.bisect_right(BUCKETS, rows) - 1)]]
+    if form == "linear":
+        return F.linear(x, W, bias)
+    y = _form_fn(form)(x.reshape(rows, x.shape[-1]), W)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], W.shape[0])
 
 
 def _machine() -> str:
@@ -144,6 +148,24 @@ def save_json_cache(path: Path, data: dict) -> None:
         pass
 
 
+def _table(W: torch.Tensor, disk: dict) -> tuple[str, dict[int, str]]:
+    """(cache key, {rows: form}) for this weight's shape and dtype, tuned once per machine."""
+    key = f"{_machine()}|{tuple(W.shape)}|{W.dtype}"
+    if key not in disk:
+        disk[key] = {str(m): v for m, v in tune(W.detach()).items()}
+        save_json_cache(CACHE, disk)
+    return key, {int(m): v for m, v in disk[key].items()}
+
+
+def row_aware(W: torch.Tensor):
+    """``x -> x @ W.T`` in the tuned form per row count (for weights that are not an nn.Linear, e.g.
+    a drafter's slice of the verifier's LM head); plain ``x @ W.T`` when turned off or off CPU."""
+    if os.environ.get("TASKSPEC_CPU_MATMUL", "1") == "0" or W.device.type != "cpu":
+        return lambda x: x @ W.T
+    table = _table(W, load_json_cache(CACHE))[1]
+    return lambda x: apply(x, W, None, table)
+
+
 def install(model: nn.Module) -> dict:
     """Give every nn.Linear of a CPU model the faster form per row count. Returns
     {"out x in": {rows: form}}. Tables are cached per machine, threads, torch, shape and dtype in
@@ -152,15 +174,10 @@ def install(model: nn.Module) -> dict:
     if os.environ.get("TASKSPEC_CPU_MATMUL", "1") == "0":
         return {}
     disk = load_json_cache(CACHE)
-    machine = _machine()
     tables: dict[str, dict] = {}
     for mod in model.modules():
         if isinstance(mod, nn.Linear) and mod.weight.device.type == "cpu":
-            key = f"{machine}|{tuple(mod.weight.shape)}|{mod.weight.dtype}"
-            if key not in tables:
-                if key not in disk:
-                    disk[key] = {str(m): v for m, v in tune(mod.weight.detach()).items()}
-                    save_json_cache(CACHE, disk)
-                tables[key] = {int(m): v for m, v in disk[key].items()}
+            key, table = _table(mod.weight, disk)
+            tables.setdefault(key, table)
             mod.forward = RowAwareLinear(mod, tables[key])
     return {k.split("|")[-2]: dict(t) for k, t in tables.items()}

@@ -21,6 +21,7 @@ from drafters.model import FeatureDrafter, KVCache, causal_mask
 from drafters.vocab import DraftHead
 
 from .accept import entropy
+from .cpu_matmul import row_aware
 from .tree import DraftTree, TreeConfig, expand_frontier, select_nodes
 
 
@@ -39,6 +40,8 @@ def shared_head(lm_head: torch.nn.Module, ids: torch.Tensor | None) -> DraftHead
     key = None if ids is None else ids.cpu().long().numpy().tobytes()
     if key not in heads:
         heads[key] = DraftHead(lm_head, ids)
+        if ids is not None:  # the slice's own matmul; a full-vocabulary head is the verifier's installed lm_head
+            heads[key].matmul = row_aware(heads[key].weight)
     return heads[key]
 
 

@@ -91,6 +91,7 @@ class DraftHead(nn.Module):
         self.full = lm_head if ids is None else None
         w = None if ids is None else W.detach()[self.ids].contiguous()  # (N, H) copy, no grad
         self.register_buffer("weight", w, persistent=False)
+        self.matmul = None  # optional h -> h @ weight.T for inference, installed by the decoder
         if ids is not None:
             t2d = torch.full((self.vocab_size,), -1, dtype=torch.long, device=W.device)
             t2d[self.ids] = torch.arange(self.ids.shape[0], device=W.device)
@@ -103,10 +104,9 @@ class DraftHead(nn.Module):
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.ids is None:
             return self.full(h)
-        W = self.weight.to(h.dtype)
-        if h.device.type == "cpu" and not h.requires_grad and 1 < h.numel() // h.shape[-1] <= 8:
-            return (W @ h.reshape(-1, h.shape[-1]).T).T.reshape(*h.shape[:-1], W.shape[0])  # small-row path (cpu_matmul)
-        return h @ W.T
+        if self.matmul is not None and not h.requires_grad and h.dtype == self.weight.dtype:
+            return self.matmul(h)  # a decoder's row-count-aware form (decoding/cpu_matmul.py), set on CPU
+        return h @ self.weight.to(h.dtype).T
 
     def to_verifier(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary ids -> verifier ids."""

@@ -84,3 +84,18 @@ def test_a_kernel_that_does_not_compile_names_the_compiler_error(fresh_kernel, m
 def test_kernel_off_switch(fresh_kernel, monkeypatch):
     monkeypatch.setenv("TASKSPEC_CPU_KERNEL", "0")
     assert not cpu_kernel.available() and "TASKSPEC_CPU_KERNEL=0" in cpu_kernel.status()
+
+
+def test_a_reduced_vocabulary_draft_head_gets_the_tuned_matmul_and_the_same_logits(fresh_kernel):
+    from decoding.drafting import shared_head
+
+    torch.manual_seed(0)
+    lm_head = nn.Linear(64, 500, bias=False)
+    ids = torch.arange(0, 500, 3)
+    head = shared_head(lm_head, ids)
+    assert head.matmul is not None and shared_head(lm_head, ids) is head  # one per (LM head, vocabulary)
+    for rows in (1, 2, 4, 6, 9, 40):
+        h = torch.randn(rows, 64)
+        torch.testing.assert_close(head(h), h @ lm_head.weight[ids].T, rtol=1e-5, atol=1e-5)
+    h = torch.randn(3, 64, requires_grad=True)  # training keeps the plain, differentiable product
+    assert head(h).requires_grad
