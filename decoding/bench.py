@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from . import cpu_matmul
+from . import cpu_kernel, cpu_matmul
 from .drafting import draft_together
 
 
@@ -164,7 +164,8 @@ def cmd_bench(args) -> int:
     gen_tps = _row("generate (transformers)", sum(len(r) for r in refs.values()), time.perf_counter() - t0, None)
     if getattr(model, "cpu_matmul", None):
         print(f"  (the same generate with stock F.linear: {stock:.1f} tok/s; both runs share the verifier's "
-              f"row-aware matmuls, decoding/cpu_matmul.py, so every ratio below is kernel-neutral)")
+              f"row-aware matmuls, decoding/cpu_matmul.py, so every ratio below is kernel-neutral; "
+              f"{cpu_kernel.status()})")
     cal_inputs = None
     for spec in args.strategies.split(","):
         strat, dedup = (spec[:-6], True) if spec.endswith("-dedup") else (spec, False)
