@@ -464,7 +464,8 @@ class Driver:
             return
         for (bb, t), g in sorted(t1.filter(pl.col("method") != "autoregressive").group_by(["backbone", "temperature"]),
                                  key=lambda kv: (str(kv[0][0]), kv[0][1])):
-            best = g.group_by("method").agg(pl.col("tau").mean()).sort("tau", descending=True).head(3)
+            best = (g.group_by("method").agg(pl.col("tau").mean())
+                    .sort(["tau", "method"], descending=[True, False]).head(3))  # ties: by name, not hash order
             fast = (sp.filter((pl.col("backbone") == bb) & (pl.col("temperature") == t)).group_by("method")
                     .agg(pl.col("speedup").mean()).drop_nulls("speedup").sort("speedup", descending=True).head(1))
             print(f"  {bb} T={t:g}: best tau " + ", ".join(f"{m} {v:.2f}" for m, v in best.iter_rows())
