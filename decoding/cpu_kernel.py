@@ -25,12 +25,13 @@ MAX_ROWS = 32
 _STATE: dict = {}
 
 
-def _cpu_flags() -> str:
+def cpuinfo(field: str) -> str:
+    """The value of ``field`` in /proc/cpuinfo's first block ("" where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
+    except (OSError, IndexError):
         pass
     return ""
 
@@ -38,7 +39,7 @@ def _cpu_flags() -> str:
 def library_path() -> Path:
     from .cpu_matmul import CACHE
 
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), os.environ.get("CC", "gcc"), *FLAGS, _cpu_flags()])
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), os.environ.get("CC", "gcc"), *FLAGS, cpuinfo("flags")])
                          .encode()).hexdigest()[:16]
     return CACHE.parent / "kernels" / f"smallm-{key}.so"
 

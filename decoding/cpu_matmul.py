@@ -120,14 +120,7 @@ def apply(x: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None, table: di
 
 
 def _machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_kernel.cpuinfo("model name") or platform.processor() or platform.machine()
     kernel = cpu_kernel.library_path().name if cpu_kernel.available() else "no-kernel"
     return f"v2|{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}|{kernel}"
 
@@ -148,9 +141,9 @@ def save_json_cache(path: Path, data: dict) -> None:
         pass
 
 
-def _table(W: torch.Tensor, disk: dict) -> tuple[str, dict[int, str]]:
+def _table(W: torch.Tensor, disk: dict, machine: str) -> tuple[str, dict[int, str]]:
     """(cache key, {rows: form}) for this weight's shape and dtype, tuned once per machine."""
-    key = f"{_machine()}|{tuple(W.shape)}|{W.dtype}"
+    key = f"{machine}|{tuple(W.shape)}|{W.dtype}"
     if key not in disk:
         disk[key] = {str(m): v for m, v in tune(W.detach()).items()}
         save_json_cache(CACHE, disk)
@@ -162,7 +155,7 @@ def row_aware(W: torch.Tensor):
     a drafter's slice of the verifier's LM head); plain ``x @ W.T`` when turned off or off CPU."""
     if os.environ.get("TASKSPEC_CPU_MATMUL", "1") == "0" or W.device.type != "cpu":
         return lambda x: x @ W.T
-    table = _table(W, load_json_cache(CACHE))[1]
+    table = _table(W, load_json_cache(CACHE), _machine())[1]
     return lambda x: apply(x, W, None, table)
 
 
@@ -173,11 +166,11 @@ def install(model: nn.Module) -> dict:
     turns it off."""
     if os.environ.get("TASKSPEC_CPU_MATMUL", "1") == "0":
         return {}
-    disk = load_json_cache(CACHE)
+    disk, machine = load_json_cache(CACHE), _machine()
     tables: dict[str, dict] = {}
     for mod in model.modules():
         if isinstance(mod, nn.Linear) and mod.weight.device.type == "cpu":
-            key, table = _table(mod.weight, disk)
+            key, table = _table(mod.weight, disk, machine)
             tables.setdefault(key, table)
             mod.forward = RowAwareLinear(mod, tables[key])
     return {k.split("|")[-2]: dict(t) for k, t in tables.items()}
