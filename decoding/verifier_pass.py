@@ -88,9 +88,9 @@ def new_cache():
 @torch.no_grad()
 def prefill(model, cache, input_ids: list[int]):
     """Feed a prompt into an empty cache. Returns features (T, H) and the LAST position's logits
-    (1, V): only the next token needs them, and projecting every prompt position through the LM
-    head (a 49k x 576 matmul per position on SmolLM2) cost more than the rest of the prefill, which
-    transformers' generate does not pay either (it keeps the last position's logits only)."""
+    (1, V): only the next token needs them. Projecting every prompt position through the LM head
+    (49k x 576 per position on SmolLM2) cost ~50 ms of a ~330 ms 96-token prefill, which
+    transformers' generate does not pay (it keeps the last position's logits only)."""
     ids = torch.tensor([input_ids], device=model.device)  # (1, T)
     pos = torch.arange(len(input_ids), device=model.device)[None]  # (1, T)
     return _features_and_logits(model, ids, pos, None, cache, last_only=True)
