@@ -173,7 +173,9 @@ def test_force_train_then_sigkill_of_an_eval_worker_loses_and_duplicates_nothing
         units = _eval_units(smoke_run) if (smoke_run / "manifest.json").is_file() else {}
         done = sum(u["status"] == "done" for u in units.values())
         if killed is None and done >= 3:
-            out = subprocess.run(["pgrep", "-f", "ray::EvalWorker"], capture_output=True, text=True).stdout.split()
+            # an idle actor is titled ray::EvalWorker; one running a cell carries the task's name, ray::eval:<cell>
+            out = subprocess.run(["pgrep", "-f", "^ray::(EvalWorker|eval:)"], capture_output=True,
+                                 text=True).stdout.split()
             if out:
                 killed = int(out[0])
                 os.kill(killed, signal.SIGKILL)
