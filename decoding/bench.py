@@ -5,6 +5,12 @@ Prints, in one run: ``generate``; the project's autoregressive loop; every strat
 tree and (``--tree auto``) the fitted one; the oracle ceiling (a chain of the verifier's own
 continuation, depths ``--oracle-depths``); and (``--micro``) verify ms per pass against the number
 of nodes and draft ms per level of each drafter.
+
+Every row is timed *paired*: before each prompt of a row, ``generate`` runs on that prompt again,
+and the row's ratio is its tokens/s over those paired ``generate`` runs. A machine whose speed
+drifts between rows (a shared VM moves by ~10% within minutes) then moves both sides of a ratio
+together. ``--repeats R`` measures every row R times and prints the median ratio with its range.
+At T=0 the ``same`` column counts the prompts whose output equals ``generate``'s token for token.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategies", default="autoregressive,single,confidence,entropy,merged,merged-dedup")
     p.add_argument("--oracle-depths", default="3,5,8", help="oracle chain depths ('' = none)")
     p.add_argument("--micro", action="store_true", help="also time verify passes by node count and draft levels")
+    p.add_argument("--repeats", type=int, default=1, help="time every row this many times (median ratio, range)")
     p.set_defaults(fn=cmd_bench, max_new_tokens=64)
 
 
@@ -39,26 +46,67 @@ def hf_generate(model, ids: list[int], max_new: int, eos: list[int], temperature
     return generate_baseline(model, eos, max_new, temperature, seed)(ids)[0]
 
 
-def _row(label, toks, wall, base_tps, calls=None, new=None, tree=None, t_draft=None):
-    tps = toks / wall
-    cols = [f"{label:<26}", f"{tps:8.1f}", f"{tps / base_tps:8.2f}x" if base_tps else f"{'-':>9}"]
-    if calls is not None:
-        cols += [f"{new / max(calls, 1):7.2f}", f"{tree / max(calls, 1):7.1f}", f"{100 * t_draft / wall:8.1f}"]
-    print("".join(cols), flush=True)
-    return tps
+@dataclasses.dataclass
+class Timing:
+    """One timed row: the decoder's totals and the paired ``generate`` runs on the same prompts."""
+
+    toks: int = 0
+    wall: float = 0.0
+    calls: int = 0
+    new: int = 0
+    tree: float = 0.0
+    t_draft: float = 0.0
+    gen_toks: int = 0
+    gen_wall: float = 0.0
+    same: int = 0
+    prompts: int = 0
+    checked: bool = False  # T=0: outputs compared with generate's
+
+    @property
+    def ratio(self) -> float:
+        """tokens/s of the row over tokens/s of its paired generate runs."""
+        return (self.toks / self.wall) / (self.gen_toks / self.gen_wall)
 
 
-def _decode_all(dec, inputs):
-    toks = calls = 0
-    t_draft = tree = 0.0
-    t0 = time.perf_counter()
+def time_row(make_decoder, inputs, baseline, refs=None) -> Timing:
+    """Per prompt: ``baseline(ids)`` (generate, timed), then ``make_decoder(pid, ids).generate``.
+    ``refs`` (T=0): generate's outputs, for the ``same`` count."""
+    t = Timing()
     for pid, ids in inputs:
+        ref, gen_s = baseline(ids)
+        t.gen_toks, t.gen_wall = t.gen_toks + len(ref), t.gen_wall + gen_s
+        dec = make_decoder(pid, ids)
+        t0 = time.perf_counter()
         r = dec.generate(ids, seed_key=pid)
-        toks += len(r.output_token_ids)
-        calls += r.verifier_calls
-        t_draft += sum(s["t_draft_s"] for s in r.steps)
-        tree += sum(s["tree_size"] for s in r.steps)
-    return toks, time.perf_counter() - t0, calls, toks - len(inputs), tree, t_draft
+        t.wall += time.perf_counter() - t0
+        t.toks += len(r.output_token_ids)
+        t.calls += r.verifier_calls
+        t.new += len(r.output_token_ids) - 1
+        t.tree += sum(s["tree_size"] for s in r.steps)
+        t.t_draft += sum(s["t_draft_s"] for s in r.steps)
+        t.same += refs is not None and r.output_token_ids == refs[pid]
+        t.prompts += 1
+    t.checked = refs is not None
+    return t
+
+
+def summarise(runs: list[Timing]) -> tuple[Timing, float, float]:
+    """The run with the median ratio (lower median for an even count) and the ratios' min, max."""
+    ranked = sorted(runs, key=lambda t: t.ratio)
+    return ranked[(len(ranked) - 1) // 2], ranked[0].ratio, ranked[-1].ratio
+
+
+HEADER = f"{'':<26}{'tok/s':>8}{'vs gen':>9}{'range':>13}{'gen tok/s':>11}{'tau':>7}{'tree':>7}{'draft%':>8}{'same':>6}"
+
+
+def _row(label: str, runs: list[Timing]) -> Timing:
+    t, lo, hi = summarise(runs)
+    spread = f"{lo:.2f}-{hi:.2f}" if len(runs) > 1 else "-"
+    c = max(t.calls, 1)
+    print(f"{label:<26}{t.toks / t.wall:8.1f}{t.ratio:8.2f}x{spread:>13}{t.gen_toks / t.gen_wall:11.1f}"
+          f"{t.new / c:7.2f}{t.tree / c:7.1f}{100 * t.t_draft / t.wall:8.1f}"
+          f"{(f'{t.same}/{t.prompts}' if t.checked else '-'):>6}", flush=True)
+    return t
 
 
 def micro(model, proposers, prompt_ids: list[int], cfg, reps: int = 7) -> None:
@@ -120,9 +168,11 @@ def cmd_bench(args) -> int:
     from .cli import decode_config
     from .engine import SpeculativeDecoder
     from .oracle import OracleChainProposer
-    from .runner import default_threads, load_proposers
+    from .runner import default_threads, generate_baseline, load_proposers
     from .verifiers import eos_token_ids, load_verifier, resolve
 
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
     default_threads()
     name = resolve(args.verifier).name
     with warnings.catch_warnings():
@@ -151,21 +201,30 @@ def cmd_bench(args) -> int:
     print(f"verifier {name} ({model.dtype}, {torch.get_num_threads()} threads); {len(inputs)} prompts ({args.benchmarks}); "
           f"max_new_tokens {base.max_new_tokens}; T={T}; tree top_k={base.tree.top_k} depth={base.tree.depth} "
           f"total_tokens={base.tree.total_tokens}; drafters {[p.name for p in proposers]}")
-    print(f"{'':<26}{'tok/s':>8}{'vs gen':>9}{'tau':>7}{'tree':>7}{'draft%':>8}")
-    # warm-up (first calls allocate), then the baseline
-    hf_generate(model, inputs[0][1], 4, eos, T, 0)
-    if getattr(model, "cpu_matmul", None):  # stock kernels, for reference; ratios use the row below
+    # warm-up (first calls allocate), then generate's reference outputs (the oracle proposes them,
+    # the `same` column compares with them)
+    run_gen = generate_baseline(model, eos, base.max_new_tokens, T, args.seed)
+    run_gen(inputs[0][1][:8])
+    if getattr(model, "cpu_matmul", None):  # stock kernels, for reference; ratios are kernel-neutral
         with cpu_matmul.disabled():
-            t0 = time.perf_counter()
-            n_stock = sum(len(hf_generate(model, ids, base.max_new_tokens, eos, T, args.seed)) for _, ids in inputs)
-            stock = n_stock / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    refs = {pid: hf_generate(model, ids, base.max_new_tokens, eos, T, args.seed) for pid, ids in inputs}
-    gen_tps = _row("generate (transformers)", sum(len(r) for r in refs.values()), time.perf_counter() - t0, None)
+            stock = [run_gen(ids) for _, ids in inputs]
+    refs = {pid: run_gen(ids) for pid, ids in inputs}
+    ref_tps = sum(len(r) for r, _ in refs.values()) / sum(s for _, s in refs.values())
+    refs = {pid: r for pid, (r, _) in refs.items()}
+    print(f"generate (transformers): {ref_tps:.1f} tok/s", end="")
     if getattr(model, "cpu_matmul", None):
-        print(f"  (the same generate with stock F.linear: {stock:.1f} tok/s; both runs share the verifier's "
-              f"row-aware matmuls, decoding/cpu_matmul.py, so every ratio below is kernel-neutral; "
-              f"{cpu_kernel.status()})")
+        print(f"; with stock F.linear {sum(len(r) for r, _ in stock) / sum(s for _, s in stock):.1f} tok/s. Both share "
+              f"the verifier's row-aware matmuls (decoding/cpu_matmul.py, {cpu_kernel.status()}), so every ratio "
+              f"below is kernel-neutral", end="")
+    print(".\nEvery row is paired: generate runs again before each of its prompts ('gen tok/s'), and 'vs gen' "
+          "is the row over those runs" + (f"; median of {args.repeats} repeats, 'range' their min-max" if args.repeats > 1
+                                            else "") + (". 'same': outputs equal to generate's" if T == 0 else "."))
+    print(HEADER)
+
+    def timed(make_decoder, label):
+        runs = [time_row(make_decoder, inputs, run_gen, refs if T == 0 else None) for _ in range(args.repeats)]
+        _row(label, runs)
+
     cal_inputs = None
     for spec in args.strategies.split(","):
         strat, dedup = (spec[:-6], True) if spec.endswith("-dedup") else (spec, False)
@@ -183,21 +242,15 @@ def cmd_bench(args) -> int:
             shapes.append((" auto", choice.tree))
         for suffix, shape in shapes:
             dec = SpeculativeDecoder(model, proposers[:n], dataclasses.replace(cfg, tree=shape), eos)
-            toks, wall, calls, new, tree, t_draft = _decode_all(dec, inputs)
             label = spec + (f"{suffix} {shape.top_k}/{shape.depth}/{shape.total_tokens}" if strat != "autoregressive" else "")
-            _row(label, toks, wall, gen_tps, calls, new, tree, t_draft)
+            timed(lambda pid, ids, dec=dec: dec, label)
     if args.oracle_depths and T == 0:
         from .tree import TreeConfig
 
         for depth in [int(d) for d in args.oracle_depths.split(",")]:
-            toks = calls = new = tree = 0
-            wall = 0.0
-            for pid, ids in inputs:
-                oracle = OracleChainProposer(len(ids), refs[pid])
-                cfg = dataclasses.replace(base, strategy="single", tree=TreeConfig(1, depth, depth + 1))
-                r = _decode_all(SpeculativeDecoder(model, [oracle], cfg, eos), [(pid, ids)])
-                toks, wall, calls, new, tree = toks + r[0], wall + r[1], calls + r[2], new + r[3], tree + r[4]
-            _row(f"oracle chain depth {depth}", toks, wall, gen_tps, calls, new, tree, 0.0)
+            cfg = dataclasses.replace(base, strategy="single", tree=TreeConfig(1, depth, depth + 1))
+            timed(lambda pid, ids, cfg=cfg: SpeculativeDecoder(model, [OracleChainProposer(len(ids), refs[pid])], cfg, eos),
+                  f"oracle chain depth {depth}")
     if args.micro:
         micro(model, proposers, inputs[0][1], base.tree)
     return 0

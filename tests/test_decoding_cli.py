@@ -99,3 +99,28 @@ def test_hidden_size_mismatch_is_refused(verifier, random_drafter_dirs, tmp_path
     (d / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="hidden size 1152 != verifier's 576"):
         load_proposers(verifier[0], [str(d)], "smollm2-135m-instruct")
+
+
+def test_bench_summary_takes_the_median_run_and_the_range():
+    from decoding.bench import Timing, summarise
+
+    runs = [Timing(toks=10, wall=1.0, gen_toks=10, gen_wall=w) for w in (1.0, 2.0, 0.5, 4.0)]  # ratios 1, 2, .5, 4
+    mid, lo, hi = summarise(runs)
+    assert (mid.ratio, lo, hi) == (1.0, 0.5, 4.0)  # the lower median of an even count
+
+
+@pytest.mark.slow
+def test_bench_pairs_every_row_with_generate_and_compares_outputs(random_drafter_dirs):
+    r = _run("bench", "--drafter", random_drafter_dirs[0], "--drafter", random_drafter_dirs[1], "--benchmarks", "gsm8k",
+             "--n-prompts", "1", "--max-new-tokens", "8", "--strategies", "autoregressive,single",
+             "--oracle-depths", "3", "--repeats", "2")
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = r.stdout.split("draft%  same\n", 1)[1].strip().splitlines()
+    rows = {line[:26].strip(): line[26:].split() for line in table}
+    assert list(rows) == ["autoregressive", "single 4/4/16", "oracle chain depth 3"], r.stdout
+    for label, (tps, ratio, spread, gen_tps, tau, tree, draft, same) in rows.items():
+        lo, hi = map(float, spread.split("-"))
+        assert lo <= float(ratio[:-1]) <= hi and float(gen_tps) > 0, label
+        assert same == "1/1", f"{label}: output differs from generate's at T=0"
+    assert float(rows["oracle chain depth 3"][4]) > 2  # the verifier's own continuation is accepted
+    assert _run("bench", "--repeats", "0").returncode != 0
