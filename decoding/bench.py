@@ -96,7 +96,8 @@ def summarise(runs: list[Timing]) -> tuple[Timing, float, float]:
     return ranked[(len(ranked) - 1) // 2], ranked[0].ratio, ranked[-1].ratio
 
 
-HEADER = f"{'':<26}{'tok/s':>8}{'vs gen':>9}{'range':>13}{'gen tok/s':>11}{'tau':>7}{'tree':>7}{'draft%':>8}{'same':>6}"
+HEADER = (f"{'':<26}{'tok/s':>8}{'vs gen':>9}{'range':>13}{'gen tok/s':>11}"
+          f"{'tau':>7}{'tree':>7}{'draft%':>8}{'same':>6}")
 
 
 def _row(label: str, runs: list[Timing]) -> Timing:
@@ -137,13 +138,16 @@ def micro(model, proposers, prompt_ids: list[int], cfg, reps: int = 7) -> None:
             ts = []
             for _ in range(reps):
                 p.reset()
-                p.draft(toks, feats[:-1], dataclasses.replace(cfg, top_k=k, depth=1, total_tokens=2), 0.0)  # catch up
+                catch_up = dataclasses.replace(cfg, top_k=k, depth=1, total_tokens=2)
+                p.draft(toks, feats[:-1], catch_up, 0.0)
                 t0 = time.perf_counter()
-                p.draft(toks, feats[:-1], dataclasses.replace(cfg, top_k=k, depth=depth, total_tokens=max(cfg.total_tokens, 2)), 0.0)
+                shape = dataclasses.replace(cfg, top_k=k, depth=depth, total_tokens=max(cfg.total_tokens, 2))
+                p.draft(toks, feats[:-1], shape, 0.0)
                 ts.append(time.perf_counter() - t0)
             ms = 1000 * statistics.median(ts)
             vocab = p.head.size if hasattr(p, "head") else "full"
-            print(f"  draft {p.name} (vocab {vocab}) top_k={k} depth={depth}: {ms:6.1f} ms per tree, {ms / depth:5.1f} ms per level")
+            print(f"  draft {p.name} (vocab {vocab}) top_k={k} depth={depth}: {ms:6.1f} ms per tree, "
+                  f"{ms / depth:5.1f} ms per level")
     if len(proposers) > 1:  # routing and merged trees: every drafter in lock step, one head matmul per level
         ts = []
         for _ in range(reps):
@@ -154,7 +158,8 @@ def micro(model, proposers, prompt_ids: list[int], cfg, reps: int = 7) -> None:
             draft_together(proposers, toks, feats[:-1], cfg, 0.0)
             ts.append(time.perf_counter() - t0)
         ms = 1000 * statistics.median(ts)
-        print(f"  draft all {len(proposers)} drafters in lock step top_k={cfg.top_k} depth={cfg.depth}: {ms:6.1f} ms "
+        print(f"  draft all {len(proposers)} drafters in lock step top_k={cfg.top_k} depth={cfg.depth}: "
+              f"{ms:6.1f} ms "
               f"per step, {ms / cfg.depth:5.1f} ms per level")
 
 
@@ -188,7 +193,8 @@ def cmd_bench(args) -> int:
         for s in range(len(drafters), 2):
             cfg = DrafterConfig.for_verifier(model, name, "eagle2", seed=s)
             drafters.append(str(save_checkpoint(init_drafter(cfg), f"{tmp}/random-seed{s}")))
-        print(f"note: {2 - len(args.drafter)} randomly initialised drafter(s) used (acceptance ~1: measures overhead)")
+        print(f"note: {2 - len(args.drafter)} randomly initialised drafter(s) used "
+              "(acceptance ~1: measures overhead)")
     proposers = load_proposers(model, drafters, name)
     prompts: list[BenchmarkPrompt] = []
     for b in args.benchmarks.split(","):
@@ -198,7 +204,8 @@ def cmd_bench(args) -> int:
     inputs = [(p.id, benchmark_prompt_ids(tok, p, 0, [])) for p in prompts]
     base = decode_config(args)
     T = base.temperature
-    print(f"verifier {name} ({model.dtype}, {torch.get_num_threads()} threads); {len(inputs)} prompts ({args.benchmarks}); "
+    print(f"verifier {name} ({model.dtype}, {torch.get_num_threads()} threads); {len(inputs)} prompts "
+          f"({args.benchmarks}); "
           f"max_new_tokens {base.max_new_tokens}; T={T}; tree top_k={base.tree.top_k} depth={base.tree.depth} "
           f"total_tokens={base.tree.total_tokens}; drafters {[p.name for p in proposers]}")
     # warm-up (first calls allocate), then generate's reference outputs (the oracle proposes them,
@@ -213,12 +220,13 @@ def cmd_bench(args) -> int:
     refs = {pid: r for pid, (r, _) in refs.items()}
     print(f"generate (transformers): {ref_tps:.1f} tok/s", end="")
     if getattr(model, "cpu_matmul", None):
-        print(f"; with stock F.linear {sum(len(r) for r, _ in stock) / sum(s for _, s in stock):.1f} tok/s. Both share "
+        stock_tps = sum(len(r) for r, _ in stock) / sum(s for _, s in stock)
+        print(f"; with stock F.linear {stock_tps:.1f} tok/s. Both share "
               f"the verifier's row-aware matmuls (decoding/cpu_matmul.py, {cpu_kernel.status()}), so every ratio "
               f"below is kernel-neutral", end="")
+    repeats = f"; median of {args.repeats} repeats, 'range' their min-max" if args.repeats > 1 else ""
     print(".\nEvery row is paired: generate runs again before each of its prompts ('gen tok/s'), and 'vs gen' "
-          "is the row over those runs" + (f"; median of {args.repeats} repeats, 'range' their min-max" if args.repeats > 1
-                                            else "") + (". 'same': outputs equal to generate's" if T == 0 else "."))
+          "is the row over those runs" + repeats + (". 'same': outputs equal to generate's" if T == 0 else "."))
     print(HEADER)
 
     def timed(make_decoder, label):
@@ -242,15 +250,15 @@ def cmd_bench(args) -> int:
             shapes.append((" auto", choice.tree))
         for suffix, shape in shapes:
             dec = SpeculativeDecoder(model, proposers[:n], dataclasses.replace(cfg, tree=shape), eos)
-            label = spec + (f"{suffix} {shape.top_k}/{shape.depth}/{shape.total_tokens}" if strat != "autoregressive" else "")
+            label = spec if strat == "autoregressive" else f"{spec}{suffix} {shape.top_k}/{shape.depth}/{shape.total_tokens}"
             timed(lambda pid, ids, dec=dec: dec, label)
     if args.oracle_depths and T == 0:
         from .tree import TreeConfig
 
         for depth in [int(d) for d in args.oracle_depths.split(",")]:
             cfg = dataclasses.replace(base, strategy="single", tree=TreeConfig(1, depth, depth + 1))
-            timed(lambda pid, ids, cfg=cfg: SpeculativeDecoder(model, [OracleChainProposer(len(ids), refs[pid])], cfg, eos),
-                  f"oracle chain depth {depth}")
+            timed(lambda pid, ids, cfg=cfg: SpeculativeDecoder(model, [OracleChainProposer(len(ids), refs[pid])],
+                                                               cfg, eos), f"oracle chain depth {depth}")
     if args.micro:
         micro(model, proposers, inputs[0][1], base.tree)
     return 0

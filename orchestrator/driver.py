@@ -370,6 +370,8 @@ class Driver:
                          [p.id for p in shard], [ckpts[d] for d in cell.drafters], ck_keys]
                 if e.routing_decide_steps != 1 and cell.routing_granularity != "step":
                     parts.append(e.routing_decide_steps)  # (1 keeps the keys runs had before this setting)
+                if e.paired_baseline:  # the same: unpaired keys are the keys runs had before
+                    parts.append("paired-baseline")
                 key = "eval-" + key_of(parts)
                 units.append((cell, shard, key, None))
         return units
@@ -400,7 +402,8 @@ class Driver:
                       self.p.verifier, self.p.verifier_dtype, max(1, int(r.num_cpus)))
                   for i in range(n_act)]
         decode = {"top_k": self.p.eval.tree.top_k, "depth": self.p.eval.tree.depth, "max_new_tokens": self.p.eval.max_new_tokens,
-                  "seed": self.p.eval.seed, "routing_decide_steps": self.p.eval.routing_decide_steps}
+                  "seed": self.p.eval.seed, "routing_decide_steps": self.p.eval.routing_decide_steps,
+                  "paired_baseline": self.p.eval.paired_baseline}
         queue = [(u, 1) for u in todo]
         inflight = {}
         free = list(range(n_act))

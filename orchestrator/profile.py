@@ -119,6 +119,10 @@ class EvalCfg:
     max_new_tokens: int = 64
     tree: TreeCfg = field(default_factory=TreeCfg)
     tree_auto: list = field(default_factory=list)  # strategies also run with tree auto (single: the route pair)
+    # every cell times transformers' generate on its own inputs, right after decoding each one, and its
+    # speedup divides by that (paired: machine drift between cells stays out of the ratio; eval costs
+    # about twice as much). False: only the autoregressive cell times generate, every cell divides by it.
+    paired_baseline: bool = False
     seed: int = 42
     shard_size: int = 4
 
@@ -137,6 +141,7 @@ class EvalCfg:
         _need(self.shard_size >= 1, f"eval.shard_size must be >= 1, got {self.shard_size}")
         _need(set(self.tree_auto) <= {"single", "confidence", "entropy", "merged"},
               f"eval.tree_auto must name speculative strategies (single, confidence, entropy, merged), got {self.tree_auto}")
+        _need(isinstance(self.paired_baseline, bool), f"eval.paired_baseline must be true or false, got {self.paired_baseline!r}")
         self.tree.validate()
 
 

@@ -217,9 +217,10 @@ def test_ray_job_submit_runs_the_grid_through_a_uri(tmp_path):
     run = tmp_path / "bucket" / "run"
     auth_env = {**env, "RAY_AUTH_MODE": "token"}
     # the URI runs keep every stage (features, both drafters, the merge) but evaluate only GSM8K at T=0
-    # with single and merged trees: what travels through the URI is the same, at a third of the cells
+    # with single and merged trees: what travels through the URI is the same, at a third of the cells.
+    # Every cell times generate next to its own prompt (eval.paired_baseline) and is divided by it.
     small = ["eval.temperatures=[0.0]", "eval.strategies=[single, merged]", "eval.tree_auto=[]",
-             "eval.benchmarks={gsm8k: 1}"]
+             "eval.benchmarks={gsm8k: 1}", "eval.paired_baseline=true"]
 
     def submit(driver_staging: str) -> str:
         sets = [a for s in small for a in ("--set", s)]
@@ -243,7 +244,10 @@ def test_ray_job_submit_runs_the_grid_through_a_uri(tmp_path):
                              text=True, timeout=120, env={**env, "HOME": str(tmp_path)})
         assert bad.returncode != 0 and "token" in (bad.stdout + bad.stderr).lower()
         submit("driver-a")
-        _check_traces(run, small)
+        prompts = _check_traces(run, small)
+        assert (prompts["generate_wall_time_s"] > 0).all() and prompts["generate_matches"].all()  # T=0: lossless
+        speed = pl.read_parquet(run / "report/tables/speed.parquet").filter(pl.col("method") != "generate (transformers)")
+        assert speed["paired_baseline"].all() and (speed["outputs_equal_generate"] == 1.0).all()
         assert list(run.glob("checkpoints/*-math/final/model.safetensors")) and (run / "report/report.md").is_file()
         assert list(run.glob("checkpoints/*-math/epoch-1/state.json"))  # epochs published by the Train workers
         own = [p.relative_to(tmp_path / "driver-a") for p in (tmp_path / "driver-a" / "driver").rglob("*") if p.is_file()]

@@ -44,6 +44,7 @@ def test_dry_run_imports_no_model_code():
     (["train.loss_mask=shifted"], "train.loss_mask must be next or reference"),
     (["data.self_distill=beam"], "data.self_distill must be null, greedy or sample"),
     (["data.self_distill=greedy", "data.feature_mode=online"], "data.self_distill needs data.feature_mode: cached"),
+    (["eval.paired_baseline=maybe"], "eval.paired_baseline must be true or false"),
 ])
 def test_bad_profiles_are_refused_with_one_clear_error(sets, match):
     with pytest.raises(ProfileError, match=match):

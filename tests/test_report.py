@@ -333,3 +333,23 @@ def test_a_claim_without_an_interval_says_so_instead_of_printing_nan():
     assert cells["RQ3a"] == "+0.25 [no interval: fewer than 2 prompts] inconclusive"
     assert cells["RQ3b"] == "+0.10 [+0.02, +0.20] holds"
     assert "nan" not in " ".join(cells.values())
+
+
+def test_a_cell_that_timed_generate_itself_is_divided_by_its_own_runs(tmp_path):
+    """eval.paired_baseline: the math cell on GSM8K timed generate next to each of its prompts (at
+    42 tok/s, while the autoregressive cell's generate ran at 21): its speedup divides by its own
+    runs, the other cells keep the autoregressive cell's baseline; 9 of its 10 outputs equal generate's."""
+    run = _make_run(tmp_path / "run")
+    f = next((run / "traces/prompts").rglob("benchmark=gsm8k/*/math.parquet"))
+    rows = pl.read_parquet(f).with_columns(pl.lit(21).alias("generate_tokens"), pl.lit(0.5).alias("generate_wall_time_s"),
+                                           (pl.col("prompt_id") != "gsm8k/0").alias("generate_matches"))
+    write_parquet_atomic(rows.to_dicts(), f)
+    build_report(run)
+    sp = {(r["method"], r["benchmark"]): r for r in pl.read_parquet(run / "report/tables/speed.parquet").to_dicts()}
+    math, chat = sp[("math", "gsm8k")], sp[("chat", "gsm8k")]
+    tps = 61 / 2.0  # tau 3 over 20 calls of 0.1 s, plus the prefill token
+    assert math["paired_baseline"] and math["speedup"] == pytest.approx(tps / 42)
+    assert not chat["paired_baseline"] and chat["speedup"] == pytest.approx(41 / 2.0 / 21)
+    assert math["outputs_equal_generate"] == pytest.approx(0.9) and chat["outputs_equal_generate"] is None
+    assert sp[("autoregressive", "gsm8k")]["outputs_equal_generate"] == 1.0
+    assert "paired_baseline" in (run / "report/report_appendix.md").read_text()

@@ -66,9 +66,10 @@ class EvalWorker:
         extra["tree"] = cell.get("tree", "fixed")
         extra["tree_shape"] = f"{cfg.tree.top_k}/{cfg.tree.depth}/{cfg.tree.total_tokens}"
         extra["cell_key"] = decode["cell_key"]
-        # the autoregressive cell also times transformers' generate on the same inputs: the speed baseline
+        # the autoregressive cell also times transformers' generate on the same inputs: the speed baseline;
+        # with eval.paired_baseline every cell does, right after decoding each input (decode_prompt)
         base = (generate_baseline(self.model, self.eos, cfg.max_new_tokens, cfg.temperature, cfg.seed)
-                if cell["strategy"] == "autoregressive" else None)
+                if cell["strategy"] == "autoregressive" or decode.get("paired_baseline") else None)
         rows, steps = [], []
         for prompt in prompts:
             r, s = prompt_rows(prompt, decode_prompt(dec, self.tok, prompt, base), extra)

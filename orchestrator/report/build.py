@@ -149,7 +149,8 @@ def build_report(run_dir) -> Path:
            "## Wall-clock speed, every cell (same run, same machine)\n", SPEED_NOTE,
            _md(sp.select("backbone", "method", "benchmark", "temperature", "tokens_per_s", "tokens_per_s_lo",
                          "tokens_per_s_hi", "speedup", "vs_autoregressive", "calls_per_token", "mean_tree_size",
-                         "draft_share", "verify_share", "tokens_per_verified_node"))]
+                         "draft_share", "verify_share", "tokens_per_verified_node", "paired_baseline",
+                         "outputs_equal_generate"))]
     text, appendix = "\n".join(md), "\n".join(app)
     p = out / "report.md"
     write_text_atomic(out / "report_appendix.md", appendix)
@@ -158,9 +159,11 @@ def build_report(run_dir) -> Path:
     return p
 
 
-SPEED_NOTE = ("`speedup` is tokens/s over transformers' `generate` (greedy at T=0, sampling at T>0), timed by each "
-              "autoregressive cell on the same inputs in the same actor; `vs_autoregressive` is over the project's own "
-              "autoregressive loop.\n")
+SPEED_NOTE = ("`speedup` is tokens/s over transformers' `generate` (greedy at T=0, sampling at T>0) on the same "
+              "inputs in the same actor: timed by the cell itself next to each of its inputs where `paired_baseline` "
+              "(profile key `eval.paired_baseline`), else by the autoregressive cell of its benchmark and temperature. "
+              "`vs_autoregressive` is over the project's own autoregressive loop. `outputs_equal_generate`: the share "
+              "of prompts whose T=0 output equals generate's token for token.\n")
 HEADLINE_ROWS = 12
 
 

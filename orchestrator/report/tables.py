@@ -64,11 +64,13 @@ def scan(run: Path, kind: str, recorded: set[str] | None = None) -> pl.LazyFrame
 def per_prompt(prompts: pl.LazyFrame) -> pl.DataFrame:
     """One row per (cell, prompt): turns summed."""
     have = prompts.collect_schema().names()
-    for c, t in (("generate_tokens", pl.Int64), ("generate_wall_time_s", pl.Float64), ("invocation", pl.Utf8)):
+    for c, t in (("generate_tokens", pl.Int64), ("generate_wall_time_s", pl.Float64), ("invocation", pl.Utf8),
+                 ("generate_matches", pl.Boolean)):
         if c not in have:  # traces written before the generate baseline (or the invocation tag) existed
             prompts = prompts.with_columns(pl.lit(None, dtype=t).alias(c))
     return (prompts.group_by(KEYS + ["prompt_id"]).agg(
         pl.col("generate_tokens").sum(), pl.col("generate_wall_time_s").sum(), pl.col("invocation").first(),
+        pl.col("generate_matches").all().alias("generate_matches"),
         pl.col("new_tokens").sum(), pl.col("verifier_calls").sum(), pl.col("wall_time_s").sum(),
         pl.col("output_token_ids").list.len().sum().alias("out_tokens"),
         (pl.col("mean_tree_size") * pl.col("verifier_calls")).sum().alias("tree_nodes"),
@@ -104,10 +106,14 @@ GENERATE = "generate (transformers)"
 
 
 def speed(pp: pl.DataFrame) -> pl.DataFrame:
-    """Wall-clock: tokens/s with CI; ``speedup`` over transformers' generate (timed by the
-    autoregressive cell on the same inputs in the same actor; the project's own autoregressive loop
-    when no generate timing exists) and ``vs_autoregressive``; verifier calls per token, mean tree
-    size, draft/verify time share, tau per verified node."""
+    """Wall-clock: tokens/s with CI; ``speedup`` over transformers' generate and ``vs_autoregressive``;
+    verifier calls per token, mean tree size, draft/verify time share, tau per verified node.
+
+    The baseline of ``speedup``: a cell that timed generate on every one of its own inputs (every
+    cell with ``eval.paired_baseline``) divides by those runs (``paired_baseline`` true); any other
+    divides by the autoregressive cell's generate timing on the same inputs, or by the project's
+    own autoregressive loop where no generate timing exists. ``outputs_equal_generate``: the share
+    of prompts whose output equals generate's token for token (T=0 cells that timed generate)."""
     gen = (pp.filter((pl.col("method") == "autoregressive") & (pl.col("generate_wall_time_s") > 0))
            .with_columns(pl.lit(GENERATE).alias("method"), pl.col("generate_tokens").alias("out_tokens"),
                          pl.col("generate_wall_time_s").alias("wall_time_s")))
@@ -123,12 +129,22 @@ def speed(pp: pl.DataFrame) -> pl.DataFrame:
     ar = tps.filter(pl.col("method") == "autoregressive").select(*on, pl.col("tokens_per_s").alias("ar_tps"))
     base_name = GENERATE if gen.height else "autoregressive"
     base = tps.filter(pl.col("method") == base_name).select(*on, pl.col("tokens_per_s").alias("base_tps"))
+    timed = pl.col("generate_wall_time_s").fill_null(0) > 0
+    own = pp.group_by(KEYS).agg(
+        timed.all().alias("paired_baseline"),
+        (pl.col("generate_tokens").sum() / pl.col("generate_wall_time_s").sum()).alias("own_tps"),
+        pl.when((pl.col("temperature") == 0) & timed).then(pl.col("generate_matches").cast(pl.Float64)).mean()
+        .alias("outputs_equal_generate"))
+    paired = pl.col("paired_baseline").fill_null(False)
     return (tps.join(agg, on=KEYS, how="left").join(ar, on=on, how="left").join(base, on=on, how="left")
-            .join(_same_invocation(pp, on), on=KEYS, how="left")
-            .with_columns((pl.col("tokens_per_s") / pl.col("base_tps")).alias("speedup"),
+            .join(_same_invocation(pp, on), on=KEYS, how="left").join(own, on=KEYS, how="left")
+            .with_columns(pl.when(paired).then(pl.col("tokens_per_s") / pl.col("own_tps"))
+                          .otherwise(pl.col("tokens_per_s") / pl.col("base_tps")).alias("speedup"),
                           (pl.col("tokens_per_s") / pl.col("ar_tps")).alias("vs_autoregressive"),
-                          pl.lit(base_name).alias("baseline"))
-            .drop("ar_tps", "base_tps").sort(KEYS))
+                          pl.when(paired).then(pl.lit(GENERATE)).otherwise(pl.lit(base_name)).alias("baseline"),
+                          paired.alias("paired_baseline"),
+                          (pl.col("same_invocation") | paired).alias("same_invocation"))
+            .drop("ar_tps", "base_tps", "own_tps").sort(KEYS))
 
 
 def _same_invocation(pp: pl.DataFrame, on: list[str]) -> pl.DataFrame:
