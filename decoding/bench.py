@@ -90,6 +90,12 @@ def time_row(make_decoder, inputs, baseline, refs=None) -> Timing:
     return t
 
 
+def _tps(runs) -> float:
+    """tokens/s over (token ids, seconds) runs of generate."""
+    runs = list(runs)
+    return sum(len(r) for r, _ in runs) / sum(s for _, s in runs)
+
+
 def summarise(runs: list[Timing]) -> tuple[Timing, float, float]:
     """The run with the median ratio (lower median for an even count) and the ratios' min, max."""
     ranked = sorted(runs, key=lambda t: t.ratio)
@@ -159,8 +165,7 @@ def micro(model, proposers, prompt_ids: list[int], cfg, reps: int = 7) -> None:
             ts.append(time.perf_counter() - t0)
         ms = 1000 * statistics.median(ts)
         print(f"  draft all {len(proposers)} drafters in lock step top_k={cfg.top_k} depth={cfg.depth}: "
-              f"{ms:6.1f} ms "
-              f"per step, {ms / cfg.depth:5.1f} ms per level")
+              f"{ms:6.1f} ms per step, {ms / cfg.depth:5.1f} ms per level")
 
 
 def cmd_bench(args) -> int:
@@ -215,13 +220,11 @@ def cmd_bench(args) -> int:
     if getattr(model, "cpu_matmul", None):  # stock kernels, for reference; ratios are kernel-neutral
         with cpu_matmul.disabled():
             stock = [run_gen(ids) for _, ids in inputs]
-    refs = {pid: run_gen(ids) for pid, ids in inputs}
-    ref_tps = sum(len(r) for r, _ in refs.values()) / sum(s for _, s in refs.values())
-    refs = {pid: r for pid, (r, _) in refs.items()}
-    print(f"generate (transformers): {ref_tps:.1f} tok/s", end="")
+    ref_runs = {pid: run_gen(ids) for pid, ids in inputs}
+    refs = {pid: r for pid, (r, _) in ref_runs.items()}
+    print(f"generate (transformers): {_tps(ref_runs.values()):.1f} tok/s", end="")
     if getattr(model, "cpu_matmul", None):
-        stock_tps = sum(len(r) for r, _ in stock) / sum(s for _, s in stock)
-        print(f"; with stock F.linear {stock_tps:.1f} tok/s. Both share "
+        print(f"; with stock F.linear {_tps(stock):.1f} tok/s. Both share "
               f"the verifier's row-aware matmuls (decoding/cpu_matmul.py, {cpu_kernel.status()}), so every ratio "
               f"below is kernel-neutral", end="")
     repeats = f"; median of {args.repeats} repeats, 'range' their min-max" if args.repeats > 1 else ""
