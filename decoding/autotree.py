@@ -3,7 +3,8 @@
 Three measurements, then a pure choice (as Sequoia and OPT-Tree fit trees to hardware):
 
 1. ``measure_verify_costs``: ms per verifier pass against the number of tokens fed (a few timed
-   passes after a real-length prefix; cached per verifier, dtype, device, threads and machine).
+   passes after a real-length prefix, made non-decreasing; cached per verifier, dtype, device,
+   threads, machine and matmul kernel).
 2. ``calibrate``: decode a few calibration prompts at T=0 with a large tree per candidate top_k
    (1, 2, 4) and record, per step, every node's drafter, depth, path score and whether its whole
    path matches the verifier's argmax chain, plus the draft time per level. Because greedy
@@ -69,6 +70,17 @@ class Choice:
                     f"{self.table[0][4]:.1f} tok/s vs autoregressive {self.ar_tokens_per_s:.1f}; using the smallest tree)")
         return (f"{head}: expected tau {self.tau:.2f}, {self.tokens_per_s:.1f} tok/s vs autoregressive "
                 f"{self.ar_tokens_per_s:.1f} ({self.tokens_per_s / self.ar_tokens_per_s:.2f}x)")
+
+
+def monotone(costs: dict[int, float]) -> dict[int, float]:
+    """Costs made non-decreasing in the token count: each point becomes the minimum over itself and
+    every larger count. A pass over more tokens never costs less, so a point above a larger one is a
+    timing spike (the VM's noise is one-sided), and the choice must not steer around it."""
+    out, low = {}, float("inf")
+    for n in sorted(costs, reverse=True):
+        low = min(low, costs[n])
+        out[n] = low
+    return dict(sorted(out.items()))
 
 
 def _interp(costs: dict[int, float], n: int) -> float:
@@ -137,7 +149,7 @@ def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache:
     key = _cache_key(model)
     disk = load_json_cache(CACHE) if use_cache else {}
     if key in disk:
-        return {int(n): v for n, v in disk[key].items()}
+        return monotone({int(n): v for n, v in disk[key].items()})
     cache = new_cache()
     prefill(model, cache, prompt_ids)
     n = len(prompt_ids) - 1
@@ -152,6 +164,7 @@ def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache:
             ts.append(time.perf_counter() - t0)
             commit_path(cache, n, [])
         out[size] = 1000 * statistics.median(ts[1:])
+    out = monotone(out)
     if use_cache:
         disk[key] = out
         save_json_cache(CACHE, disk)

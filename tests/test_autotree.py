@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding.autotree import CAL_TREES, Calibration, choose, tau_of
+from decoding.autotree import CAL_TREES, Calibration, choose, monotone, tau_of
 
 FLAT = {1: 40.0, 2: 40.0, 4: 41.0, 8: 42.0, 16: 44.0, 32: 50.0, 64: 60.0}  # verify ms: nodes nearly free
 STEEP = {1: 40.0, 2: 60.0, 4: 100.0, 8: 180.0, 16: 340.0, 32: 660.0, 64: 1300.0}
@@ -50,6 +50,17 @@ def test_when_nothing_pays_the_smallest_tree_is_used_and_said():
 
 
 @pytest.mark.slow
+def test_a_timing_spike_does_not_steer_the_choice():
+    # measured on this VM: 7 tokens timed at 58 ms between 6 at 44 and 8 at 45 (one-sided noise)
+    spiky = {1: 33.0, 4: 38.7, 6: 44.4, 7: 58.1, 8: 44.9, 16: 61.3, 20: 86.9, 24: 89.0}
+    clean = monotone(spiky)
+    assert clean[7] == 44.9 and clean[20] == 86.9 and clean[1] == 33.0
+    assert all(clean[a] <= clean[b] for a, b in zip(sorted(clean), sorted(clean)[1:]))
+    cal = _chain_cal(6, draft_ms=0.5)  # six right draft tokens: a chain of total 7 is the best shape
+    assert choose(cal, clean, merged=False, n_drafters=1).tree.total_tokens == 7
+    assert choose(cal, spiky, merged=False, n_drafters=1).tree.total_tokens != 7  # what the spike did
+
+
 def test_auto_tree_on_the_real_verifier_picks_a_shape_and_stays_lossless(verifier, eos, random_proposers, bench_prompts):
     from decoding.autotree import auto_tree, calibration_inputs
     from decoding.engine import DecodeConfig, SpeculativeDecoder
