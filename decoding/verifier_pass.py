@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from . import lean_pass
 from .tree import ancestor_matrix
 
 
@@ -21,9 +22,13 @@ def _cache_kwarg(model) -> str:
 
 
 def _features_and_logits(model, input_ids, position_ids, mask, cache, last_only: bool = False):
-    kw = {_cache_kwarg(model): cache}
-    out = model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True, **kw)
-    h = out.last_hidden_state  # (1, T, H): post final-norm, the feature the LM head consumes
+    if lean_pass.use_lean(model):  # the same computation without transformers' per-layer overhead
+        h = lean_pass.forward(model, input_ids, position_ids, mask, cache)
+    else:
+        kw = {_cache_kwarg(model): cache}
+        h = model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
+                        **kw).last_hidden_state
+    # h: (1, T, H), post final-norm, the feature the LM head consumes
     return h[0], model.lm_head(h[:, -1:] if last_only else h)[0].float()  # (T, H), (T or 1, V)
 
 

@@ -105,8 +105,10 @@ def test_prompt_cache_reuses_the_prefill_and_changes_nothing(verifier, eos, rand
     a, b = benchmark_prompt_ids(tok, p0, 0, []), benchmark_prompt_ids(tok, p1, 0, [])
     assert min(len(a), len(b)) > 2 * TREE.total_tokens + 1 and a != b
     rows = []
-    hook = model.model.register_forward_pre_hook(lambda m, args, kw: rows.append(kw["input_ids"].shape[1]),
-                                                 with_kwargs=True)
+    # rows fed per verifier pass, seen at the embedding (the lean pass and transformers' both call it
+    # with (1, T) ids; the drafters share the module with 1-D ids)
+    hook = model.model.embed_tokens.register_forward_pre_hook(
+        lambda m, args: rows.append(args[0].shape[1]) if args[0].dim() == 2 else None)
     try:
         for t in (0.0, 1.0):
             cfg = DecodeConfig(strategy="merged", temperature=t, max_new_tokens=6, tree=TREE)
