@@ -4,7 +4,9 @@ the same prompts, verifier, dtype and threads (greedy at T=0, sampling at the sa
 Prints, in one run: ``generate``; the project's autoregressive loop; every strategy with the fixed
 tree and (``--tree auto``) the fitted one; the oracle ceiling (a chain of the verifier's own
 continuation, depths ``--oracle-depths``); and (``--micro``) verify ms per pass against the number
-of nodes and draft ms per level of each drafter.
+of nodes and draft ms per level of each drafter. Where the verifier takes the lean pass
+(``lean_pass.py``), the autoregressive loop is timed a second time through transformers' forward
+("autoregressive, hf pass"), so what the pass itself buys is separate from what speculation buys.
 
 Every row is timed *paired*: before each prompt of a row, ``generate`` runs on that prompt again,
 and the row's ratio is its tokens/s over those paired ``generate`` runs. A machine whose speed
@@ -22,7 +24,7 @@ import time
 
 import torch
 
-from . import cpu_kernel, cpu_matmul
+from . import cpu_kernel, cpu_matmul, lean_pass
 from .drafting import draft_together
 
 
@@ -209,7 +211,9 @@ def cmd_bench(args) -> int:
     inputs = [(p.id, benchmark_prompt_ids(tok, p, 0, [])) for p in prompts]
     base = decode_config(args)
     T = base.temperature
-    print(f"verifier {name} ({model.dtype}, {torch.get_num_threads()} threads); {len(inputs)} prompts "
+    lean = lean_pass.use_lean(model)
+    print(f"verifier {name} ({model.dtype}, {torch.get_num_threads()} threads; "
+          f"{'lean pass' if lean else 'transformers forward'}); {len(inputs)} prompts "
           f"({args.benchmarks}); "
           f"max_new_tokens {base.max_new_tokens}; T={T}; tree top_k={base.tree.top_k} depth={base.tree.depth} "
           f"total_tokens={base.tree.total_tokens}; drafters {[p.name for p in proposers]}")
@@ -255,6 +259,9 @@ def cmd_bench(args) -> int:
             dec = SpeculativeDecoder(model, proposers[:n], dataclasses.replace(cfg, tree=shape), eos)
             label = spec if strat == "autoregressive" else f"{spec}{suffix} {shape.top_k}/{shape.depth}/{shape.total_tokens}"
             timed(lambda pid, ids, dec=dec: dec, label)
+        if strat == "autoregressive" and lean:  # attribution: the same loop through transformers' forward
+            with lean_pass.disabled(model):
+                timed(lambda pid, ids, dec=dec: dec, "autoregressive, hf pass")
     if args.oracle_depths and T == 0:
         from .tree import TreeConfig
 

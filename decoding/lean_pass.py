@@ -18,6 +18,7 @@ the keys/values there, a copy of the whole cache per layer; the result is the sa
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
@@ -47,6 +48,17 @@ def use_lean(model) -> bool:
         flag = supported(model)
         model._taskspec_lean = flag
     return flag
+
+
+@contextlib.contextmanager
+def disabled(model):
+    """transformers' forward for this model inside the block (the bench's attribution row)."""
+    before = getattr(model, "_taskspec_lean", None)
+    model._taskspec_lean = False
+    try:
+        yield
+    finally:
+        model._taskspec_lean = before
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
