@@ -13,8 +13,8 @@ Attention takes the paths transformers' SDPA integration takes: with a mask, one
 head group (``pack_gqa``) for a one-token pass and ``enable_gqa`` otherwise (transformers repeats
 the keys/values there, a copy of the whole cache per layer; the result is the same); without one,
 ``enable_gqa`` and ``is_causal``. Used only where it is known to be the same computation:
-``model_type == "llama"`` with SDPA attention and the stock module layout. Anything else (other architectures, attention backends,
-``TASKSPEC_LEAN_PASS=0``) takes transformers' forward.
+``model_type == "llama"`` with SDPA attention and the stock module layout. Anything else (other
+architectures, attention backends, ``TASKSPEC_LEAN_PASS=0``) takes transformers' forward.
 """
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def _attend(q, keys, values, mask, is_causal: bool, scale: float) -> torch.Tenso
     """(1, heads, T, D) attention output; grouped-query heads as transformers' SDPA path runs them."""
     heads, kv_heads = q.shape[1], keys.shape[1]
     if kv_heads == heads:
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=is_causal, scale=scale)
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=is_causal,
+                                              scale=scale)
     if mask is not None and q.shape[2] == 1:  # one query: the group's heads become query rows
         d = q.shape[-1]
         o = F.scaled_dot_product_attention(q.reshape(1, kv_heads, heads // kv_heads, d), keys, values,
@@ -87,7 +88,8 @@ def _attend(q, keys, values, mask, is_causal: bool, scale: float) -> torch.Tenso
 
 
 @torch.no_grad()
-def forward(model, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None, cache) -> torch.Tensor:
+def forward(model, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None,
+            cache) -> torch.Tensor:
     """Last hidden states (1, T, H), post final norm, after writing the T new keys/values to ``cache``.
 
     ``input_ids``/``position_ids``: (1, T). ``mask``: None (causal after the cache) or an additive

@@ -64,11 +64,13 @@ def test_lean_pass_without_a_mask_after_a_prefix_is_causal(verifier, bench_promp
 
 def test_models_it_does_not_know_take_transformers_forward(verifier, monkeypatch):
     model, _ = verifier
-    other = types.SimpleNamespace(config=types.SimpleNamespace(model_type="qwen3", _attn_implementation="sdpa"),
-                                  model=model.model)
-    assert not lean_pass.supported(other)
-    eager = types.SimpleNamespace(config=types.SimpleNamespace(model_type="llama", _attn_implementation="eager"),
-                                  model=model.model)
-    assert not lean_pass.supported(eager)
+
+    def fake(model_type, attn):
+        cfg = types.SimpleNamespace(model_type=model_type, _attn_implementation=attn)
+        return types.SimpleNamespace(config=cfg, model=model.model)
+
+    assert not lean_pass.supported(fake("qwen3", "sdpa"))
+    assert not lean_pass.supported(fake("llama", "eager"))
+    assert lean_pass.supported(fake("llama", "sdpa"))  # the same modules under a llama/sdpa config do
     monkeypatch.setenv("TASKSPEC_LEAN_PASS", "0")
     assert not lean_pass.supported(model)
