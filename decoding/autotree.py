@@ -4,7 +4,7 @@ Three measurements, then a pure choice (as Sequoia and OPT-Tree fit trees to har
 
 1. ``measure_verify_costs``: ms per verifier pass against the number of tokens fed (a few timed
    passes after a real-length prefix, made non-decreasing; cached per verifier, dtype, device,
-   threads, machine and matmul kernel).
+   threads, machine, matmul kernel and verifier pass).
 2. ``calibrate``: decode a few calibration prompts at T=0 with a large tree per candidate top_k
    (1, 2, 4) and record, per step, every node's drafter, depth, path score and whether its whole
    path matches the verifier's argmax chain, plus the draft time per level. Because greedy
@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from . import lean_pass
 from .accept import greedy_match
 from .cpu_matmul import _machine, load_json_cache, save_json_cache
 from .tree import TreeConfig, chain_tree
@@ -138,7 +139,9 @@ def choose(cal: Calibration, verify_ms: dict[int, float], merged: bool, n_drafte
 
 
 def _cache_key(model) -> str:
-    return f"{getattr(model, 'verifier_name', type(model).__name__)}|{model.dtype}|{model.device}|{_machine()}"
+    """Verifier, dtype, device, machine and matmul kernel, and which pass runs (lean or transformers')."""
+    lean = "lean" if lean_pass.use_lean(model) else "hf"
+    return f"{getattr(model, 'verifier_name', type(model).__name__)}|{model.dtype}|{model.device}|{_machine()}|{lean}"
 
 
 @torch.no_grad()

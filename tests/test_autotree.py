@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding.autotree import CAL_TREES, Calibration, choose, monotone, tau_of
+from decoding import lean_pass
+from decoding.autotree import CAL_TREES, Calibration, _cache_key, choose, monotone, tau_of
 
 FLAT = {1: 40.0, 2: 40.0, 4: 41.0, 8: 42.0, 16: 44.0, 32: 50.0, 64: 60.0}  # verify ms: nodes nearly free
 STEEP = {1: 40.0, 2: 60.0, 4: 100.0, 8: 180.0, 16: 340.0, 32: 660.0, 64: 1300.0}
@@ -59,6 +60,16 @@ def test_a_timing_spike_does_not_steer_the_choice():
     cal = _chain_cal(6, draft_ms=0.5)  # six right draft tokens: a chain of total 7 is the best shape
     assert choose(cal, clean, merged=False, n_drafters=1).tree.total_tokens == 7
     assert choose(cal, spiky, merged=False, n_drafters=1).tree.total_tokens != 7  # what the spike did
+
+
+@pytest.mark.slow
+def test_verify_costs_are_cached_per_verifier_pass(verifier):
+    """Costs timed through transformers' forward must not price lean passes (they cost ~8% less)."""
+    model, _ = verifier
+    lean_key = _cache_key(model)
+    with lean_pass.disabled(model):
+        hf_key = _cache_key(model)
+    assert lean_key.endswith("|lean") and hf_key.endswith("|hf")
 
 
 def test_auto_tree_on_the_real_verifier_picks_a_shape_and_stays_lossless(verifier, eos, random_proposers, bench_prompts):
