@@ -6,8 +6,8 @@ of the ~25 ops a layer needs. On a 2-core CPU that overhead is a fifth of a one-
 pass calls the same modules (embedding, RMSNorms, projections, MLP, rotary embedding, LM head left
 to the caller) and the same ops in the same order, and nothing else: keys and values go into the
 same ``DynamicCache`` (its layers' ``update``), attention is one ``scaled_dot_product_attention``
-per layer. Its hidden states
-equal transformers' bit for bit on tree passes (tested), so greedy outputs do not change.
+per layer. Its hidden states, logits and cache rows equal transformers' bit for bit on prefill,
+one-token steps, chains and branching trees (tested), so greedy outputs do not change.
 
 Attention takes the paths transformers' SDPA integration takes: with a mask, one query row per kv
 head group (``pack_gqa``) for a one-token pass and ``enable_gqa`` otherwise (transformers repeats
