@@ -1,6 +1,8 @@
 """A thin-GEMM kernel for CPU decoding, compiled on first use (``csrc/smallm.c``).
 
-``matmul(x, W)`` computes ``x @ W.T`` for 1-32 float32 rows, reading W once. It is one of the
+``matmul(x, W)`` computes ``x @ W.T`` for 1-32 float32 rows, reading W once. It reads W from a
+repacked copy (panels of 32 output rows, k-major), made on first use and kept on the weight
+tensor until the weight changes: the kernel's weights take twice their memory. It is one of the
 forms ``cpu_matmul.tune`` times per weight shape and row count, so it is used only where it wins
 on this machine. The shared library is built with the system C compiler (``$CC``, default
 ``gcc``) for this CPU (``-march=native``) and cached under ``$TASKSPEC_CACHE/kernels``, keyed by
@@ -70,9 +72,15 @@ def _load():
             path = library_path()
             if not path.exists():
                 build(path)
-            fn = ctypes.CDLL(str(path)).smallm_f32
+            lib = ctypes.CDLL(str(path))
+            fn = lib.smallm_f32
             fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
             fn.restype = ctypes.c_int
+            lib.pack_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3
+            lib.pack_f32.restype = ctypes.c_int
+            lib.packed_size_f32.argtypes = [ctypes.c_int] * 2
+            lib.packed_size_f32.restype = ctypes.c_longlong
+            _STATE["lib"] = lib
         except subprocess.CalledProcessError as e:
             why = f"compiling {SOURCE.name} failed: {(e.stderr or '').strip()[:300]}"
         except (OSError, subprocess.SubprocessError) as e:
@@ -90,6 +98,23 @@ def status() -> str:
     return f"thin-GEMM kernel {library_path().name}" if available() else f"thin-GEMM kernel unavailable: {_STATE['why']}"
 
 
+def packed(W: torch.Tensor) -> torch.Tensor:
+    """W's repacked copy for the kernel, made once and kept on W (``W._taskspec_packed``) until W
+    is written to (its version counter moves) or its storage changes."""
+    stamp = (W.data_ptr(), W._version, tuple(W.shape))
+    hit = getattr(W, "_taskspec_packed", None)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    lib = _STATE["lib"]
+    N, K = W.shape
+    Wc = W.detach().contiguous()
+    out = torch.empty(lib.packed_size_f32(N, K), dtype=torch.float32)
+    if lib.pack_f32(Wc.data_ptr(), out.data_ptr(), N, K, torch.get_num_threads()) != 0:
+        raise RuntimeError("pack_f32 refused its arguments")
+    W._taskspec_packed = (stamp, out)
+    return out
+
+
 def matmul(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     """(M, K) @ (N, K).T -> (M, N) in float32 on CPU, M <= MAX_ROWS (callers check ``available()``)."""
     M, K = x2.shape
@@ -98,8 +123,9 @@ def matmul(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
             or x2.device.type != "cpu" or W.device.type != "cpu"):
         raise ValueError(f"cpu_kernel.matmul takes float32 CPU (M<= {MAX_ROWS}, K) and (N, K); got "
                          f"{tuple(x2.shape)} {x2.dtype} and {tuple(W.shape)} {W.dtype}")
-    x2, W = x2.contiguous(), W.contiguous()
+    fn = _load()
+    x2, Wp = x2.contiguous(), packed(W)
     y = torch.empty(M, N, dtype=torch.float32)
-    if _load()(x2.data_ptr(), W.data_ptr(), y.data_ptr(), M, K, N, torch.get_num_threads()) != 0:
+    if fn(x2.data_ptr(), Wp.data_ptr(), y.data_ptr(), M, K, N, torch.get_num_threads()) != 0:
         raise RuntimeError("smallm_f32 refused its arguments")
     return y

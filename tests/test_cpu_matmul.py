@@ -33,6 +33,20 @@ def test_kernel_matches_float64_and_a_row_never_depends_on_its_batch(N, K):
         assert torch.equal(y, alone[:M]), M
 
 
+def test_the_packed_copy_follows_the_weight():
+    assert cpu_kernel.available(), cpu_kernel.status()
+    W, x = torch.randn(40, 24), torch.randn(3, 24)
+    torch.testing.assert_close(cpu_kernel.matmul(x, W), x @ W.T, rtol=1e-5, atol=1e-5)
+    first = cpu_kernel.packed(W)
+    assert cpu_kernel.packed(W) is first  # packed once, then reused
+    W.mul_(-2)  # an in-place write (a training step, a merge) makes the copy stale
+    torch.testing.assert_close(cpu_kernel.matmul(x, W), x @ W.T, rtol=1e-5, atol=1e-5)
+    lin = nn.Linear(24, 40, bias=False)
+    cpu_kernel.matmul(x, lin.weight)
+    lin.weight.data = torch.randn(40, 24)  # new storage under the same parameter
+    torch.testing.assert_close(cpu_kernel.matmul(x, lin.weight), x @ lin.weight.T, rtol=1e-5, atol=1e-5)
+
+
 def test_kernel_refuses_what_it_does_not_compute():
     W = torch.randn(16, 32)
     with pytest.raises(ValueError, match="float32"):

@@ -1,76 +1,94 @@
 /* y (M, N) = x (M, K) @ W (N, K)^T for a few rows, streaming W from memory once.
  *
- * A tree pass of the verifier multiplies 2-32 rows by every weight. BLAS runs such thin GEMMs at a
- * fraction of the machine's bandwidth (decoding/cpu_matmul.py has the numbers); here each block of
- * NB weight rows is read once, with prefetch, while up to 8 activation rows stay in registers.
- * Every output is the same dot product in the same order whatever M is (16 lanes accumulated over
- * K, then a fixed pairwise sum), so a row's result does not depend on the rows batched with it.
- * Compiled on first use with the machine's own instruction set (cpu_kernel.py); GCC vector
+ * A tree pass of the verifier multiplies 2-32 rows by every weight; one-row decoding multiplies
+ * one. BLAS runs such thin GEMMs at a fraction of the machine's bandwidth or compute
+ * (decoding/cpu_matmul.py has the numbers). Here W is first repacked (pack_f32) into panels of 32
+ * output rows stored k-major: panel p holds W[32p .. 32p+31][k] contiguously for each k, zero-
+ * padded past N. A pass reads each panel as one sequential stream; for every k it loads the
+ * panel's 32 weights as two 16-lane vectors and adds weight * x[m][k] (x broadcast) into two
+ * accumulators per activation row, so up to 12 rows share each weight load and the outputs need
+ * no horizontal sums. Every output is the same chain of fused multiply-adds over k = 0..K-1,
+ * whatever M and whatever rows are batched with it, so a row's result does not depend on its
+ * batch. Compiled on first use with the machine's own instruction set (cpu_kernel.py); GCC vector
  * extensions, no intrinsics: AVX-512 where the CPU has it, two AVX2 halves otherwise. */
 #include <stddef.h>
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v4 __attribute__((vector_size(16)));
 
-#define NB 8      /* weight rows per block (at most; 4 for 7-8 activation rows, where 8 would spill) */
-#define PF 1      /* prefetch distance, in blocks */
-#define MMAX 8    /* activation rows held in registers; more are done in chunks of 8 per block */
+#define NP 32       /* output rows per panel: two 16-lane vectors */
+#define CMAX 12     /* activation rows per pass over a panel (24 accumulators in registers) */
+#define PFDIST 1024 /* software prefetch distance in floats (4 KiB) along the panel stream */
 
-static inline float hsum(v16 a) {
-    v8 b = __builtin_shufflevector(a, a, 0, 1, 2, 3, 4, 5, 6, 7)
-         + __builtin_shufflevector(a, a, 8, 9, 10, 11, 12, 13, 14, 15);
-    v4 c = __builtin_shufflevector(b, b, 0, 1, 2, 3) + __builtin_shufflevector(b, b, 4, 5, 6, 7);
-    return (c[0] + c[2]) + (c[1] + c[3]);
-}
-
-/* rows n0 .. n0+nb-1 of y for M activation rows (M, nb compile-time constants after inlining) */
-static inline __attribute__((always_inline)) void block(const float *x, const float *W, float *y, int M, int K,
-                                                         int N, int n0, int nb, int pfd) {
-    v16 acc[NB][MMAX];
-    for (int j = 0; j < nb; j++)
-        for (int m = 0; m < M; m++) acc[j][m] = (v16){0};
-    int k = 0;
-    for (; k + 16 <= K; k += 16) {
-        v16 xv[MMAX];
-        for (int m = 0; m < M; m++) __builtin_memcpy(&xv[m], x + (size_t)m * K + k, 64);
-        for (int j = 0; j < nb && n0 + j + pfd < N; j++)
-            __builtin_prefetch(W + (size_t)(n0 + j + pfd) * K + k, 0, 0);
-        for (int j = 0; j < nb; j++) {
-            v16 w;
-            __builtin_memcpy(&w, W + (size_t)(n0 + j) * K + k, 64);
-            for (int m = 0; m < M; m++) acc[j][m] += w * xv[m];
+/* outputs n0 .. n0+NP-1 (fewer at the end) for C activation rows; w: the panel */
+static inline __attribute__((always_inline)) void tile(const float *x, const float *w, float *y, int C, int K,
+                                                        int N, int n0, int prefetch) {
+    v16 acc[CMAX][2];
+    for (int c = 0; c < C; c++) acc[c][0] = acc[c][1] = (v16){0};
+    for (int k = 0; k < K; k++, w += NP) {
+        if (prefetch) {
+            __builtin_prefetch(w + PFDIST, 0, 0);
+            __builtin_prefetch(w + PFDIST + 16, 0, 0);
+        }
+        v16 w0, w1;
+        __builtin_memcpy(&w0, w, 64);
+        __builtin_memcpy(&w1, w + 16, 64);
+        for (int c = 0; c < C; c++) {
+            v16 xb = (v16){0} + x[(size_t)c * K + k];
+            acc[c][0] += w0 * xb;
+            acc[c][1] += w1 * xb;
         }
     }
-    for (int j = 0; j < nb; j++)
-        for (int m = 0; m < M; m++) {
-            float s = hsum(acc[j][m]);
-            for (int kk = k; kk < K; kk++) s += x[(size_t)m * K + kk] * W[(size_t)(n0 + j) * K + kk];
-            y[(size_t)m * N + n0 + j] = s;
+    if (n0 + NP <= N) {
+        for (int c = 0; c < C; c++) {
+            __builtin_memcpy(y + (size_t)c * N + n0, &acc[c][0], 64);
+            __builtin_memcpy(y + (size_t)c * N + n0 + 16, &acc[c][1], 64);
         }
+    } else {
+        for (int c = 0; c < C; c++)
+            for (int j = 0; j < N - n0; j++) y[(size_t)c * N + n0 + j] = acc[c][j / 16][j % 16];
+    }
 }
 
-/* weight rows n0 .. n0+NB-1 (fewer at the end) for MM activation rows, in blocks of NBB */
-#define ROWS(MM, NBB)                                                                    \
-    static void rows##MM(const float *x, const float *W, float *y, int K, int N, int n0) { \
-        int end = N - n0 < NB ? N : n0 + NB, n = n0;                                     \
-        for (; n + NBB <= end; n += NBB) block(x, W, y, MM, K, N, n, NBB, PF * NB);      \
-        for (; n < end; n++) block(x, W, y, MM, K, N, n, 1, PF * NB);                    \
+typedef void (*tile_fn)(const float *, const float *, float *, int, int, int, int);
+#define TILE(C)                                                                            \
+    static void tile##C(const float *x, const float *w, float *y, int K, int N, int n0, int pf) { \
+        tile(x, w, y, C, K, N, n0, pf);                                                    \
     }
-ROWS(1, 8) ROWS(2, 8) ROWS(3, 8) ROWS(4, 8) ROWS(5, 8) ROWS(6, 8) ROWS(7, 4) ROWS(8, 4)
+TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
+static const tile_fn TILE_OF[CMAX + 1] = {0,      tile1, tile2, tile3, tile4,  tile5, tile6,
+                                          tile7,  tile8, tile9, tile10, tile11, tile12};
 
-static void (*const ROWS_OF[MMAX + 1])(const float *, const float *, float *, int, int, int) = {
-    0, rows1, rows2, rows3, rows4, rows5, rows6, rows7, rows8};
+/* The number of floats pack_f32 writes for an (N, K) weight. */
+long long packed_size_f32(int N, int K) { return (long long)((N + NP - 1) / NP) * NP * K; }
 
-/* Returns 0, or -1 for arguments it does not take. threads: the caller's intra-op thread count. */
-int smallm_f32(const float *x, const float *W, float *y, int M, int K, int N, int threads) {
-    if (M < 1 || K < 1 || N < 1 || threads < 1) return -1;
-    int nblocks = (N + NB - 1) / NB;
+/* Wp (packed_size_f32 floats) = W (N, K) in panels of NP rows, k-major, zero-padded. */
+int pack_f32(const float *W, float *Wp, int N, int K, int threads) {
+    if (N < 1 || K < 1 || threads < 1) return -1;
+    int npan = (N + NP - 1) / NP;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int b = 0; b < nblocks; b++)
-        for (int m0 = 0; m0 < M; m0 += MMAX) {  /* the block's weights stay in L1 between chunks */
-            int mm = M - m0 < MMAX ? M - m0 : MMAX;
-            ROWS_OF[mm](x + (size_t)m0 * K, W, y + (size_t)m0 * N, K, N, b * NB);
+    for (int p = 0; p < npan; p++)
+        for (int k = 0; k < K; k++)
+            for (int j = 0; j < NP; j++) {
+                int n = p * NP + j;
+                Wp[((size_t)p * K + k) * NP + j] = n < N ? W[(size_t)n * K + k] : 0.0f;
+            }
+    return 0;
+}
+
+/* y = x @ W^T from the packed weight. Returns 0, or -1 for arguments it does not take.
+ * threads: the caller's intra-op thread count. More than CMAX rows go in balanced chunks, each a
+ * pass over the panel (the later passes read it from cache). */
+int smallm_f32(const float *x, const float *Wp, float *y, int M, int K, int N, int threads) {
+    if (M < 1 || K < 1 || N < 1 || threads < 1) return -1;
+    int npan = (N + NP - 1) / NP, nch = (M + CMAX - 1) / CMAX;
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int p = 0; p < npan; p++) {
+        const float *w = Wp + (size_t)p * NP * K;
+        for (int c = 0, m0 = 0; c < nch; c++) {
+            int mm = (M - m0 + (nch - c) - 1) / (nch - c);
+            TILE_OF[mm](x + (size_t)m0 * K, w, y + (size_t)m0 * N, K, N, p * NP, c == 0);
+            m0 += mm;
         }
+    }
     return 0;
 }

@@ -1,0 +1,77 @@
+"""Time the verifier's matmuls, one whole pass of them, in every form cpu_matmul can pick.
+
+    python experiments/bench_matmul.py [--verifier smollm2-135m-instruct] [--rows 1,2,4,6,8,9,12,16,32]
+
+For each row count, runs every nn.Linear weight of the verifier once, in model order (so each weight
+comes from memory, as in a real pass), as F.linear, (W @ x.T).T, the thin-GEMM kernel, and the form
+the tuned table installs; prints the median ms over interleaved repeats and the weight bytes
+streamed per second. The same process, weights and threads for every form: compare the columns.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from decoding import cpu_kernel, cpu_matmul  # noqa: E402
+from decoding.runner import default_threads  # noqa: E402
+from decoding.verifiers import load_verifier  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--verifier", default="smollm2-135m-instruct")
+    ap.add_argument("--rows", default="1,2,4,6,8,9,12,16,32")
+    ap.add_argument("--repeats", type=int, default=7)
+    a = ap.parse_args(argv)
+    rows = [int(r) for r in a.rows.split(",")]
+    if not rows or min(rows) < 1 or max(rows) > cpu_kernel.MAX_ROWS:
+        ap.error(f"--rows must be in 1..{cpu_kernel.MAX_ROWS}, got {a.rows!r}")
+    default_threads()
+    model, _ = load_verifier(a.verifier)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    weights = [m.weight.detach() for m in linears]
+    if any(w.dtype != torch.float32 for w in weights):
+        print("the kernel is float32 only; this verifier is not float32", file=sys.stderr)
+        return 2
+    tables = {id(m): cpu_matmul._table(m.weight, cpu_matmul.load_json_cache(cpu_matmul.CACHE),
+                                       cpu_matmul._machine())[1] for m in linears}
+    gb = sum(w.numel() * w.element_size() for w in weights) / 1e9
+    forms = [f for f in cpu_matmul.FORMS if f != "kernel" or cpu_kernel.available()]
+    print(f"{a.verifier}: {len(weights)} weights, {gb * 1000:.0f} MB; {torch.get_num_threads()} threads; "
+          f"{cpu_kernel.status()}")
+    print(f"{'rows':>4}  " + "  ".join(f"{f:>8}" for f in forms) + f"  {'tuned':>8}  best GB/s")
+    for m in rows:
+        xs = {w.shape[1]: torch.randn(m, w.shape[1]) for w in weights}
+
+        def run(form):
+            if form == "tuned":
+                return lambda: [cpu_matmul.apply(xs[w.shape[1]], w, None, tables[id(lin)])
+                                for lin, w in zip(linears, weights)]
+            fn = cpu_matmul._form_fn(form)
+            return lambda: [fn(xs[w.shape[1]], w) for w in weights]
+
+        fns = {f: run(f) for f in [*forms, "tuned"]}
+        times = {f: [] for f in fns}
+        for f in fns.values():
+            f()  # warm up (and pack the kernel's copies)
+        for _ in range(a.repeats):
+            for f, fn in fns.items():
+                t = time.perf_counter()
+                fn()
+                times[f].append(time.perf_counter() - t)
+        ms = {f: 1000 * statistics.median(t) for f, t in times.items()}
+        print(f"{m:>4}  " + "  ".join(f"{ms[f]:8.1f}" for f in [*forms, "tuned"])
+              + f"  {gb / (min(ms.values()) / 1000):9.1f}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
