@@ -28,3 +28,12 @@ def test_eta_leaves_out_units_done_earlier(monkeypatch):
     assert [re.search(r"(\d+)/6 done", x).group(1) for x in lines] == ["1", "2", "3", "4", "6"]
     # nothing worked yet: unknown; then 10 s per worked unit times the units left (3, then 2); at the end 0
     assert _etas(out.getvalue()) == ["?", "?", "30s", "20s", "0s"]
+
+
+def test_a_training_sweep_line_counts_against_the_whole_sweep():
+    # Tune creates trials lazily (one at a time here), so its own list cannot give the total
+    from workers.tune_sweep import trial_line
+
+    line = trial_line("hass-chat", 5, 8, 472.0, 0.1474)
+    assert line == "trial hass-chat finished (5/8, elapsed 472s, ETA ~283s, held-out top-1 0.147)"
+    assert trial_line("eagle2-math", 8, 8, 900.0) == "trial eagle2-math finished (8/8, elapsed 900s)"
