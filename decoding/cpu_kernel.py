@@ -105,6 +105,8 @@ def packed(W: torch.Tensor) -> torch.Tensor:
     hit = getattr(W, "_taskspec_packed", None)
     if hit is not None and hit[0] == stamp:
         return hit[1]
+    if _load() is None:
+        raise RuntimeError(status())
     lib = _STATE["lib"]
     N, K = W.shape
     Wc = W.detach().contiguous()
