@@ -33,7 +33,8 @@ static inline __attribute__((always_inline)) void tile(const float *x, const flo
         __builtin_memcpy(&w0, w, 64);
         __builtin_memcpy(&w1, w + 16, 64);
         for (int c = 0; c < C; c++) {
-            v16 xb = (v16){0} + x[(size_t)c * K + k];
+            float s = x[(size_t)c * K + k];
+            v16 xb = {s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s};
             acc[c][0] += w0 * xb;
             acc[c][1] += w1 * xb;
         }
