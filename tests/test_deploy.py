@@ -1,14 +1,256 @@
-"""Cluster configs and the GPU image: parse, agree with each other, lint; storage URIs."""
+"""Cluster configs and the GPU image: parse, validate against the launcher's schema and KubeRay's
+RayJob fields, authenticate, expose the dashboard only inside the cluster, agree with each other, lint."""
 from __future__ import annotations
 
+import copy
+import importlib.util
+import json
+import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+LAUNCHER = ROOT / "deploy/ray-cluster.yaml"
+RAYJOB = ROOT / "deploy/rayjob.yaml"
+NETWORK_POLICY = ROOT / "deploy/rayjob-networkpolicy.yaml"
+# The fields and types of KubeRay's RayJob CRD (v1.7.0, ray.io/v1) that deploy/rayjob.yaml uses,
+# written for this test (see its $comment); the launcher's schema ships in the ray package.
+RAYJOB_SCHEMA = ROOT / "tests/data/rayjob_schema.json"
+LAUNCHER_SCHEMA = Path(importlib.util.find_spec("ray").origin).parent / "autoscaler/ray-schema.json"
+MIN_RAY_FOR_TOKEN_AUTH = (2, 52, 0)  # KubeRay refuses authOptions.mode: token below this rayVersion
+NODE_SIDE_VARIABLES = {"RAY_HEAD_IP"}  # the only variable the launcher sets where it runs commands
+DASHBOARD_PORT = 8265
+
+
+def _schema_problems(validator_cls, schema: dict, doc) -> list[str]:
+    return [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+            for e in validator_cls(schema).iter_errors(doc)]
+
+
+def launcher_problems(cfg: dict) -> list[str]:
+    """What keeps `ray up` from starting this launcher config safely; [] when nothing does."""
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    problems = _schema_problems(jsonschema.Draft7Validator, json.loads(LAUNCHER_SCHEMA.read_text()), cfg)
+    if problems:
+        return problems
+    try:  # what `ray up` runs on the config before it contacts the cloud
+        validate_config(prepare_config(copy.deepcopy(cfg)))
+    except (ValueError, RuntimeError, jsonschema.ValidationError) as e:
+        return [f"ray up refuses it: {e}"]
+    docker = cfg.get("docker", {})
+    run_options = list(docker.get("run_options", []))
+    env = dict(re.match(r"-e\s+([A-Za-z_][A-Za-z0-9_]*)=(\S*)$", o).groups()
+               for o in run_options if re.match(r"-e\s+\w+=", o))
+    mounts = {os.path.normpath(remote): local for remote, local in cfg.get("file_mounts", {}).items()}
+
+    def mounted(path: str) -> bool:  # a node-side path inside a file mount
+        return any(os.path.normpath(path).startswith(remote + "/") for remote in mounts)
+
+    node_side = run_options + [c for k in ("setup_commands", "head_setup_commands", "worker_setup_commands",
+                                           "head_start_ray_commands", "worker_start_ray_commands")
+                               for c in cfg.get(k, [])]
+    for text in node_side:
+        for var in re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", text):
+            if var not in NODE_SIDE_VARIABLES:
+                problems.append(f"${var} in {text!r} is expanded on the node, where it is not set")
+    if env.get("RAY_AUTH_MODE") != "token":
+        problems.append("token authentication is off: no `-e RAY_AUTH_MODE=token` in docker.run_options")
+    token_path = env.get("RAY_AUTH_TOKEN_PATH", "")
+    if not mounted(token_path):
+        problems.append(f"RAY_AUTH_TOKEN_PATH={token_path!r} is not inside a file mount, so nodes have no token")
+    for remote, local in mounts.items():
+        local_path = Path(os.path.expanduser(local))
+        if (ROOT / local_path).resolve().is_relative_to(ROOT):
+            problems.append(f"file mount {remote} comes from {local}, inside the repository (secrets there get committed)")
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        starts = [c for c in cfg.get(key, []) if "ray start" in c]
+        sourced = [re.findall(r"(?:^|&&|;)\s*(?:\.|source)\s+(\S+)", c) for c in starts]
+        if not starts or not all(any(mounted(f) for f in files) for files in sourced):
+            problems.append(f"{key}: `ray start` does not read HF_TOKEN from an env file in a file mount")
+    heads = " ".join(cfg.get("head_start_ray_commands", []))
+    host = re.search(r"--dashboard-host[= ](\S+)", heads)
+    if not host or host.group(1) not in ("127.0.0.1", "localhost"):
+        problems.append("the head's dashboard must stay on loopback (`ray dashboard` forwards it over SSH)")
+    return problems
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+
+def rayjob_problems(job: dict) -> list[str]:
+    """What keeps KubeRay from accepting this RayJob, submitting it, or keeping it private; [] when nothing."""
+    problems = _schema_problems(jsonschema.Draft202012Validator, json.loads(RAYJOB_SCHEMA.read_text()), job)
+    if problems:
+        return problems
+    cluster = job["spec"].get("rayClusterSpec", {})
+    head = cluster["headGroupSpec"]
+    if head.get("rayStartParams", {}).get("dashboard-host") != "0.0.0.0":
+        problems.append("dashboard-host must be 0.0.0.0: the operator and the submitter reach it through the head Service")
+    if cluster.get("authOptions", {}).get("mode") != "token":
+        problems.append("token authentication is off: rayClusterSpec.authOptions.mode is not 'token'")
+    elif _version(cluster.get("rayVersion", "0")) < MIN_RAY_FOR_TOKEN_AUTH:
+        problems.append(f"KubeRay refuses authOptions.mode token with rayVersion {cluster.get('rayVersion')!r} (< 2.52.0)")
+    if head.get("serviceType", "ClusterIP") != "ClusterIP" or head.get("enableIngress"):
+        problems.append("the head Service must be ClusterIP with no Ingress: the dashboard stays inside the cluster")
+    if "headService" in head:
+        problems.append("headService overrides the head Service KubeRay makes; keep it ClusterIP by not setting it")
+    groups = [head] + cluster.get("workerGroupSpecs", [])
+    for group in groups:
+        for c in group["template"]["spec"]["containers"]:
+            hf = [e for e in c.get("env", []) if e["name"] == "HF_TOKEN"]
+            if len(hf) != 1 or "secretKeyRef" not in hf[0].get("valueFrom", {}):
+                problems.append(f"container {c['name']}: HF_TOKEN must come from a secretKeyRef")
+            if any(e["name"].startswith("RAY_AUTH") for e in c.get("env", [])):
+                problems.append(f"container {c['name']}: RAY_AUTH_* is set by KubeRay from authOptions")
+    return problems
+
+
+def test_launcher_config_passes_the_ray_schema_and_ray_ups_checks():
+    cfg = yaml.safe_load(LAUNCHER.read_text())
+    jsonschema.validate(cfg, json.loads(LAUNCHER_SCHEMA.read_text()))  # the schema shipped in the ray package
+    assert launcher_problems(cfg) == []
+
+
+def test_rayjob_passes_kuberays_rayjob_fields_and_starts_private_and_authenticated():
+    job = yaml.safe_load(RAYJOB.read_text())
+    jsonschema.validate(job, json.loads(RAYJOB_SCHEMA.read_text()))
+    assert rayjob_problems(job) == []
+
+
+def _set(doc: dict, path: str, value) -> dict:
+    """A deep copy of doc with path ('a.b.0.c') set to value, or deleted when value is _DELETE."""
+    doc = copy.deepcopy(doc)
+    *parents, last = [int(p) if p.isdigit() else p for p in path.split(".")]
+    node = doc
+    for p in parents:
+        node = node[p]
+    if value is _DELETE:
+        del node[last]
+    else:
+        node[last] = value
+    return doc
+
+
+def _rename(doc: dict, path: str, new_name: str) -> dict:
+    """A deep copy of doc with the key at path renamed (a misspelled field)."""
+    *parents, last = path.split(".")
+    value = doc
+    for p in [*parents, last]:
+        value = value[int(p) if p.isdigit() else p]
+    return _set(_set(doc, path, _DELETE), ".".join([*parents, new_name]), value)
+
+
+_DELETE = object()
+_HEAD = "spec.rayClusterSpec.headGroupSpec"
+_HEAD_ENV = f"{_HEAD}.template.spec.containers.0.env"
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda j: _set(j, f"{_HEAD}.rayStartParams.dashboard-host", "127.0.0.1"), "dashboard-host must be 0.0.0.0"),
+    (lambda j: _set(j, "spec.rayClusterSpec.authOptions", _DELETE), "token authentication is off"),
+    (lambda j: _set(j, "spec.rayClusterSpec.authOptions.mode", "Token"), "'Token' is not one of ['disabled', 'token']"),
+    (lambda j: _set(j, "spec.rayClusterSpec.rayVersion", "2.51.0"), "KubeRay refuses authOptions.mode token"),
+    (lambda j: _rename(j, "spec.shutdownAfterJobFinishes", "shutdownAfterJobFinish"), "'shutdownAfterJobFinish' was unexpected"),
+    (lambda j: _rename(j, "spec.rayClusterSpec.authOptions", "authOption"), "'authOption' was unexpected"),
+    (lambda j: _rename(j, f"{_HEAD}.rayStartParams", "rayStartParam"), "'rayStartParam' was unexpected"),
+    (lambda j: _rename(j, f"{_HEAD_ENV}.0.valueFrom.secretKeyRef", "secretRef"), "'secretRef' was unexpected"),
+    (lambda j: _set(j, f"{_HEAD}.rayStartParams.num-cpus", 0), "0 is not of type 'string'"),
+    (lambda j: _set(j, "spec.ttlSecondsAfterFinished", "1h"), "'1h' is not of type 'integer'"),
+    (lambda j: _set(j, "spec.rayClusterSpec.workerGroupSpecs.0.maxReplicas", _DELETE), "'maxReplicas' is a required property"),
+    (lambda j: _set(j, f"{_HEAD}.serviceType", "LoadBalancer"), "must be ClusterIP with no Ingress"),
+    (lambda j: _set(j, f"{_HEAD}.enableIngress", True), "must be ClusterIP with no Ingress"),
+    (lambda j: _set(j, f"{_HEAD_ENV}.0", {"name": "HF_TOKEN", "value": "$HF_TOKEN"}), "HF_TOKEN must come from a secretKeyRef"),
+    (lambda j: _set(j, "metadata.name", "Taskspec_paper"), "does not match"),
+], ids=["dashboard-on-loopback", "no-auth", "auth-mode-enum", "ray-too-old-for-auth", "misspelled-spec-field",
+        "misspelled-authOptions", "misspelled-rayStartParams", "misspelled-secretKeyRef", "rayStartParams-not-string",
+        "ttl-not-integer", "worker-missing-maxReplicas", "load-balancer", "ingress", "hf-token-literal", "bad-name"])
+def test_rayjob_checks_catch_each_problem(mutate, expected):
+    """Each problem the old file had (dashboard on 127.0.0.1, no authentication) and each kind of
+    slip the CRD refuses (a misspelled field, a wrong type, a value outside an enum) is reported."""
+    job = yaml.safe_load(RAYJOB.read_text())
+    problems = rayjob_problems(mutate(job))
+    assert any(expected in p for p in problems), problems
+
+
+_HEAD_START = "head_start_ray_commands.1"
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda c: _set(c, "docker.run_options", c["docker"]["run_options"] + ["-e HF_TOKEN=$HF_TOKEN"]),
+     "$HF_TOKEN in '-e HF_TOKEN=$HF_TOKEN' is expanded on the node"),
+    (lambda c: _set(c, "docker.run_options", [o for o in c["docker"]["run_options"] if "RAY_AUTH_MODE" not in o]),
+     "token authentication is off"),
+    (lambda c: _set(c, "docker.run_options", [o for o in c["docker"]["run_options"] if "RAY_AUTH_TOKEN_PATH" not in o]),
+     "is not inside a file mount"),
+    (lambda c: _set(c, "file_mounts", {}), "is not inside a file mount"),
+    (lambda c: _set(c, "file_mounts", {k: "deploy/secrets" for k in c["file_mounts"]}), "inside the repository"),
+    (lambda c: _set(c, _HEAD_START, c["head_start_ray_commands"][1].split("&& set +a && ")[-1]),
+     "head_start_ray_commands: `ray start` does not read HF_TOKEN"),
+    (lambda c: _set(c, _HEAD_START, c["head_start_ray_commands"][1].replace("127.0.0.1", "0.0.0.0")),
+     "dashboard must stay on loopback"),
+    (lambda c: _rename(c, "head_start_ray_commands", "head_start_ray_command"), "'head_start_ray_command' was unexpected"),
+    (lambda c: _rename(c, "docker.run_options", "run_option"), "'run_option' was unexpected"),
+    (lambda c: _set(c, "available_node_types.gpu_worker.min_workers", "0"), "'0' is not of type 'integer'"),
+    (lambda c: _set(c, "head_node_type", "cpu_head"), "`head_node_type` must be one of `available_node_types`"),
+], ids=["hf-token-expanded-on-node", "no-auth-mode", "no-token-path", "no-file-mounts", "secrets-in-repo",
+        "no-hf-env-file", "dashboard-public", "misspelled-top-level", "misspelled-docker-field", "wrong-type",
+        "unknown-head-type"])
+def test_launcher_checks_catch_each_problem(mutate, expected):
+    cfg = yaml.safe_load(LAUNCHER.read_text())
+    problems = launcher_problems(mutate(cfg))
+    assert any(expected in p for p in problems), problems
+
+
+@pytest.mark.parametrize("key", ["head_start_ray_commands", "worker_start_ray_commands"])
+def test_start_commands_export_the_env_file_to_ray_and_stop_without_it(tmp_path, key):
+    """The launcher's start command, run by bash as the launcher runs it (its `ray start` replaced
+    by printing what `ray start` would inherit): HF_TOKEN from the synced env file reaches Ray, and a
+    missing env file stops the command before Ray starts."""
+    cfg = yaml.safe_load(LAUNCHER.read_text())
+    [mount] = cfg["file_mounts"]
+    [command] = [c for c in cfg[key] if "ray start" in c]
+    probe = command.replace(mount, str(tmp_path)).split("ray start")[0] + 'printenv HF_TOKEN'
+    (tmp_path / "hf.env").write_text("HF_TOKEN=hf_test_value_not_a_token\n")
+    r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    assert (r.returncode, r.stdout.strip()) == (0, "hf_test_value_not_a_token"), r.stderr
+    (tmp_path / "hf.env").unlink()
+    r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    assert r.returncode != 0 and r.stdout == ""
+
+
+def test_network_policy_admits_only_the_cluster_its_submitter_and_the_operator():
+    """The head's NetworkPolicy selects the pods deploy/rayjob.yaml makes, lets them talk to each
+    other on every port, and lets in from outside only the dashboard port, only for this RayJob's
+    submitter pod and the KubeRay operator (labels as KubeRay v1.7 sets them)."""
+    job = yaml.safe_load(RAYJOB.read_text())
+    policies = {p["metadata"]["name"]: p for p in yaml.safe_load_all(NETWORK_POLICY.read_text())}
+    assert all(p["apiVersion"] == "networking.k8s.io/v1" and p["kind"] == "NetworkPolicy" for p in policies.values())
+    cluster = job["spec"]["rayClusterSpec"]
+    pod_labels = {"head": cluster["headGroupSpec"]["template"]["metadata"]["labels"] | {"ray.io/node-type": "head"}}
+    for g in cluster["workerGroupSpecs"]:
+        assert g["template"]["metadata"]["labels"] == cluster["headGroupSpec"]["template"]["metadata"]["labels"]
+        pod_labels["worker"] = g["template"]["metadata"]["labels"] | {"ray.io/node-type": "worker"}
+    own = cluster["headGroupSpec"]["template"]["metadata"]["labels"]
+    submitter = {"ray.io/originated-from-cr-name": job["metadata"]["name"], "ray.io/originated-from-crd": "RayJob"}
+    operator = {"app.kubernetes.io/name": "kuberay-operator"}
+    for kind, labels in pod_labels.items():
+        [policy] = [p for p in policies.values() if p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+        for rule in policy["spec"]["ingress"]:
+            peers = [p["podSelector"]["matchLabels"] for p in rule["from"]]
+            if peers == [own]:
+                continue  # the cluster's own pods, every port
+            assert kind == "head" and rule["ports"] == [{"protocol": "TCP", "port": DASHBOARD_PORT}], rule
+            assert sorted(map(str, peers)) == sorted(map(str, [submitter, operator])), peers
+    assert DASHBOARD_PORT == int(cluster["headGroupSpec"]["rayStartParams"].get("dashboard-port", DASHBOARD_PORT))
 
 
 def test_cluster_configs_reference_the_same_image_entry_point_and_profile():
@@ -20,7 +262,12 @@ def test_cluster_configs_reference_the_same_image_entry_point_and_profile():
     assert head["image"] == image and all(w["template"]["spec"]["containers"][0]["image"] == image for w in workers)
     assert "experiments/full_grid.py --profile paper" in job["spec"]["entrypoint"]
     assert "experiments/full_grid.py --profile paper" in (ROOT / "deploy/ray-cluster.yaml").read_text()
-    assert job["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "127.0.0.1"
+    # KubeRay reaches the dashboard through the head Service (ClusterIP), so it listens on the pod's
+    # interfaces; the launcher's head keeps it on loopback and `ray dashboard` forwards it over SSH
+    assert job["spec"]["rayClusterSpec"]["headGroupSpec"]["rayStartParams"]["dashboard-host"] == "0.0.0.0"
+    assert "--dashboard-host=127.0.0.1" in launcher["head_start_ray_commands"][-1]
+    assert job["spec"]["rayClusterSpec"]["authOptions"] == {"mode": "token"}
+    assert "-e RAY_AUTH_MODE=token" in launcher["docker"]["run_options"]
     secret = head["env"][0]["valueFrom"]["secretKeyRef"]
     assert secret["name"] == "hf-token"  # the token comes from a Kubernetes secret, never the repo
     gw = launcher["available_node_types"]["gpu_worker"]
@@ -29,9 +276,7 @@ def test_cluster_configs_reference_the_same_image_entry_point_and_profile():
 
 
 def test_no_secret_in_the_image_or_configs():
-    for p in [ROOT / "docker/Dockerfile", ROOT / "deploy/rayjob.yaml", ROOT / "deploy/ray-cluster.yaml"]:
-        import re
-
+    for p in [ROOT / "docker/Dockerfile", RAYJOB, LAUNCHER, NETWORK_POLICY]:
         assert not re.search(r"hf_[A-Za-z0-9]{20,}", p.read_text()), p  # a Hugging Face token
 
 
@@ -48,7 +293,6 @@ def test_dockerfile_lints_clean():
 def test_image_pins_the_versions_the_tests_ran_with():
     """The GPU image installs the torch version and the constraints this test run uses (a stale
     pin, e.g. a torch older than transformers supports, would only fail at image build or run)."""
-    import re
     from importlib.metadata import version
 
     import torch
