@@ -43,13 +43,18 @@ def main(argv=None) -> int:
         print_plan(profile, out)
         return 0
     from orchestrator.driver import Driver
+    from orchestrator.preflight import PreflightError
 
     try:
         driver = Driver(profile, out, force=args.force)
     except (PermissionError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    driver.run()
+    try:
+        driver.run()
+    except PreflightError as e:  # nothing has started: one line per missing data set / verifier
+        print("\n".join(f"error: preflight: {line}" for line in e.problems), file=sys.stderr)
+        return 2
     where = out if "://" in out else str(Path(out).resolve())
     print(f"done: results in {where} (report: {where}/report/report.md)")
     return 0

@@ -1,29 +1,147 @@
 """Profiles: validated, frozen dataclasses loaded from experiments/profiles/*.yaml.
 
-Unknown or misspelled keys are errors; every value is checked before any work starts.
-``--set a.b=c`` overrides parse ``c`` as YAML (numbers, lists, booleans).
+Unknown or misspelled keys are errors; every value is checked before any work starts, each
+field against the rule in its class's ``RULES`` (type and range), then the cross-field checks.
+A bad profile is refused with one line: the file (and the ``--set`` that caused it), the key,
+what is allowed and what was given. ``--set a.b=c`` overrides parse ``c`` as YAML (numbers,
+lists, booleans).
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import typing
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "experiments" / "profiles"
 STRATEGIES = ("autoregressive", "single", "confidence", "entropy", "merged")
 BENCHMARKS = ("mt_bench", "gsm8k", "math500", "svamp")
 VARIANTS = ("math", "chat", "mixed_half", "mixed_full")
+BACKBONES = ("eagle2", "hass")
 MERGE_KINDS = ("linear", "task_arithmetic", "ties")
+GRANULARITIES = ("step", "turn", "prompt")
+DTYPES = ("float32", "bfloat16", "float16")  # the keys of drafters.model.DTYPES (kept torch-free here)
 
 
 class ProfileError(ValueError):
-    pass
+    """A refused profile; ``key`` is the dotted profile key at fault (None: the file as a whole)."""
+
+    def __init__(self, msg: str, key: str | None = None):
+        super().__init__(msg)
+        self.key = key
 
 
-def _need(cond: bool, msg: str) -> None:
+def _need(cond: bool, msg: str, key: str | None = None) -> None:
     if not cond:
-        raise ProfileError(msg)
+        raise ProfileError(msg, key)
+
+
+# ---------------------------------------------------------------- per-field rules: (what is allowed, test)
+@dataclass(frozen=True)
+class Rule:
+    allowed: str  # completes "<key> must be ..."
+    ok: Callable[[object], bool]
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)  # YAML true/false are bools, and bool is an int
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _bounds(lo, hi, lo_open: bool) -> str:
+    if lo is not None and hi is not None:
+        return f" in {'(' if lo_open else '['}{lo:g}, {hi:g}]"
+    return f" {'>' if lo_open else '>='} {lo:g}" if lo is not None else ""
+
+
+def _in(v, lo, hi, lo_open: bool) -> bool:
+    return (lo is None or (v > lo if lo_open else v >= lo)) and (hi is None or v <= hi)
+
+
+def integer(lo: int | None = None, hi: int | None = None) -> Rule:
+    return Rule("an integer" + _bounds(lo, hi, False), lambda v: _is_int(v) and _in(v, lo, hi, False))
+
+
+def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> Rule:
+    return Rule("a number" + _bounds(lo, hi, lo_open), lambda v: _is_num(v) and _in(v, lo, hi, lo_open))
+
+
+def _words(choices) -> str:
+    w = ["null" if c is None else str(c) for c in choices]
+    return w[0] if len(w) == 1 else ", ".join(w[:-1]) + " or " + w[-1]
+
+
+def one_of(*choices) -> Rule:  # strings (and None): 1 == True, so never for ints
+    return Rule(_words(choices), lambda v: (v is None or isinstance(v, str)) and v in choices)
+
+
+def optional(rule: Rule) -> Rule:
+    return Rule("null or " + rule.allowed, lambda v: v is None or rule.ok(v))
+
+
+def text(nonempty: bool = False) -> Rule:
+    return Rule("a non-empty string" if nonempty else "a string",
+                lambda v: isinstance(v, str) and (v.strip() != "" or not nonempty))
+
+
+def subset(choices, min_len: int = 1) -> Rule:
+    n = {0: "a list", 1: "a non-empty list"}.get(min_len, f"a list of >= {min_len}")
+    return Rule(f"{n} of distinct values from [{', '.join(choices)}]",
+                lambda v: isinstance(v, list) and len(v) >= min_len and len(set(map(str, v))) == len(v)
+                and all(isinstance(x, str) and x in choices for x in v))
+
+
+def numbers(lo: float, hi: float | None = None, nonempty: bool = True) -> Rule:
+    return Rule(f"{'a non-empty' if nonempty else 'a'} list of distinct numbers{_bounds(lo, hi, False)}",
+                lambda v: isinstance(v, list) and (bool(v) or not nonempty)
+                and all(_is_num(x) and _in(x, lo, hi, False) for x in v) and len(set(v)) == len(v))
+
+
+def booleans() -> Rule:
+    return Rule("a non-empty list of distinct true/false values",
+                lambda v: isinstance(v, list) and bool(v) and all(isinstance(x, bool) for x in v)
+                and len(set(v)) == len(v))
+
+
+def mapping(of: str) -> Rule:
+    return Rule(f"a mapping of {of}", lambda v: isinstance(v, dict))
+
+
+BOOL = Rule("true or false", lambda v: isinstance(v, bool))
+RESOURCE = Rule("a number >= 0 (Ray resources; fractions allowed)", lambda v: _is_num(v) and v >= 0)
+
+
+def _float_text(v, rule: Rule) -> str:
+    """PyYAML reads 3e-5 (no dot) as a string: say so when that is what went wrong."""
+    if isinstance(v, str) and "number" in rule.allowed:
+        try:
+            float(v)
+        except ValueError:
+            return ""
+        return " (a string: YAML 1.1 reads a float without a dot as text; write 3.0e-5, not 3e-5)"
+    return ""
+
+
+def _check_fields(obj, prefix: str) -> None:
+    """Every field of ``obj`` (a profile dataclass) against its class's RULES; nested sections recurse."""
+    rules = type(obj).RULES
+    for f in dataclasses.fields(obj):
+        v, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(v):
+            _check_fields(v, key + ".")
+            continue
+        assert f.name in rules, f"{type(obj).__name__}.{f.name} has no rule"  # every field is checked
+        rule = rules[f.name]
+        if not rule.ok(v):
+            raise ProfileError(f"{key} must be {rule.allowed}, got {v!r}{_float_text(v, rule)}", key)
 
 
 @dataclass(frozen=True)
@@ -33,17 +151,16 @@ class DataCfg:
     max_length: int = 256
     seed: int = 42
     feature_mode: str = "cached"  # cached | online
-    self_distill: str | None = None  # null | greedy | sample: train on the verifier's own answers (held-out stays original)
+    # null | greedy | sample: train on the verifier's own answers (held-out stays original)
+    self_distill: str | None = None
+
+    RULES = {"n": integer(2), "heldout": integer(1), "max_length": integer(16), "seed": integer(0),
+             "feature_mode": one_of("cached", "online"), "self_distill": one_of(None, "greedy", "sample")}
 
     def validate(self):
-        _need(self.n >= 2, f"data.n must be >= 2, got {self.n}")
-        _need(self.heldout >= 1, f"data.heldout must be >= 1, got {self.heldout}")
-        _need(self.max_length >= 16, f"data.max_length must be >= 16, got {self.max_length}")
-        _need(self.feature_mode in ("cached", "online"), f"data.feature_mode must be cached or online, got {self.feature_mode!r}")
-        _need(self.self_distill in (None, "greedy", "sample"),
-              f"data.self_distill must be null, greedy or sample, got {self.self_distill!r}")
         _need(not (self.self_distill and self.feature_mode == "online"),
-              "data.self_distill needs data.feature_mode: cached (the regenerated answers are cached with the features)")
+              "data.self_distill needs data.feature_mode: cached "
+              "(the regenerated answers are cached with the features)", "data.self_distill")
 
 
 @dataclass(frozen=True)
@@ -60,26 +177,22 @@ class TrainCfg:
     hass_steps: int = 3
     max_seconds: float | None = None
     init_seed: int = 0
-    draft_vocab: int | None = None  # reduced draft vocabulary size (one per run, from all trained corpora); null = full
+    # reduced draft vocabulary size (one per run, from all trained corpora); null = full
+    draft_vocab: int | None = None
     lr_schedule: str = "linear"
     grad_clip_mode: str = "value"
     topk_from: float = 0.5
     loss_mask: str = "next"  # next (decode-time positions) | reference (EAGLE/HASS loaders, one earlier)
     bucket: bool = True
 
-    def validate(self):
-        _need(bool(self.backbones) and set(self.backbones) <= {"eagle2", "hass"}, f"train.backbones must be a non-empty subset of [eagle2, hass], got {self.backbones}")
-        _need(bool(self.variants) and set(self.variants) <= set(VARIANTS), f"train.variants must be a non-empty subset of {list(VARIANTS)}, got {self.variants}")
-        _need(self.epochs >= 1, f"train.epochs must be >= 1, got {self.epochs}")
-        _need(self.lr > 0, f"train.lr must be > 0, got {self.lr}")
-        _need(self.batch_size >= 1, f"train.batch_size must be >= 1, got {self.batch_size}")
-        _need(self.zero_stage in (0, 1, 2, 3), f"train.zero_stage must be 0-3, got {self.zero_stage}")
-        _need(self.draft_vocab is None or (isinstance(self.draft_vocab, int) and self.draft_vocab >= 16),
-              f"train.draft_vocab must be null or an int >= 16, got {self.draft_vocab!r}")
-        _need(self.lr_schedule in ("linear", "constant"), f"train.lr_schedule must be linear or constant, got {self.lr_schedule!r}")
-        _need(self.grad_clip_mode in ("value", "norm"), f"train.grad_clip_mode must be value or norm, got {self.grad_clip_mode!r}")
-        _need(0.0 <= self.topk_from <= 1.0, f"train.topk_from must be in [0, 1], got {self.topk_from!r}")
-        _need(self.loss_mask in ("next", "reference"), f"train.loss_mask must be next or reference, got {self.loss_mask!r}")
+    RULES = {"backbones": subset(BACKBONES), "variants": subset(VARIANTS), "epochs": integer(1),
+             "lr": number(0, lo_open=True), "batch_size": integer(1), "grad_accum": integer(1),
+             "warmup_steps": integer(0), "deepspeed": BOOL, "zero_stage": integer(0, 3),
+             "hass_steps": integer(1),
+             "max_seconds": optional(number(0, lo_open=True)), "init_seed": integer(0),
+             "draft_vocab": optional(integer(16)), "lr_schedule": one_of("linear", "constant"),
+             "grad_clip_mode": one_of("value", "norm"), "topk_from": number(0, 1),
+             "loss_mask": one_of("next", "reference"), "bucket": BOOL}
 
 
 @dataclass(frozen=True)
@@ -89,11 +202,16 @@ class MergeCfg:
     sweep_backbones: list = field(default_factory=lambda: ["hass"])  # where the whole lambda list runs
     ties_density: float = 0.2
 
+    RULES = {"lambdas": Rule("a list of numbers", lambda v: isinstance(v, list)),  # each: validate()
+             "kinds": subset(MERGE_KINDS, 0), "sweep_backbones": subset(BACKBONES, 0),
+             "ties_density": number(0, 1, lo_open=True)}
+
     def validate(self):
         for lam in self.lambdas:
-            _need(isinstance(lam, (int, float)) and 0.0 <= lam <= 1.0, f"merge.lambdas: lambda must be in [0, 1], got {lam!r}")
-        _need(set(self.kinds) <= set(MERGE_KINDS), f"merge.kinds must be a subset of {list(MERGE_KINDS)}, got {self.kinds}")
-        _need(0 < self.ties_density <= 1, f"merge.ties_density must be in (0, 1], got {self.ties_density}")
+            _need(_is_num(lam) and 0.0 <= lam <= 1.0,
+                  f"merge.lambdas: each lambda must be in [0, 1], got {lam!r}", "merge.lambdas")
+        _need(len(set(self.lambdas)) == len(self.lambdas),
+              f"merge.lambdas must not repeat a value, got {self.lambdas}", "merge.lambdas")
 
 
 @dataclass(frozen=True)
@@ -102,8 +220,7 @@ class TreeCfg:
     depth: int = 4
     total_tokens: int = 16
 
-    def validate(self):
-        _need(self.top_k >= 1 and self.depth >= 1 and self.total_tokens >= 2, f"eval.tree must have top_k>=1, depth>=1, total_tokens>=2, got {self}")
+    RULES = {"top_k": integer(1), "depth": integer(1), "total_tokens": integer(2)}
 
 
 @dataclass(frozen=True)
@@ -126,29 +243,31 @@ class EvalCfg:
     seed: int = 42
     shard_size: int = 4
 
+    RULES = {"benchmarks": mapping("benchmark: prompts (null = all)"), "temperatures": numbers(0),
+             "strategies": subset(STRATEGIES),
+             "routing_granularities": subset(GRANULARITIES), "routing_decide_steps": integer(1),
+             "route_pair": subset(VARIANTS, 2), "merge_dedup": booleans(), "budget_matched": BOOL,
+             "max_new_tokens": integer(1),
+             "tree_auto": subset(("single", "confidence", "entropy", "merged"), 0),
+             "paired_baseline": BOOL, "seed": integer(0), "shard_size": integer(1)}
+
     def validate(self):
-        _need(bool(self.benchmarks), "eval.benchmarks must not be empty")
+        _need(bool(self.benchmarks), f"eval.benchmarks must not be empty; choose from {list(BENCHMARKS)}",
+              "eval.benchmarks")
         for b, n in self.benchmarks.items():
-            _need(b in BENCHMARKS, f"eval.benchmarks: unknown benchmark {b!r}; choose from {list(BENCHMARKS)}")
-            _need(n is None or (isinstance(n, int) and n >= 1), f"eval.benchmarks.{b} must be a positive int or null, got {n!r}")
-        _need(bool(self.temperatures) and all(isinstance(t, (int, float)) and t >= 0 for t in self.temperatures), f"eval.temperatures must be a non-empty list of numbers >= 0, got {self.temperatures}")
-        _need(bool(self.strategies) and set(self.strategies) <= set(STRATEGIES), f"eval.strategies must be a non-empty subset of {list(STRATEGIES)}, got {self.strategies}")
-        _need(set(self.routing_granularities) <= {"step", "turn", "prompt"} and bool(self.routing_granularities), f"eval.routing_granularities must be a subset of [step, turn, prompt], got {self.routing_granularities}")
-        _need(isinstance(self.routing_decide_steps, int) and self.routing_decide_steps >= 1,
-              f"eval.routing_decide_steps must be a positive int, got {self.routing_decide_steps!r}")
-        _need(len(self.route_pair) >= 2 and set(self.route_pair) <= set(VARIANTS), f"eval.route_pair must name >= 2 data variants, got {self.route_pair}")
-        _need(self.max_new_tokens >= 1, f"eval.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        _need(self.shard_size >= 1, f"eval.shard_size must be >= 1, got {self.shard_size}")
-        _need(set(self.tree_auto) <= {"single", "confidence", "entropy", "merged"},
-              f"eval.tree_auto must name speculative strategies (single, confidence, entropy, merged), got {self.tree_auto}")
-        _need(isinstance(self.paired_baseline, bool), f"eval.paired_baseline must be true or false, got {self.paired_baseline!r}")
-        self.tree.validate()
+            _need(b in BENCHMARKS, f"eval.benchmarks: unknown benchmark {b!r}; choose from {list(BENCHMARKS)}",
+                  f"eval.benchmarks.{b}")
+            _need(n is None or (_is_int(n) and n >= 1),
+                  f"eval.benchmarks.{b} must be a positive integer (prompts) or null (all), got {n!r}",
+                  f"eval.benchmarks.{b}")
 
 
 @dataclass(frozen=True)
 class StageResources:
     num_cpus: float = 1
     num_gpus: float = 0
+
+    RULES = {"num_cpus": RESOURCE, "num_gpus": RESOURCE}
 
 
 @dataclass(frozen=True)
@@ -158,6 +277,9 @@ class TrainResources:
     use_gpu: bool = False
     max_concurrent_trials: int = 1
 
+    RULES = {"num_workers": integer(1), "cpus_per_worker": integer(1), "use_gpu": BOOL,
+             "max_concurrent_trials": integer(1)}
+
 
 @dataclass(frozen=True)
 class Resources:
@@ -166,6 +288,8 @@ class Resources:
     eval: StageResources = field(default_factory=StageResources)
     eval_actors: int = 2
 
+    RULES = {"eval_actors": integer(1)}
+
 
 @dataclass(frozen=True)
 class TrackingCfg:
@@ -173,9 +297,8 @@ class TrackingCfg:
     uri: str | None = None  # mlflow: tracking URI (default: a file store under <output>/mlruns); wandb: its dir
     experiment: str | None = None  # default: taskspec-<profile>
 
-    def validate(self):
-        _need(self.backend in ("none", "mlflow", "wandb"),
-              f"tracking.backend must be none, mlflow or wandb, got {self.backend!r}")
+    RULES = {"backend": one_of("none", "mlflow", "wandb"), "uri": optional(text(True)),
+             "experiment": optional(text(True))}
 
 
 @dataclass(frozen=True)
@@ -192,99 +315,162 @@ class Profile:
     verifier_dtype: str | None = None
     tracking: TrackingCfg = field(default_factory=TrackingCfg)
 
+    RULES = {"name": Rule("a non-empty string without '/' (it names runs/<name>)",
+                          lambda v: isinstance(v, str) and v.strip(" .") != "" and not {"/", "\\"} & set(v)),
+             "verifier": Rule("a non-empty string (a registry name, a local model directory or a hub id)",
+                              lambda v: isinstance(v, str) and v.strip() != ""),
+             "description": text(), "retries": integer(0), "verifier_dtype": one_of(None, *DTYPES)}
+
     def validate(self) -> "Profile":
-        self.tracking.validate()
+        _check_fields(self, "")  # types and ranges of every field, then what one field cannot say alone
         self.data.validate()
-        self.train.validate()
         self.merge.validate()
         self.eval.validate()
-        _need(self.retries >= 0, f"retries must be >= 0, got {self.retries}")
         composing = {"confidence", "entropy", "merged"} & set(self.eval.strategies)
         pair = [v for v in self.eval.route_pair if v in self.train.variants]
         _need(not composing or len(pair) >= 2,
-              f"strategies {sorted(composing)} need two drafters, but eval.route_pair {self.eval.route_pair} names "
-              f"only {len(pair)} trained variant(s) of train.variants {self.train.variants}")
+              f"strategies {sorted(composing)} need two drafters, but eval.route_pair {self.eval.route_pair} "
+              f"names only {len(pair)} trained variant(s) of train.variants {self.train.variants}",
+              "eval.route_pair")
         if "linear" in self.merge.kinds:
-            _need({"math", "chat"} <= set(self.train.variants), "merge kind 'linear' averages the math and chat drafters: train.variants must include both")
+            _need({"math", "chat"} <= set(self.train.variants),
+                  "merge kind 'linear' averages the math and chat drafters: train.variants must include both",
+                  "train.variants")
         return self
 
 
-def _build(cls, data: dict, path: str):
-    if not isinstance(data, dict):
-        raise ProfileError(f"{path or 'profile'} must be a mapping, got {type(data).__name__}")
+def _float_hint(hint) -> bool:
+    return hint is float or float in typing.get_args(hint)
+
+
+def _build(cls, data, path: str):
+    """``data`` (parsed YAML) into ``cls``: structure only (sections are mappings, no unknown keys);
+    values are checked by Profile.validate. Valid ints for float fields become floats, as before."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
+    if not isinstance(data, dict):
+        what = f"{path} must be a mapping" if path else "the profile must be a mapping (key: value lines)"
+        got = f"{type(data).__name__} {_short(data)}"
+        raise ProfileError(f"{what} of keys {sorted(fields)}, got {got}", path or None)
     hints = typing.get_type_hints(cls)
-    unknown = set(data) - set(fields)
-    if unknown:
-        raise ProfileError(f"unknown key(s) {sorted(unknown)} in {path or 'profile'}; allowed: {sorted(fields)}")
+    for k in data:
+        if k not in fields:
+            where = f"{path}.{k}" if path else str(k)
+            close = difflib.get_close_matches(str(k), fields, n=1)
+            guess = f" (did you mean {(f'{path}.' if path else '') + close[0]!r}?)" if close else ""
+            section = path or "the profile"
+            raise ProfileError(f"unknown key {where!r}{guess}; allowed in {section}: {sorted(fields)}", where)
     kwargs = {}
     for k, v in data.items():
-        hint = hints[k]
-        where = f"{path}.{k}" if path else k
+        hint, where = hints[k], f"{path}.{k}" if path else k
         if dataclasses.is_dataclass(hint):
             kwargs[k] = _build(hint, v, where)
-        else:
-            kwargs[k] = _check_type(v, hint, where)
+        elif _float_hint(hint) and _is_int(v) and cls.RULES[k].ok(v):  # 2 -> 2.0: stable unit keys
+            kwargs[k] = float(v)
+        else:  # (a refused value stays as written, for the message)
+            kwargs[k] = v
     return cls(**kwargs)
 
 
-def _check_type(v, hint, where):
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if hint is float or (origin is typing.Union and float in args) or (hasattr(hint, "__args__") and float in args):
-        if v is None and type(None) in args:
-            return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ProfileError(f"{where} must be a number, got {v!r}")
-        return float(v)
-    if hint is int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ProfileError(f"{where} must be an integer, got {v!r}")
-    elif hint is bool:
-        if not isinstance(v, bool):
-            raise ProfileError(f"{where} must be true or false, got {v!r}")
-    elif hint is str:
-        if not isinstance(v, str):
-            raise ProfileError(f"{where} must be a string, got {v!r}")
-    elif hint is list:
-        if not isinstance(v, list):
-            raise ProfileError(f"{where} must be a list, got {v!r}")
-    elif hint is dict:
-        if not isinstance(v, dict):
-            raise ProfileError(f"{where} must be a mapping, got {v!r}")
-    return v
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
 
 
-def _apply_set(data: dict, assignment: str) -> None:
-    import yaml
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
 
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for k, _ in node.value:
+            if k.tag == "tag:yaml.org,2002:merge":  # '<<: *anchor' may be overridden by explicit keys
+                continue
+            key = self.construct_object(k, deep=deep)
+            if isinstance(key, Hashable) and key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {key!r}", k.start_mark)
+            if isinstance(key, Hashable):
+                seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """A YAML error in one line: where, and what the parser expected."""
+    mark = getattr(e, "problem_mark", None)
+    at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    what = getattr(e, "problem", None) or str(e)
+    ctx = getattr(e, "context", None)
+    return " ".join(f"{at}{what}{f' ({ctx})' if ctx else ''}".split())
+
+
+def _apply_set(data: dict, assignment: str) -> str:
+    """Apply one ``--set a.b=c`` to ``data``; returns the dotted key."""
     if "=" not in assignment:
-        raise ProfileError(f"--set expects key=value, got {assignment!r}")
+        raise ProfileError(f"expected key=value (e.g. train.epochs=2), got {assignment!r}")
     key, raw = assignment.split("=", 1)
-    parts = key.strip().split(".")
+    parts = [p.strip() for p in key.split(".")]
+    if not all(parts):
+        raise ProfileError(f"expected a dotted key such as train.epochs before '=', got {key!r}")
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError as e:
+        raise ProfileError(f"the value {raw!r} is not valid YAML: {_yaml_problem(e)}", key) from None
     node = data
-    for p in parts[:-1]:
+    for i, p in enumerate(parts[:-1]):
         node = node.setdefault(p, {})
         if not isinstance(node, dict):
-            raise ProfileError(f"--set {key}: {p} is not a section")
-    node[parts[-1]] = yaml.safe_load(raw)
+            section = ".".join(parts[: i + 1])
+            raise ProfileError(f"{section} is a value ({_short(node)}), not a section with keys", key)
+    node[parts[-1]] = value
+    return ".".join(parts)
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def load_profile(name_or_path: str, overrides: list[str] = ()) -> Profile:
-    """Load a profile by name (experiments/profiles/NAME.yaml) or path, apply --set, validate."""
-    import yaml
+    """Load a profile by name (experiments/profiles/NAME.yaml) or path, apply --set, validate.
 
+    Every refusal is one ProfileError line:
+    ``<file>[ with --set <assignment>]: <key> must be <what is allowed>, got <value>``."""
     path = Path(name_or_path)
     if not path.suffix:
         path = PROFILE_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
         raise ProfileError(f"profile {name_or_path!r} not found (looked for {path}); shipped profiles: {known}")
-    data = yaml.safe_load(path.read_text()) or {}
+    shown = _shown(path)
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
+    except yaml.YAMLError as e:
+        raise ProfileError(f"{shown}: not valid YAML: {_yaml_problem(e)}") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProfileError(f"{shown}: cannot be read: {e}") from None
+    data = {} if data is None else data  # an empty file: every default
+    if not isinstance(data, dict):  # a list or a scalar: _build says what a profile is instead
+        _fail_at(shown, lambda: _build(Profile, data, ""))
+    set_keys = {}
     for s in overrides:
-        _apply_set(data, s)
+        try:
+            set_keys[_apply_set(data, s)] = s
+        except ProfileError as e:
+            raise ProfileError(f"{shown} with --set {s}: {e}", e.key) from None
     data.setdefault("name", path.stem)
-    return _build(Profile, data, "").validate()
+    return _fail_at(shown, lambda: _build(Profile, data, "").validate(), set_keys=set_keys)
+
+
+def _fail_at(shown: str, fn, set_keys: dict | None = None):
+    """Run ``fn``; a ProfileError gets the file (and the --set that set the key at fault) in front."""
+    try:
+        return fn()
+    except ProfileError as e:
+        k = e.key or ""
+        culprits = [s for key, s in (set_keys or {}).items()
+                    if k == key or k.startswith(key + ".") or key.startswith(k + ".")] if k else []
+        where = shown + "".join(f" with --set {s}" for s in culprits)
+        raise ProfileError(f"{where}: {e}", e.key) from None
 
 
 def profile_dict(p: Profile) -> dict:

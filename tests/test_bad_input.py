@@ -1,0 +1,240 @@
+"""Bad input is refused up front with one line naming the file, the key and what is allowed.
+
+Profiles (file and --set), data sets and the verifier (the preflight), and trace files that do not
+read back (the manifest). Fast: no verifier weights, no Ray. README "Bad input" lists these cases.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from orchestrator.manifest import Manifest
+from orchestrator.preflight import PreflightError, preflight
+from orchestrator.profile import PROFILE_DIR, DataCfg, Profile, ProfileError, TrainCfg, load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE = "experiments/profiles/smoke.yaml"  # how a named profile is shown (tests run from the checkout)
+PROFILE_KEYS = sorted(f.name for f in dataclasses.fields(Profile))
+TRAIN_KEYS = sorted(f.name for f in dataclasses.fields(TrainCfg))
+DATA_KEYS = sorted(f.name for f in dataclasses.fields(DataCfg))
+
+# (case, profile file text, the message after "<file>: ")
+FILES = [
+    ("malformed YAML", "eval: [gsm8k\ntrain: {}\n",
+     "not valid YAML: line 2, column 6: expected ',' or ']', but got ':' (while parsing a flow sequence)"),
+    ("tab indentation", "train:\n\tepochs: 2\n",
+     "not valid YAML: line 2, column 1: found character '\\t' that cannot start any token "
+     "(while scanning for the next token)"),
+    ("key given twice", "retries: 1\nretries: 3\n",
+     "not valid YAML: line 2, column 1: duplicate key 'retries'"),
+    ("top-level list", "- train\n- eval\n",
+     f"the profile must be a mapping (key: value lines) of keys {PROFILE_KEYS}, got list ['train', 'eval']"),
+    ("top-level scalar", "smoke\n",
+     f"the profile must be a mapping (key: value lines) of keys {PROFILE_KEYS}, got str 'smoke'"),
+    ("misspelled key", "train: {epochz: 3}\n",
+     f"unknown key 'train.epochz' (did you mean 'train.epochs'?); allowed in train: {TRAIN_KEYS}"),
+    ("section given a value", "data: 64\n", f"data must be a mapping of keys {DATA_KEYS}, got int 64"),
+    ("verifier_dtype a number", "verifier_dtype: 123\n",
+     "verifier_dtype must be null, float32, bfloat16 or float16, got 123"),
+    ("negative GPUs", "resources: {eval: {num_gpus: -2}}\n",
+     "resources.eval.num_gpus must be a number >= 0 (Ray resources; fractions allowed), got -2"),
+    ("no eval actors", "resources: {eval_actors: 0}\n", "resources.eval_actors must be an integer >= 1, got 0"),
+    ("bool for an int", "train: {epochs: true}\n", "train.epochs must be an integer >= 1, got True"),
+    ("float for an int", "train: {batch_size: 2.5}\n", "train.batch_size must be an integer >= 1, got 2.5"),
+    ("3e-5 (a YAML string)", "train: {lr: 3e-5}\n",
+     "train.lr must be a number > 0, got '3e-5' "
+     "(a string: YAML 1.1 reads a float without a dot as text; write 3.0e-5, not 3e-5)"),
+    ("ZeRO stage out of range", "train: {zero_stage: 4}\n",
+     "train.zero_stage must be an integer in [0, 3], got 4"),
+    ("fraction out of range", "train: {topk_from: 1.5}\n",
+     "train.topk_from must be a number in [0, 1], got 1.5"),
+    ("unknown choice", "data: {feature_mode: streaming}\n",
+     "data.feature_mode must be cached or online, got 'streaming'"),
+    ("repeated list value", "train: {backbones: [eagle2, eagle2]}\n",
+     "train.backbones must be a non-empty list of distinct values from [eagle2, hass], "
+     "got ['eagle2', 'eagle2']"),
+    ("negative temperature", "eval: {temperatures: [0.0, -1]}\n",
+     "eval.temperatures must be a non-empty list of distinct numbers >= 0, got [0.0, -1]"),
+    ("zero prompts", "eval: {benchmarks: {gsm8k: 0}}\n",
+     "eval.benchmarks.gsm8k must be a positive integer (prompts) or null (all), got 0"),
+    ("unknown benchmark", "eval: {benchmarks: {gsm9k: 2}}\n",
+     "eval.benchmarks: unknown benchmark 'gsm9k'; choose from ['mt_bench', 'gsm8k', 'math500', 'svamp']"),
+    ("tree width 0", "eval: {tree: {top_k: 0}}\n", "eval.tree.top_k must be an integer >= 1, got 0"),
+    ("non-bool in a bool list", "eval: {merge_dedup: [maybe]}\n",
+     "eval.merge_dedup must be a non-empty list of distinct true/false values, got ['maybe']"),
+    ("TIES density 0", "merge: {ties_density: 0}\n", "merge.ties_density must be a number in (0, 1], got 0"),
+    ("unknown tracker", "tracking: {backend: tensorboard}\n",
+     "tracking.backend must be none, mlflow or wandb, got 'tensorboard'"),
+    ("string for a bool", "resources: {train: {use_gpu: 'yes'}}\n",
+     "resources.train.use_gpu must be true or false, got 'yes'"),
+    ("name escaping runs/", "name: ../elsewhere\n",
+     "name must be a non-empty string without '/' (it names runs/<name>), got '../elsewhere'"),
+]
+
+
+@pytest.mark.parametrize("text,msg", [c[1:] for c in FILES], ids=[c[0] for c in FILES])
+def test_bad_profile_file_gets_one_line(tmp_path, text, msg):
+    f = tmp_path / "bad.yaml"
+    f.write_text(text)
+    with pytest.raises(ProfileError) as e:
+        load_profile(str(f))
+    assert str(e.value) == f"{f}: {msg}"
+
+
+# (case, --set assignments on the smoke profile, the message after "experiments/profiles/smoke.yaml")
+SETS = [
+    ("no '='", ["epochs"], " with --set epochs: expected key=value (e.g. train.epochs=2), got 'epochs'"),
+    ("empty key", ["=3"], " with --set =3: expected a dotted key such as train.epochs before '=', got ''"),
+    ("value is not valid YAML", ["eval.temperatures=[0"],
+     " with --set eval.temperatures=[0: the value '[0' is not valid YAML: line 1, column 3: "
+     "expected ',' or ']', but got '<stream end>' (while parsing a flow sequence)"),
+    ("key below a value", ["train.epochs.max=3"],
+     " with --set train.epochs.max=3: train.epochs is a value (1), not a section with keys"),
+    ("out of range", ["resources.eval_actors=0"],
+     " with --set resources.eval_actors=0: resources.eval_actors must be an integer >= 1, got 0"),
+    ("misspelled key", ["train.epochz=3"],
+     f" with --set train.epochz=3: unknown key 'train.epochz' (did you mean 'train.epochs'?); "
+     f"allowed in train: {TRAIN_KEYS}"),
+    ("two drafters needed", ["train.variants=[math]", "merge.kinds=[]"],
+     ": strategies ['confidence', 'merged'] need two drafters, but eval.route_pair ['math', 'chat'] names only "
+     "1 trained variant(s) of train.variants ['math']"),
+]
+
+
+@pytest.mark.parametrize("sets,msg", [c[1:] for c in SETS], ids=[c[0] for c in SETS])
+def test_bad_set_override_gets_one_line(sets, msg):
+    with pytest.raises(ProfileError) as e:
+        load_profile("smoke", sets)
+    assert str(e.value) == SMOKE + msg
+
+
+def test_cli_prints_one_line_and_exits_2(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("resources:\n  eval_actors: 0\n")
+    cmd = [sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", str(f), "--dry-run"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr == f"error: invalid profile: {f}: resources.eval_actors must be an integer >= 1, got 0\n"
+
+
+def test_every_profile_field_has_a_rule_and_shipped_profiles_load():
+    def walk(cls):
+        sections = {f.name for f in dataclasses.fields(cls) if dataclasses.is_dataclass(f.default_factory)}
+        assert set(cls.RULES) == {f.name for f in dataclasses.fields(cls)} - sections, cls.__name__
+        for f in dataclasses.fields(cls):
+            if f.name in sections:
+                walk(f.default_factory)
+
+    walk(Profile)
+    for p in sorted(PROFILE_DIR.glob("*.yaml")):
+        assert load_profile(p.stem).name == p.stem
+
+
+def test_profile_dtypes_are_the_verifier_dtypes():
+    from drafters.model import DTYPES as MODEL_DTYPES
+    from orchestrator.profile import DTYPES
+
+    assert set(DTYPES) == set(MODEL_DTYPES)
+
+
+# ---------------------------------------------------------------- preflight: data sets and the verifier
+def test_missing_benchmark_is_reported_before_any_work(tmp_path, monkeypatch):
+    empty = tmp_path / "data"
+    empty.mkdir()
+    monkeypatch.setenv("TASKSPEC_DATA_ROOT", str(empty))
+    for name in ("GSM8K", "MT_BENCH", "MATHINSTRUCT"):  # the Hub step reads a local dir that is not there
+        monkeypatch.setenv(f"TASKSPEC_HUB_{name}", str(tmp_path / "no-hub"))
+    with pytest.raises(PreflightError) as e:
+        preflight(load_profile("smoke"))
+    lines = e.value.problems
+    assert str(e.value).splitlines() == lines and len(lines) == 3  # sharegpt comes from its package
+    gsm8k, mt_bench, math = lines
+    tried = f"not found. Tried: local data root {empty} (missing"
+    assert gsm8k.startswith(f"eval.benchmarks: data source 'gsm8k' {tried} benchmarks/gsm8k/test.jsonl); "
+                            "Hugging Face Hub openai/gsm8k (")
+    assert mt_bench.startswith(f"eval.benchmarks: data source 'mt_bench' {tried} "
+                               "benchmarks/mt_bench/question.jsonl)")
+    assert math.startswith(f"train.variants: data source 'mathinstruct' {tried} train/gsm8k_train.jsonl, "
+                           "train/math_train.jsonl)")
+    assert all("TASKSPEC_DATA_ROOT" in x for x in lines)
+
+
+def test_cli_refuses_missing_benchmark_before_training(tmp_path):
+    """The real entry point: exit 2 with one line per missing data set, before Ray or any stage starts."""
+    env = {**os.environ, "TASKSPEC_DATA_ROOT": str(tmp_path)}
+    env.update({f"TASKSPEC_HUB_{n}": str(tmp_path / "no-hub") for n in ("GSM8K", "MT_BENCH", "MATHINSTRUCT")})
+    r = subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke",
+                        "--output-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300,
+                       cwd=ROOT, env=env)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    lines = r.stderr.splitlines()
+    assert [x.split(" not found.")[0] for x in lines] == [
+        "error: preflight: eval.benchmarks: data source 'gsm8k'",
+        "error: preflight: eval.benchmarks: data source 'mt_bench'",
+        "error: preflight: train.variants: data source 'mathinstruct'"]
+    assert not (tmp_path / "run" / "profile.json").exists()  # run() stopped before its first write
+
+
+def test_preflight_finds_the_shipped_data_and_the_embedded_verifier():
+    found = preflight(load_profile("smoke"))
+    assert [x.split(":")[0] for x in found] == ["gsm8k", "mt_bench", "mathinstruct", "sharegpt", "verifier"]
+    assert found[-1].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def test_unknown_verifier_is_reported_by_the_preflight():
+    with pytest.raises(PreflightError) as e:
+        preflight(load_profile("smoke", ["verifier=not-a-model"]))
+    assert e.value.problems == [
+        "verifier 'not-a-model': unknown verifier 'not-a-model': not a registry name "
+        "['llama3-8b-instruct', 'smollm2-135m-instruct'], not an existing local model directory, "
+        "and not a hub id of the form owner/name"]
+
+
+def test_verifier_dir_without_config_is_reported_by_the_preflight(tmp_path):
+    with pytest.raises(PreflightError) as e:
+        preflight(load_profile("smoke", [f"verifier={tmp_path}"]))
+    (line,) = e.value.problems
+    assert line.startswith(f"verifier '{tmp_path}': its config does not load from {tmp_path}")
+    assert "config.json" in line
+
+
+# ---------------------------------------------------------------- the manifest: traces must read back
+def _trace(path: Path, rows: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    table = pa.table({"prompt_id": [f"p{i}" for i in range(rows)], "new_tokens": list(range(rows))})
+    pq.write_table(table, path)
+
+
+@pytest.mark.parametrize("damage,redone", [
+    ("none", False), ("truncated", True), ("fewer rows", True), ("truncated, old record", True)])
+def test_unit_is_done_only_when_its_trace_reads_back(tmp_path, capsys, damage, redone):
+    rel = "traces/prompts/backbone=eagle2/benchmark=gsm8k/temperature=0/eval-k.parquet"
+    trace = tmp_path / rel
+    _trace(trace, 4)
+    m = Manifest(tmp_path / "manifest.json")
+    rows = {} if damage == "truncated, old record" else {"file_rows": {rel: 4}}
+    m.record("eval-k", "eval", "eagle2:single:math|gsm8k|T=0", "done", files=[rel], **rows)
+    if damage.startswith("truncated"):
+        trace.write_bytes(trace.read_bytes()[:-20])  # the footer is cut
+    elif damage == "fewer rows":
+        _trace(trace, 3)
+    assert Manifest(tmp_path / "manifest.json").done("eval-k") is not redone
+    err = capsys.readouterr().err
+    want = {"none": "", "fewer rows": f"[manifest] eagle2:single:math|gsm8k|T=0: {rel} has 3 rows, expected 4; "
+                                      "redoing the unit\n"}
+    want["truncated"] = want["truncated, old record"] = (f"[manifest] eagle2:single:math|gsm8k|T=0: {rel} "
+                                                         "does not read back; redoing the unit\n")
+    assert err == want[damage]
+
+
+def test_yaml_anchors_still_load_with_the_duplicate_key_check(tmp_path):
+    f = tmp_path / "anchors.yaml"
+    f.write_text("resources:\n  features: &one {num_cpus: 1}\n  eval:\n    <<: *one\n    num_cpus: 2\n")
+    assert load_profile(str(f)).resources.eval.num_cpus == 2.0
