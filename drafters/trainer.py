@@ -1,9 +1,9 @@
 """One trainer for both backbones (EAGLE-2, HASS), run inside a Ray Train worker or directly.
 
-Per epoch: stream batches from the feature cache (or compute them online with the verifier),
-take optimizer steps (DeepSpeed ZeRO or plain AdamW), evaluate top-1 agreement with the verifier
-at depths 1-3 on a held-out slice, and write an atomic checkpoint (drafter format + optimizer
-state) that a crashed run resumes from.
+Per epoch: stream batches from the feature cache (or compute them online with the verifier,
+each rank for its own batches only), take optimizer steps (DeepSpeed ZeRO or plain AdamW),
+evaluate top-1 agreement with the verifier at depths 1-3 on a held-out slice, and write an atomic
+checkpoint (drafter format + optimizer state) that a crashed run resumes from.
 """
 from __future__ import annotations
 
@@ -19,9 +19,13 @@ import torch
 
 from .checkpoint import init_drafter, save_checkpoint
 from .config import BACKBONES, DrafterConfig
-from .features import FeatureStore
+from .data.templating import TokenizedExample
+from .features import FeatureExample, FeatureStore
 from .losses import MASK_MODES, aligned_passes, collate, eagle_losses, noise, step_mask
+from .variants import DataSpec
 from .vocab import DraftHead, load_vocab
+
+ONLINE_ROOTS = ("online", "online-heldout")  # data entries whose features the verifier computes in the worker
 
 
 class TrainingDiverged(RuntimeError):
@@ -85,7 +89,9 @@ class TrainConfig:
 
 class OnlineFeatures:
     """``online`` mode: features computed by the verifier inside the training worker, batch by
-    batch, never cached (for verifiers whose full cache would be terabytes)."""
+    batch, never cached (for verifiers whose full cache would be terabytes). The selection
+    (tokenized examples, no verifier pass) is known up front, so batches and ranks are assigned
+    before any feature is computed and each rank runs the verifier only on its own batches."""
 
     def __init__(self, model, tokenizer, spec: dict):
         from decoding.verifiers import eos_token_ids
@@ -94,38 +100,54 @@ class OnlineFeatures:
 
         self.model, self.tok, self.spec = model, tokenizer, DataSpec(**spec)
         self.eos = eos_token_ids(model, tokenizer)
-        self._examples: dict[str, list] = {}
+        self._examples: dict[str, dict] = {}
 
-    def iter_examples(self, corpus: str, ids, part: str = "train", chunk: int = 8):
-        from .features import verifier_features
+    def examples(self, corpus: str, ids, part: str = "train") -> list[TokenizedExample]:
+        """The selected examples of ``corpus`` (in selection order, as the cache stores them)."""
         from .variants import select_examples
 
         if corpus not in self._examples:
             train, held = select_examples(self.tok, self.eos, corpus, self.spec)
             self._examples[corpus] = {"train": train, "heldout": held}
-        exs = [e for e in self._examples[corpus][part] if ids is None or e.id in set(ids)]
+        keep = None if ids is None else set(ids)
+        return [e for e in self._examples[corpus][part] if keep is None or e.id in keep]
+
+    def features(self, examples: list[TokenizedExample]) -> list[FeatureExample]:
+        """One verifier pass over ``examples`` (the only place online mode runs the verifier)."""
+        from .features import verifier_features
+
+        return verifier_features(self.model, examples)
+
+    def iter_examples(self, corpus: str, ids, part: str = "train", chunk: int = 8, features: bool = True):
+        exs = self.examples(corpus, ids, part)
+        if not features:
+            yield from exs
+            return
         for j in range(0, len(exs), chunk):
-            yield from verifier_features(self.model, exs[j : j + chunk])
+            yield from self.features(exs[j : j + chunk])
 
 
-def _source(root, key, ids, online: OnlineFeatures | None):
-    if root in ("online", "online-heldout"):
+def _source(root, key, ids, online: OnlineFeatures | None, features: bool = True):
+    if root in ONLINE_ROOTS:
         if online is None:
             raise ValueError("train_data has 'online' entries but no online feature source was given")
-        return online.iter_examples(key, ids, "heldout" if root == "online-heldout" else "train")
+        return online.iter_examples(key, ids, "heldout" if root == "online-heldout" else "train", features=features)
     return FeatureStore(root, key).iter_examples(None if ids is None else set(ids))
 
 
-def iter_examples(data: list, seed: int | None, buffer: int = 256, online: OnlineFeatures | None = None):
+def iter_examples(data: list, seed: int | None, buffer: int = 256, online: OnlineFeatures | None = None,
+                  features: bool = True):
     """Stream examples from feature stores (or the online source); shard order and a shuffle
-    buffer seeded per epoch, so memory stays at about one shard plus the buffer."""
+    buffer seeded per epoch, so memory stays at about one shard plus the buffer. ``features=False``:
+    online entries yield their tokenized examples (no verifier pass); the order depends only on
+    the examples' count, so it is the same either way and the same as the cache's."""
     rng = random.Random(seed) if seed is not None else None
     sources = list(data)
     if rng:
         rng.shuffle(sources)
     buf = []
     for root, key, ids in sources:
-        for e in _source(root, key, ids, online):
+        for e in _source(root, key, ids, online, features):
             if rng is None:
                 yield e
                 continue
@@ -137,11 +159,18 @@ def iter_examples(data: list, seed: int | None, buffer: int = 256, online: Onlin
     yield from buf
 
 
-def batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket: bool = False, pool: int = 16,
-            mask_mode: str = "next"):
-    """Collated batches. ``bucket``: take ``pool`` batches' worth of (already shuffled) examples,
-    sort them by length, cut batches, and yield those in a seeded random order, so a batch pads
-    to similar lengths; every example is used once per epoch either way."""
+def _has_targets(e) -> bool:
+    m = e.loss_mask[1:]
+    return bool(m.any()) if torch.is_tensor(m) else any(m)
+
+
+def plan_batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket: bool = False,
+                 pool: int = 16):
+    """The epoch's batches as lists of examples, before any online feature is computed (online
+    entries are tokenized examples here, cached ones FeatureExamples). ``bucket``: take ``pool``
+    batches' worth of (already shuffled) examples, sort them by length, cut batches, and yield
+    those in a seeded random order, so a batch pads to similar lengths; every example is used
+    once per epoch either way. Only lengths and loss masks decide, so both modes plan alike."""
     rng = random.Random(seed)
     group = []
 
@@ -154,28 +183,57 @@ def batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket
         return out
 
     cap = batch_size * (pool if bucket else 1)
-    for e in iter_examples(data, seed, online=online):
-        if int(e.loss_mask[1:].sum()) == 0:
+    for e in iter_examples(data, seed, online=online, features=False):
+        if not _has_targets(e):
             continue
         group.append(e)
         if len(group) == cap:
-            yield from (collate(g, mask_mode=mask_mode) for g in flush(group))
+            yield from flush(group)
             group = []
     if group:
-        yield from (collate(g, mask_mode=mask_mode) for g in flush(group))
+        yield from flush(group)
 
 
-def count_examples(data: list) -> int:
-    """Examples a data list holds (from manifests or id lists; no shard is read)."""
+def batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket: bool = False, pool: int = 16,
+            mask_mode: str = "next", rank: int = 0, world: int = 1):
+    """Collated batches of rank ``rank`` of ``world``: batch i of the plan goes to rank i % world
+    (the same assignment in cached and online mode), and online features are computed for that
+    rank's batches only."""
+    for i, group in enumerate(plan_batches(data, batch_size, seed, online, bucket, pool)):
+        if i % world != rank:
+            continue
+        need = [j for j, e in enumerate(group) if isinstance(e, TokenizedExample)]  # online: no features yet
+        if need:
+            computed = online.features([group[j] for j in need])
+            group = list(group)
+            for j, f in zip(need, computed):
+                group[j] = f
+        yield collate(group, mask_mode=mask_mode)
+
+
+def count_examples(data: list, online_spec: dict | None = None) -> int:
+    """Examples a data list holds (from manifests, id lists or, for an online entry without ids,
+    the selection size of ``online_spec``); no shard is read and no feature computed."""
     n = 0
     for root, key, ids in data:
         if ids is not None:
             n += len(ids)
-        elif root in ("online", "online-heldout"):
-            raise ValueError("an online data entry needs explicit ids to be counted")
+        elif root in ONLINE_ROOTS:
+            if online_spec is None:
+                raise ValueError("an online data entry without ids needs online_spec to be counted")
+            spec = DataSpec(**online_spec)  # select_examples returns exactly n (train) / heldout examples
+            n += spec.heldout if root == "online-heldout" else spec.n
         else:
             n += int(FeatureStore(root, key).manifest()["examples"])
     return n
+
+
+def schedule_steps(cfg: TrainConfig, world: int) -> int:
+    """Micro-batches each rank's schedule spans (optimizer steps x grad_accum): epochs x
+    ceil(ceil(examples / batch_size) / world). From counts alone, so warmup, linear decay and
+    HASS's two-stage switch are the same in cached and online mode."""
+    n_batches = -(-count_examples(cfg.train_data, cfg.online_spec) // cfg.batch_size)
+    return cfg.epochs * -(-n_batches // world)
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
@@ -282,6 +340,7 @@ class _Plain:
             self.opt.zero_grad(set_to_none=True)
 
     def save_state(self, d: Path):
+        d.mkdir(parents=True, exist_ok=True)  # a rank > 0 may get here before rank 0 made it
         torch.save(self.opt.state_dict(), d / "optimizer.pt")
 
     def load_state(self, d: Path):
@@ -323,8 +382,7 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
     if cfg.grad_clip_mode == "value":
         clamp_grads_by_value(model, cfg.grad_clip)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
-    n_batches = -(-count_examples(cfg.train_data) // cfg.batch_size) if not online else None
-    total_steps = cfg.epochs * -(-n_batches // world) if n_batches else 0  # optimizer steps x grad_accum
+    total_steps = schedule_steps(cfg, world)  # optimizer steps x grad_accum, cached and online alike
     runner = _DeepSpeed(model, opt, cfg, world) if cfg.deepspeed else _Plain(model, opt, cfg)
     model = runner.module
     start, history = 0, []
@@ -343,14 +401,12 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
         history.append({"epoch": 0, "steps": 0, **heldout_metrics(model, embed, head, cfg, online)})
     for epoch in range(start + 1, cfg.epochs + 1):
         t0, losses, base_losses, n_steps, n_tok, n_rows = time.perf_counter(), [], [], 0, 0, 0
-        for i, batch in enumerate(batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch, online, cfg.bucket,
-                                          mask_mode=cfg.loss_mask)):
-            if i % world != rank:
-                continue
+        for batch in batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch, online, cfg.bucket,
+                             mask_mode=cfg.loss_mask, rank=rank, world=world):
             for g in opt.param_groups:
                 g["lr"] = cfg.lr * lr_factor(step // cfg.grad_accum, total_steps // cfg.grad_accum,
-                                             cfg.warmup_steps, cfg.lr_schedule if total_steps else "constant")
-            use_topk = not total_steps or step >= cfg.topk_from * total_steps
+                                             cfg.warmup_steps, cfg.lr_schedule)
+            use_topk = step >= cfg.topk_from * total_steps
             loss, parts = compute_loss(cfg, model, embed, head, batch, gen, use_topk=use_topk)
             if not torch.isfinite(loss):
                 raise TrainingDiverged(f"non-finite loss {float(loss)} at epoch {epoch} step {n_steps}; "
