@@ -104,6 +104,11 @@ def test_tables_and_claims_are_exact_on_synthetic_traces(tmp_path):
     rq1c = v[("RQ1-chat", "chat - math specialist on mt_bench (tau)")]
     assert rq1m["estimate"] == pytest.approx(1.0) and rq1m["verdict"] == "holds"
     assert rq1c["estimate"] == pytest.approx(1.0) and rq1c["verdict"] == "holds"
+    assert rq1m["verdict_holm"] == "holds"
+    assert rq1m["study"] == "Table 1 (hass, T=0, gsm8k): MathInstruct 70k 5.02 vs ShareGPT 70k 4.09"
+    csv = pl.read_csv(run / "report/tables/claims.csv")
+    assert {"verdict", "verdict_holm", "p_value", "p_holm", "study", "study_consistent", "wording"} <= set(csv.columns)
+    assert set(csv["claim"]) >= {"RQ2-reversal", "Fig6", "merged-best", "backbones", "depth-slope", "speed"}
     ent_claim = [r for r in claims.iter_rows(named=True) if r["claim"] == "entropy"][0]
     assert ent_claim["estimate"] == pytest.approx(1.0) and ent_claim["verdict"] == "holds"
     md = (run / "report/report.md").read_text()
@@ -210,7 +215,11 @@ def test_report_opens_with_a_one_screen_summary_and_an_appendix(tmp_path):
     for part in ("Acceptance length τ", "Claims of the study", "Speed against `generate (transformers)`",
                  "FAILED eval: `hass:single:math|svamp|T=0`"):
         assert part in summary, part
-    assert "| autoregressive | 1.0 |" in summary  # the shared baseline row sits in the backbone's column
+    # the shared baseline row sits in the backbone's column, ours beside the study's convention (bonus excluded)
+    assert "| autoregressive | 1.0 (0.0) |" in summary
+    assert "τ (ours) = tokens committed" in md and "accepted draft tokens per pass" in md
+    assert "Holm-Bonferroni over this run's" in summary and "Not checked (no cells in this run" in summary
+    assert "† RQ3b: the study's own numbers contradict" in summary  # HASS T=0: Mixed 70k+70k 5.18 > 4.80
     assert summary.count("| RQ1-math |") == 1 and "| claim | hass T=0 |" in summary  # one row per claim
     assert "Tables 5–8" not in md and "Table 2 —" not in md  # the long tables moved out
     app = (run / "report/report_appendix.md").read_text()

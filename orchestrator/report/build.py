@@ -107,8 +107,7 @@ def build_report(run_dir) -> Path:
         _save_table(df, out, name)
     backbones = sorted(set(pp["backbone"].unique().to_list()) - {"none"})
     temps = sorted(pp["temperature"].unique().to_list())
-    md.append("τ = tokens committed by tree-verification passes / number of passes (prefill excluded); "
-              "95% CIs are percentile bootstraps over prompts (2,000 resamples). Raw per-prompt rows: "
+    md.append(TAU_NOTE + " 95% CIs are percentile bootstraps over prompts (2,000 resamples). Raw per-prompt rows: "
               "`traces/prompts`, per-call rows: `traces/steps`; every table below is also in `tables/` "
               "(CSV and Parquet); the long ones are in `report_appendix.md`.\n")
     md += summary_section(t1, sp, cl, miss, pp)
@@ -136,8 +135,12 @@ def build_report(run_dir) -> Path:
             md.append(_md(table1_wide(t1, b, t)))
     app = [f"# Appendix to the report for `{run.name}`\n",
            "## Claims of the study, checked on this run (every comparison)\n",
+           CLAIMS_NOTE,
            _md(cl.select("claim", "backbone", "temperature", "comparison", "prompts", "estimate", "ci_lo", "ci_hi",
-                         "verdict", "study") if not cl.is_empty() else cl),
+                         "p_value", "verdict", "p_holm", "verdict_holm", "study", "study_consistent", "study_note")
+               if not cl.is_empty() else cl),
+           "## Each claim as the study words it\n",
+           _md(cl.select("claim", "wording").unique("claim", maintain_order=True) if not cl.is_empty() else cl),
            "## The study's numbers beside ours (acceptance length)\n",
            "The study's verifier is Llama-3-8B-Instruct with 70k examples per domain; `our_tau` is this run's "
            "(mean over the benchmarks present for `average`). Source: arXiv 2603.27027.\n",
@@ -159,6 +162,18 @@ def build_report(run_dir) -> Path:
     return p
 
 
+TAU_NOTE = ("τ (ours) = tokens committed by tree-verification passes (accepted draft tokens + the verifier's "
+            "bonus token) / number of passes, prefill excluded, a ratio of sums over a cell's prompts. The "
+            "study's text defines τ as accepted draft tokens per pass averaged over prompts (`tau_study` in "
+            "`tables/table1_acceptance.csv` = the mean over prompts of each prompt's tokens per pass, minus the "
+            "bonus token; `tau_prompt_mean` keeps the bonus token); the headline table gives both.")
+CLAIMS_NOTE = ("`p_value`: two-sided percentile-bootstrap p of a zero difference (min(1, 2 x the smaller share "
+               "of resamples on either side of 0)). `p_holm` / `verdict_holm`: Holm-Bonferroni step-down over "
+               "every test of this run (rows with a p-value and enough prompts), family-wise 5%; a conclusive "
+               "verdict whose p_holm is above 0.05 reads `inconclusive (Holm)`. `study`: the study's own numbers "
+               "for the row's backbone, temperature and benchmark (STUDY.md); `study_consistent`: whether they "
+               "agree with the claim's wording (false: the study contradicts its own claim there; empty: no "
+               "number for that cell).\n")
 SPEED_NOTE = ("`speedup` is tokens/s over transformers' `generate` (greedy at T=0, sampling at T>0) on the same "
               "inputs in the same actor: timed by the cell itself next to each of its inputs where `paired_baseline` "
               "(profile key `eval.paired_baseline`), else by the autoregressive cell of its benchmark and temperature. "
@@ -180,20 +195,54 @@ def _estimate_text(est, lo, hi) -> str:
     return f"{est:+.2f} [{lo:+.2f}, {hi:+.2f}]"
 
 
+def _counts(verdicts: list[str]) -> str:
+    words = [_verdict_word(v) for v in verdicts]
+    order = ("holds", "does not hold", "inconclusive")
+    return ", ".join(f"{w} {words.count(w)}/{len(words)}" for w in sorted(set(words), key=(order + tuple(words)).index))
+
+
 def claims_grid(cl: pl.DataFrame) -> pl.DataFrame:
-    """One row per claim, one column per backbone and temperature (the summary's claim table)."""
+    """One row per claim, one column per backbone and temperature (the summary's claim table);
+    "Holm: ..." where the Holm-adjusted verdict differs, "†" where the study's own numbers
+    contradict the claim's wording in that cell, "not run" where the run has no cells for it."""
     cols, rows = [], {}
+    has_holm, has_study = "verdict_holm" in cl.columns, "study_consistent" in cl.columns
     for (claim, bb, t), g in cl.group_by("claim", "backbone", "temperature", maintain_order=True):
         col = f"{bb} T={t:g}"
         cols += [col] if col not in cols else []
-        if g.height == 1:
+        raw = g["verdict"].to_list()
+        holm = g["verdict_holm"].to_list() if has_holm else raw
+        if all("not in this run" in v for v in raw):
+            cell = "not run"
+        elif g.height == 1:
             r = g.row(0, named=True)
             cell = f"{_estimate_text(r['estimate'], r['ci_lo'], r['ci_hi'])} {_verdict_word(r['verdict'])}"
+            cell += f" (Holm: {_verdict_word(holm[0])})" if _verdict_word(holm[0]) != _verdict_word(raw[0]) else ""
         else:
-            words = [_verdict_word(v) for v in g["verdict"].to_list()]
-            cell = ", ".join(f"{w} {words.count(w)}/{len(words)}" for w in dict.fromkeys(words))
+            cell = _counts(raw)
+            cell += f" (Holm: {_counts(holm)})" if _counts(holm) != cell else ""
+        if has_study and (g["study_consistent"].fill_null(True) == False).any():  # noqa: E712
+            cell += " †"
         rows.setdefault(claim, {"claim": claim})[col] = cell
     return pl.DataFrame([{c: r.get(c, "—") for c in ["claim", *cols]} for r in rows.values()])
+
+
+def _claims_footer(cl: pl.DataFrame) -> list[str]:
+    """The family-wise line and, per claim the study's own numbers contradict, one line saying where."""
+    out = []
+    if "verdict_holm" in cl.columns:
+        tests = int(cl["p_holm"].is_not_nan().sum())
+        raw = sum(_verdict_word(v) in ("holds", "does not hold") for v in cl["verdict"])
+        kept = sum(_verdict_word(v) in ("holds", "does not hold") for v in cl["verdict_holm"])
+        out.append(f"Holm-Bonferroni over this run's {tests} tests (bootstrap p-values, family-wise 5%): "
+                   f"{kept} of {raw} conclusive verdicts stay conclusive (`verdict_holm` in `tables/claims.csv`).\n")
+    if "study_consistent" in cl.columns:
+        bad = cl.filter(pl.col("study_consistent") == False)  # noqa: E712 - polars expression
+        for claim, g in bad.group_by("claim", maintain_order=True):
+            out.append(f"† {claim[0]}: the study's own numbers contradict its wording in at least one cell: "
+                       f"{g['study'][0]}.")
+        out += [""] if bad.height else []
+    return out
 
 
 def summary_section(t1: pl.DataFrame, sp: pl.DataFrame, cl: pl.DataFrame, miss: list[str],
@@ -207,22 +256,34 @@ def summary_section(t1: pl.DataFrame, sp: pl.DataFrame, cl: pl.DataFrame, miss: 
     t1b = pl.concat([t1.filter(pl.col("backbone") != "none")]
                     + [shared.with_columns(pl.lit(b).alias("backbone")) for b in real])
     temp = {t: f"T={t:g}" for t in t1b["temperature"].unique().to_list()}
+    if "tau_study" not in t1b.columns:
+        t1b = t1b.with_columns(pl.lit(None, dtype=pl.Float64).alias("tau_study"))
     head = (t1b.with_columns(pl.format("{} {}", pl.col("backbone"),
                                        pl.col("temperature").replace_strict(temp, return_dtype=pl.String)).alias("col"))
-            .group_by("method", "col").agg(pl.col("tau").mean().round(2)))
+            .group_by("method", "col").agg(pl.col("tau").mean(), pl.col("tau_study").mean()))
     wide = head.pivot(on="col", index="method", values="tau")
     cols = sorted(c for c in wide.columns if c != "method")
-    wide = (wide.with_columns(pl.mean_horizontal(*cols).round(2).alias("_mean")).sort("_mean", descending=True)
-            .select("method", *cols))
+    both = pl.format("{} ({})", pl.col("tau").round(2), pl.col("tau_study").round(2))
+    cells = head.with_columns(both.alias("v")).pivot(on="col", index="method", values="v")
+    order = wide.with_columns(pl.mean_horizontal(*cols).alias("_mean")).select("method", "_mean")
+    wide = (cells.join(order, on="method").sort("_mean", descending=True).select("method", *cols)
+            .with_columns(pl.col(c).fill_null("—") for c in cols))
     more = max(0, wide.height - HEADLINE_ROWS)
-    md.append("**Acceptance length τ** (mean over benchmarks; per benchmark with CIs in Table 1"
-              + (f"; {more} more method(s) there" if more else "") + ")\n")
+    md.append("**Acceptance length τ**: ours (in brackets the study's convention: accepted draft tokens per "
+              "pass, mean over prompts); mean over benchmarks; per benchmark with CIs in Table 1"
+              + (f"; {more} more method(s) there" if more else "") + "\n")
     md.append(_md(wide.head(HEADLINE_ROWS), 2))
     if not cl.is_empty():
         md.append("**Claims of the study** (prompt-level paired bootstrap; one comparison: estimate [95% CI] "
                   "and verdict; several (per benchmark or per drafter pair): verdict counts; every comparison "
                   "with its CI in the appendix)\n")
-        md.append(_md(claims_grid(cl)))
+        ran = cl.filter(~pl.col("verdict").str.contains("not in this run", literal=True))
+        md.append(_md(claims_grid(ran)) if ran.height else "_no claim has cells in this run_\n")
+        idle = [c for c in dict.fromkeys(cl["claim"].to_list()) if c not in set(ran["claim"].to_list())]
+        if idle:
+            md.append(f"Not checked (no cells in this run; `tables/claims.csv` says what each needs): "
+                      f"{', '.join(idle)}.\n")
+        md += _claims_footer(cl)
         few = sum("< 10 prompts" in v for v in cl["verdict"].to_list())
         if few:
             md.append(f"{few} of {cl.height} comparisons are inconclusive because fewer than 10 prompts were paired "

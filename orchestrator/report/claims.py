@@ -1,123 +1,198 @@
-"""Check each of the study's claims on this run: holds / does not hold / inconclusive (95% CI)."""
+"""Check each of the study's claims on this run: holds / does not hold / inconclusive (95% CI).
+
+Every interval is a bootstrap whose unit is the prompt (paired: methods compared on the same
+prompts); a verdict needs at least MIN_PROMPTS prompts on every benchmark it uses. Every row
+carries the claim as the study words it, the study's own numbers for the row's cell and whether
+they agree with that wording (claims_study), a bootstrap p-value, and ``verdict_holm``: the verdict
+after a Holm-Bonferroni adjustment over every test of the run (family-wise 5%). A claim the run
+has no cells for gets one inconclusive row per backbone and temperature saying what it needs."""
 from __future__ import annotations
 
+import re
+
+import numpy as np
 import polars as pl
 
-from .stats import mean_diff_ci, paired_avg_diff_ci, paired_diff_ci, verdict
+from . import claims_study as cs
+from .claims_depth import depth_claims, ordering_claim
+from .claims_study import STUDY_NUMBERS, WORDING, study_comparison  # noqa: F401 - re-exported
+from .stats import holm, mean_diff_ci, paired_avg_diff_ci, paired_diff_ci, verdict
 from .tables import MATH_BENCH, aligned
 
-STUDY = {
-    "RQ1-math": "MathInstruct drafter 5.02 vs ShareGPT 4.09 on GSM8K (HASS, T=0)",
-    "RQ1-chat": "ShareGPT drafter 3.98 vs MathInstruct 2.90 on MT-Bench (HASS, T=0)",
-    "RQ2": "Mixed 70k+70k average 5.18 vs specialists (HASS, T=0)",
-    "RQ3a": "merged trees 5.11 > confidence routing 4.80 (HASS, T=0 average)",
-    "RQ3b": "confidence routing 4.80 > best single checkpoint (average)",
-    "RQ3c": "averaged checkpoint 2.59, the weakest everywhere",
-    "RQ4": "confidence routing: 90.8% math on GSM8K vs entropy 54.6% (EAGLE-2)",
-    "entropy": "rejected 1.076 vs accepted 0.528 draft entropy (EAGLE-2, MathInstruct, GSM8K)",
-    "RQ5": "acceptance falls with depth (MathInstruct 97.9% at depth 1 to 81.5% at depth 5)",
-}
-
-# The study's numbers as data (arXiv 2603.27027, Llama-3-8B-Instruct verifier): (backbone,
-# temperature, method, benchmark or "average", value, source). Printed beside ours in the report.
-STUDY_NUMBERS = [
-    ("hass", 0.0, "math", "gsm8k", 5.02, "Table 1"), ("hass", 0.0, "math", "math500", 5.35, "Table 1"),
-    ("hass", 0.0, "math", "mt_bench", 2.90, "Table 1"), ("hass", 0.0, "chat", "gsm8k", 4.09, "Table 1"),
-    ("hass", 0.0, "chat", "math500", 3.98, "Table 1"), ("hass", 0.0, "chat", "mt_bench", 3.98, "Table 1"),
-    ("hass", 0.0, "mixed_full", "average", 5.18, "Table 1"), ("hass", 0.0, "mixed_full", "mt_bench", 4.13, "Table 1"),
-    ("hass", 0.0, "mixed_half", "mt_bench", 3.92, "Table 1"), ("hass", 0.0, "mixed_half", "math500", 5.02, "Table 1"),
-    ("hass", 0.0, "avg0.5", "average", 2.59, "Table 1"), ("hass", 0.0, "confidence(step)", "average", 4.80, "Table 1"),
-    ("hass", 0.0, "confidence(step)", "mt_bench", 3.93, "Table 1"), ("hass", 0.0, "confidence(step)", "gsm8k", 5.01, "Table 1"),
-    ("hass", 0.0, "merged", "average", 5.11, "Table 1"), ("hass", 0.0, "merged", "mt_bench", 4.05, "Table 1"),
-    ("eagle2", 0.0, "math", "gsm8k", 5.04, "Table 1"), ("eagle2", 0.0, "math", "math500", 5.28, "Table 1"),
-    ("eagle2", 0.0, "math", "svamp", 4.81, "Table 1"), ("eagle2", 0.0, "math", "mt_bench", 2.54, "Table 1"),
-    ("eagle2", 0.0, "chat", "gsm8k", 3.72, "Table 1"), ("eagle2", 0.0, "chat", "math500", 3.81, "Table 1"),
-    ("eagle2", 0.0, "chat", "svamp", 3.71, "Table 1"), ("eagle2", 0.0, "chat", "mt_bench", 3.57, "Table 1"),
-    ("eagle2", 0.0, "mixed_full", "average", 4.48, "Table 1"), ("eagle2", 0.0, "mixed_half", "average", 4.02, "Table 1"),
-    ("eagle2", 0.0, "avg0.5", "average", 2.42, "Table 1"), ("eagle2", 0.0, "confidence(step)", "average", 4.63, "Table 1"),
-    ("eagle2", 0.0, "merged", "average", 5.03, "Table 1"), ("hass", 1.0, "merged", "average", 4.75, "Table 1"),
-    ("eagle2", 1.0, "merged", "average", 4.57, "Table 1"),
-    ("hass", 1.0, "mixed_half", "average", 4.29, "Table 1"), ("hass", 1.0, "mixed_full", "average", 3.69, "Table 1"),
-    ("eagle2", 1.0, "mixed_half", "average", 3.81, "Table 1"), ("eagle2", 1.0, "mixed_full", "average", 3.26, "Table 1"),
-]
-ROUTED = "confidence(step)"  # the routing the study's Table 1 and our figures use
-
-
+ROUTED = "confidence(step)"  # the routing the study's Table 1 numbers are compared with here
 MIN_PROMPTS = 10  # a bootstrap over fewer prompts per benchmark gives intervals too narrow to trust
+ALPHA = 0.05
+SINGLES = ("math", "chat", "mixed_half", "mixed_full")
+
+NEEDS = {  # what a claim needs from the run; shown when it is missing
+    "RQ1-math": "math and chat specialists on a math benchmark",
+    "RQ1-chat": "math and chat specialists on mt_bench",
+    "RQ2": "a mixed drafter and both specialists", "RQ2-home": "a mixed drafter and both specialists",
+    "RQ2-reversal": "mixed_half and mixed_full at this temperature (T=0 and T=1 for the reversal)",
+    "RQ3a": f"merged and {ROUTED}", "RQ3b": f"{ROUTED} and a single drafter",
+    "RQ3c": "avg0.5 and a single drafter",
+    "Fig6": "a lambda sweep (>= 2 averaged checkpoints, 0 < lambda < 1) and both specialists",
+    "merged-best": "merged and another method", "backbones": "both backbones with >= 3 methods in common",
+    "RQ4": "confidence and entropy routing at one granularity, route pair math/chat",
+    "entropy": "step traces of single drafters", "RQ5": "step traces of single drafters reaching two depths",
+    "depth-slope": "step traces of both specialists",
+    "depth-shallow": "step traces of a mixed drafter and a specialist",
+    "speed": f"{ROUTED} and merged with wall-clock times",
+}
+ORDER = list(WORDING)
 
 
-def _row(claim, backbone, temp, what, est, lo, hi, v, n=None):
-    if n is not None and n < MIN_PROMPTS and v != "inconclusive":
+def _row(claim, backbone, temp, what, est, lo, hi, v, n=None, p=None, ev=None):
+    if n is not None and n < MIN_PROMPTS and v != "inconclusive" and not v.startswith("inconclusive ("):
         v = f"inconclusive (n={n} < {MIN_PROMPTS} prompts)"
+    ev = ev or cs.evidence(claim)
     return {"claim": claim, "backbone": backbone, "temperature": temp, "comparison": what, "prompts": n,
-            "estimate": est, "ci_lo": lo, "ci_hi": hi, "verdict": v, "study": STUDY.get(claim.split(" ")[0], "")}
+            "estimate": est, "ci_lo": lo, "ci_hi": hi, "p_value": float("nan") if p is None else p, "verdict": v,
+            "wording": ev["wording"], "study": ev["study"], "study_consistent": ev["study_consistent"],
+            "study_note": ev["study_note"]}
 
 
-def study_comparison(t1: pl.DataFrame) -> pl.DataFrame:
-    """The study's numbers next to ours (same backbone, temperature, method, benchmark/average)."""
-    rows = []
-    for bb, temp, method, bench, value, source in STUDY_NUMBERS:
-        t = t1.filter((pl.col("backbone") == bb) & (pl.col("temperature") == temp) & (pl.col("method") == method))
-        if bench != "average":
-            t = t.filter(pl.col("benchmark") == bench)
-        ours = float(t["tau"].mean()) if t.height else None
-        rows.append({"backbone": bb, "temperature": temp, "method": method, "benchmark": bench, "study_tau": value,
-                     "source": source, "our_tau": ours, "our_benchmarks": t.height})
-    return pl.DataFrame(rows)
+def _test(claim, bb, temp, what, res, n, ev, expected_positive=True):
+    est, lo, hi, p = res
+    return _row(claim, bb, temp, what, est, lo, hi, verdict(lo, hi, expected_positive), n, p, ev)
+
+
+def add_holm(cl: pl.DataFrame, alpha: float = ALPHA) -> pl.DataFrame:
+    """``p_holm`` and ``verdict_holm``: Holm-Bonferroni over every test of the run. The family is
+    every row with a bootstrap p-value that passed the prompt rule (rows that cannot conclude, and
+    rows the run has no cells for, are not tests). A raw conclusive verdict stays when p_holm <= alpha,
+    else it reads inconclusive; Holm never makes an inconclusive verdict conclusive."""
+    if cl.is_empty():
+        return cl
+    tested = [np.isfinite(p) and (n is None or n >= MIN_PROMPTS) for p, n in zip(cl["p_value"], cl["prompts"])]
+    p_holm = holm([p if t else np.nan for p, t in zip(cl["p_value"], tested)])
+    conclusive = ("holds", "does not hold")
+    vh = [v if v not in conclusive or (np.isfinite(ph) and ph <= alpha) else "inconclusive (Holm)"
+          for v, ph in zip(cl["verdict"], p_holm)]
+    return cl.with_columns(pl.Series("p_holm", p_holm), pl.Series("verdict_holm", vh))
+
+
+def _mean_tau(pp, bb, temp, m, benches) -> float:
+    vals = []
+    for bn in benches:
+        g = pp.filter((pl.col("backbone") == bb) & (pl.col("temperature") == temp) & (pl.col("method") == m)
+                      & (pl.col("benchmark") == bn))
+        if g.height and g["verifier_calls"].sum() > 0:
+            vals.append(g["new_tokens"].sum() / g["verifier_calls"].sum())
+    return float(np.mean(vals)) if vals else float("-inf")
 
 
 def check_claims(pp: pl.DataFrame, steps: pl.DataFrame | None, depth: pl.DataFrame | None,
                  route_pair: tuple = ("math", "chat")) -> pl.DataFrame:
-    """Each claim compares what the study compared: RQ3a/RQ3b use confidence routing per step
-    (the study's Table 1 routing), RQ4 maps routing choices to drafters by the profile's
-    ``route_pair``, the entropy claim uses EAGLE-2's math drafter on GSM8K where present, and
-    every interval is a bootstrap over prompts (pairs of methods on the same prompts)."""
+    """Each claim compares what the study compared: RQ3a/RQ3b use ``ROUTED``, RQ4 maps routing
+    choices to drafters by the profile's ``route_pair``, the entropy claim uses the math drafter on
+    GSM8K where present; then the family-wise view (add_holm) and rows for claims without cells."""
     rows = []
     benches = sorted(pp["benchmark"].unique().to_list())
-    for backbone in sorted(set(pp["backbone"].unique().to_list()) - {"none"}):
+    backbones = sorted(set(pp["backbone"].unique().to_list()) - {"none"})
+    temps = sorted(pp["temperature"].unique().to_list())
+    for backbone in backbones:
         methods = set(pp.filter(pl.col("backbone") == backbone)["method"].unique().to_list())
-        for temp in sorted(pp["temperature"].unique().to_list()):
-            def avg(a, b):
-                return paired_avg_diff_ci([aligned(pp, backbone, temp, bn, a, b) for bn in benches])
-
-            def n_min(a, b):
-                return min(len(aligned(pp, backbone, temp, bn, a, b)[0]) for bn in benches)
-
-            if {"math", "chat"} <= methods:
-                for bn in benches:
-                    home_math = bn in MATH_BENCH
-                    a, b = ("math", "chat") if home_math else ("chat", "math")
-                    arrays = aligned(pp, backbone, temp, bn, a, b)
-                    est, lo, hi = paired_diff_ci(*arrays)
-                    rows.append(_row("RQ1-math" if home_math else "RQ1-chat", backbone, temp,
-                                     f"{a} - {b} specialist on {bn} (tau)", est, lo, hi, verdict(lo, hi), len(arrays[0])))
-                for mixed in ("mixed_half", "mixed_full"):
-                    if mixed in methods:
-                        for spec in ("math", "chat"):
-                            est, lo, hi = avg(mixed, spec)
-                            rows.append(_row("RQ2", backbone, temp, f"{mixed} - {spec}, average over benchmarks", est, lo, hi, verdict(lo, hi),
-                                             n_min(mixed, spec)))
-            routed = [ROUTED] if ROUTED in methods else []
-            singles = [m for m in ("math", "chat", "mixed_half", "mixed_full") if m in methods]
-            if "merged" in methods and routed:
-                est, lo, hi = avg("merged", ROUTED)
-                rows.append(_row("RQ3a", backbone, temp, f"merged - {ROUTED}, average", est, lo, hi, verdict(lo, hi), n_min("merged", ROUTED)))
-            if routed and singles:
-                best = max(singles, key=lambda m: avg(m, singles[0])[0] if m != singles[0] else 0.0)
-                est, lo, hi = avg(ROUTED, best)
-                rows.append(_row("RQ3b", backbone, temp, f"{ROUTED} - best single ({best}), average", est, lo, hi, verdict(lo, hi),
-                                 n_min(ROUTED, best)))
-            avgname = "avg0.5" if "avg0.5" in methods else None
-            if avgname and singles:
-                worst = min(singles, key=lambda m: avg(m, singles[0])[0] if m != singles[0] else 0.0)
-                est, lo, hi = avg(avgname, worst)
-                rows.append(_row("RQ3c", backbone, temp, f"averaged - worst specialist ({worst}), average", est, lo, hi,
-                                 verdict(lo, hi, expected_positive=False), n_min(avgname, worst)))
+        for temp in temps:
+            have = set(pp.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp))["method"])
+            rows += _tau_claims(pp, backbone, temp, benches, methods & have)
             rows += _rq4(pp, backbone, temp, route_pair)
             if steps is not None:
                 rows += _entropy_claim(steps, backbone, temp)
-                rows += _depth_claim(steps, backbone, temp)
-    return pl.DataFrame(rows) if rows else pl.DataFrame()
+                rows += depth_claims(steps, backbone, temp, _row)
+            rows += _speed_claim(pp, backbone, temp, benches, methods & have)
+    for temp in temps:
+        rows += ordering_claim(pp, temp, backbones, _row)
+    rows += _missing(rows, backbones, temps)
+    if not rows:
+        return pl.DataFrame()
+    cl = pl.DataFrame(rows, infer_schema_length=None)
+    cl = cl.with_columns(pl.col("claim").replace_strict({c: i for i, c in enumerate(ORDER)}, default=99)
+                         .alias("_o")).sort("_o", "backbone", "temperature", maintain_order=True).drop("_o")
+    return add_holm(cl)
+
+
+def _tau_claims(pp, backbone, temp, benches, methods) -> list[dict]:
+    rows = []
+
+    def avg(a, b):
+        return paired_avg_diff_ci([aligned(pp, backbone, temp, bn, a, b) for bn in benches], p=True)
+
+    def n_min(a, b):
+        return min(len(aligned(pp, backbone, temp, bn, a, b)[0]) for bn in benches)
+
+    def per_bench(claim, a, b, bn):
+        arrays = aligned(pp, backbone, temp, bn, a, b)
+        return _test(claim, backbone, temp, f"{a} - {b} on {bn} (tau)", paired_diff_ci(*arrays, p=True),
+                     len(arrays[0]), cs.pair(claim, backbone, temp, a, b, bn))
+
+    if {"math", "chat"} <= methods:
+        for bn in benches:
+            home_math = bn in MATH_BENCH
+            a, b = ("math", "chat") if home_math else ("chat", "math")
+            r = per_bench("RQ1-math" if home_math else "RQ1-chat", a, b, bn)
+            rows.append(r | {"comparison": f"{a} - {b} specialist on {bn} (tau)"})
+        for mixed in ("mixed_half", "mixed_full"):
+            if mixed not in methods:
+                continue
+            for bn in benches:  # RQ2 as the study states it: robustness, per benchmark
+                matched, mismatched = ("math", "chat") if bn in MATH_BENCH else ("chat", "math")
+                rows.append(per_bench("RQ2", mixed, mismatched, bn))
+                rows.append(per_bench("RQ2-home", matched, mixed, bn))
+    if {"mixed_half", "mixed_full"} <= methods and temp in (0.0, 1.0):
+        a, b = ("mixed_full", "mixed_half") if temp == 0 else ("mixed_half", "mixed_full")
+        rows.append(_test("RQ2-reversal", backbone, temp, f"{a} - {b}, average over benchmarks", avg(a, b),
+                          n_min(a, b), cs.reversal(backbone, temp)))
+    singles = [m for m in SINGLES if m in methods]
+    routing_note = f"this row's routing is {ROUTED}; the study's Table 1 routes once per prompt"
+    if "merged" in methods and ROUTED in methods:
+        ev = cs.pair("RQ3a", backbone, temp, "merged", ROUTED, "average", note=routing_note)
+        rows.append(_test("RQ3a", backbone, temp, f"merged - {ROUTED}, average", avg("merged", ROUTED),
+                          n_min("merged", ROUTED), ev))
+    if ROUTED in methods and singles:
+        best = max(singles, key=lambda m: _mean_tau(pp, backbone, temp, m, benches))
+        ev = cs.rq3b(backbone, temp, ROUTED)
+        ev["study_note"] = "; ".join(x for x in (ev["study_note"], routing_note) if x)
+        rows.append(_test("RQ3b", backbone, temp, f"{ROUTED} - best single ({best}), average", avg(ROUTED, best),
+                          n_min(ROUTED, best), ev))
+    if "avg0.5" in methods and singles:
+        worst = min(singles, key=lambda m: _mean_tau(pp, backbone, temp, m, benches))
+        rows.append(_test("RQ3c", backbone, temp, f"averaged - worst specialist ({worst}), average",
+                          avg("avg0.5", worst), n_min("avg0.5", worst), cs.rq3c(backbone, temp), False))
+    lams = sorted((float(m[3:]), m) for m in methods if re.fullmatch(r"avg[0-9.]+", m) and 0 < float(m[3:]) < 1)
+    if len(lams) >= 2 and {"math", "chat"} <= methods:
+        spec = max(("math", "chat"), key=lambda m: _mean_tau(pp, backbone, temp, m, benches))
+        for _, m in lams:
+            rows.append(_test("Fig6", backbone, temp, f"{m} - best specialist ({spec}), average", avg(m, spec),
+                              n_min(m, spec), cs.fig6(backbone, temp), False))
+    others = [m for m in methods if not m.startswith("merged") and "@" not in m and "[" not in m
+              and m != "autoregressive"]
+    if "merged" in methods and others:
+        best = max(sorted(others), key=lambda m: _mean_tau(pp, backbone, temp, m, benches))
+        rows.append(_test("merged-best", backbone, temp, f"merged - best other method ({best}), average",
+                          avg("merged", best), n_min("merged", best), cs.merged_best(backbone, temp)))
+    return rows
+
+
+def _speed_claim(pp, backbone, temp, benches, methods) -> list[dict]:
+    """Tokens per second of confidence routing minus merged trees (ratio of sums over the same
+    prompts, mean over benchmarks), where the traces carry wall-clock times."""
+    if not {ROUTED, "merged"} <= methods or "wall_time_s" not in pp.columns:
+        return []
+    cells = pp.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)
+                      & pl.col("method").is_in([ROUTED, "merged"]))
+    if cells["wall_time_s"].fill_null(0).min() <= 0 or "out_tokens" not in pp.columns:
+        return []
+    groups = [aligned(pp, backbone, temp, bn, ROUTED, "merged", "out_tokens", "wall_time_s") for bn in benches]
+    n = min(len(g[0]) for g in groups)
+    r = _test("speed", backbone, temp, f"{ROUTED} - merged, tokens/s, average over benchmarks",
+              paired_avg_diff_ci(groups, p=True), n, cs.speed())
+    inv = cells.group_by("method").agg(pl.col("invocation").drop_nulls().unique().sort()) \
+        if "invocation" in cells.columns else None
+    if inv is not None and inv.height == 2 and all(len(x) for x in inv["invocation"]) \
+            and inv["invocation"][0].to_list() != inv["invocation"][1].to_list():
+        r |= {"verdict": "inconclusive (timed in different grid invocations)", "p_value": float("nan")}
+    return [r]
 
 
 def _rq4(pp, backbone, temp, route_pair=("math", "chat")):
@@ -130,63 +205,82 @@ def _rq4(pp, backbone, temp, route_pair=("math", "chat")):
     i_math, i_chat = list(route_pair).index("math"), list(route_pair).index("chat")
     for gran in ("step", "turn", "prompt"):
         c, e = f"confidence({gran})", f"entropy({gran})"
-        sub = pp.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp) & pl.col("method").is_in([c, e]))
+        sub = pp.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)
+                        & pl.col("method").is_in([c, e]))
         if sub["method"].n_unique() < 2:
             continue
         correct = sub.with_columns(
             pl.when(pl.col("benchmark").is_in(list(MATH_BENCH))).then(pl.col("routing_choice") == i_math)
             .otherwise(pl.col("routing_choice") == i_chat).cast(pl.Float64).alias("ok"))
-        w = correct.pivot(on="method", index=["benchmark", "prompt_id"], values="ok").drop_nulls()
+        w = (correct.pivot(on="method", index=["benchmark", "prompt_id"], values="ok").drop_nulls()
+             .sort("benchmark", "prompt_id"))
         if w.is_empty():
             continue
-        est, lo, hi = mean_diff_ci((w[c] - w[e]).to_numpy())
         n = int(w.group_by("benchmark").len()["len"].min())
-        out.append(_row("RQ4", backbone, temp, f"{c} - {e}: share routed to the matched specialist", est, lo, hi, verdict(lo, hi), n))
+        out.append(_test("RQ4", backbone, temp, f"{c} - {e}: share routed to the matched specialist",
+                         mean_diff_ci((w[c] - w[e]).to_numpy(), p=True), n, cs.rq4(backbone, temp, gran)))
     return out
 
 
 def _entropy_claim(steps, backbone, temp):
-    """Rejected minus accepted draft entropy, per prompt, for the study's cell (the math drafter
-    on GSM8K) where present, else pooled over single drafters (labelled as such)."""
-    out = []
-    s = steps.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp) & (pl.col("strategy") == "single"))
+    """Rejected minus accepted draft entropy, one value per prompt, for the study's cell (the math
+    drafter on GSM8K) where present, else the mean over single drafters per (benchmark, prompt)
+    (labelled as such). Prompts without both numbers are dropped before they are counted."""
+    s = steps.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)
+                     & (pl.col("strategy") == "single"))
     cell = s.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k"))
     what = "rejected - accepted draft entropy (nats), math drafter on gsm8k"
+    ev = cs.entropy(backbone, temp, "math", "gsm8k")
     if cell.is_empty():
-        cell, what = s, "rejected - accepted draft entropy (nats), pooled single drafters (no math/gsm8k cell)"
+        cell, what = s, "rejected - accepted draft entropy (nats), mean over single drafters per prompt"
+        ev = cs.none_for("entropy", backbone, temp, "pooled single drafters")
     if cell.is_empty():
-        return out
-    per = (cell.with_columns(pl.col("accepted_draft_entropy").list.mean().alias("acc"))
-           .group_by(["method", "benchmark", "prompt_id"]).agg(pl.col("acc").mean(), pl.col("rejected_draft_entropy").mean().alias("rej")))
-    diff = (per["rej"] - per["acc"]).to_numpy()
-    est, lo, hi = mean_diff_ci(diff)
-    n = int(per.group_by("method", "benchmark").len()["len"].min())
-    out.append(_row("entropy", backbone, temp, what, est, lo, hi, verdict(lo, hi), n))
-    return out
+        return []
+    acc = pl.col("accepted_draft_entropy").list.eval(pl.element().fill_nan(None)).list.mean()
+    per = (cell.with_columns(acc.alias("acc"), pl.col("rejected_draft_entropy").fill_nan(None).alias("rej"))
+           .group_by(["method", "benchmark", "prompt_id"]).agg(pl.col("acc").mean(), pl.col("rej").mean())
+           .with_columns((pl.col("rej") - pl.col("acc")).alias("diff")).drop_nulls("diff")
+           .group_by("benchmark", "prompt_id").agg(pl.col("diff").mean()).sort("benchmark", "prompt_id"))
+    if per.is_empty():
+        return []
+    n = int(per.group_by("benchmark").len()["len"].min())
+    return [_test("entropy", backbone, temp, what, mean_diff_ci(per["diff"].to_numpy(), p=True), n, ev)]
 
 
 def _depth_claim(steps, backbone, temp, min_reached: int = 20):
-    """Acceptance at depth 1 minus at the deepest depth reached >= ``min_reached`` times, per
-    prompt (single drafters), bootstrapped over prompts: steps within a prompt are not independent."""
-    s = (steps.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp) & (pl.col("strategy") == "single"))
-         .select("method", "benchmark", "prompt_id", "depth_accept")
-         .with_columns(pl.int_ranges(1, pl.col("depth_accept").list.len() + 1).alias("depth"))
-         .explode(["depth_accept", "depth"]).drop_nulls("depth"))
-    if s.is_empty():
+    """RQ5 alone (acceptance at depth 1 minus at the deepest depth reached), see claims_depth."""
+    return [r for r in depth_claims(steps, backbone, temp, _row, min_reached) if r["claim"] == "RQ5"]
+
+
+def _default_ev(claim, bb, temp) -> dict:
+    f = {"RQ1-math": lambda: cs.pair(claim, bb, temp, "math", "chat", "gsm8k"),
+         "RQ1-chat": lambda: cs.pair(claim, bb, temp, "chat", "math", "mt_bench"),
+         "RQ2": lambda: cs.pair(claim, bb, temp, "mixed_full", "math", "mt_bench"),
+         "RQ2-home": lambda: cs.pair(claim, bb, temp, "chat", "mixed_full", "mt_bench"),
+         "RQ2-reversal": lambda: cs.reversal(bb, temp),
+         "RQ3a": lambda: cs.pair(claim, bb, temp, "merged", ROUTED, "average"),
+         "RQ3b": lambda: cs.rq3b(bb, temp, ROUTED), "RQ3c": lambda: cs.rq3c(bb, temp),
+         "Fig6": lambda: cs.fig6(bb, temp), "merged-best": lambda: cs.merged_best(bb, temp),
+         "RQ4": lambda: cs.rq4(bb, temp, "prompt"), "entropy": lambda: cs.entropy(bb, temp, "math", "gsm8k"),
+         "RQ5": lambda: cs.depth(claim, bb, temp), "depth-slope": lambda: cs.depth(claim, bb, temp),
+         "depth-shallow": lambda: cs.depth(claim, bb, temp), "speed": cs.speed,
+         "backbones": lambda: cs.backbones(temp)}.get(claim)
+    return f() if f else cs.evidence(claim)
+
+
+def _missing(rows, backbones, temps) -> list[dict]:
+    """One inconclusive row for each claim, backbone and temperature the run has no cells for."""
+    if not backbones:
         return []
-    reached = s.group_by("depth").len().filter(pl.col("len") >= min_reached)
-    if reached.height < 2:
-        return []
-    deep = int(reached["depth"].max())
-    per = (s.filter(pl.col("depth").is_in([1, deep])).group_by(["method", "benchmark", "prompt_id", "depth"])
-           .agg(pl.col("depth_accept").mean()).pivot(on="depth", index=["method", "benchmark", "prompt_id"],
-                                                     values="depth_accept").drop_nulls())
-    if per.is_empty():
-        return []
-    # one value per prompt (the mean over the single drafters that reached both depths on it), so the
-    # bootstrap resamples prompts and n counts them
-    per = per.group_by("benchmark", "prompt_id").agg((pl.col("1") - pl.col(str(deep))).mean().alias("diff"))
-    est, lo, hi = mean_diff_ci(per["diff"].to_numpy())
-    n = per.height
-    return [_row("RQ5", backbone, temp, f"accept rate depth 1 - depth {deep}, per prompt (single drafters)", est, lo, hi,
-                 verdict(lo, hi), n)]
+    have = {(r["claim"], r["backbone"], r["temperature"]) for r in rows}
+    out = []
+    for claim in ORDER:
+        bbs = ["hass+eagle2"] if claim == "backbones" else backbones
+        ts = sorted(set(temps) | {0.0, 1.0}) if claim == "RQ2-reversal" else temps
+        for bb in bbs:
+            for t in ts:
+                if (claim, bb, t) not in have:
+                    out.append(_row(claim, bb, t, "not in this run", None, None, None,
+                                    f"inconclusive (not in this run: needs {NEEDS[claim]})", None, None,
+                                    _default_ev(claim, bb, t)))
+    return out

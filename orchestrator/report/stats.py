@@ -1,9 +1,35 @@
-"""Bootstrap statistics over prompts (vectorised with numpy; no Python loop over rows)."""
+"""Bootstrap statistics over prompts (vectorised with numpy; no Python loop over rows).
+
+Every CI is a 95% percentile bootstrap; with ``p=True`` a function also returns the bootstrap
+p-value of "the difference is 0": p = min(1, 2 * min(share of draws <= 0, share of draws >= 0)),
+the smallest two-sided level at which the percentile interval excludes 0 (``holm`` adjusts them)."""
 from __future__ import annotations
 
 import numpy as np
 
 B = 2000  # bootstrap resamples
+NAN3 = (float("nan"),) * 3
+
+
+def boot_p(draws: np.ndarray) -> float:
+    """Two-sided percentile-bootstrap p-value of 0 (see the module docstring)."""
+    d = np.asarray(draws, float)
+    d = d[np.isfinite(d)]
+    if len(d) == 0:
+        return float("nan")
+    return float(min(1.0, 2 * min((d <= 0).mean(), (d >= 0).mean())))
+
+
+def _out(point, lo, hi, draws, p: bool):
+    res = (float(point), float(lo), float(hi))
+    if not p:
+        return res
+    return res + (boot_p(draws) if draws is not None else float("nan"),)
+
+
+def _ci(point, draws, p: bool):
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    return _out(point, lo, hi, draws, p)
 
 
 def ratio_ci(num: np.ndarray, den: np.ndarray, seed: int = 0, b: int = B) -> tuple[float, float, float]:
@@ -21,19 +47,18 @@ def ratio_ci(num: np.ndarray, den: np.ndarray, seed: int = 0, b: int = B) -> tup
     return float(point), float(lo), float(hi)
 
 
-def paired_diff_ci(num_a, den_a, num_b, den_b, seed: int = 0, b: int = B) -> tuple[float, float, float]:
+def paired_diff_ci(num_a, den_a, num_b, den_b, seed: int = 0, b: int = B, p: bool = False):
     """Difference of two ratios over the SAME prompts (paired resampling), with a 95% CI."""
     num_a, den_a, num_b, den_b = (np.asarray(x, float) for x in (num_a, den_a, num_b, den_b))
     n = len(num_a)
     if n == 0 or den_a.sum() == 0 or den_b.sum() == 0:
-        return float("nan"), float("nan"), float("nan")
+        return _out(*NAN3, None, p)
     point = num_a.sum() / den_a.sum() - num_b.sum() / den_b.sum()
     if n == 1:
-        return point, float("nan"), float("nan")
+        return _out(point, np.nan, np.nan, None, p)
     idx = np.random.default_rng(seed).integers(0, n, size=(b, n))
     d = num_a[idx].sum(1) / np.maximum(den_a[idx].sum(1), 1e-12) - num_b[idx].sum(1) / np.maximum(den_b[idx].sum(1), 1e-12)
-    lo, hi = np.percentile(d, [2.5, 97.5])
-    return float(point), float(lo), float(hi)
+    return _ci(point, d, p)
 
 
 def verdict(lo: float, hi: float, expected_positive: bool = True) -> str:
@@ -47,35 +72,55 @@ def verdict(lo: float, hi: float, expected_positive: bool = True) -> str:
     return "inconclusive"
 
 
-def paired_avg_diff_ci(groups: list[tuple], seed: int = 0, b: int = B) -> tuple[float, float, float]:
+def paired_avg_diff_ci(groups: list[tuple], seed: int = 0, b: int = B, p: bool = False):
     """Mean over benchmarks of (ratio_a - ratio_b), each benchmark resampled over its own prompts.
 
     groups: [(num_a, den_a, num_b, den_b), ...] one per benchmark, arrays aligned by prompt."""
     groups = [tuple(np.asarray(x, float) for x in g) for g in groups if len(g[0]) and g[1].sum() and g[3].sum()]
     if not groups:
-        return float("nan"), float("nan"), float("nan")
+        return _out(*NAN3, None, p)
     rng = np.random.default_rng(seed)
     point = np.mean([na.sum() / da.sum() - nb.sum() / db.sum() for na, da, nb, db in groups])
     if min(len(g[0]) for g in groups) < 2:
-        return float(point), float("nan"), float("nan")
+        return _out(point, np.nan, np.nan, None, p)
     acc = np.zeros(b)
     for na, da, nb, db in groups:
         idx = rng.integers(0, len(na), size=(b, len(na)))
         acc += na[idx].sum(1) / np.maximum(da[idx].sum(1), 1e-12) - nb[idx].sum(1) / np.maximum(db[idx].sum(1), 1e-12)
     acc /= len(groups)
-    lo, hi = np.percentile(acc, [2.5, 97.5])
-    return float(point), float(lo), float(hi)
+    return _ci(point, acc, p)
 
 
-def mean_diff_ci(a: np.ndarray, seed: int = 0, b: int = B) -> tuple[float, float, float]:
-    """Mean of per-prompt differences with a bootstrap 95% CI."""
+def mean_diff_ci(a: np.ndarray, seed: int = 0, b: int = B, p: bool = False):
+    """Mean of per-prompt differences with a bootstrap 95% CI (non-finite values dropped)."""
     a = np.asarray(a, float)
     a = a[np.isfinite(a)]
     if len(a) == 0:
-        return float("nan"), float("nan"), float("nan")
+        return _out(*NAN3, None, p)
     if len(a) == 1:
-        return float(a[0]), float("nan"), float("nan")
+        return _out(a[0], np.nan, np.nan, None, p)
     idx = np.random.default_rng(seed).integers(0, len(a), size=(b, len(a)))
-    m = a[idx].mean(1)
-    lo, hi = np.percentile(m, [2.5, 97.5])
-    return float(a.mean()), float(lo), float(hi)
+    return _ci(a.mean(), a[idx].mean(1), p)
+
+
+def kendall_tau_b(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Kendall's tau-b between the rows of x and y, both (R, M): one coefficient per row (R,)."""
+    x, y = np.atleast_2d(np.asarray(x, float)), np.atleast_2d(np.asarray(y, float))
+    i, j = np.triu_indices(x.shape[1], k=1)
+    sx, sy = np.sign(x[:, i] - x[:, j]), np.sign(y[:, i] - y[:, j])  # (R, pairs)
+    den = np.sqrt((sx != 0).sum(1) * (sy != 0).sum(1))
+    return np.where(den > 0, (sx * sy).sum(1) / np.maximum(den, 1), np.nan)
+
+
+def holm(pvals) -> np.ndarray:
+    """Holm-Bonferroni step-down adjusted p-values; NaN entries are not tests (left NaN, not counted)."""
+    p = np.asarray(pvals, float)
+    out = np.full(p.shape, np.nan)
+    ok = np.flatnonzero(np.isfinite(p))
+    m = len(ok)
+    if m == 0:
+        return out
+    order = ok[np.argsort(p[ok], kind="stable")]
+    adj = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    out[order] = adj
+    return out

@@ -1,0 +1,161 @@
+"""Claims on acceptance by depth (Tables 5-8) and on the ordering of methods across backbones.
+
+Each check takes one value per prompt (a prompt is a (benchmark, prompt_id) pair) and bootstraps
+prompts; steps within a prompt are not independent. ``row`` is claims._row (passed in to keep
+this module free of an import cycle)."""
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from . import claims_study as cs
+from .stats import B, boot_p, kendall_tau_b, mean_diff_ci, verdict
+from .tables import MATH_BENCH
+
+STUDY_DEPTH = 5  # the study's tables stop at depth 5
+SHALLOW = (1, 2)  # "competitive at depths 1-2"
+
+
+def _rates(steps: pl.DataFrame, backbone: str, temp: float) -> pl.DataFrame:
+    """Acceptance rate at each depth per (method, benchmark, prompt): accepted at d / reached d."""
+    return (steps.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)
+                         & (pl.col("strategy") == "single"))
+            .select("method", "benchmark", "prompt_id", "depth_accept")
+            .with_columns(pl.int_ranges(1, pl.col("depth_accept").list.len() + 1).alias("depth"))
+            .explode(["depth_accept", "depth"]).drop_nulls("depth")
+            .group_by("method", "benchmark", "prompt_id", "depth")
+            .agg(pl.col("depth_accept").cast(pl.Float64).mean().alias("rate"), pl.len().alias("reached")))
+
+
+def _per_prompt(frames: list[pl.DataFrame]):
+    """(values, n): per-prompt values pooled over benchmarks, n = fewest prompts of any benchmark."""
+    per = pl.concat(frames).sort("benchmark", "prompt_id") if frames else pl.DataFrame()
+    if per.is_empty():
+        return np.array([]), 0
+    return per["diff"].to_numpy(), int(per.group_by("benchmark").len()["len"].min())
+
+
+def _test(row, claim, bb, temp, what, values, n, ev):
+    est, lo, hi, p = mean_diff_ci(values, p=True)
+    return row(claim, bb, temp, what, est, lo, hi, verdict(lo, hi), n, p, ev)
+
+
+def _at(r: pl.DataFrame, method: str, bench: str, d: int, name: str) -> pl.DataFrame:
+    return (r.filter((pl.col("method") == method) & (pl.col("benchmark") == bench) & (pl.col("depth") == d))
+            .select("prompt_id", pl.col("rate").alias(name)))
+
+
+def depth_claims(steps, backbone, temp, row, min_reached: int = 20) -> list[dict]:
+    r = _rates(steps, backbone, temp)
+    if r.is_empty():
+        return []
+    out = []
+    # RQ5: depth 1 minus the deepest depth (<= 5) reached >= min_reached times, mean over drafters per prompt
+    reached = r.group_by("depth").agg(pl.col("reached").sum()).filter(
+        (pl.col("reached") >= min_reached) & (pl.col("depth") <= STUDY_DEPTH))
+    if reached.height >= 2:
+        deep = int(reached["depth"].max())
+        per = (r.filter(pl.col("depth").is_in([1, deep]))
+               .pivot(on="depth", index=["method", "benchmark", "prompt_id"], values="rate").drop_nulls()
+               .group_by("benchmark", "prompt_id").agg((pl.col("1") - pl.col(str(deep))).mean().alias("diff")))
+        vals, n = _per_prompt([per])
+        if n:
+            out.append(_test(row, "RQ5", backbone, temp, f"accept rate depth 1 - depth {deep}, per prompt "
+                             "(single drafters)", vals, n, cs.depth("RQ5", backbone, temp)))
+    methods = set(r["method"].unique().to_list())
+    benches = sorted(r["benchmark"].unique().to_list())
+    if {"math", "chat"} <= methods:
+        out += _slope(r, backbone, temp, benches, row, min_reached)
+    for mixed in ("mixed_half", "mixed_full"):
+        if mixed in methods and ({"math", "chat"} & methods):
+            out += _shallow(r, backbone, temp, benches, mixed, row)
+    return out
+
+
+def _slope(r, backbone, temp, benches, row, min_reached) -> list[dict]:
+    """Per prompt: (fall of the mismatched specialist) - (fall of the matched one) from depth 1 to
+    the deepest depth (<= 5) both reach >= min_reached times on that benchmark; > 0 = matched
+    declines more slowly."""
+    frames, depths = [], []
+    for bn in benches:
+        match, mis = ("math", "chat") if bn in MATH_BENCH else ("chat", "math")
+        tot = (r.filter((pl.col("benchmark") == bn) & pl.col("method").is_in([match, mis]))
+               .group_by("method", "depth").agg(pl.col("reached").sum())
+               .filter((pl.col("reached") >= min_reached) & (pl.col("depth") <= STUDY_DEPTH))
+               .group_by("depth").len().filter(pl.col("len") == 2))
+        if tot.height < 2 or int(tot["depth"].max()) < 2:
+            continue
+        k = int(tot["depth"].max())
+        j = (_at(r, match, bn, 1, "m1").join(_at(r, match, bn, k, "mk"), on="prompt_id")
+             .join(_at(r, mis, bn, 1, "x1"), on="prompt_id").join(_at(r, mis, bn, k, "xk"), on="prompt_id"))
+        frames.append(j.select(pl.lit(bn).alias("benchmark"), "prompt_id",
+                               ((pl.col("x1") - pl.col("xk")) - (pl.col("m1") - pl.col("mk"))).alias("diff"))
+                      .drop_nulls("diff"))
+        depths.append(f"{bn}:{k}")
+    vals, n = _per_prompt(frames)
+    if not n:
+        return []
+    what = f"fall from depth 1, mismatched - matched specialist (deepest depth {', '.join(depths)})"
+    return [_test(row, "depth-slope", backbone, temp, what, vals, n, cs.depth("depth-slope", backbone, temp))]
+
+
+def _shallow(r, backbone, temp, benches, mixed, row) -> list[dict]:
+    """Per prompt: mixed minus matched specialist's acceptance rate, mean over depths 1-2."""
+    frames = []
+    for bn in benches:
+        match = "math" if bn in MATH_BENCH else "chat"
+        a = r.filter((pl.col("method") == mixed) & (pl.col("benchmark") == bn) & pl.col("depth").is_in(SHALLOW))
+        b = r.filter((pl.col("method") == match) & (pl.col("benchmark") == bn) & pl.col("depth").is_in(SHALLOW))
+        j = a.join(b, on=["prompt_id", "depth"], suffix="_m")
+        if j.is_empty():
+            continue
+        frames.append(j.group_by("prompt_id").agg((pl.col("rate") - pl.col("rate_m")).mean().alias("diff"))
+                      .select(pl.lit(bn).alias("benchmark"), "prompt_id", "diff").drop_nulls("diff"))
+    vals, n = _per_prompt(frames)
+    if not n:
+        return []
+    what = f"{mixed} - matched specialist, accept rate at depths 1-2, per prompt"
+    return [_test(row, "depth-shallow", backbone, temp, what, vals, n, cs.depth("depth-shallow", backbone, temp))]
+
+
+def ordering_claim(pp: pl.DataFrame, temp: float, backbones: list[str], row, seed: int = 0) -> list[dict]:
+    """Kendall tau_b between the two backbones' orderings of the methods both ran (mean tau over
+    benchmarks); bootstrap over prompts, the same resampled prompts for every cell of a benchmark."""
+    pair = ("hass", "eagle2") if {"hass", "eagle2"} <= set(backbones) else tuple(backbones[:2])
+    if len(pair) < 2:
+        return []
+    sub = pp.filter((pl.col("temperature") == temp) & pl.col("backbone").is_in(list(pair))
+                    & (pl.col("verifier_calls") > 0))
+    per_bb = [set(sub.filter(pl.col("backbone") == bb)["method"].to_list()) for bb in pair]
+    methods = sorted(m for m in per_bb[0] & per_bb[1] if "@" not in m and "[" not in m and m != "autoregressive")
+    if len(methods) < 3:
+        return []
+    nums, dens = [], []  # per benchmark: (2, M, n) arrays on the prompts every cell has
+    for bn in sorted(sub["benchmark"].unique().to_list()):
+        cells = [sub.filter((pl.col("backbone") == bb) & (pl.col("method") == m) & (pl.col("benchmark") == bn))
+                 for bb in pair for m in methods]
+        ids = set.intersection(*(set(c["prompt_id"].to_list()) for c in cells))
+        if not ids:
+            continue
+        ids = sorted(ids)
+        cells = [c.filter(pl.col("prompt_id").is_in(ids)).sort("prompt_id") for c in cells]
+        nums.append(np.array([c["new_tokens"].to_numpy() for c in cells], float).reshape(2, len(methods), -1))
+        dens.append(np.array([c["verifier_calls"].to_numpy() for c in cells], float).reshape(2, len(methods), -1))
+    if not nums:
+        return []
+    rng = np.random.default_rng(seed)
+    point = np.mean([nu.sum(-1) / de.sum(-1) for nu, de in zip(nums, dens)], axis=0)  # (2, M)
+    boot = np.zeros((2, len(methods), B))
+    for nu, de in zip(nums, dens):
+        idx = rng.integers(0, nu.shape[-1], size=(B, nu.shape[-1]))  # (B, n)
+        boot += nu[:, :, idx].sum(-1) / np.maximum(de[:, :, idx].sum(-1), 1e-12)  # (2, M, B)
+    boot /= len(nums)
+    est = float(kendall_tau_b(point[0][None], point[1][None])[0])
+    draws = kendall_tau_b(boot[0].T, boot[1].T)  # (B,)
+    n = min(nu.shape[-1] for nu in nums)
+    lo, hi = (np.percentile(draws[np.isfinite(draws)], [2.5, 97.5]) if n > 1 and np.isfinite(draws).any()
+              else (np.nan, np.nan))
+    p = boot_p(draws) if n > 1 else float("nan")
+    what = f"Kendall tau_b of {len(methods)} methods' mean tau, {pair[0]} vs {pair[1]} (1 = same ordering)"
+    return [row("backbones", "+".join(pair), temp, what, est, float(lo), float(hi), verdict(lo, hi), n, p,
+                cs.backbones(temp))]

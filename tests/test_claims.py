@@ -1,0 +1,269 @@
+"""Every claim check of the report driven to holds / does not hold / inconclusive on small synthetic
+frames, the study's numbers per row, the prompt as the bootstrap unit, and the Holm column."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from orchestrator.report import claims_study as cs
+from orchestrator.report.claims import add_holm, check_claims
+from orchestrator.report.stats import holm, mean_diff_ci
+
+N = 12
+NOISE = [0.1 * ((-1) ** i) * (i % 3) for i in range(N)]  # sums to 0 over 12 prompts
+
+
+def _noise(k: int) -> list[float]:
+    """Independent-looking noise per method (a rotation of NOISE), still summing to 0."""
+    return NOISE[k % N:] + NOISE[: k % N]
+
+
+def _pp(cells, backbone="hass", temp=0.0, n=N, wall=None, invocation=None):
+    """Per-prompt rows from {(method, bench): tau or (tau, noise_index)}; 20 calls per prompt."""
+    rows = []
+    for (method, bench), spec in cells.items():
+        tau, k = spec if isinstance(spec, tuple) else (spec, 0)
+        for i in range(n):
+            t = tau + (_noise(k)[i] if k is not None else 0.0)
+            tok = int(round(t * 20))
+            rows.append({"backbone": backbone, "method": method, "benchmark": bench, "temperature": temp,
+                         "prompt_id": f"p{i}", "new_tokens": tok, "verifier_calls": 20, "routing_choice": -1,
+                         "out_tokens": tok + 1, "wall_time_s": (wall or {}).get(method, 1.0),
+                         "invocation": (invocation or {}).get(method, "A")})
+    return pl.DataFrame(rows)
+
+
+def _rows(cl, claim, contains=""):
+    return cl.filter((pl.col("claim") == claim) & pl.col("comparison").str.contains(contains, literal=True))
+
+
+def _words(cl, claim, contains=""):
+    return sorted(set(_rows(cl, claim, contains)["verdict"].to_list()))
+
+
+SPEC = {("math", "gsm8k"): 3.0, ("chat", "gsm8k"): 2.0, ("math", "mt_bench"): 1.5, ("chat", "mt_bench"): 2.5}
+
+
+@pytest.mark.parametrize("mixed,expected", [(2.8, "holds"), (1.0, "does not hold"), (None, "inconclusive")])
+def test_rq2_is_robustness_per_benchmark(mixed, expected):
+    """RQ2 as the study states it: mixed beats the MISMATCHED specialist on each benchmark."""
+    cells = dict(SPEC)
+    if mixed is None:  # equal to the mismatched specialist on each benchmark, with noise
+        cells |= {("mixed_full", "gsm8k"): (2.0, 3), ("mixed_full", "mt_bench"): (1.5, 3)}
+    else:
+        cells |= {("mixed_full", "gsm8k"): (mixed, 3), ("mixed_full", "mt_bench"): (mixed - 0.3, 3)}
+    cl = check_claims(_pp(cells), None, None)
+    assert _words(cl, "RQ2") == [expected]
+    assert _rows(cl, "RQ2").height == 2 and "chat" in _rows(cl, "RQ2", "gsm8k")["comparison"][0]
+    home = _rows(cl, "RQ2-home", "gsm8k").row(0, named=True)  # matched specialist math (3.0) vs mixed
+    assert home["comparison"].startswith("math - mixed_full on gsm8k")
+
+
+def test_rq2_home_reaches_every_verdict():
+    for mixed, expected in ((2.0, "holds"), (3.5, "does not hold"), (3.0, "inconclusive")):
+        cells = dict(SPEC) | {("mixed_half", "gsm8k"): (mixed, 4), ("mixed_half", "mt_bench"): (2.0, 4)}
+        cl = check_claims(_pp(cells), None, None)
+        assert _words(cl, "RQ2-home", "gsm8k") == [expected], mixed
+
+
+@pytest.mark.parametrize("t0,t1,expected", [((3.0, 2.5), (2.0, 2.5), ["holds"]),
+                                            ((3.0, 2.5), (2.5, 2.0), ["does not hold", "holds"]),
+                                            ((2.5, 2.5), (2.5, 2.5), ["inconclusive"])])
+def test_rq2_reversal_between_temperatures(t0, t1, expected):
+    """Mixed 70k+70k (full) ahead of 35k+35k (half) at T=0, behind at T=1: one row per temperature."""
+    frames = []
+    for temp, (full, half) in ((0.0, t0), (1.0, t1)):
+        frames.append(_pp({("mixed_full", "gsm8k"): (full, 1), ("mixed_half", "gsm8k"): (half, 5)}, temp=temp))
+    cl = check_claims(pl.concat(frames), None, None)
+    rows = _rows(cl, "RQ2-reversal")
+    assert rows.height == 2 and sorted(set(rows["verdict"])) == expected
+    assert rows.filter(pl.col("temperature") == 1.0)["comparison"][0].startswith("mixed_half - mixed_full")
+    only_t0 = check_claims(frames[0], None, None)  # no T=1 cells: the T=1 half is said to be missing
+    assert "not in this run" in _rows(only_t0, "RQ2-reversal").filter(pl.col("temperature") == 1.0)["verdict"][0]
+
+
+@pytest.mark.parametrize("lam_taus,expected", [((1.5, 1.8, 1.6), ["holds"]),
+                                               ((1.5, 3.5, 1.6), ["does not hold", "holds"]),
+                                               ((2.25, 2.25, 2.25), ["inconclusive"])])
+def test_fig6_no_lambda_recovers_specialist_level(lam_taus, expected):
+    cells = dict(SPEC)
+    for k, (lam, tau) in enumerate(zip((0.25, 0.5, 0.75), lam_taus)):
+        cells |= {(f"avg{lam:g}", b): (tau, k + 2) for b in ("gsm8k", "mt_bench")}
+    cl = check_claims(_pp(cells), None, None)
+    assert _rows(cl, "Fig6").height == 3 and sorted(set(_rows(cl, "Fig6")["verdict"])) == expected
+    # the best specialist on average (math 2.25 vs chat 2.25: a tie goes to the first, math)
+    assert "best specialist" in _rows(cl, "Fig6")["comparison"][0]
+    one = check_claims(_pp(dict(SPEC) | {("avg0.5", "gsm8k"): 1.0, ("avg0.5", "mt_bench"): 1.0}), None, None)
+    assert "not in this run" in _rows(one, "Fig6")["verdict"][0]  # one lambda is not a sweep
+
+
+@pytest.mark.parametrize("merged,expected", [(3.5, "holds"), (1.5, "does not hold"), (2.6, "inconclusive")])
+def test_merged_trees_best_overall(merged, expected):
+    cells = dict(SPEC) | {("confidence(step)", b): (2.6, 1) for b in ("gsm8k", "mt_bench")}
+    cells |= {("merged", b): (merged, 5) for b in ("gsm8k", "mt_bench")}
+    cells |= {("merged@16", b): 9.0 for b in ("gsm8k", "mt_bench")}  # a merged variant is not a rival
+    cl = check_claims(_pp(cells), None, None)
+    r = _rows(cl, "merged-best").row(0, named=True)
+    assert r["verdict"] == expected and "(confidence(step))" in r["comparison"]
+
+
+@pytest.mark.parametrize("second,expected", [((1.0, 2.0, 3.0, 4.0), "holds"),
+                                             ((4.0, 3.0, 2.0, 1.0), "does not hold"),
+                                             ((2.0, 2.0, 2.0, 2.0), "inconclusive")])
+def test_same_ordering_on_both_backbones(second, expected):
+    methods = ("math", "chat", "mixed_half", "merged")
+    first = (1.0, 2.0, 3.0, 4.0) if expected != "inconclusive" else (2.0, 2.0, 2.0, 2.0)
+    frames = [_pp({(m, b): (t, k * 3 + j + off) for k, (m, t) in enumerate(zip(methods, taus))
+                   for j, b in enumerate(("gsm8k", "mt_bench"))}, backbone=bb)
+              for bb, taus, off in (("hass", first, 0), ("eagle2", second, 5))]
+    cl = check_claims(pl.concat(frames), None, None)
+    r = _rows(cl, "backbones").row(0, named=True)
+    assert r["backbone"] == "hass+eagle2" and r["verdict"] == expected and r["prompts"] == N
+    if expected != "inconclusive":
+        assert r["estimate"] == pytest.approx(1.0 if expected == "holds" else -1.0)
+
+
+def _steps(method, bench, k_of, length, n=N, per=10, backbone="hass", temp=0.0, rej=1.5, acc=0.5):
+    """`per` steps per prompt; depth_accept = [True] * (length - 1) + [step < k_of(i)], so the rate at
+    the last depth on prompt i is k_of(i) / per and 1 at shallower depths."""
+    return [{"backbone": backbone, "temperature": temp, "strategy": "single", "method": method, "benchmark": bench,
+             "prompt_id": f"p{i}", "depth_accept": [True] * (length - 1) + [j < k_of(i)],
+             "accepted_draft_entropy": [acc], "rejected_draft_entropy": rej(i) if callable(rej) else rej}
+            for i in range(n) for j in range(per)]
+
+
+@pytest.mark.parametrize("k_math,k_chat,expected", [(lambda i: 9, lambda i: 5, "holds"),
+                                                    (lambda i: 5, lambda i: 9, "does not hold"),
+                                                    (lambda i: 6 + i % 3, lambda i: 8 - i % 3, "inconclusive")])
+def test_matched_specialist_declines_more_slowly(k_math, k_chat, expected):
+    steps = pl.DataFrame(_steps("math", "gsm8k", k_math, 3) + _steps("chat", "gsm8k", k_chat, 3))
+    cl = check_claims(_pp({("math", "gsm8k"): 3.0, ("chat", "gsm8k"): 2.0}), steps, None)
+    r = _rows(cl, "depth-slope").row(0, named=True)
+    assert r["verdict"] == expected and r["prompts"] == N and "gsm8k:3" in r["comparison"]
+
+
+@pytest.mark.parametrize("k_mixed,expected", [(lambda i: 10, "holds"), (lambda i: 4, "does not hold"),
+                                              (lambda i: 6 + i % 3, "inconclusive")])
+def test_mixed_leads_at_shallow_depth(k_mixed, expected):
+    steps = pl.DataFrame(_steps("math", "gsm8k", lambda i: 8 - i % 3, 1)
+                         + _steps("mixed_full", "gsm8k", k_mixed, 1))
+    cl = check_claims(_pp({("math", "gsm8k"): 3.0, ("mixed_full", "gsm8k"): 2.0}), steps, None)
+    assert _words(cl, "depth-shallow", "mixed_full") == [expected]
+
+
+def test_depth_claim_counts_prompts_per_benchmark():
+    """RQ5 pooled 17 prompts over two benchmarks; the rule is 10 per benchmark (5 on mt_bench)."""
+    steps = pl.DataFrame(_steps("math", "gsm8k", lambda i: 2, 3) + _steps("math", "mt_bench", lambda i: 2, 3, n=5))
+    cl = check_claims(_pp({("math", "gsm8k"): 3.0}), steps, None)
+    r = _rows(cl, "RQ5").row(0, named=True)
+    assert r["prompts"] == 5 and r["verdict"] == "inconclusive (n=5 < 10 prompts)"
+    assert r["estimate"] == pytest.approx(0.8)
+
+
+def test_entropy_claim_counts_only_prompts_with_a_difference_and_resamples_prompts():
+    # 3 of 12 prompts never rejected a token (NaN): 9 prompts count, below the rule
+    rej = (lambda i: float("nan") if i < 3 else 1.5)
+    steps = pl.DataFrame(_steps("math", "gsm8k", lambda i: 5, 2, rej=rej))
+    cl = check_claims(_pp({("math", "gsm8k"): 3.0}), steps, None)
+    r = _rows(cl, "entropy").row(0, named=True)
+    assert r["prompts"] == 9 and r["verdict"] == "inconclusive (n=9 < 10 prompts)"
+    assert r["estimate"] == pytest.approx(1.0)
+    # no math/gsm8k cell: two drafters on the same prompts count once per prompt (mean over drafters)
+    diff = [0.2 * i for i in range(N)]
+    steps = pl.DataFrame(_steps("chat", "mt_bench", lambda i: 5, 2, rej=lambda i: 0.5 + diff[i])
+                         + _steps("mixed_full", "mt_bench", lambda i: 5, 2, rej=lambda i: 0.5 + diff[i]))
+    r = _rows(check_claims(_pp({("chat", "mt_bench"): 2.0}), steps, None), "entropy").row(0, named=True)
+    est, lo, hi = mean_diff_ci(np.array([diff[i] for i in sorted(range(N), key=lambda i: f"p{i}")]))
+    assert r["prompts"] == N and (r["estimate"], r["ci_lo"], r["ci_hi"]) == pytest.approx((est, lo, hi))
+
+
+@pytest.mark.parametrize("wall,inv,expected", [
+    ({"confidence(step)": 1.0, "merged": 2.0}, None, "holds"),
+    ({"confidence(step)": 2.0, "merged": 1.0}, None, "does not hold"),
+    ({"confidence(step)": 1.0, "merged": 1.0}, None, "inconclusive"),
+    ({"confidence(step)": 1.0, "merged": 2.0}, {"merged": "B"},
+     "inconclusive (timed in different grid invocations)")])
+def test_routing_costs_less_speed_than_merged_trees(wall, inv, expected):
+    cells = {("confidence(step)", b): (2.5, 1) for b in ("gsm8k", "mt_bench")}
+    cells |= {("merged", b): (2.5, 7) for b in ("gsm8k", "mt_bench")}
+    cl = check_claims(_pp(cells, wall=wall, invocation=inv), None, None)
+    r = _rows(cl, "speed").row(0, named=True)
+    assert r["verdict"] == expected and "Section 7" in r["study"] and r["study_consistent"] is True
+    no_clock = _pp(cells).with_columns(pl.lit(None, dtype=pl.Float64).alias("wall_time_s"))
+    assert "not in this run" in _rows(check_claims(no_clock, None, None), "speed")["verdict"][0]
+
+
+def test_holm_adjusts_over_every_test_of_the_run():
+    adj = holm([0.01, 0.04, 0.03, float("nan")])
+    assert adj[:3].tolist() == pytest.approx([0.03, 0.06, 0.06]) and math.isnan(adj[3])
+    cl = pl.DataFrame({"claim": ["a", "b", "c", "d", "e"], "prompts": [12, 12, 12, 5, None],
+                       "p_value": [0.01, 0.04, 0.03, 0.001, float("nan")],
+                       "verdict": ["holds", "does not hold", "holds", "inconclusive (n=5 < 10 prompts)",
+                                   "inconclusive (not in this run: needs x)"]})
+    out = add_holm(cl)  # d (too few prompts) and e (no cells) are not tests: m = 3
+    assert out["verdict_holm"].to_list() == ["holds", "inconclusive (Holm)", "inconclusive (Holm)",
+                                             "inconclusive (n=5 < 10 prompts)",
+                                             "inconclusive (not in this run: needs x)"]
+    assert out["p_holm"][0] == pytest.approx(0.03) and math.isnan(out["p_holm"][3])
+
+
+def test_each_row_carries_the_study_numbers_of_its_own_cell():
+    cells = {("math", "svamp"): 3.0, ("chat", "svamp"): 2.0}
+    pp = pl.concat([_pp(cells, backbone="eagle2"), _pp(cells, backbone="hass", temp=1.0)])
+    cl = check_claims(pp, None, None)
+    e = _rows(cl, "RQ1-math").filter(pl.col("backbone") == "eagle2").row(0, named=True)
+    assert e["study"] == "Table 1 (eagle2, T=0, svamp): MathInstruct 70k 4.81 vs ShareGPT 70k 3.71"
+    assert e["study_consistent"] is True and "math benchmarks" in e["wording"]
+    h = _rows(cl, "RQ1-math").filter((pl.col("backbone") == "hass") & (pl.col("temperature") == 1.0))
+    h = h.row(0, named=True)
+    assert h["study"].startswith("STUDY.md gives no number") and "hass, T=1, svamp" in h["study"]
+    assert h["study_consistent"] is None
+
+
+def test_the_study_contradicts_some_of_its_own_wordings():
+    """RQ3b: HASS T=0 Mixed 70k+70k averages 5.18 > confidence routing 4.80; EAGLE-2 T=0 agrees.
+    Merged trees best: 5.11 < 5.18 on HASS. Same ordering: the averages order differently."""
+    h, e = cs.rq3b("hass", 0.0, "confidence(step)"), cs.rq3b("eagle2", 0.0, "confidence(step)")
+    assert h["study_consistent"] is False and "5.18" in h["study"] and "contradict" in h["study_note"]
+    assert e["study_consistent"] is True
+    assert cs.merged_best("hass", 0.0)["study_consistent"] is False
+    assert cs.merged_best("eagle2", 1.0)["study_consistent"] is True
+    assert cs.backbones(0.0)["study_consistent"] is False
+    assert cs.reversal("hass", 1.0)["study_consistent"] is True and "4.29" in cs.reversal("hass", 1.0)["study"]
+    assert cs.reversal("hass", 0.0)["study_consistent"] is True  # only MT-Bench gives both: 4.13 vs 3.92
+    assert cs.rq4("eagle2", 0.0, "prompt")["study_consistent"] is True
+    # the old RQ2 wording (mixed beats each specialist on average) fails on the study's EAGLE-2 T=0 numbers
+    assert cs.tau_of("eagle2", 0.0, "math", "average")[0] > cs.tau_of("eagle2", 0.0, "mixed_half", "average")[0]
+    # and the report says so beside the verdict
+    cells = {(m, b): 2.0 + 0.1 * k for k, m in enumerate(("math", "chat", "confidence(step)"))
+             for b in ("gsm8k", "mt_bench")}
+    r = _rows(check_claims(_pp(cells), None, None), "RQ3b").row(0, named=True)
+    assert r["study_consistent"] is False and "5.18" in r["study"]
+
+
+def test_the_study_numbers_are_those_of_study_md():
+    study = Path(__file__).parents[1] / ".." / "shared" / "STUDY.md"
+    if not study.is_file():
+        pytest.skip("../shared/STUDY.md is not next to this checkout")
+    text = study.read_text().replace("–", "-")
+    for row in cs.STUDY_NUMBERS:
+        assert f"{row[4]:.2f}" in text, row
+    for row in cs.STUDY_OTHER:
+        v = row[5]
+        assert any(s in text for s in (f"{v:.2f}×", f"{v:.3f}", f"{100 * v:.1f}%")), row
+    assert "MathInstruct drafter 5.02 GSM8K" in text.replace("\n", " ")
+
+
+def test_table1_gives_the_study_convention_beside_ours():
+    from orchestrator.report.tables import table1
+
+    pp = pl.DataFrame({"backbone": ["hass"] * 2, "method": ["math"] * 2, "benchmark": ["gsm8k"] * 2,
+                       "temperature": [0.0] * 2, "prompt_id": ["a", "b"], "new_tokens": [40, 40],
+                       "verifier_calls": [20, 10]})
+    r = table1(pp).row(0, named=True)
+    assert r["tau"] == pytest.approx(80 / 30) and r["tau_prompt_mean"] == pytest.approx(3.0)
+    assert r["tau_study"] == pytest.approx(2.0)
