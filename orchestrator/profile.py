@@ -169,8 +169,12 @@ class TrainCfg:
     variants: list = field(default_factory=lambda: list(VARIANTS))
     epochs: int = 1
     lr: float = 3e-5
+    # per worker: examples per micro-batch; with global_batch set, the most one worker holds
     batch_size: int = 8
-    grad_accum: int = 1
+    grad_accum: int = 1  # with global_batch set: derived (leave at 1), see batch_plan
+    # examples per optimizer step over all workers (the study: 8); null = batch_size and grad_accum
+    # per worker as written, so the global batch grows with resources.train.num_workers
+    global_batch: int | None = None
     warmup_steps: int = 0
     deepspeed: bool = True
     zero_stage: int = 1
@@ -187,6 +191,7 @@ class TrainCfg:
 
     RULES = {"backbones": subset(BACKBONES), "variants": subset(VARIANTS), "epochs": integer(1),
              "lr": number(0, lo_open=True), "batch_size": integer(1), "grad_accum": integer(1),
+             "global_batch": optional(integer(1)),
              "warmup_steps": integer(0), "deepspeed": BOOL, "zero_stage": integer(0, 3),
              "hass_steps": integer(1),
              "max_seconds": optional(number(0, lo_open=True)), "init_seed": integer(0),
@@ -336,7 +341,50 @@ class Profile:
             _need({"math", "chat"} <= set(self.train.variants),
                   "merge kind 'linear' averages the math and chat drafters: train.variants must include both",
                   "train.variants")
+        batch_plan(self)  # refuses a global batch the workers cannot split
         return self
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """One optimizer step: ``workers`` x ``per_worker`` examples x ``grad_accum`` micro-steps."""
+
+    workers: int
+    per_worker: int
+    grad_accum: int
+    derived: bool  # True: from train.global_batch; False: train.batch_size/grad_accum as written
+
+    @property
+    def global_batch(self) -> int:
+        return self.workers * self.per_worker * self.grad_accum
+
+    def describe(self) -> str:
+        how = "train.global_batch" if self.derived else "train.batch_size per worker; no train.global_batch"
+        return (f"train batch: global {self.global_batch} = {self.workers} worker(s) x per-worker batch "
+                f"{self.per_worker} x gradient accumulation {self.grad_accum} (from {how})")
+
+
+def batch_plan(p: Profile) -> BatchPlan:
+    """Per-worker batch and gradient accumulation for ``p``'s training (pure; the trainer takes
+    ``per_worker`` as its batch_size and ``grad_accum`` as is).
+
+    With ``train.global_batch`` G on W = ``resources.train.num_workers`` workers: per-worker batch
+    b = min(train.batch_size, G // W) and accumulation G / (W x b); a G that W x b does not divide
+    is refused (one ProfileError line). Without it: train.batch_size and train.grad_accum per worker."""
+    t, w = p.train, p.resources.train.num_workers
+    if t.global_batch is None:
+        return BatchPlan(w, t.batch_size, t.grad_accum, derived=False)
+    g = t.global_batch
+    _need(t.grad_accum == 1, f"train.grad_accum is derived from train.global_batch ({g}); leave it at 1, "
+          f"got {t.grad_accum!r}", "train.grad_accum")
+    _need(g >= w, f"train.global_batch {g} is smaller than resources.train.num_workers {w}: "
+          "every worker needs at least one example per step", "train.global_batch")
+    b = min(t.batch_size, g // w)
+    _need(g % (w * b) == 0, f"train.global_batch {g} is not divisible by resources.train.num_workers {w} x "
+          f"per-worker batch {b} (= {w * b}; per-worker batch = min(train.batch_size {t.batch_size}, "
+          f"{g} // {w})); choose a worker count and train.batch_size whose product divides it",
+          "train.global_batch")
+    return BatchPlan(w, b, g // (w * b), derived=True)
 
 
 def _float_hint(hint) -> bool:

@@ -60,6 +60,10 @@ def trainer_for(cfg, num_workers: int = 1, use_gpu: bool = False, cpus_per_worke
     if storage_path is None:  # next to the checkpoints: the run's URI if it has one, else the local dir
         storage_path = (cfg.out_uri.rsplit("/", 1)[0] + "/_ray_train") if cfg.out_uri else str(Path(cfg.out_dir).resolve().parent / "_ray_train")
     storage = storage_path
+    # the batch each optimizer step sees (train.global_batch in a profile; orchestrator.profile.batch_plan)
+    print(f"[train {cfg.backbone}-{cfg.variant}] global batch {num_workers * cfg.batch_size * cfg.grad_accum} = "
+          f"{num_workers} worker(s) x per-worker batch {cfg.batch_size} x gradient accumulation {cfg.grad_accum}",
+          flush=True)
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"train": dataclasses.asdict(cfg)},

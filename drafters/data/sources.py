@@ -33,6 +33,9 @@ HUB_IDS = {
 }
 CORPORA = ("sharegpt", "mathinstruct")
 BENCHMARKS = ("mt_bench", "gsm8k", "math500", "svamp")
+# the SVAMP IDs of the 300 problems the study evaluated, in its question file's order (MANIFEST.md)
+SVAMP_STUDY_IDS = "benchmarks/svamp/study_ids.json"
+SVAMP_SETS = ("study", "all")
 
 
 class DataSourceNotFound(FileNotFoundError):
@@ -56,6 +59,13 @@ class SourceOptions:
     data_root: Path | None = None  # None = default_data_root()
     allow_hub: bool = True
     hub_path: str | None = None  # replaces the hub id (a local dataset dir works: tests, mirrors)
+    # svamp: "study" = the study's 300 problems in its order (SVAMP_STUDY_IDS under the data root),
+    # "all" = every row of the source (the local file has 1,000)
+    svamp_set: str = "study"
+
+    def __post_init__(self):
+        if self.svamp_set not in SVAMP_SETS:
+            raise ValueError(f"SourceOptions.svamp_set must be one of {list(SVAMP_SETS)}, got {self.svamp_set!r}")
 
 
 # ---------------------------------------------------------------- parsing helpers (pure)
@@ -143,8 +153,7 @@ def _parse_math500(row: dict, i: int) -> BenchmarkPrompt:
 
 def _parse_svamp(row: dict, i: int) -> BenchmarkPrompt:
     body, question = _require_str(row, "Body", "Question")
-    body = body.strip()
-    text = body + ("" if body.endswith((".", "?", "!")) else ",") + " " + question.strip()
+    text = body.strip() + " " + question.strip()  # as the study's question file (and HF question_concat) has it
     answer = row.get("Answer")
     return BenchmarkPrompt(str(row.get("ID", f"svamp/{i}")), "svamp", (text,), None if answer is None else str(answer))
 
@@ -285,9 +294,40 @@ def _load(name: str, options: SourceOptions, is_corpus: bool):
                 out.append(parser(row, i, tag) if is_corpus else parser(row, i))
             except MalformedRecord as e:
                 report.drop(str(e))
+    if name == "svamp" and options.svamp_set == "study":
+        out = _study_svamp(out, options, report)
     report.kept = len(out)
     _warn(report)
     return out, report
+
+
+def svamp_study_ids(options: SourceOptions = SourceOptions()) -> list[str] | None:
+    """The study's SVAMP IDs in its order, from ``SVAMP_STUDY_IDS`` under the data root (None when
+    that file is not there). A file that is not a list of distinct strings is refused."""
+    root = options.data_root or default_data_root()
+    path = None if root is None else Path(root) / SVAMP_STUDY_IDS
+    if path is None or not path.is_file():
+        return None
+    ids = json.loads(path.read_text(encoding="utf-8"))
+    if not (isinstance(ids, list) and ids and all(isinstance(i, str) for i in ids) and len(set(ids)) == len(ids)):
+        raise ValueError(f"{path}: expected a non-empty JSON list of distinct SVAMP IDs")
+    return ids
+
+
+def _study_svamp(prompts: list[BenchmarkPrompt], options: SourceOptions, report: LoadReport) -> list[BenchmarkPrompt]:
+    """The study's SVAMP problems, in the study's order; every listed ID must be among ``prompts``."""
+    ids = svamp_study_ids(options)
+    if ids is None:
+        report.notes.append(f"{SVAMP_STUDY_IDS} not found under the data root: kept all {len(prompts):,} rows "
+                            "of the source, not the study's 300 in its order")
+        return prompts
+    by_id = {p.id: p for p in prompts}
+    missing = [i for i in ids if i not in by_id]
+    if missing:
+        raise DataSourceNotFound(f"svamp from {report.origin}: {len(missing)} of the study's {len(ids)} SVAMP IDs "
+                                 f"({SVAMP_STUDY_IDS}) are not in it, e.g. {missing[:3]}")
+    report.origin += f" (the study's {len(ids)} problems, in its order: {SVAMP_STUDY_IDS})"
+    return [by_id[i] for i in ids]
 
 
 def load_corpus(name: str, options: SourceOptions = SourceOptions()) -> tuple[list[Conversation], LoadReport]:
@@ -298,7 +338,8 @@ def load_corpus(name: str, options: SourceOptions = SourceOptions()) -> tuple[li
 
 
 def load_benchmark(name: str, options: SourceOptions = SourceOptions()) -> tuple[list[BenchmarkPrompt], LoadReport]:
-    """Benchmark prompts of ``mt_bench``, ``gsm8k``, ``math500`` or ``svamp``."""
+    """Benchmark prompts of ``mt_bench``, ``gsm8k``, ``math500`` or ``svamp``. SVAMP is the study's
+    300 problems in the study's order (``options.svamp_set="all"``: every row of the source)."""
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; choose one of {list(BENCHMARKS)}")
     return _load(name, options, False)
