@@ -32,7 +32,8 @@ from . import storage
 from .grid import EvalCell, eval_cells, key_of, merge_cells, train_cells
 from .grid import corpora as grid_corpora
 from .manifest import STAGES, Manifest
-from .profile import Profile, profile_dict
+from .preflight import preflight
+from .profile import Profile, batch_plan, profile_dict
 from .progress import Progress
 from .report.build import build_report, current_failures
 from .report.tables import KEYS as TABLE_KEYS
@@ -57,6 +58,7 @@ def _ray_init(p: Profile) -> None:
     env = {"TOKENIZERS_PARALLELISM": "false", "TASKSPEC_VERBOSE": os.environ.get("TASKSPEC_VERBOSE", "0")}
     if env["TASKSPEC_VERBOSE"] != "1":  # transformers' GGUF loader draws a plain tqdm bar per process
         env["TQDM_DISABLE"] = "1"
+    env.update(storage.endpoint_env())  # an S3-compatible endpoint set here reaches every worker
     # quiet: workers' own output stays in Ray's log files (/tmp/ray/session_latest/logs, the dashboard);
     # the console gets the driver's stage lines and summary. Failures reach the manifest and the report.
     quiet = {} if env["TASKSPEC_VERBOSE"] == "1" else {"log_to_driver": False, "logging_level": "WARNING"}
@@ -177,6 +179,7 @@ class Driver:
         return out
 
     def run(self) -> dict:
+        preflight(self.p)  # every data set and the verifier's config, before any work (PreflightError)
         self.verifier_name = resolve(self.p.verifier).name
         (self.out / "profile.json").write_text(json.dumps(profile_dict(self.p), indent=1, default=str))
         _ray_init(self.p)
@@ -245,13 +248,14 @@ class Driver:
     def _train_config(self, cell, caches):
         root = self.ref("features")
         t = self.p.train
+        bp = batch_plan(self.p)  # train.global_batch -> per-worker batch and accumulation
         out = self.ref(f"checkpoints/{cell.name}")
         return TrainConfig(
             verifier=self.verifier_name, backbone=cell.backbone, variant=cell.variant,
             out_dir=str(storage.node_cache(out)), out_uri=out if self.uri else None,
             train_data=variant_data(cell.variant, root, caches, self.p.data.n),
-            heldout_data=heldout_data(root, caches), epochs=t.epochs, lr=t.lr, batch_size=t.batch_size,
-            grad_accum=t.grad_accum, warmup_steps=t.warmup_steps, seed=t.init_seed, hass_steps=t.hass_steps,
+            heldout_data=heldout_data(root, caches), epochs=t.epochs, lr=t.lr, batch_size=bp.per_worker,
+            grad_accum=bp.grad_accum, warmup_steps=t.warmup_steps, seed=t.init_seed, hass_steps=t.hass_steps,
             deepspeed=t.deepspeed, zero_stage=t.zero_stage, max_seconds=t.max_seconds, draft_vocab=self.vocab,
             lr_schedule=t.lr_schedule, grad_clip_mode=t.grad_clip_mode, topk_from=t.topk_from, bucket=t.bucket,
             loss_mask=t.loss_mask,
@@ -267,6 +271,9 @@ class Driver:
             tcfg.pop(k)
         if tcfg["loss_mask"] == "next":  # added later: at its default the keys of earlier runs stay valid
             tcfg.pop("loss_mask")
+        if tcfg["global_batch"] is None:  # added later: at its default earlier runs' keys stay valid
+            tcfg.pop("global_batch")
+        print(batch_plan(self.p).describe(), flush=True)
         for cell in cells:
             key = "train-" + key_of([self.verifier_name, self._data_spec(), tcfg, cell.backbone, cell.variant])
             keys[cell.name] = key
@@ -405,7 +412,7 @@ class Driver:
                   "seed": self.p.eval.seed, "routing_decide_steps": self.p.eval.routing_decide_steps,
                   "paired_baseline": self.p.eval.paired_baseline}
         queue = [(u, 1) for u in todo]
-        inflight = {}
+        inflight, respawns = {}, 0
         free = list(range(n_act))
         while queue or inflight:
             while queue and free:
@@ -424,7 +431,8 @@ class Driver:
                 try:  # a killed actor restarts (reloading the verifier): wait for it, so retries are not burned meanwhile
                     ray.get(actors[i].pid.remote(), timeout=600)
                 except Exception:  # noqa: BLE001 - it did not come back: replace it
-                    actors[i] = actor_cls.options(name=f"eval-worker-{i}-{os.getpid()}-r{attempt}").remote(
+                    respawns += 1  # a unique name: two shards at the same attempt on one slot had clashed
+                    actors[i] = actor_cls.options(name=f"eval-worker-{i}-{os.getpid()}-r{respawns}").remote(
                         self.p.verifier, self.p.verifier_dtype, max(1, int(r.num_cpus)))
                 if attempt <= self.p.retries:
                     prog.log(f"{cell.label}: attempt {attempt} failed ({type(e).__name__}); retrying")
@@ -446,7 +454,8 @@ class Driver:
             calls = sum(x["verifier_calls"] for x in rows)
             tau = sum(x["new_tokens"] for x in rows) / calls if calls else float("nan")
             self.manifest.record(key, "eval", cell.label, "done", attempts=attempt, files=[pfile, sfile],
-                                 cell=dataclasses.asdict(cell), prompts=len(shard), rows=len(rows))
+                                 cell=dataclasses.asdict(cell), prompts=len(shard), rows=len(rows),
+                                 file_rows={pfile: len(rows), sfile: len(steps)})  # read back by done()
             if self.uri and time.time() - self._last_sync > 60:  # a crash loses at most a minute of records
                 self._sync()
             prog.step(f"{cell.label} tau={tau:.2f}", acceptance=tau, cell=cell.label)

@@ -21,6 +21,10 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 LAST = ("state.json", "manifest.json")  # completion markers: copied after the files they describe
+# where an S3-compatible store is (MinIO, Ceph, a local test server): pyarrow's S3 client reads
+# these from the environment. The driver forwards them to every Ray worker; credentials it does not
+# (each node has its own: env vars, instance profile, IRSA).
+ENDPOINT_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
 
 
 def is_uri(ref: str) -> bool:
@@ -31,6 +35,11 @@ def join(base: str, *parts: str) -> str:
     if is_uri(base):
         return "/".join([str(base).rstrip("/"), *(p.strip("/") for p in parts)])
     return str(Path(base).joinpath(*parts))
+
+
+def endpoint_env() -> dict[str, str]:
+    """The object-store endpoint settings of this process (``ENDPOINT_VARS`` that are set)."""
+    return {k: os.environ[k] for k in ENDPOINT_VARS if os.environ.get(k)}
 
 
 def _base() -> Path:

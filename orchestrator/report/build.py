@@ -11,7 +11,7 @@ from drafters.atomic import atomic_file, write_text_atomic
 
 from . import figures
 from .claims import check_claims, study_comparison
-from .tables import (GENERATE, depth_table, entropy_table, per_prompt, routing, scan, speed, table1, table1_wide,
+from .tables import (GENERATE, depth_table, depth_table_deeper, entropy_table, per_prompt, routing, scan, speed, table1, table1_wide,
                      trace_files)
 
 
@@ -98,12 +98,14 @@ def build_report(run_dir) -> Path:
     rt = routing(pp, steps)
     ent = entropy_table(steps) if steps is not None else pl.DataFrame()
     dep = depth_table(steps) if steps is not None else pl.DataFrame()
+    dep_deep = depth_table_deeper(steps) if steps is not None else pl.DataFrame()
     prof = json.loads((run / "profile.json").read_text()) if (run / "profile.json").is_file() else {}
     pair = tuple(prof.get("eval", {}).get("route_pair", ("math", "chat")))
     cl = check_claims(pp, steps.collect() if steps is not None else None, dep if not dep.is_empty() else None, pair)
     study = study_comparison(t1)
     for name, df in (("table1_acceptance", t1), ("speed", sp), ("table2_routing", rt), ("table3_4_entropy", ent),
-                     ("table5_8_depth", dep), ("claims", cl), ("study_vs_ours", study)):
+                     ("table5_8_depth", dep), ("table5_8_depth_deeper", dep_deep), ("claims", cl),
+                     ("study_vs_ours", study)):
         _save_table(df, out, name)
     backbones = sorted(set(pp["backbone"].unique().to_list()) - {"none"})
     temps = sorted(pp["temperature"].unique().to_list())
@@ -149,6 +151,7 @@ def build_report(run_dir) -> Path:
            "## Table 2 — routing decisions (drafter 0 = first of the pair, e.g. math)\n", _md(rt),
            "## Tables 3–4 — entropy (nats) of accepted vs first-rejected tokens\n", _md(ent),
            "## Tables 5–8 — acceptance rate by depth\n", _md(dep),
+           "## Tables 5–8, deeper levels (depth > 5; the study's tables stop at 5)\n", _md(dep_deep),
            "## Wall-clock speed, every cell (same run, same machine)\n", SPEED_NOTE,
            _md(sp.select("backbone", "method", "benchmark", "temperature", "tokens_per_s", "tokens_per_s_lo",
                          "tokens_per_s_hi", "speedup", "vs_autoregressive", "calls_per_token", "mean_tree_size",

@@ -1,0 +1,135 @@
+"""A thin-GEMM kernel for CPU decoding, compiled on first use (``csrc/smallm.c``).
+
+``matmul(x, W)`` computes ``x @ W.T`` for 1-32 float32 rows, reading W once. It reads W from a
+repacked copy (panels of 32 output rows, k-major), made on first use and kept on the weight
+tensor until the weight changes: the kernel's weights take twice their memory. It is one of the
+forms ``matmul.tune`` times per weight shape and row count, so it is used only where it wins
+on this machine. The shared library is built with the system C compiler (``$CC``, default
+``gcc``) for this CPU (``-march=native``) and cached under ``$TASKSPEC_CACHE/kernels``, keyed by
+the source, the flags and the CPU's feature flags; it uses the OpenMP runtime torch has already
+loaded, with torch's intra-op thread count. Without a compiler (or with ``TASKSPEC_CPU_KERNEL=0``)
+it is unavailable, ``status()`` says why, and the BLAS forms remain.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from ..caches import cache_dir
+
+SOURCE = Path(__file__).with_name("csrc") / "smallm.c"
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared"]
+MAX_ROWS = 32
+_STATE: dict = {}
+_PACKED = WeakTensorKeyDictionary()  # weight -> (stamp, packed copy)
+
+
+def cpuinfo(field: str) -> str:
+    """The value of ``field`` in /proc/cpuinfo's first block ("" where there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(field):
+                return line.split(":", 1)[1].strip()
+    except (OSError, IndexError):
+        pass
+    return ""
+
+
+def library_path() -> Path:
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), os.environ.get("CC", "gcc"), *FLAGS, cpuinfo("flags")])
+                         .encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"smallm-{key}.so"
+
+
+def build(path: Path) -> None:
+    """Compile to a temporary name in the cache directory, then rename (concurrent builders race
+    harmlessly: each rename installs a complete library)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        subprocess.run([os.environ.get("CC", "gcc"), *FLAGS, str(SOURCE), "-o", tmp], check=True,
+                       capture_output=True, text=True, timeout=120)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _load():
+    if "fn" in _STATE:
+        return _STATE["fn"]
+    fn, why = None, None
+    if os.environ.get("TASKSPEC_CPU_KERNEL", "1") == "0":
+        why = "off (TASKSPEC_CPU_KERNEL=0)"
+    else:
+        try:
+            path = library_path()
+            if not path.exists():
+                build(path)
+            lib = ctypes.CDLL(str(path))
+            fn = lib.smallm_f32
+            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
+            fn.restype = ctypes.c_int
+            lib.pack_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3
+            lib.pack_f32.restype = ctypes.c_int
+            lib.packed_size_f32.argtypes = [ctypes.c_int] * 2
+            lib.packed_size_f32.restype = ctypes.c_longlong
+            _STATE["lib"] = lib
+        except subprocess.CalledProcessError as e:
+            why = f"compiling {SOURCE.name} failed: {(e.stderr or '').strip()[:300]}"
+        except (OSError, subprocess.SubprocessError) as e:
+            why = f"cannot build or load {SOURCE.name}: {e}"
+    _STATE.update(fn=fn, why=why)
+    return fn
+
+
+def available() -> bool:
+    return _load() is not None
+
+
+def status() -> str:
+    """One line for logs: where the kernel came from, or why it is not used."""
+    return f"thin-GEMM kernel {library_path().name}" if available() else f"thin-GEMM kernel unavailable: {_STATE['why']}"
+
+
+def packed(W: torch.Tensor) -> torch.Tensor:
+    """W's repacked copy for the kernel, made once and kept (in a registry keyed by W, freed with
+    W) until W is written to (its version counter moves) or its storage changes."""
+    stamp = (W.data_ptr(), W._version, tuple(W.shape))
+    hit = _PACKED.get(W)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    if _load() is None:
+        raise RuntimeError(status())
+    lib = _STATE["lib"]
+    N, K = W.shape
+    Wc = W.detach().contiguous()
+    out = torch.empty(lib.packed_size_f32(N, K), dtype=torch.float32)
+    if lib.pack_f32(Wc.data_ptr(), out.data_ptr(), N, K, torch.get_num_threads()) != 0:
+        raise RuntimeError("pack_f32 refused its arguments")
+    _PACKED[W] = (stamp, out)
+    return out
+
+
+def matmul(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """(M, K) @ (N, K).T -> (M, N) in float32 on CPU, M <= MAX_ROWS (callers check ``available()``)."""
+    M, K = x2.shape
+    N = W.shape[0]
+    if (x2.dtype != torch.float32 or W.dtype != torch.float32 or W.shape[1] != K or not 1 <= M <= MAX_ROWS
+            or x2.device.type != "cpu" or W.device.type != "cpu"):
+        raise ValueError(f"cpu.kernel.matmul takes float32 CPU (M<= {MAX_ROWS}, K) and (N, K); got "
+                         f"{tuple(x2.shape)} {x2.dtype} and {tuple(W.shape)} {W.dtype}")
+    fn = _load()
+    x2, Wp = x2.contiguous(), packed(W)
+    y = torch.empty(M, N, dtype=torch.float32)
+    if fn(x2.data_ptr(), Wp.data_ptr(), y.data_ptr(), M, K, N, torch.get_num_threads()) != 0:
+        raise RuntimeError("smallm_f32 refused its arguments")
+    return y

@@ -1,0 +1,217 @@
+"""Row-count-aware linear layers for CPU decoding.
+
+On the 2-core CPU, ``F.linear`` (x @ W.T) with 2-8 rows runs 2-3x slower than with one row (for
+the 49,152 x 576 LM head: 10 ms at one row, 24-35 ms at two or three), although streaming the
+weights once costs the same for any small row count. Computing ``W @ x.T`` instead takes another
+BLAS path that is 3-8x faster at those sizes (the LM head at 2-8 rows: 3-7 ms). So a tree pass
+of a few nodes paid 1.4-2x a one-token step for a reason that had nothing to do with the tree.
+
+Even ``W @ x.T`` runs 4-8 rows at 40-60% of the one-row speed, so ``kernel.py`` adds a
+third form, a thin-GEMM kernel compiled on first use that streams a repacked copy of the weights
+once for up to 32 rows. All of SmolLM2's 211 weights in pass order on the 2-core CPU
+(``experiments/bench_matmul.py``): 16.6 ms at one row, 16.4 at 6, 16.9 at 9, 25.8 at 16; the
+previous kernel, which read the weights in place, took 19.4 / 23.9 / 28.2 / 38.4.
+
+``install(model)`` times every form for every distinct weight shape at a few row counts (a few
+seconds, cached per machine) and makes each ``nn.Linear`` use the fastest one for its row count;
+one row is padded to two where that wins. Applied to the verifier model, so ``generate`` (the
+baseline) and the speculative loop run the same kernels. Results equal ``F.linear`` up to float
+summation order (as any change of row count already does). CPU only; no-op on other devices,
+and never where gradients flow (``apply`` takes F.linear there).
+
+Timings are trusted only when they are repeatable: each form is timed ``reps`` times; a table whose
+winning form's timings spread by more than ``MAX_SPREAD`` of their median, or measured while this
+process got less than ``MIN_CPU_SHARE`` of its threads' CPU time (other processes held the cores),
+is used for this process but not cached, and the next process measures again.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+import platform
+import statistics
+import sys
+import time
+import weakref
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..caches import cache_dir, load_json_cache, save_json_cache
+from . import kernel as cpu_kernel
+
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # row counts that are timed; larger ones use F.linear
+CACHE = cache_dir() / "cpu_matmul.json"
+MAX_SPREAD = 0.5  # (max - min) / median of a form's repeated timings beyond which a table is not cached
+MIN_CPU_SHARE = 0.6  # process CPU time / (wall time x threads) below which other processes held the cores
+_SESSION: dict[str, dict] = {}  # untrusted tables: used by this process only
+_INSTALLED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def wxt(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """(M, in) -> (M, out) as (W @ x.T).T; one row is padded to two (the one-row path is a GEMV)."""
+    if x2.shape[0] == 1:
+        return (W @ torch.cat([x2, x2]).T).T[:1].contiguous()
+    return (W @ x2.T).T.contiguous()
+
+
+def _time(fn, reps: int) -> list[float]:
+    """``reps`` wall-clock timings of ``fn`` after one warm-up call."""
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return ts
+
+
+def _spread(ts: list[float]) -> float:
+    return (max(ts) - min(ts)) / max(statistics.median(ts), 1e-12)
+
+
+def _cpu_share(fn):
+    """(fn's result, the share of its threads' CPU time this process got while it ran)."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    out = fn()
+    wall = max(time.perf_counter() - t0, 1e-9)
+    return out, (time.process_time() - c0) / (wall * torch.get_num_threads())
+
+
+COLD_BYTES = 128 * 2**20  # weights cycled per timing: more than any last-level cache, as in a real pass
+
+
+FORMS = ("linear", "wxt", "kernel")  # F.linear; (W @ x.T).T; the thin-GEMM kernel (kernel.py)
+
+
+def form_fn(form: str):
+    return {"linear": F.linear, "wxt": wxt, "kernel": cpu_kernel.matmul}[form]
+
+
+@torch.no_grad()
+def tune(W: torch.Tensor, reps: int = 3) -> tuple[dict[int, str], str | None]:
+    """({row bucket: fastest form}, why the timings are not trustworthy or None) for this weight,
+    from timing every form on cold weights (a model pass streams every weight from memory once; a
+    hot loop over one small matrix would not). A form must beat F.linear by 5% to replace it."""
+    copies = [W] + [W.clone() for _ in range(max(0, COLD_BYTES // (W.numel() * W.element_size()) - 1))]
+    forms = [f for f in FORMS if f != "kernel" or (W.dtype == torch.float32 and cpu_kernel.available())]
+
+    def measure():
+        out, spreads = {}, []
+        for m in BUCKETS:
+            x = torch.randn(m, W.shape[1], dtype=W.dtype, device=W.device)
+            ts = {f: _time(lambda: [form_fn(f)(x, w) for w in copies], reps) for f in forms}
+            t = {f: statistics.median(v) for f, v in ts.items()}
+            t["linear"] /= 0.95
+            out[m] = min(t, key=t.get)
+            spreads.append(max(_spread(ts[out[m]]), _spread(ts["linear"])))
+        return out, max(spreads)
+
+    (table, spread), share = _cpu_share(measure)
+    why = None
+    if spread > MAX_SPREAD:
+        why = f"timings spread by {spread:.0%} of their median (limit {MAX_SPREAD:.0%})"
+    elif share < MIN_CPU_SHARE:
+        why = f"this process got {share:.0%} of its threads' CPU time (other processes held the cores)"
+    return table, why
+
+
+_ON = [True]
+
+
+class disabled:
+    """``with disabled():`` runs installed layers as stock F.linear (the bench's stock baseline)."""
+
+    def __enter__(self):
+        _ON[0] = False
+
+    def __exit__(self, *exc):
+        _ON[0] = True
+
+
+class RowAwareLinear:
+    """The forward installed on an nn.Linear: picks the form by row count from a tuned table."""
+
+    def __init__(self, module: nn.Linear, table: dict[int, str]):
+        self.m, self.table = module, table
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return apply(x, self.m.weight, self.m.bias, self.table)
+
+
+def apply(x: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None, table: dict[int, str]) -> torch.Tensor:
+    """F.linear(x, W, bias) in the form ``table`` names for x's row count."""
+    rows = x.numel() // x.shape[-1]
+    if rows > BUCKETS[-1] or x.device.type != "cpu" or x.dtype != W.dtype or not _ON[0]:
+        return F.linear(x, W, bias)
+    if torch.is_grad_enabled() and (x.requires_grad or W.requires_grad or (bias is not None and bias.requires_grad)):
+        return F.linear(x, W, bias)  # the kernel and W @ x.T here are inference forms: gradients take F.linear
+    form = table[BUCKETS[max(0, bisect.bisect_right(BUCKETS, rows) - 1)]]
+    if form == "linear":
+        return F.linear(x, W, bias)
+    y = form_fn(form)(x.reshape(rows, x.shape[-1]), W)
+    if bias is not None:
+        y = y + bias
+    return y.reshape(*x.shape[:-1], W.shape[0])
+
+
+def machine_key() -> str:
+    """The part of a cache key that names this machine: CPU model, threads, torch and kernel build."""
+    cpu = cpu_kernel.cpuinfo("model name") or platform.processor() or platform.machine()
+    kernel = cpu_kernel.library_path().name if cpu_kernel.available() else "no-kernel"
+    return f"v2|{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}|{kernel}"
+
+
+def table_for(W: torch.Tensor, disk: dict | None = None, machine: str | None = None) -> tuple[str, dict[int, str]]:
+    """(cache key, {rows: form}) for this weight's shape and dtype on the CPU, tuned once per machine
+    (a table from untrustworthy timings is kept for this process only). The key names the device
+    type but not the model: the timing depends on the weight's shape and dtype alone."""
+    disk = load_json_cache(CACHE) if disk is None else disk
+    key = f"{machine or machine_key()}|{W.device.type}|{tuple(W.shape)}|{W.dtype}"
+    if key not in disk and key not in _SESSION:
+        table, why = tune(W.detach())
+        if why is None:
+            disk[key] = {str(m): v for m, v in table.items()}
+            save_json_cache(CACHE, disk)
+        else:
+            print(f"[cpu matmul] {tuple(W.shape)}: not cached, {why}; measured again next run", file=sys.stderr)
+            _SESSION[key] = {str(m): v for m, v in table.items()}
+    return key, {int(m): v for m, v in (disk.get(key) or _SESSION[key]).items()}
+
+
+def row_aware(W: torch.Tensor):
+    """``x -> x @ W.T`` in the tuned form per row count (for weights that are not an nn.Linear, e.g.
+    a drafter's slice of the verifier's LM head); plain ``x @ W.T`` when turned off or off CPU."""
+    if os.environ.get("TASKSPEC_CPU_MATMUL", "1") == "0" or os.environ.get("TASKSPEC_CPU_SPEED", "1") == "0" \
+            or W.device.type != "cpu":
+        return lambda x: x @ W.T
+    table = table_for(W)[1]
+    return lambda x: apply(x, W, None, table)
+
+
+def install(model: nn.Module) -> dict:
+    """Give every nn.Linear of a CPU model the faster form per row count. Returns
+    {"out x in": {rows: form}} (also ``installed(model)``). Tables are cached per machine, threads,
+    torch, device type, shape and dtype in ``$TASKSPEC_CACHE/cpu_matmul.json`` (default
+    ~/.cache/taskspec). ``TASKSPEC_CPU_MATMUL=0`` turns it off; a model on another device is left alone
+    (no tuning, no kernel build)."""
+    if os.environ.get("TASKSPEC_CPU_MATMUL", "1") == "0":
+        return {}
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m.weight.device.type == "cpu"]
+    if not linears:
+        return {}
+    disk, machine = load_json_cache(CACHE), machine_key()
+    tables: dict[str, dict] = {}
+    for mod in linears:
+        key, table = table_for(mod.weight, disk, machine)
+        tables.setdefault(key, table)
+        mod.forward = RowAwareLinear(mod, tables[key])
+    out = {k.split("|")[-2]: dict(t) for k, t in tables.items()}
+    _INSTALLED[model] = out
+    return out
+
+
+def installed(model: nn.Module) -> dict:
+    """The tables ``install`` gave this model ({} if none)."""
+    return _INSTALLED.get(model, {})

@@ -1,0 +1,200 @@
+"""The smoke grid on a multi-node Ray cluster on this machine, over object storage.
+
+A head with no CPUs and two 1-CPU worker nodes (`ray.cluster_utils.Cluster`), each node with its
+own staging directory (`TASKSPEC_STAGING` in the raylet's environment, so every worker on it uses
+it), the driver with yet another one, and the output at `s3://` on moto's S3 server on 127.0.0.1.
+No path is shared: every feature cache, checkpoint, trace and the report must cross the store.
+Then a worker node is removed mid-evaluation and replaced: the grid completes, no row lost or
+doubled."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import polars as pl
+import pyarrow.dataset as ds
+import pytest
+from moto.server import ThreadedMotoServer
+from pyarrow import fs
+from ray.cluster_utils import Cluster
+
+from orchestrator.grid import eval_cells
+from orchestrator.profile import load_profile
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+BUCKET, RUN = "taskspec-grid", "smoke/run"
+URI = f"s3://{BUCKET}/{RUN}"
+REGION = "us-east-1"
+CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}  # moto accepts any
+# every stage runs (features, both drafters, the merge, the report); evaluation keeps every
+# strategy on 3 prompts at T=0 (12 units): what crosses the store is the same, at half the cells
+PROMPTS = {"gsm8k": 2, "mt_bench": 1}  # one unit per prompt (the smoke profile's shard_size is 1)
+SMALL = ["eval.temperatures=[0.0]", "eval.tree_auto=[]", "eval.benchmarks={gsm8k: 2, mt_bench: 1}"]
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """moto's S3 server on a free loopback port, with one bucket; yields (endpoint, pyarrow fs)."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id="testing",
+                 aws_secret_access_key="testing").create_bucket(Bucket=BUCKET)
+    s3fs = fs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", access_key="testing",
+                           secret_key="testing", region=REGION)
+    yield endpoint, s3fs
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(s3, tmp_path_factory):
+    """Head (0 CPUs: runs no work) + two 1-CPU worker nodes, each with its own staging dir. The
+    nodes get credentials (as an instance profile would give them) but not the endpoint: the
+    driver forwards that (storage.ENDPOINT_VARS)."""
+    tmp = tmp_path_factory.mktemp("multinode")
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
+    os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")  # as tests/test_grid.py
+    head = {"num_cpus": 0, "env_vars": {"TASKSPEC_STAGING": str(tmp / "head")}}
+    c = Cluster(initialize_head=True, head_node_args=head)
+    c.tmp, c.n_added = tmp, 0
+    for _ in range(2):
+        _add_worker(c)
+    c.wait_for_nodes()
+    yield c
+    c.shutdown()
+    for k, v in saved.items():
+        os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def _add_worker(c: Cluster):
+    c.n_added += 1
+    env = {"TASKSPEC_STAGING": str(c.tmp / f"node-{c.n_added}"), **CREDS}
+    return c.add_node(num_cpus=1, object_store_memory=200 << 20, env_vars=env)
+
+
+def _grid(c: Cluster, s3, *args: str, **popen) -> subprocess.Popen:
+    endpoint, _ = s3
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_"))}
+    env.update(RAY_ADDRESS=c.address, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               TASKSPEC_STAGING=str(c.tmp / "driver"), AWS_ENDPOINT_URL_S3=endpoint,
+               AWS_DEFAULT_REGION=REGION, **CREDS)
+    sets = [a for s in SMALL for a in ("--set", s)]
+    cmd = [sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke", "--output-dir", URI,
+           *sets, *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            **popen)
+
+
+def _read_json(s3fs, rel: str) -> dict:
+    with s3fs.open_input_stream(f"{BUCKET}/{RUN}/{rel}") as f:
+        return json.loads(f.read())
+
+
+def _table(s3fs, rel: str) -> pl.DataFrame:
+    return pl.from_arrow(ds.dataset(f"{BUCKET}/{RUN}/{rel}", filesystem=s3fs, format="parquet",
+                                    partitioning="hive").to_table())
+
+
+def _check_traces(s3fs) -> tuple[pl.DataFrame, dict]:
+    """Every eval unit done, and the Parquet traces at the URI hold exactly the rows the manifest
+    recorded: returns (prompt rows, {lost, duplicated, expected})."""
+    units = {k: u for k, u in _read_json(s3fs, "manifest.json")["cells"].items() if u["stage"] == "eval"}
+    assert len(units) == sum(PROMPTS[c.benchmark] for c in eval_cells(load_profile("smoke", SMALL)))
+    assert all(u["status"] == "done" for u in units.values())
+    prompts, steps = _table(s3fs, "traces/prompts"), _table(s3fs, "traces/steps")
+    expected = sum(u["rows"] for u in units.values())
+    unique = prompts.select("unit_key", "prompt_id", "turn").n_unique()
+    figures = {"expected": expected, "lost": expected - unique, "duplicated": prompts.height - unique}
+    assert figures["lost"] == 0 and figures["duplicated"] == 0, figures
+    assert set(prompts["unit_key"]) == set(units)
+    assert steps.height == int(prompts["verifier_calls"].sum())
+    return prompts, figures
+
+
+@pytest.fixture(scope="module")
+def grid_run(cluster, s3):
+    t = time.time()
+    proc = _grid(cluster, s3)
+    log = proc.communicate(timeout=900)[0]
+    assert proc.returncode == 0, log[-4000:]
+    stages = [x for x in log.splitlines() if x.startswith("stage wall times")]
+    print(f"multi-node smoke grid over s3: {time.time() - t:.0f}s; {stages}")
+    return log
+
+
+def test_smoke_grid_runs_on_two_nodes_through_object_storage_only(cluster, s3, grid_run):
+    _, s3fs = s3
+    prompts, figures = _check_traces(s3fs)
+    print(f"rows: {figures}")
+    # lossless at T=0 across nodes: every strategy's output equals the autoregressive one
+    t0 = prompts.filter(pl.col("temperature") == 0)
+    base = t0.filter(pl.col("strategy") == "autoregressive").select("benchmark", "prompt_id", "turn",
+                                                                      pl.col("output_token_ids").alias("ref"))
+    joined = t0.join(base, on=["benchmark", "prompt_id", "turn"])
+    assert joined.height == t0.height and (joined["output_token_ids"] == joined["ref"]).all()
+    # the report and the checkpoints are at the URI
+    sel = fs.FileSelector(f"{BUCKET}/{RUN}", recursive=True)
+    rel = {i.path[len(f"{BUCKET}/{RUN}/"):] for i in s3fs.get_file_info(sel) if i.type == fs.FileType.File}
+    assert "report/report.md" in rel and "manifest.json" in rel
+    assert {p for p in rel if p.endswith("final/model.safetensors")}, sorted(rel)[:40]
+    assert {p for p in rel if p.startswith("features/") and p.endswith("manifest.json")}
+    # nothing crossed a local path: the driver's staging holds only its own files plus what it fetched
+    # (the two specialists of the merge); both worker nodes fetched checkpoints for their eval actor
+    tmp = cluster.tmp
+    own = [p.relative_to(tmp / "driver") for p in (tmp / "driver" / "driver").rglob("*") if p.is_file()]
+    assert own and not [p for p in own if "final" in p.parts or "features" in p.parts]
+    assert list((tmp / "driver" / "cache").rglob("final/model.safetensors"))
+    for node in ("node-1", "node-2"):
+        assert list((tmp / node / "cache").rglob("model.safetensors")), f"{node} decoded nothing"
+    assert not (tmp / "head" / "cache").exists()  # the head ran no work
+
+
+def test_worker_node_removed_mid_evaluation_loses_and_duplicates_nothing(cluster, s3, grid_run):
+    """--force eval, then a worker node (with an eval actor on it) is removed once a few units are
+    done, and a fresh node (empty staging dir) joins, as an autoscaler would replace a lost VM. The
+    shard that was running there is retried; the traces at the URI have every row exactly once."""
+    _, s3fs = s3
+    # the driver's own copy of the manifest (in its staging dir), updated as each unit finishes
+    local_manifest = next((cluster.tmp / "driver" / "driver").glob("*/manifest.json"))
+    t0 = time.time()
+    proc = _grid(cluster, s3, "--force", "eval")
+    removed_at = recovered_at = None
+    forgotten = False  # the first run's eval units stay in the manifest until the new driver forgets them
+    done_at_removal = 0
+    while proc.poll() is None and time.time() - t0 < 600:
+        try:
+            cells = json.loads(local_manifest.read_text())["cells"]
+        except (OSError, ValueError):
+            cells = {}
+        done = sum(c["stage"] == "eval" and c["status"] == "done" for c in cells.values())
+        forgotten = forgotten or (bool(cells) and done == 0)
+        if removed_at is None and forgotten and done >= 3:
+            victim = sorted(cluster.worker_nodes, key=lambda n: n.unique_id)[0]
+            cluster.remove_node(victim)
+            removed_at, done_at_removal = time.time(), done
+            _add_worker(cluster)
+        if removed_at and recovered_at is None and any(
+                c["stage"] == "eval" and c["status"] == "done" and c["attempts"] > 1 for c in cells.values()):
+            recovered_at = time.time()  # the shard lost with the node is done again
+        time.sleep(0.5)
+    log = proc.communicate(timeout=600)[0]
+    assert proc.returncode == 0, log[-4000:]
+    print([x for x in log.splitlines() if "attempt" in x or x.startswith("stage wall times")])
+    assert removed_at is not None, "evaluation finished before a node could be removed"
+    total = time.time() - t0
+    cells = _read_json(s3fs, "manifest.json")["cells"]
+    retried = [c for c in cells.values() if c["stage"] == "eval" and c["attempts"] > 1]
+    _, figures = _check_traces(s3fs)
+    print(f"node removed after {done_at_removal} eval units, {removed_at - t0:.0f}s into the run; "
+          f"units retried: {len(retried)}, the lost shard redone "
+          f"{'-' if recovered_at is None else f'{recovered_at - removed_at:.0f}s'} after the removal; "
+          f"rows {figures}; grid done {total - (removed_at - t0):.0f}s after the removal "
+          f"({total:.0f}s in all)")
+    assert len(cluster.worker_nodes) == 2
