@@ -5,9 +5,11 @@ Notation as in the study: p = draft distribution, q = verifier distribution. Ind
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+
+from .tree import ancestor_matrix
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None):
@@ -40,97 +42,120 @@ def entropy(probs: torch.Tensor) -> torch.Tensor:
     return -(probs * probs.clamp_min(1e-30).log()).sum(-1)
 
 
-class LazyRows:
-    """``rows[i]`` = ``fn(logits[i])``, computed on first use: the acceptance walk at T > 0 reads
-    q only at the root and the nodes it reaches, not at all N+1 rows."""
-
-    def __init__(self, fn, logits: torch.Tensor):
-        self.fn, self.logits, self._rows = fn, logits, {}
-
-    def __getitem__(self, i: int) -> torch.Tensor:
-        if i not in self._rows:
-            self._rows[i] = self.fn(self.logits[i])
-        return self._rows[i]
-
-
 @dataclass
 class Acceptance:
     path: list[int]  # accepted tree indices (1-based, root excluded), root to leaf
     next_token: int  # the verifier's own token after the last accepted node (bonus/correction)
     rejected: int | None  # tree index (1-based) of the first rejected child at the stop node, if any
+    path_tokens: list[int] = field(default_factory=list)  # the tokens of ``path`` (read with it)
 
 
-def _children(parents: torch.Tensor) -> list[list[int]]:
-    """children[i] = tree indices (1-based) of node i's children, in order; i = 0 is the root."""
-    kids: list[list[int]] = [[] for _ in range(parents.shape[0] + 1)]
-    for i, p in enumerate(parents.tolist()):
-        kids[p + 1].append(i + 1)
-    return kids
+def _host(path_buf: torch.Tensor, next_token: torch.Tensor, rejected: torch.Tensor,
+          tokens: torch.Tensor) -> Acceptance:
+    """The one device -> host read of an acceptance walk: path slots (D,) (0 = empty), their
+    tokens, the next token and the first rejected child (-1 = none)."""
+    d = path_buf.shape[0]
+    toks = tokens[(path_buf - 1).clamp(min=0)] if tokens.shape[0] else torch.zeros_like(path_buf)
+    vals = torch.cat([path_buf.long(), toks.long(), next_token.long().reshape(1),
+                      rejected.long().reshape(1)]).tolist()
+    path = [i for i in vals[:d] if i > 0]
+    rej = vals[-1]
+    return Acceptance(path, vals[-2], None if rej < 0 else rej, vals[d : d + len(path)])
 
 
-def greedy_match(tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def _first(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the first True in ``mask`` (..., N), or -1 where there is none (no host sync)."""
+    hit = mask.any(-1)
+    if mask.shape[-1] == 0:  # no candidates at all (an empty tree)
+        return torch.full_like(hit, -1, dtype=torch.long)
+    return torch.where(hit, mask.to(torch.int8).argmax(-1), torch.full_like(hit, -1, dtype=torch.long))
+
+
+def greedy_match(tokens: torch.Tensor, parents: torch.Tensor, target: torch.Tensor,
+                 anc: torch.Tensor | None = None) -> torch.Tensor:
     """(N,) bool: node i and all its ancestors equal the verifier's argmax at their parents.
 
-    tokens, parents (N,); target (N+1,) argmax of q at the root and at every node.
-    """
-    n = tokens.shape[0]
-    ok = torch.zeros(n + 1, dtype=torch.bool)
-    ok[0] = True
-    par = parents + 1  # (N,) 1-based parent index
-    match = tokens == target[par]  # (N,) node equals its parent's argmax
-    for i in range(n):  # parents precede children
-        ok[i + 1] = match[i] & ok[par[i]]
-    return ok[1:]
+    tokens, parents (N,); target (N+1,) argmax of q at the root and at every node; anc the tree's
+    ancestor matrix if the caller has it."""
+    anc = ancestor_matrix(parents) if anc is None else anc  # (N+1, N+1)
+    match = tokens == target[parents + 1]  # (N,) node equals its parent's argmax
+    return ~(anc[1:, 1:] & ~match[None, :]).any(-1)  # no mismatch among a node's ancestors or itself
 
 
-def accept_greedy(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, target: torch.Tensor) -> Acceptance:
+def accept_greedy(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor, target: torch.Tensor,
+                  max_depth: int | None = None) -> Acceptance:
     """Temperature 0: the deepest node whose whole path equals the verifier's argmax chain.
 
     tokens, parents, depths (N,); target (N+1,) argmax of q at the root and at every node.
     Searching the whole tree (not only the first matching child) makes merged trees with duplicate
     siblings take the longest accepted path from any subtree, as the study's Prop. A.2 requires.
+    Computed on the tensors' device; one host read at the end.
     """
     n = tokens.shape[0]
-    ok = greedy_match(tokens, parents, target)
-    par = parents + 1
-    depth_ok = torch.where(ok, depths, torch.zeros_like(depths))
-    if n == 0 or int(depth_ok.max()) == 0:
-        path = []
-    else:
-        leaf = int(depth_ok.argmax()) + 1  # first node of maximal depth
-        path = []
-        while leaf > 0:
-            path.append(leaf)
-            leaf = int(par[leaf - 1])
-        path.reverse()
-    last = path[-1] if path else 0
-    kids = [i + 1 for i in range(n) if int(par[i]) == last]
-    return Acceptance(path, int(target[last]), kids[0] if kids else None)
+    dev = tokens.device
+    if n == 0:
+        return Acceptance([], int(target[0]), None, [])
+    anc = ancestor_matrix(parents)  # (N+1, N+1)
+    ok = greedy_match(tokens, parents, target, anc)  # (N,)
+    depth_ok = torch.where(ok, depths, torch.zeros_like(depths))  # (N,)
+    leaf = torch.where(depth_ok.max() > 0, depth_ok.argmax() + 1, torch.zeros((), dtype=torch.long, device=dev))
+    d = max_depth if max_depth is not None else n
+    path = _path_slots(anc[leaf, 1:] & (leaf > 0), parents, d)  # the root -> leaf path
+    rejected = _first(parents + 1 == leaf)  # the first child of the last accepted node
+    return _host(path, target[leaf], torch.where(rejected >= 0, rejected + 1, rejected), tokens)
 
 
-def accept_sampling(tokens: torch.Tensor, parents: torch.Tensor, q, generator: torch.Generator) -> Acceptance:
+def _path_slots(on_path: torch.Tensor, parents: torch.Tensor, d: int) -> torch.Tensor:
+    """(d,) the 1-based indices of the nodes in ``on_path`` (one root -> leaf chain), shallowest
+    first, 0 in unused slots. A node's slot is its number of path ancestors."""
+    n = on_path.shape[0]
+    level = on_path.long().cumsum(0) - 1  # parents precede children: the k-th path node is at depth k
+    slot = torch.where(on_path, level, torch.full_like(level, d)).clamp(max=d)
+    return torch.zeros(d + 1, dtype=torch.long, device=on_path.device).scatter_(
+        0, slot, torch.arange(1, n + 1, device=on_path.device))[:d]
+
+
+def _children(parents: list[int]) -> list[list[int]]:
+    """children[i] = tree indices (1-based) of node i's children, in order; i = 0 is the root."""
+    kids: list[list[int]] = [[] for _ in range(len(parents) + 1)]
+    for i, p in enumerate(parents):
+        kids[p + 1].append(i + 1)
+    return kids
+
+
+def accept_sampling(tokens: torch.Tensor, parents: torch.Tensor, q: torch.Tensor, generator: torch.Generator,
+                    max_depth: int | None = None) -> Acceptance:
     """Temperature > 0: multi-candidate rejection sampling for deterministic proposals.
 
-    q (N+1, V) (or :class:`LazyRows`) verifier distributions at the root and every node. At a
-    node, the distinct tokens of its children are tried in order; token x is accepted with
-    probability q'(x), where q' is q with previously rejected tokens zeroed and renormalised; if
-    all are rejected, the next token is sampled from q'. Lossless: the committed token at every
-    position is distributed exactly as q.
+    q (N+1, V) verifier distributions at the root and every node. At a node, the distinct tokens
+    of its children are tried in order; token x is accepted with probability q'(x), where q' is q
+    with previously rejected tokens zeroed and renormalised; if all are rejected, the next token
+    is sampled from q'. Lossless: the committed token at every position is distributed exactly
+    as q.
 
     Same-token siblings are pooled (as EAGLE matches candidates by token prefix): a merged tree
     without dedup holds one copy of a token per drafter, each with its own subtree; after x is
     accepted the walk continues among the children of every copy of x, so no subtree is lost.
     The copies share their token path, hence their verifier context, KV rows and q.
+
+    Host round trips: one read of the tree and of q(x) at every node's parent (gathered on q's
+    device), then the walk runs on the host with the host ``generator``; if every child at the
+    stop node is rejected, one copy of the rejected tokens to the device and one read of the
+    residual sample. Never one per child. (``max_depth`` is accepted for symmetry with
+    ``accept_greedy``; the walk needs no bound.)
     """
-    kids = _children(parents)
+    n = tokens.shape[0]
+    qx = q[parents + 1, tokens] if n else q.new_zeros(0)  # (N,) q(x) at the node's parent (copies share q)
+    host = torch.cat([tokens.double(), parents.double(), qx.double()]).tolist() if n else []  # the one read
+    toks, pars, qxs = [int(t) for t in host[:n]], [int(p) for p in host[n : 2 * n]], host[2 * n :]
+    kids = _children(pars)
     group, last = [0], 0  # copies of the current node (the same token path); the last accepted node
     while True:
-        q_node = q[group[0]]  # (V,)
         order: list[int] = []
         copies: dict[int, list[int]] = {}
         for g in group:
             for c in kids[g]:
-                x = int(tokens[c - 1])
+                x = toks[c - 1]
                 if x not in copies:
                     copies[x] = []
                     order.append(x)
@@ -139,28 +164,28 @@ def accept_sampling(tokens: torch.Tensor, parents: torch.Tensor, q, generator: t
         removed_mass = 0.0
         accepted, first_rejected = None, None
         for x in order:
-            qx = float(q_node[x])
+            qx_ = qxs[copies[x][0] - 1]
             u = float(torch.rand((), generator=generator))
-            if u * (1.0 - removed_mass) < qx:  # accept with probability q'(x) = q(x) / (1 - removed)
+            if u * (1.0 - removed_mass) < qx_:  # accept with probability q'(x) = q(x) / (1 - removed)
                 accepted = x
                 break
             first_rejected = copies[x][0] if first_rejected is None else first_rejected
             removed.append(x)
-            removed_mass += qx
+            removed_mass += qx_
         if accepted is None:
-            residual = q_node.clone()
+            residual = q[group[0]].clone()  # (V,)
             if removed:
-                residual[torch.tensor(removed)] = 0.0
-            nxt = sample(residual, generator)
-            return Acceptance(_path_to(last, parents), nxt, first_rejected)
+                residual[torch.tensor(removed, device=q.device)] = 0.0
+            path = _path_to(last, pars)
+            return Acceptance(path, sample(residual, generator), first_rejected, [toks[i - 1] for i in path])
         group = copies[accepted]
         last = group[0]
 
 
-def _path_to(node: int, parents: torch.Tensor) -> list[int]:
+def _path_to(node: int, parents: list[int]) -> list[int]:
     """Tree indices (1-based) from the root's child down to ``node`` (0 = the root: empty)."""
     path = []
     while node > 0:
         path.append(node)
-        node = int(parents[node - 1]) + 1
+        node = parents[node - 1] + 1
     return path[::-1]

@@ -24,23 +24,21 @@ keeps the drafter the large tree's rule chose; the calibration prompts are not t
 """
 from __future__ import annotations
 
-import os
 import statistics
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
-from . import lean_pass
+from . import cpu
 from .accept import greedy_match
-from .cpu_matmul import _machine, load_json_cache, save_json_cache
+from .caches import cache_dir, load_json_cache, save_json_cache
+from .timing import synced_now
 from .tree import TreeConfig, chain_tree
 
 CAL_TREES = {1: TreeConfig(1, 8, 9), 2: TreeConfig(2, 6, 24), 4: TreeConfig(4, 6, 32)}
 TOTALS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
 VERIFY_SIZES = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16, 20, 24, 32, 48, 64)
-CACHE = Path(os.environ.get("TASKSPEC_CACHE", Path.home() / ".cache" / "taskspec")) / "verify_cost.json"
+CACHE = cache_dir() / "verify_cost.json"
 
 
 @dataclass
@@ -140,8 +138,8 @@ def choose(cal: Calibration, verify_ms: dict[int, float], merged: bool, n_drafte
 
 def _cache_key(model) -> str:
     """Verifier, dtype, device, machine and matmul kernel, and which pass runs (lean or transformers')."""
-    lean = "lean" if lean_pass.use_lean(model) else "hf"
-    return f"{getattr(model, 'verifier_name', type(model).__name__)}|{model.dtype}|{model.device}|{_machine()}|{lean}"
+    lean = "lean" if cpu.use_lean(model) else "hf"
+    return f"{getattr(model, 'verifier_name', type(model).__name__)}|{model.dtype}|{model.device}|{cpu.machine_key()}|{lean}"
 
 
 @torch.no_grad()
@@ -155,6 +153,7 @@ def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache:
         return monotone({int(n): v for n, v in disk[key].items()})
     cache = new_cache()
     prefill(model, cache, prompt_ids)
+    dev = model.device
     n = len(prompt_ids) - 1
     commit_path(cache, n, [])
     out = {}
@@ -162,9 +161,9 @@ def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache:
         t = chain_tree([list(range(100, 100 + size - 1))])
         ts = []
         for _ in range(reps + 1):
-            t0 = time.perf_counter()
+            t0 = synced_now(dev)  # a device clock: kernels queued before and inside the pass count
             tree_forward(model, cache, n, prompt_ids[-1], t.tokens, t.parents, t.depths)
-            ts.append(time.perf_counter() - t0)
+            ts.append(synced_now(dev) - t0)
             commit_path(cache, n, [])
         out[size] = 1000 * statistics.median(ts[1:])
     out = monotone(out)
@@ -229,11 +228,11 @@ def calibration_inputs(tokenizer, per_benchmark: int = 1, benchmarks=("gsm8k", "
 
 
 def auto_tree(model, proposers, strategy: str, eos: list[int], inputs: list[list[int]], dedup: bool = False,
-              granularity: str = "step", max_new_tokens: int = 32) -> Choice:
+              granularity: str = "step", max_new_tokens: int = 32, use_cache: bool = True) -> Choice:
     """Measure, calibrate and choose; ``inputs`` are calibration prompts (token ids)."""
     if strategy == "autoregressive" or not proposers:
         raise ValueError("tree auto needs a speculative strategy with drafters")
-    costs = measure_verify_costs(model, inputs[0])
+    costs = measure_verify_costs(model, inputs[0], use_cache=use_cache)
     cal = calibrate(model, proposers, strategy, eos, inputs, max_new_tokens, dedup, granularity)
     n = 1 if strategy == "single" else len(proposers)
     return choose(cal, costs, strategy == "merged", n)

@@ -5,7 +5,7 @@ Prints, in one run: ``generate``; the project's autoregressive loop; every strat
 tree and (``--tree auto``) the fitted one; the oracle ceiling (a chain of the verifier's own
 continuation, depths ``--oracle-depths``); and (``--micro``) verify ms per pass against the number
 of nodes and draft ms per level of each drafter. Where the verifier takes the lean pass
-(``lean_pass.py``), the autoregressive loop is timed a second time through transformers' forward
+(``cpu/lean_pass.py``), the autoregressive loop is timed a second time through transformers' forward
 ("autoregressive, hf pass"), so what the pass itself buys is separate from what speculation buys.
 
 Every row is timed *paired*: before each prompt of a row, ``generate`` runs on that prompt again,
@@ -24,7 +24,8 @@ import time
 
 import torch
 
-from . import cpu_kernel, cpu_matmul, lean_pass
+from . import cpu
+from .timing import synced_now
 from .drafting import draft_together
 
 
@@ -79,7 +80,7 @@ def time_row(make_decoder, inputs, baseline, refs=None) -> Timing:
         t.gen_toks, t.gen_wall = t.gen_toks + len(ref), t.gen_wall + gen_s
         dec = make_decoder(pid, ids)
         t0 = time.perf_counter()
-        r = dec.generate(ids, seed_key=pid)
+        r = dec.generate(ids, seed_key=pid)  # its wall clock closes on a device sync
         t.wall += time.perf_counter() - t0
         t.toks += len(r.output_token_ids)
         t.calls += r.verifier_calls
@@ -133,9 +134,9 @@ def micro(model, proposers, prompt_ids: list[int], cfg, reps: int = 7) -> None:
         ts = []
         for _ in range(reps):
             t = chain_tree([list(range(100, 100 + nodes))]) if nodes else chain_tree([])
-            t0 = time.perf_counter()
+            t0 = synced_now(model.device)
             tree_forward(model, cache, n, prompt_ids[-1], t.tokens, t.parents, t.depths)
-            ts.append(time.perf_counter() - t0)
+            ts.append(synced_now(model.device) - t0)
             keep_positions(cache, torch.arange(n))
         ms = 1000 * statistics.median(ts)
         base = base or ms
@@ -148,10 +149,10 @@ def micro(model, proposers, prompt_ids: list[int], cfg, reps: int = 7) -> None:
                 p.reset()
                 catch_up = dataclasses.replace(cfg, top_k=k, depth=1, total_tokens=2)
                 p.draft(toks, feats[:-1], catch_up, 0.0)
-                t0 = time.perf_counter()
+                t0 = synced_now(feats.device)
                 shape = dataclasses.replace(cfg, top_k=k, depth=depth, total_tokens=max(cfg.total_tokens, 2))
                 p.draft(toks, feats[:-1], shape, 0.0)
-                ts.append(time.perf_counter() - t0)
+                ts.append(synced_now(feats.device) - t0)
             ms = 1000 * statistics.median(ts)
             vocab = p.head.size if hasattr(p, "head") else "full"
             print(f"  draft {p.name} (vocab {vocab}) top_k={k} depth={depth}: {ms:6.1f} ms per tree, "
@@ -162,9 +163,9 @@ def micro(model, proposers, prompt_ids: list[int], cfg, reps: int = 7) -> None:
             for p in proposers:
                 p.reset()
             draft_together(proposers, toks, feats[:-1], dataclasses.replace(cfg, depth=1, total_tokens=2), 0.0)
-            t0 = time.perf_counter()
+            t0 = synced_now(feats.device)
             draft_together(proposers, toks, feats[:-1], cfg, 0.0)
-            ts.append(time.perf_counter() - t0)
+            ts.append(synced_now(feats.device) - t0)
         ms = 1000 * statistics.median(ts)
         print(f"  draft all {len(proposers)} drafters in lock step top_k={cfg.top_k} depth={cfg.depth}: "
               f"{ms:6.1f} ms per step, {ms / cfg.depth:5.1f} ms per level")
@@ -211,7 +212,7 @@ def cmd_bench(args) -> int:
     inputs = [(p.id, benchmark_prompt_ids(tok, p, 0, [])) for p in prompts]
     base = decode_config(args)
     T = base.temperature
-    lean = lean_pass.use_lean(model)
+    lean = cpu.use_lean(model)
     print(f"verifier {name} ({model.dtype}, {torch.get_num_threads()} threads; "
           f"{'lean pass' if lean else 'transformers forward'}); {len(inputs)} prompts "
           f"({args.benchmarks}); "
@@ -221,15 +222,15 @@ def cmd_bench(args) -> int:
     # the `same` column compares with them)
     run_gen = generate_baseline(model, eos, base.max_new_tokens, T, args.seed)
     run_gen(inputs[0][1][:8])
-    if getattr(model, "cpu_matmul", None):  # stock kernels, for reference; ratios are kernel-neutral
-        with cpu_matmul.disabled():
+    if cpu.installed(model):  # stock kernels, for reference; ratios are kernel-neutral
+        with cpu.matmul_disabled():
             stock = [run_gen(ids) for _, ids in inputs]
     ref_runs = {pid: run_gen(ids) for pid, ids in inputs}
     refs = {pid: r for pid, (r, _) in ref_runs.items()}
     print(f"generate (transformers): {_tps(ref_runs.values()):.1f} tok/s", end="")
-    if getattr(model, "cpu_matmul", None):
+    if cpu.installed(model):
         print(f"; with stock F.linear {_tps(stock):.1f} tok/s. Both share "
-              f"the verifier's row-aware matmuls (decoding/cpu_matmul.py, {cpu_kernel.status()}), so every ratio "
+              f"the verifier's row-aware matmuls (decoding/cpu/, {cpu.status()}), so every ratio "
               f"below is kernel-neutral", end="")
     repeats = f"; median of {args.repeats} repeats, 'range' their min-max" if args.repeats > 1 else ""
     print(".\nEvery row is paired: generate runs again before each of its prompts ('gen tok/s'), and 'vs gen' "
@@ -260,7 +261,7 @@ def cmd_bench(args) -> int:
             label = spec if strat == "autoregressive" else f"{spec}{suffix} {shape.top_k}/{shape.depth}/{shape.total_tokens}"
             timed(lambda pid, ids, dec=dec: dec, label)
         if strat == "autoregressive" and lean:  # attribution: the same loop through transformers' forward
-            with lean_pass.disabled(model):
+            with cpu.lean_disabled(model):
                 timed(lambda pid, ids, dec=dec: dec, "autoregressive, hf pass")
     if args.oracle_depths and T == 0:
         from .tree import TreeConfig

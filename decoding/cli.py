@@ -1,4 +1,4 @@
-"""python -m decoding {generate,bench}."""
+"""python -m decoding {generate,bench,cache}."""
 from __future__ import annotations
 
 import argparse
@@ -89,6 +89,17 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_cache(args) -> int:
+    from . import caches
+
+    if args.action == "show":
+        print(caches.show())
+    else:
+        gone = caches.clear()
+        print(f"removed {', '.join(gone) if gone else 'nothing'} from {caches.cache_dir()}")
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m decoding")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -98,6 +109,10 @@ def main(argv=None) -> int:
     g.add_argument("--out", required=True)
     g.add_argument("--trace-out", default=None)
     g.set_defaults(fn=cmd_generate)
+    c = sub.add_parser("cache", help="show or clear the per-machine measurement caches (matmul tuner, "
+                                     "verify costs, kernel builds)")
+    c.add_argument("action", choices=["show", "clear"])
+    c.set_defaults(fn=cmd_cache)
     b = sub.add_parser("bench", help="tokens/s and draft/verify split of every strategy vs autoregressive")
     from .bench import add_bench_args
 

@@ -12,6 +12,7 @@ drafter. Each drafter's tree is exactly the tree it drafts alone.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Generator
 from typing import Protocol
 
@@ -21,7 +22,7 @@ from drafters.model import FeatureDrafter, KVCache, causal_mask
 from drafters.vocab import DraftHead
 
 from .accept import entropy
-from .cpu_matmul import row_aware
+from .cpu import row_aware
 from .tree import DraftTree, TreeConfig, expand_frontier, select_nodes
 
 
@@ -33,10 +34,14 @@ class Proposer(Protocol):
     def draft(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig, temperature: float) -> DraftTree: ...
 
 
+_HEADS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
 def shared_head(lm_head: torch.nn.Module, ids: torch.Tensor | None) -> DraftHead:
-    """One :class:`DraftHead` per (LM head, draft vocabulary), kept on the LM head module, so
-    drafters of one backbone share its weight slice (and ``draft_together`` can stack their rows)."""
-    heads = lm_head.__dict__.setdefault("_taskspec_draft_heads", {})
+    """One :class:`DraftHead` per (LM head, draft vocabulary), in a registry keyed by the LM head
+    module, so drafters of one backbone share its weight slice (and ``draft_together`` can stack
+    their rows)."""
+    heads = _HEADS.setdefault(lm_head, {})
     key = None if ids is None else ids.cpu().long().numpy().tobytes()
     if key not in heads:
         heads[key] = DraftHead(lm_head, ids)
@@ -111,7 +116,7 @@ class FeatureDrafterProposer:
             self.cache.crop(n - 1)
             m = n - 1
         # 1. catch up on committed context: pairs (f_i, x_{i+1}), i = m..n-1, positions i
-        emb = self.embed(tokens[m + 1 : n + 1].to(dev))  # (n-m, H)
+        emb = self.embed(tokens[m + 1 : n + 1].to(dev))  # (n-m, H); the engine passes tokens on dev
         pos = torch.arange(m, n, device=dev)
         h, _ = self.drafter(emb[None], features[m:n][None], pos, causal_mask(n - m, m, dev), cache=self.cache)
         h_last = h[0, -1:]  # (1, H): predicted feature at the root -> distribution of depth-1 tokens
@@ -121,34 +126,33 @@ class FeatureDrafterProposer:
         k = min(cfg.top_k, logp.shape[-1])
         top_val, top_idx = logp[0].topk(k)
         top_tok = self.head.to_verifier(top_idx)  # draft ids -> verifier ids
-        cand_tok, cand_par, cand_score = [top_tok], [torch.full((k,), -1)], [top_val]
-        cand_depth, cand_ent = [torch.ones(k, dtype=torch.long)], [ent.expand(k)]
-        frontier = torch.arange(k)  # candidate indices of the frontier
+        cand_tok, cand_par, cand_score = [top_tok], [torch.full((k,), -1, device=dev)], [top_val]
+        cand_depth, cand_ent = [torch.ones(k, dtype=torch.long, device=dev)], [ent.expand(k)]
+        frontier = torch.arange(k, device=dev)  # candidate indices of the frontier
         frontier_feat = h_last.expand(k, -1)  # (k, H): feature each frontier node conditions on
         frontier_tok, frontier_score = top_tok, top_val
-        fed_anc = torch.zeros(0, 0, dtype=torch.bool)  # ancestry among tree nodes fed to the drafter
+        fed_anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # ancestry among tree nodes fed to the drafter
         frontier_rows = None  # row of each frontier node's parent in fed_anc
         n_cand = k
+        eye = torch.eye(k, dtype=torch.bool, device=dev)
         # 3. levels 2..depth: feed the frontier, expand k children each, keep the best k (EAGLE-2)
         for d in range(2, cfg.depth + 1):
             base = fed_anc.shape[0]
-            rows = torch.zeros(k, base + k, dtype=torch.bool)
-            if frontier_rows is not None:
-                rows[:, :base] = fed_anc[frontier_rows]
-            rows[torch.arange(k), base + torch.arange(k)] = True
-            fed_anc = torch.cat([torch.cat([fed_anc, torch.zeros(base, k, dtype=torch.bool)], 1), rows], 0)
-            mask = torch.cat([torch.ones(k, n, dtype=torch.bool), rows], dim=1).to(dev)  # (k, n + fed)
+            above = fed_anc[frontier_rows] if frontier_rows is not None else fed_anc.new_zeros(k, 0)  # (k, base)
+            rows = torch.cat([above, eye], 1)  # (k, base + k): ancestors fed so far, and itself
+            fed_anc = torch.cat([torch.cat([fed_anc, fed_anc.new_zeros(base, k)], 1), rows], 0)
+            mask = torch.cat([torch.ones(k, n, dtype=torch.bool, device=dev), rows], dim=1)  # (k, n + fed)
             pos = torch.full((k,), n - 2 + d, device=dev)  # all nodes at one depth share a position
-            h, _ = self.drafter(self.embed(frontier_tok.to(dev))[None], frontier_feat[None], pos, mask, cache=self.cache)
+            h, _ = self.drafter(self.embed(frontier_tok)[None], frontier_feat[None], pos, mask, cache=self.cache)
             h = h[0]  # (k, H)
             logp = self._logp((yield h), temperature)  # (k, V)
             ent = entropy(logp.exp())  # (k,)
-            child_tok, child_score, best = expand_frontier(frontier_score.to(logp.device), logp, k)  # (k,k),(k,k),(k,)
+            child_tok, child_score, best = expand_frontier(frontier_score, logp, k)  # (k,k),(k,k),(k,)
             child_tok = self.head.to_verifier(child_tok)  # draft ids -> verifier ids
             cand_tok.append(child_tok.flatten())
             cand_par.append(frontier.repeat_interleave(k))
             cand_score.append(child_score.flatten())
-            cand_depth.append(torch.full((k * k,), d, dtype=torch.long))
+            cand_depth.append(torch.full((k * k,), d, dtype=torch.long, device=dev))
             cand_ent.append(ent.repeat_interleave(k))
             parent_slot = best // k  # which frontier node each new frontier node hangs under
             frontier = n_cand + best
@@ -158,9 +162,10 @@ class FeatureDrafterProposer:
             frontier_rows = base + parent_slot
             n_cand += k * k
         self.cache.crop(n)  # drop the tree nodes, keep the committed context
-        # 4. rerank: best total_tokens - 1 nodes over all depths
-        tok, par, score = torch.cat(cand_tok).cpu(), torch.cat(cand_par), torch.cat(cand_score).cpu()
-        dep, ent_all = torch.cat(cand_depth), torch.cat(cand_ent).cpu()
+        # 4. rerank: best total_tokens - 1 nodes over all depths (all on the drafter's device)
+        tok, par, score = torch.cat(cand_tok), torch.cat(cand_par), torch.cat(cand_score)
+        dep, ent_all = torch.cat(cand_depth), torch.cat(cand_ent)
         keep, new_par = select_nodes(score, par, dep, cfg.total_tokens - 1)
-        owner = torch.full((keep.shape[0],), self.index, dtype=torch.long)
-        return DraftTree(tok[keep], new_par, dep[keep], score[keep], ent_all[keep], owner, torch.ones_like(owner) << self.index)
+        owner = torch.full((keep.shape[0],), self.index, dtype=torch.long, device=dev)
+        return DraftTree(tok[keep], new_par, dep[keep], score[keep].float(), ent_all[keep].float(), owner,
+                         torch.ones_like(owner) << self.index, cfg.depth)

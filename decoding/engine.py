@@ -1,15 +1,15 @@
 """The speculative decoding loop: draft -> verify -> accept -> commit, one loop for every strategy."""
 from __future__ import annotations
 
-import time
 import zlib
 from dataclasses import dataclass, field
 
 import torch
 
-from .accept import LazyRows, accept_greedy, accept_sampling, entropy, logits_to_probs, sample
+from .accept import accept_greedy, accept_sampling, entropy, logits_to_probs, sample
 from .drafting import Proposer
 from .strategies import GRANULARITIES, make_strategy
+from .timing import Clock
 from .tree import TreeConfig
 from .verifier_pass import commit_path, new_cache, prefill, tree_forward
 
@@ -105,14 +105,22 @@ class SpeculativeDecoder:
 
     @torch.no_grad()
     def generate(self, input_ids: list[int], seed_key: str = "") -> TurnResult:
-        """Generate one assistant turn after ``input_ids`` (a fully templated prompt)."""
+        """Generate one assistant turn after ``input_ids`` (a fully templated prompt).
+
+        Device discipline: the verifier, the drafters and every tree live on the model's device;
+        the host keeps the committed token list. They meet at one boundary per step (``_commit``):
+        one read of the acceptance walk, one copy of the committed tokens and path indices to
+        the device, one read of the step record. Routing adds one read (which tree), a trie merge
+        one read and one copy; T > 0 one copy of the walk's uniforms."""
         if not input_ids:
             raise ValueError("empty prompt")
         if self.max_positions and len(input_ids) + self.cfg.max_new_tokens + self.cfg.tree.depth + 1 > self.max_positions:
             raise ValueError(f"prompt of {len(input_ids)} tokens + {self.cfg.max_new_tokens} new tokens exceeds the "
                              f"verifier's context of {self.max_positions} positions")
         gen = torch.Generator().manual_seed(prompt_seed(self.cfg.seed, seed_key))
-        t_start = time.perf_counter()
+        dev = self.model.device
+        clock = Clock(dev)
+        t_start = clock.mark()
         # 0. prefill: the prompt enters the verifier cache; its last logits give the first token
         cache, feats, logits = self._prefill(input_ids)  # cache, (n, H), (1, V)
         # verifier features of every token in the cache, in a buffer with room for the whole turn
@@ -120,79 +128,112 @@ class SpeculativeDecoder:
         features = feats.new_empty(cap, feats.shape[-1])
         features[: len(input_ids)] = feats
         tokens = list(input_ids) + [self._first_token(logits[-1], gen)]
+        tok_dev = torch.empty(cap + 1, dtype=torch.long, device=dev)  # the same tokens on the device
+        tok_dev[: len(tokens)] = torch.tensor(tokens).to(dev)
         out = tokens[len(input_ids):]
         for p in self.proposers:
             p.reset()
         self.strategy.start_turn()
-        steps, calls, new_tokens = [], 0, 0
+        steps, marks, calls, new_tokens = [], [], 0, 0
         while out[-1] not in self.eos and len(out) < self.cfg.max_new_tokens:
             n = len(tokens) - 1  # tokens in the cache; tokens[n] is the root
             # 1. draft: the strategy asks its drafters for one tree
-            t0 = time.perf_counter()
-            tok_t = torch.tensor(tokens)
-            prop = self.strategy.propose(self.proposers, tok_t, features[:n], self.cfg.tree, self.cfg.temperature)
-            tree = prop.tree
+            t0 = clock.mark()
+            prop = self.strategy.propose(self.proposers, tok_dev[: n + 1], features[:n], self.cfg.tree,
+                                         self.cfg.temperature)
+            tree = prop.tree.to(dev)
             # 2. verify: one verifier pass over [root] + tree nodes
-            t1 = time.perf_counter()
-            f_tree, l_tree = tree_forward(self.model, cache, n, tokens[n], tree.tokens, tree.parents, tree.depths)
-            t2 = time.perf_counter()
+            t1 = clock.mark()
+            f_tree, l_tree = tree_forward(self.model, cache, n, tok_dev[n : n + 1], tree.tokens, tree.parents,
+                                          tree.depths)
+            t2 = clock.mark()
             if self.observer is not None:
                 self.observer(tree, l_tree.argmax(-1), prop)
             # 3. accept: greedy chain (T = 0: the argmax only) or multi-candidate rejection sampling
-            #    (T > 0: q is computed only for the rows the walk visits)
+            #    (T > 0: q at every row, one walk on the device)
             if self.cfg.temperature == 0:
-                acc = accept_greedy(tree.tokens, tree.parents, tree.depths, l_tree.argmax(-1))
+                q = None
+                acc = accept_greedy(tree.tokens, tree.parents, tree.depths, l_tree.argmax(-1),
+                                    max_depth=tree.depth_bound)
             else:
-                acc = accept_sampling(tree.tokens, tree.parents, LazyRows(self._next_dist, l_tree), gen)
+                q = self._next_dist(l_tree)  # (N+1, V)
+                acc = accept_sampling(tree.tokens, tree.parents, q, gen, max_depth=tree.depth_bound)
             # 4. commit: the cache keeps exactly prefix + root + accepted path
-            committed = [int(tree.tokens[i - 1]) for i in acc.path] + [acc.next_token]
-            committed = committed[: self.cfg.max_new_tokens - len(out)]
-            for j, t in enumerate(committed):  # stop at the first end-of-turn token
-                if t in self.eos:
-                    committed = committed[: j + 1]
-                    break
-            path = ([0] + acc.path)[: len(committed)]  # [root] + accepted nodes that were committed
-            commit_path(cache, n, path)
-            features[n : n + len(path)] = f_tree[path]
+            committed = self._committed(acc, tree, len(out))
+            record = self._commit(cache, features, tok_dev, n, acc, committed, tree, prop, f_tree, l_tree, q)
             tokens += committed
             out += committed
             calls += 1
             new_tokens += len(committed)
-            t3 = time.perf_counter()
-            steps.append(self._step_record(calls - 1, tree, prop, acc, l_tree, committed, t1 - t0, t2 - t1, t3 - t2))
-        wall = time.perf_counter() - t_start
+            marks.append((t0, t1, t2, clock.mark()))
+            steps.append(self._step_record(calls - 1, tree, prop, acc, committed, record))
+        t_end = clock.mark()
+        clock.finish()  # one device sync closes every timer of the turn
+        for st, (t0, t1, t2, t3) in zip(steps, marks):
+            st.update(t_draft_s=clock.seconds(t0, t1), t_verify_s=clock.seconds(t1, t2),
+                      t_bookkeeping_s=clock.seconds(t2, t3))
         self.last_cache = cache  # kept for inspection (tests compare it with a fresh prefill)
-        return TurnResult(out, calls, new_tokens, wall, steps)
+        return TurnResult(out, calls, new_tokens, clock.seconds(t_start, t_end), steps)
 
-    def _step_record(self, step, tree, prop, acc, l_tree, committed, t_draft, t_verify, t_book) -> dict:
-        rows = [0] + acc.path  # the parents of the accepted nodes and of the first rejected one
-        if acc.rejected is not None:
-            rows.append(int(tree.parents[acc.rejected - 1]) + 1)  # (pooled copies: maybe off the path)
-        rows = sorted(set(rows))
-        ent_q = dict(zip(rows, entropy(self._next_dist(l_tree[rows])).tolist()))  # verifier entropy there
-        par1 = (tree.parents + 1).tolist()  # 1-based parent of each node
-        acc_nodes = acc.path
-        last = acc_nodes[-1] if acc_nodes else 0
-        has_child_below = any(p == last for p in par1)
-        depth_accept = [True] * len(acc_nodes) + ([False] if has_child_below else [])
+    def _committed(self, acc, tree, n_out: int) -> list[int]:
+        """The accepted tokens plus the verifier's next one, cut at max_new_tokens and at the first
+        end-of-turn token."""
+        path_tokens = acc.path_tokens if len(acc.path_tokens) == len(acc.path) else \
+            tree.tokens[torch.tensor(acc.path, dtype=torch.long) - 1].tolist()  # a rule without path_tokens
+        committed = (path_tokens + [acc.next_token])[: self.cfg.max_new_tokens - n_out]
+        for j, t in enumerate(committed):  # stop at the first end-of-turn token
+            if t in self.eos:
+                return committed[: j + 1]
+        return committed
+
+    def _commit(self, cache, features, tok_dev, n, acc, committed, tree, prop, f_tree, l_tree, q) -> list[float]:
+        """The step's host/device boundary. Host -> device: one copy of [committed tokens, committed
+        rows, accepted path, first rejected node]; the cache, features and device tokens take them.
+        Device -> host: one read of the step record's numbers (entropies, owners, drafter stats)."""
+        dev = tok_dev.device
+        c = len(committed)
+        rows = ([0] + acc.path)[:c]  # [root] + accepted nodes that were committed
+        rej = acc.rejected or 0
+        idx = torch.tensor(committed + rows + acc.path + [rej], dtype=torch.long).to(dev)  # the one copy
+        tok_c, rows_d, path_d, rej_d = idx.split([c, c, len(acc.path), 1])
+        commit_path(cache, n, rows, path_index=rows_d)
+        features[n : n + c] = f_tree[rows_d]
+        tok_dev[n + 1 : n + 1 + c] = tok_c
+        # the record: verifier entropy at the parents of the accepted nodes and of the rejected one
+        par1 = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.parents + 1])  # (N+1,) node -> parent
+        ent_rows = torch.cat([par1[path_d], par1[rej_d]])  # (L+1,)
+        ent_q = entropy(q[ent_rows] if q is not None else self._next_dist(l_tree[ent_rows]))
+        last = path_d[-1:] - 1 if len(acc.path) else None
+        parts = [ent_q, tree.draft_entropy[path_d - 1], tree.draft_entropy[(rej_d - 1).clamp(min=0)]
+                 if tree.size else torch.zeros(1, device=dev)]
+        if last is not None:
+            parts += [tree.owner[last], tree.owner_mask[last]]
+        if prop.stats is not None:
+            parts.append(prop.stats.flatten())
+        return torch.cat([p.double().reshape(-1) for p in parts]).tolist()  # the one read
+
+    def _step_record(self, step, tree, prop, acc, committed, vals: list[float]) -> dict:
+        L = len(acc.path)
+        ent_q, vals = vals[: L + 1], vals[L + 1 :]
+        acc_draft_ent, rej_draft_ent, vals = vals[:L], vals[L], vals[L + 1 :]
+        owner, owner_mask = (int(vals[0]), int(vals[1])) if L else (-1, 0)
+        vals = vals[2:] if L else vals
+        stats = [vals[i : i + 2] for i in range(0, len(vals), 2)]
         rej = acc.rejected
-        owner = int(tree.owner[acc_nodes[-1] - 1]) if acc_nodes else -1
         return {
             "step": step,
             "tree_size": tree.size,
             "committed": len(committed),
-            "accepted_depth": len(acc_nodes),
+            "accepted_depth": L,
             "chosen_drafter": prop.chosen,
             "accepted_owner": owner,
-            "accepted_owner_mask": int(tree.owner_mask[acc_nodes[-1] - 1]) if acc_nodes else 0,
-            "drafter_mean_confidence": prop.mean_confidence,
-            "drafter_mean_entropy": prop.mean_entropy,
-            "accepted_draft_entropy": [float(tree.draft_entropy[i - 1]) for i in acc_nodes],
-            "accepted_verifier_entropy": [float(ent_q[par1[i - 1]]) for i in acc_nodes],
-            "rejected_draft_entropy": None if rej is None else float(tree.draft_entropy[rej - 1]),
-            "rejected_verifier_entropy": None if rej is None else float(ent_q[par1[rej - 1]]),
-            "depth_accept": depth_accept,
-            "t_draft_s": t_draft,
-            "t_verify_s": t_verify,
-            "t_bookkeeping_s": t_book,
+            "accepted_owner_mask": owner_mask,
+            "drafter_mean_confidence": [s[0] for s in stats],
+            "drafter_mean_entropy": [s[1] for s in stats],
+            "accepted_draft_entropy": acc_draft_ent,
+            "accepted_verifier_entropy": ent_q[:L],
+            "rejected_draft_entropy": None if rej is None else rej_draft_ent,
+            "rejected_verifier_entropy": None if rej is None else ent_q[L],
+            # a rejected child exists exactly when the last accepted node has a child
+            "depth_accept": [True] * L + ([False] if rej is not None else []),
         }

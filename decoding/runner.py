@@ -13,9 +13,10 @@ from drafters.checkpoint import load_checkpoint, load_config
 from drafters.data.records import BenchmarkPrompt
 from drafters.data.templating import benchmark_prompt_ids
 
-from .cpu_matmul import install
+from .cpu import install
 from .drafting import FeatureDrafterProposer
 from .engine import DecodeConfig, SpeculativeDecoder
+from .timing import synced_now
 
 
 class PromptFileError(ValueError):
@@ -71,7 +72,7 @@ def load_proposers(model, paths: list[str], verifier_name: str) -> list[FeatureD
         load_config(path).check_compatible(model, verifier_name)
         drafter = load_checkpoint(path, device=str(model.device), dtype=model.dtype)
         if model.device.type == "cpu":
-            install(drafter)  # a draft level feeds top_k rows: the small-row matmul path (cpu_matmul.py)
+            install(drafter)  # a draft level feeds top_k rows: the small-row matmul path (decoding/cpu/)
         name = Path(path).parent.name if Path(path).name == "final" else Path(path).name  # run/<drafter>/final
         out.append(FeatureDrafterProposer(drafter, model.get_input_embeddings(), model.lm_head, name, i))
     return out
@@ -110,15 +111,14 @@ def decode_prompt(decoder: SpeculativeDecoder, tokenizer, prompt: BenchmarkPromp
 
 def generate_baseline(model, eos: list[int], max_new_tokens: int, temperature: float, seed: int):
     """transformers' generate, timed: greedy at T=0, full-distribution sampling at T>0."""
-    import time
-
     def run(ids: list[int]):
         kw = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
         torch.manual_seed(seed)
-        t0 = time.perf_counter()
+        t0 = synced_now(model.device)
         out = model.generate(torch.tensor([ids], device=model.device), max_new_tokens=max_new_tokens, eos_token_id=eos,
                              pad_token_id=eos[0], attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=model.device), **kw)
-        return out[0, len(ids):].tolist(), time.perf_counter() - t0
+        seconds = synced_now(model.device) - t0
+        return out[0, len(ids):].tolist(), seconds
 
     return run
 

@@ -6,7 +6,7 @@ trees are lossless by masked cross-subtree attention and depth positions (Prop. 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -20,8 +20,8 @@ GRANULARITIES = ("step", "turn", "prompt")
 class Proposal:
     tree: DraftTree
     chosen: int  # drafter whose tree is verified; -1 = none (autoregressive) or all (merged)
-    mean_confidence: list[float] = field(default_factory=list)  # per drafter that drafted this step
-    mean_entropy: list[float] = field(default_factory=list)
+    stats: torch.Tensor | None = None  # (drafters, 2) [mean confidence, mean entropy] per drafter, NaN = did
+    #                                   not draft; on the trees' device (the engine reads it with its step)
 
 
 class Strategy:
@@ -47,23 +47,26 @@ class Strategy:
 
     @staticmethod
     def _all(drafters, tokens, features, cfg, temperature):
+        """Every drafter's tree (on the features' device) and their (drafters, 2) mean stats there."""
         trees = draft_together(drafters, tokens, features, cfg, temperature)
-        return trees, [t.mean_confidence() for t in trees], [t.mean_entropy() for t in trees]
+        if features is not None:
+            trees = [t.to(features.device) for t in trees]  # host-built trees (chains, oracles): one copy
+        return trees, torch.stack([t.mean_stats() for t in trees])
 
 
 class Autoregressive(Strategy):
     name, max_drafters = "autoregressive", 0
 
     def propose(self, drafters, tokens, features, cfg, temperature):
-        return Proposal(DraftTree.empty(), -1)
+        return Proposal(DraftTree.empty(None if features is None else features.device), -1)
 
 
 class Single(Strategy):
     name, min_drafters, max_drafters = "single", 1, 1
 
     def propose(self, drafters, tokens, features, cfg, temperature):
-        trees, conf, ent = self._all(drafters, tokens, features, cfg, temperature)
-        return Proposal(trees[0], 0, conf, ent)
+        trees, stats = self._all(drafters, tokens, features, cfg, temperature)
+        return Proposal(trees[0], 0, stats)
 
 
 class _Routed(Strategy):
@@ -87,20 +90,22 @@ class _Routed(Strategy):
     def propose(self, drafters, tokens, features, cfg, temperature):
         if self.granularity != "step" and getattr(self, "locked", None) is not None:
             tree = drafters[self.locked].draft(tokens, features, cfg, temperature)
-            conf = [float("nan")] * len(drafters)
-            ent = [float("nan")] * len(drafters)
-            conf[self.locked], ent[self.locked] = tree.mean_confidence(), tree.mean_entropy()
-            return Proposal(tree, self.locked, conf, ent)
-        trees, conf, ent = self._all(drafters, tokens, features, cfg, temperature)
+            if features is not None:
+                tree = tree.to(features.device)
+            stats = torch.full((len(drafters), 2), float("nan"), device=tree.device)
+            stats[self.locked] = tree.mean_stats()
+            return Proposal(tree, self.locked, stats)
+        trees, stats = self._all(drafters, tokens, features, cfg, temperature)
+        conf, ent = (list(col) for col in zip(*stats.tolist()))  # the route's one host read
         if self.granularity == "step":
             choice = self.score(conf, ent)
-            return Proposal(trees[choice], choice, conf, ent)
+            return Proposal(trees[choice], choice, stats)
         self.seen.append((conf, ent))  # mean scores over the deciding steps so far
         mean = lambda xs: [float(torch.tensor(col).nanmean()) for col in zip(*xs)]  # noqa: E731
         choice = self.score(mean([c for c, _ in self.seen]), mean([e for _, e in self.seen]))
         if len(self.seen) >= self.decide_steps:
             self.locked = choice
-        return Proposal(trees[choice], choice, conf, ent)
+        return Proposal(trees[choice], choice, stats)
 
 
 class Confidence(_Routed):
@@ -129,9 +134,9 @@ class Merged(Strategy):
     name, min_drafters = "merged", 2
 
     def propose(self, drafters, tokens, features, cfg, temperature):
-        trees, conf, ent = self._all(drafters, tokens, features, cfg, temperature)
+        trees, stats = self._all(drafters, tokens, features, cfg, temperature)
         tree = merge_trees(trees, dedup=self.dedup)
-        return Proposal(rerank(tree, cfg.total_tokens - 1) if self.budget else tree, -1, conf, ent)
+        return Proposal(rerank(tree, cfg.total_tokens - 1) if self.budget else tree, -1, stats)
 
 
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Autoregressive, Single, Confidence, Entropy, Merged)}

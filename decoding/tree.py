@@ -36,15 +36,33 @@ class DraftTree:
     draft_entropy: torch.Tensor  # (N,) entropy of the draft distribution the node was drawn from
     owner: torch.Tensor  # (N,) long: which drafter proposed the node (first one, for a deduped node)
     owner_mask: torch.Tensor  # (N,) long bitmask of every drafter that proposed the node
+    max_depth: int | None = None  # a host-side bound on depths (loops over levels need no sync); None = N
+
+    _INT = ("tokens", "parents", "depths", "owner", "owner_mask")
+    _FLOAT = ("path_logp", "draft_entropy")
 
     @property
     def size(self) -> int:
         return int(self.tokens.shape[0])
 
     @property
+    def device(self) -> torch.device:
+        return self.tokens.device
+
+    @property
+    def depth_bound(self) -> int:
+        return self.size if self.max_depth is None else min(self.max_depth, self.size)
+
+    @property
     def confidence(self) -> torch.Tensor:
         """Per-node path confidence V = prod of draft confidences (EAGLE-2's score)."""
         return self.path_logp.exp()
+
+    def mean_stats(self) -> torch.Tensor:
+        """(2,) [mean node confidence, mean node draft entropy] on the tree's device (NaN if empty)."""
+        if not self.size:
+            return torch.full((2,), float("nan"), device=self.device)
+        return torch.stack([self.confidence.mean(), self.draft_entropy.mean()]).float()
 
     def mean_confidence(self) -> float:
         return float(self.confidence.mean()) if self.size else float("nan")
@@ -52,11 +70,27 @@ class DraftTree:
     def mean_entropy(self) -> float:
         return float(self.draft_entropy.mean()) if self.size else float("nan")
 
+    def to(self, device) -> "DraftTree":
+        """The tree on ``device`` in one copy (every field packed into one float64 tensor)."""
+        device = torch.device(device)
+        if self.device == device:
+            return self
+        return DraftTree.unpack(self.pack().to(device), self.max_depth)
+
+    def pack(self) -> torch.Tensor:
+        """(7, N) float64: the integer fields (exact below 2^53) then the float ones."""
+        return torch.stack([getattr(self, f).double() for f in self._INT + self._FLOAT])
+
+    @staticmethod
+    def unpack(packed: torch.Tensor, max_depth: int | None = None) -> "DraftTree":
+        ints = [packed[i].long() for i in range(5)]
+        return DraftTree(*ints[:3], packed[5].float(), packed[6].float(), *ints[3:], max_depth=max_depth)
+
     @staticmethod
     def empty(device=None) -> "DraftTree":
         z = torch.zeros(0, dtype=torch.long, device=device)
         f = torch.zeros(0, dtype=torch.float32, device=device)
-        return DraftTree(z, z.clone(), z.clone(), f, f.clone(), z.clone(), z.clone())
+        return DraftTree(z, z.clone(), z.clone(), f, f.clone(), z.clone(), z.clone(), 0)
 
 
 def chain_tree(paths: list[list[int]], owner: int = 0) -> DraftTree:
@@ -79,6 +113,7 @@ def chain_tree(paths: list[list[int]], owner: int = 0) -> DraftTree:
         L([toks[o] for o in order]), L([pos[pars[o]] if pars[o] >= 0 else -1 for o in order]),
         L([deps[o] for o in order]), -0.1 * L([deps[o] for o in order]).float(), torch.full((n,), 0.5),
         torch.full((n,), owner, dtype=torch.long), torch.full((n,), 1 << owner, dtype=torch.long),
+        max(deps, default=0),
     )
 
 
@@ -105,11 +140,11 @@ def select_nodes(cand_scores: torch.Tensor, cand_parents: torch.Tensor, cand_dep
     order = torch.sort(cand_scores, descending=True, stable=True).indices[:n]  # (n',)
     # output order: by depth, then by score (siblings in descending score)
     keep = order[torch.sort(cand_depths[order], stable=True).indices]
-    pos = torch.full((cand_scores.shape[0],), -1, dtype=torch.long)
-    pos[keep] = torch.arange(keep.shape[0])
+    dev = cand_scores.device
+    pos = torch.full((cand_scores.shape[0],), -1, dtype=torch.long, device=dev)
+    pos[keep] = torch.arange(keep.shape[0], device=dev)
     par = cand_parents[keep]
-    new_par = torch.where(par >= 0, pos[par.clamp(min=0)], par)
-    assert bool((new_par[par >= 0] >= 0).all()), "selected tree is not ancestor-closed"
+    new_par = torch.where(par >= 0, pos[par.clamp(min=0)], par)  # ancestor-closed: no -1 below a node
     return keep, new_par
 
 
@@ -120,17 +155,24 @@ def rerank(tree: DraftTree, n: int) -> DraftTree:
         return tree
     keep, new_par = select_nodes(tree.path_logp, tree.parents, tree.depths, n)
     return DraftTree(tree.tokens[keep], new_par, tree.depths[keep], tree.path_logp[keep], tree.draft_entropy[keep],
-                     tree.owner[keep], tree.owner_mask[keep])
+                     tree.owner[keep], tree.owner_mask[keep], tree.max_depth)
 
 
 def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
-    """(N+1, N+1) bool with the root at index 0: [i, j] = node j is node i or an ancestor of it."""
+    """(N+1, N+1) bool with the root at index 0: [i, j] = node j is node i or an ancestor of it.
+
+    Pointer doubling on the tensors' own device: after r rounds each row holds every ancestor
+    within 2^(r+1) - 1 levels, so ceil(log2(N+1)) rounds of one gather each, and no host sync."""
     n = parents.shape[0]
-    anc = torch.eye(n + 1, dtype=torch.bool)
+    dev = parents.device
+    par1 = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), parents.long() + 1])  # (N+1,) root -> root
+    idx = torch.arange(n + 1, device=dev)
+    anc = (idx[:, None] == idx[None, :]) | (idx[None, :] == par1[:, None])  # self and parent
     anc[:, 0] = True
-    for i in range(n):  # parents precede children, so each row copies a finished row
-        p = int(parents[i]) + 1
-        anc[i + 1] |= anc[p]
+    jump = par1
+    for _ in range(max(1, n.bit_length())):
+        anc = anc | anc[jump]  # ancestors of my 2^r-th ancestor
+        jump = jump[jump]
     return anc
 
 
@@ -139,8 +181,10 @@ def merge_trees(trees: list[DraftTree], dedup: bool = False) -> DraftTree:
 
     ``dedup=False`` concatenates (the study); ``dedup=True`` builds a trie so a token that two
     drafters propose under the same parent is verified once (its owner_mask has both bits).
-    Output keeps parents-before-children order.
+    Output keeps parents-before-children order, on the trees' device. The trie is built on the
+    host: one copy of all trees there and one copy of the result back, whatever their number.
     """
+    bound = max((t.depth_bound for t in trees), default=0)
     if not dedup:
         out, offset = [], 0
         for t in trees:
@@ -148,30 +192,32 @@ def merge_trees(trees: list[DraftTree], dedup: bool = False) -> DraftTree:
             offset += t.size
         cat = lambda f: torch.cat([getattr(t, f) for t in trees])  # noqa: E731
         return DraftTree(cat("tokens"), torch.cat(out), cat("depths"), cat("path_logp"),
-                         cat("draft_entropy"), cat("owner"), cat("owner_mask"))
+                         cat("draft_entropy"), cat("owner"), cat("owner_mask"), bound)
+    dev = trees[0].device
+    cols = torch.cat([t.pack() for t in trees], 1).tolist()  # one device -> host copy
+    sizes = [t.size for t in trees]
     # trie: process nodes depth by depth so parents are placed first
-    rows: list[list] = []  # [token, parent, depth, logp, entropy, owner, mask]
+    rows: list[list] = []  # [token, parent, depth, owner, mask, logp, entropy] (DraftTree.pack order)
     index: dict[tuple[int, int], int] = {}
     remaps = [dict() for _ in trees]
-    max_depth = max((int(t.depths.max()) for t in trees if t.size), default=0)
-    for d in range(1, max_depth + 1):
-        for ti, t in enumerate(trees):
-            for i in (t.depths == d).nonzero().flatten().tolist():
-                parent = int(t.parents[i])
-                mparent = -1 if parent < 0 else remaps[ti][parent]
-                key = (mparent, int(t.tokens[i]))
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    for d in range(1, bound + 1):
+        for ti, (start, size) in enumerate(zip(starts, sizes)):
+            for i in range(size):
+                tok, parent, depth, owner, mask, logp, ent = (cols[f][start + i] for f in range(7))
+                if int(depth) != d:
+                    continue
+                mparent = -1 if parent < 0 else remaps[ti][int(parent)]
+                key = (mparent, int(tok))
                 if key in index:
                     j = index[key]
-                    rows[j][6] |= int(t.owner_mask[i])
-                    rows[j][3] = max(rows[j][3], float(t.path_logp[i]))
+                    rows[j][4] = int(rows[j][4]) | int(mask)
+                    rows[j][5] = max(rows[j][5], logp)
                 else:
                     j = index[key] = len(rows)
-                    rows.append([key[1], mparent, d, float(t.path_logp[i]), float(t.draft_entropy[i]),
-                                 int(t.owner[i]), int(t.owner_mask[i])])
+                    rows.append([tok, mparent, d, owner, mask, logp, ent])
                 remaps[ti][i] = j
     if not rows:
-        return DraftTree.empty()
-    cols = list(zip(*rows))
-    L = lambda c: torch.tensor(c, dtype=torch.long)  # noqa: E731
-    F = lambda c: torch.tensor(c, dtype=torch.float32)  # noqa: E731
-    return DraftTree(L(cols[0]), L(cols[1]), L(cols[2]), F(cols[3]), F(cols[4]), L(cols[5]), L(cols[6]))
+        return DraftTree.empty(dev)
+    packed = torch.tensor(rows, dtype=torch.float64).T.contiguous()  # (7, N')
+    return DraftTree.unpack(packed.to(dev), bound)  # one host -> device copy

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import lean_pass
+from . import cpu
 from .tree import ancestor_matrix
 
 
@@ -22,8 +22,8 @@ def _cache_kwarg(model) -> str:
 
 
 def _features_and_logits(model, input_ids, position_ids, mask, cache, last_only: bool = False):
-    if lean_pass.use_lean(model):  # the same computation without transformers' per-layer overhead
-        h = lean_pass.forward(model, input_ids, position_ids, mask, cache)
+    if cpu.use_lean(model):  # the same computation without transformers' per-layer overhead
+        h = cpu.lean_forward(model, input_ids, position_ids, mask, cache)
     else:
         kw = {_cache_kwarg(model): cache}
         h = model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
@@ -102,21 +102,26 @@ def prefill(model, cache, input_ids: list[int]):
 
 
 def tree_mask(parents: torch.Tensor, prefix_len: int, dtype, device) -> torch.Tensor:
-    """(1, 1, N+1, prefix_len+N+1) float mask for [root, nodes] after a cached prefix."""
-    anc = ancestor_matrix(parents.cpu())  # (N+1, N+1)
-    n1 = anc.shape[0]
-    allowed = torch.cat([torch.ones(n1, prefix_len, dtype=torch.bool), anc], dim=1)  # (N+1, P+N+1)
-    mask = torch.zeros(allowed.shape, dtype=dtype)
-    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
+    """(1, 1, N+1, prefix_len+N+1) float mask for [root, nodes] after a cached prefix, built on
+    ``device`` (parents are moved there first if they are not)."""
+    anc = ancestor_matrix(parents.to(device))  # (N+1, N+1)
+    mask = torch.zeros(anc.shape[0], prefix_len + anc.shape[1], dtype=dtype, device=device)  # prefix: attend
+    mask[:, prefix_len:].masked_fill_(~anc, torch.finfo(dtype).min)
+    return mask[None, None]
 
 
 @torch.no_grad()
-def tree_forward(model, cache, prefix_len: int, root: int, tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Tensor):
-    """Verify [root] + tree nodes in one pass. Returns features (N+1, H), logits (N+1, V)."""
+def tree_forward(model, cache, prefix_len: int, root, tokens: torch.Tensor, parents: torch.Tensor,
+                 depths: torch.Tensor):
+    """Verify [root] + tree nodes in one pass. Returns features (N+1, H), logits (N+1, V).
+
+    root: the last committed token (an int, or a 1-element tensor already on the model's device);
+    the tree's tensors should be on the model's device (a host tree costs one copy per field)."""
     dev = model.device
-    ids = torch.cat([torch.tensor([root]), tokens.cpu()])[None].to(dev)  # (1, N+1)
-    pos = (prefix_len + torch.cat([torch.zeros(1, dtype=torch.long), depths.cpu()]))[None].to(dev)  # (1, N+1)
+    root_t = root.reshape(1) if isinstance(root, torch.Tensor) else torch.tensor([root], device=dev)
+    tokens, parents, depths = tokens.to(dev), parents.to(dev), depths.to(dev)
+    ids = torch.cat([root_t, tokens])[None]  # (1, N+1)
+    pos = (prefix_len + torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths]))[None]  # (1, N+1)
     mask = tree_mask(parents, prefix_len, model.dtype, dev)
     return _features_and_logits(model, ids, pos, mask, cache)
 
@@ -142,18 +147,24 @@ def keep_positions(cache, keep: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def commit_path(cache, prefix_len: int, path: list[int]) -> None:
+def commit_path(cache, prefix_len: int, path: list[int], path_index: torch.Tensor | None = None) -> None:
     """Keep the prefix and the rows ``prefix_len + path`` (the root and the accepted nodes, in
     order) without touching the prefix: a crop when the path is the first rows, else only the
-    accepted rows move. Falls back to keep_positions for caches that are not GrowingLayers."""
+    accepted rows move, with ONE index tensor for every layer (``path_index``, the path on the
+    cache's device, if the caller has it). Falls back to keep_positions for other caches."""
     m = prefix_len + len(path)
-    first_rows = path == list(range(len(path)))
-    for layer, _, _ in _layers(cache):
-        if not hasattr(layer, "set_length"):
-            keep_positions(cache, torch.cat([torch.arange(prefix_len), prefix_len + torch.tensor(path, dtype=torch.long)]))
-            return
-        if not first_rows:
-            idx = torch.tensor(path, dtype=torch.long, device=layer.buf_k.device) + prefix_len
+    layers = _layers(cache)
+    if not layers:
+        return
+    if not hasattr(layers[0][0], "set_length"):
+        keep_positions(cache, torch.cat([torch.arange(prefix_len), prefix_len + torch.tensor(path, dtype=torch.long)]))
+        return
+    idx = None
+    if path != list(range(len(path))):
+        dev = layers[0][0].buf_k.device
+        idx = (torch.tensor(path, dtype=torch.long, device=dev) if path_index is None else path_index) + prefix_len
+    for layer, _, _ in layers:
+        if idx is not None:
             layer.buf_k[..., prefix_len:m, :] = layer.buf_k[..., idx, :]  # gather copies first: no aliasing
             layer.buf_v[..., prefix_len:m, :] = layer.buf_v[..., idx, :]
         layer.set_length(m)

@@ -19,7 +19,7 @@ import torch
 
 from drafters.model import DTYPES as _DTYPES
 
-from .cpu_matmul import install
+from .cpu import install
 
 DEFAULT_VERIFIER = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -106,8 +106,8 @@ def load_verifier(name: str = DEFAULT_VERIFIER, dtype: str | None = None, device
     )
     model.to(device).eval().requires_grad_(False)
     model.verifier_name = source.name  # recorded in drafter checkpoints and traces
-    if device == "cpu":  # row-count-aware matmuls (decoding/cpu_matmul.py); generate uses them too
-        model.cpu_matmul = install(model)
+    if device == "cpu":  # row-count-aware matmuls (decoding/cpu/); generate uses them too
+        install(model)
     return model, tokenizer
 
 

@@ -12,6 +12,7 @@ counts the ``next`` positions, so the two are compared on what decoding sees.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,10 @@ class AlignedBatch:
     top_probs: torch.Tensor  # (B, T, K)
     mask: torch.Tensor  # (B, T) bool: loss positions (assistant token at t+1, not padding)
     lengths: torch.Tensor  # (B,) each example's own token count L (the aligned rows are L-1)
+
+    def to(self, device) -> "AlignedBatch":
+        """The batch on ``device`` (collate builds it on the host; the drafter may live on a GPU)."""
+        return AlignedBatch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
 
 
 MASK_MODES = ("next", "reference")

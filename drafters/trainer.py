@@ -255,6 +255,7 @@ def clamp_grads_by_value(model: torch.nn.Module, clip: float) -> list:
 def compute_loss(cfg: TrainConfig, model, embed, head, batch, generator, use_topk: bool = True):
     """The backbone's objective. EAGLE-2: 1.0 SmoothL1 + 0.1 soft CE. HASS: + 1.0 top-K (once
     ``use_topk``: the second stage of its schedule), summed over ``hass_steps`` alignment passes."""
+    batch = batch.to(embed.weight.device)  # host-built batch -> the drafter's device (no-op on the CPU)
     feats = noise(batch.features, generator, batch.lengths) if cfg.feature_noise else batch.features
     steps = cfg.hass_steps if cfg.backbone == "hass" else 1
     preds = aligned_passes(model, embed, batch, steps, input_features=feats)
@@ -291,6 +292,7 @@ def evaluate(model, embed, head, data, depths: int = 3, batch_size: int = 8, onl
     hits, counts = [0] * depths, [0] * depths
     model.eval()
     for batch in batches(data, batch_size, None, online):
+        batch = batch.to(embed.weight.device)
         preds = aligned_passes(model, embed, batch, depths)
         for j, pred in enumerate(preds):
             m = step_mask(batch.mask, j + 1)

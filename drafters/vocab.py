@@ -105,7 +105,7 @@ class DraftHead(nn.Module):
         if self.ids is None:
             return self.full(h)
         if self.matmul is not None and not h.requires_grad and h.dtype == self.weight.dtype:
-            return self.matmul(h)  # a decoder's row-count-aware form (decoding/cpu_matmul.py), set on CPU
+            return self.matmul(h)  # a decoder's row-count-aware form (decoding/cpu/), set on CPU
         return h @ self.weight.to(h.dtype).T
 
     def to_verifier(self, draft_ids: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""Time the verifier's matmuls, one whole pass of them, in every form cpu_matmul can pick.
+"""Time the verifier's matmuls, one whole pass of them, in every form decoding.cpu.matmul can pick.
 
     python experiments/bench_matmul.py [--verifier smollm2-135m-instruct] [--rows 1,2,4,6,8,9,12,16,32]
 
@@ -20,7 +20,8 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decoding import cpu_kernel, cpu_matmul  # noqa: E402
+from decoding.cpu import kernel as cpu_kernel  # noqa: E402
+from decoding.cpu import matmul as cpu_matmul  # noqa: E402
 from decoding.runner import default_threads  # noqa: E402
 from decoding.verifiers import load_verifier  # noqa: E402
 
@@ -41,8 +42,7 @@ def main(argv=None) -> int:
     if any(w.dtype != torch.float32 for w in weights):
         print("the kernel is float32 only; this verifier is not float32", file=sys.stderr)
         return 2
-    tables = {id(m): cpu_matmul._table(m.weight, cpu_matmul.load_json_cache(cpu_matmul.CACHE),
-                                       cpu_matmul._machine())[1] for m in linears}
+    tables = {id(m): cpu_matmul.table_for(m.weight)[1] for m in linears}
     gb = sum(w.numel() * w.element_size() for w in weights) / 1e9
     forms = [f for f in cpu_matmul.FORMS if f != "kernel" or cpu_kernel.available()]
     print(f"{a.verifier}: {len(weights)} weights, {gb * 1000:.0f} MB; {torch.get_num_threads()} threads; "
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
             if form == "tuned":
                 return lambda: [cpu_matmul.apply(xs[w.shape[1]], w, None, tables[id(lin)])
                                 for lin, w in zip(linears, weights)]
-            fn = cpu_matmul._form_fn(form)
+            fn = cpu_matmul.form_fn(form)
             return lambda: [fn(xs[w.shape[1]], w) for w in weights]
 
         fns = {f: run(f) for f in [*forms, "tuned"]}

@@ -6,17 +6,21 @@
    (top-2 logit gap within the dtype's noise at the first differing position -- 0.01 in float32,
    0.5 in bfloat16, whose spacing is 0.125 at a logit of 16-32 -- reported with its gap) or a
    MISMATCH (a bug: exit code 1);
-2. speed: tokens/s of each strategy against ``generate`` (same prompts, device, dtype);
+2. speed: tokens/s of each strategy against ``generate`` (same prompts, device, dtype), and the
+   host round trips per decode step (device -> host reads and host -> device copies, counted by
+   tests/accelerator.py's SyncCounter on CUDA; the test suite bounds them on a CPU stand-in);
 3. training: one short DeepSpeed (ZeRO-1) run of a HASS drafter through Ray Train on the GPU, from
    features extracted on the GPU, printing loss tokens/s.
 
-``python experiments/gpu_check.py [--verifier NAME|DIR] [--drafter CKPT ...]`` (random drafters when
-none are given: exactness and overhead are still measured; acceptance then is ~1).
+``python experiments/gpu_check.py [--verifier NAME|DIR] [--drafter CKPT ...] [--llama3-shaped]``
+(random drafters when none are given: exactness and overhead are still measured; acceptance then
+is ~1; ``--llama3-shaped`` adds the same table for a random model with Llama-3-8B's shape).
 ``--device cpu`` runs the same checks on a CPU (used by the test suite to keep this script working).
 """
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import tempfile
 import time
@@ -25,15 +29,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from tests.accelerator import SyncCounter  # noqa: E402
+
 STRATEGIES = ("single", "confidence", "entropy", "merged", "merged-dedup", "merged-budget")
 TIE_GAP = {"float32": 0.01, "bfloat16": 0.5, "float16": 0.1}  # top-2 logit gaps within each dtype's noise
 
 
 def _sync(device: str) -> None:
-    import torch
+    from decoding.timing import synchronize
 
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
+    synchronize(device)
 
 
 def check_dtype(args, dtype: str) -> int:
@@ -68,7 +73,8 @@ def check_dtype(args, dtype: str) -> int:
     gen_tps = sum(map(len, refs)) / (time.perf_counter() - t0)
     print(f"\n== {name} on {args.device}, {dtype}: {len(inputs)} prompts x {args.max_new_tokens} tokens; "
           f"generate {gen_tps:.1f} tok/s")
-    print(f"{'strategy':<16}{'equal':>7}{'near-tie':>10}{'MISMATCH':>10}{'tok/s':>9}{'vs gen':>8}{'tau':>6}  gaps at ties")
+    print(f"{'strategy':<16}{'equal':>7}{'near-tie':>10}{'MISMATCH':>10}{'tok/s':>9}{'vs gen':>8}{'tau':>6}"
+          f"{'syncs/step':>11}{'h2d/step':>9}  gaps at ties")
     bad = 0
     for spec in STRATEGIES:
         strat, dedup, budget = spec.split("-")[0], spec.endswith("dedup"), spec.endswith("budget")
@@ -82,6 +88,12 @@ def check_dtype(args, dtype: str) -> int:
         outs = [dec.generate(ids, seed_key=str(i)) for i, ids in enumerate(inputs)]
         _sync(args.device)
         wall = time.perf_counter() - t0
+        per_step = "-", "-"
+        if args.device.startswith("cuda"):  # host round trips, counted on a separate (untimed) run
+            with SyncCounter() as counter:
+                res = [dec.generate(ids, seed_key=str(i)) for i, ids in enumerate(inputs)]
+            steps = max(1, sum(r.verifier_calls for r in res))
+            per_step = tuple(f"{counter.counts[k] / steps:.1f}" for k in ("sync", "h2d"))
         tie_gap = args.tie_gap if args.tie_gap is not None else TIE_GAP[dtype]
         for ids, res, ref in zip(inputs, outs, refs):
             kind, gap = compare_greedy(model, ids, res.output_token_ids, ref, tie_gap)
@@ -92,7 +104,7 @@ def check_dtype(args, dtype: str) -> int:
         bad += counts["MISMATCH"]
         tps = toks / wall
         print(f"{spec:<16}{counts['equal']:>7}{counts['near-tie']:>10}{counts['MISMATCH']:>10}{tps:>9.1f}"
-              f"{tps / gen_tps:>7.2f}x{new / max(calls, 1):>6.2f}  {gaps or ''}")
+              f"{tps / gen_tps:>7.2f}x{new / max(calls, 1):>6.2f}{per_step[0]:>11}{per_step[1]:>9}  {gaps or ''}")
     return bad
 
 
@@ -141,6 +153,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tie-gap", type=float, default=None,
                     help=f"top-2 logit gap that counts as a near-tie (default per dtype: {TIE_GAP})")
     ap.add_argument("--no-train", action="store_true")
+    ap.add_argument("--llama3-shaped", action="store_true",
+                    help="also run the exactness/speed table on a random model with Llama-3-8B's shape "
+                         "(experiments/llama3_shaped.py: GQA, 128k vocabulary, bf16), built locally")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("error: no CUDA device; `--device cpu` runs the same checks on the CPU", file=sys.stderr)
@@ -149,6 +164,12 @@ def main(argv=None) -> int:
         print(f"device: {torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB), "
               f"torch {torch.__version__}")
     bad = sum(check_dtype(args, d) for d in args.dtypes.split(","))
+    if args.llama3_shaped:
+        spec = importlib.util.spec_from_file_location("llama3_shaped", Path(__file__).with_name("llama3_shaped.py"))
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        shaped = argparse.Namespace(**{**vars(args), "verifier": str(mod.build(tempfile.mkdtemp(prefix="llama3-")))})
+        bad += sum(check_dtype(shaped, d) for d in args.dtypes.split(","))
     if not args.no_train:
         check_training(args)
     print(f"\n{'FAILED' if bad else 'OK'}: {bad} mismatch(es) that are not near-ties")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding import lean_pass
+from decoding import cpu
 from decoding.autotree import CAL_TREES, Calibration, _cache_key, choose, monotone, tau_of
 
 FLAT = {1: 40.0, 2: 40.0, 4: 41.0, 8: 42.0, 16: 44.0, 32: 50.0, 64: 60.0}  # verify ms: nodes nearly free
@@ -67,7 +67,7 @@ def test_verify_costs_are_cached_per_verifier_pass(verifier):
     """Costs timed through transformers' forward must not price lean passes (they cost ~8% less)."""
     model, _ = verifier
     lean_key = _cache_key(model)
-    with lean_pass.disabled(model):
+    with cpu.lean_disabled(model):
         hf_key = _cache_key(model)
     assert lean_key.endswith("|lean") and hf_key.endswith("|hf")
 

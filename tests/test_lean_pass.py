@@ -3,12 +3,13 @@ prefill, one-token steps, chains and branching trees give bit-identical features
 cache rows; models it does not know take transformers' forward."""
 from __future__ import annotations
 
+import contextlib
 import types
 
 import pytest
 import torch
 
-from decoding import lean_pass
+from decoding.cpu import lean_pass
 from decoding.tree import chain_tree
 from decoding.verifier_pass import commit_path, new_cache, prefill, tree_forward
 from drafters.data.templating import benchmark_prompt_ids
@@ -20,8 +21,7 @@ TREES = ([], [[11, 12, 13, 14, 15]], [[11, 12, 13], [11, 21], [31, 32, 33, 34], 
 
 def _run(model, ids, lean: bool):
     """Prefill, then each tree of TREES after it (each pass committing its root), with one path."""
-    model._taskspec_lean = lean
-    try:
+    with contextlib.nullcontext() if lean else lean_pass.disabled(model):
         cache = new_cache()
         outs = [prefill(model, cache, ids)]
         n = len(ids) - 1
@@ -33,8 +33,6 @@ def _run(model, ids, lean: bool):
             commit_path(cache, n, [0])  # keep the root: the next pass sees a longer prefix
             n, root = n + 1, int(outs[-1][1][0].argmax())
         return outs, [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
-    finally:
-        model._taskspec_lean = None
 
 
 def test_lean_pass_is_bit_identical_to_transformers(verifier, bench_prompts):
@@ -74,3 +72,14 @@ def test_models_it_does_not_know_take_transformers_forward(verifier, monkeypatch
     assert lean_pass.supported(fake("llama", "sdpa"))  # the same modules under a llama/sdpa config do
     monkeypatch.setenv("TASKSPEC_LEAN_PASS", "0")
     assert not lean_pass.supported(model)
+
+
+def test_the_lean_pass_is_for_cpu_models_only(verifier):
+    """On an accelerator (the CPU stand-in says cuda:0) the model takes transformers' forward."""
+    from tests.accelerator import FakeCuda
+
+    model, _ = verifier
+    assert lean_pass.supported(model)
+    with FakeCuda() as acc:
+        acc.place(model)
+        assert model.device.type == "cuda" and not lean_pass.supported(model)

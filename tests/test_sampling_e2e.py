@@ -77,9 +77,9 @@ def chi2(outs: list[tuple[int, int]], pairs: dict) -> tuple[float, float]:
     return stat, df * (1 - 2 / (9 * df) + 4.265 * (2 / (9 * df)) ** 0.5) ** 3
 
 
-def _broken_sampling(tokens, parents, q, generator):
+def _broken_sampling(tokens, parents, q, generator, **kw):
     """A WRONG rule: on rejection of every child, sample from q at the root instead of the residual."""
-    acc = accept_sampling(tokens, parents, q, generator)
+    acc = accept_sampling(tokens, parents, q, generator, **kw)
     return acc if acc.path else type(acc)([], sample(q[0], generator), acc.rejected)
 
 

@@ -64,9 +64,9 @@ def test_merged_tree_logits_equal_subtree_and_plain_forward(verifier, random_pro
         torch.testing.assert_close(l_merged[1 + i], plain, atol=2e-4, rtol=1e-4)
 
 
-def _broken_sampling(tokens, parents, q, generator):
+def _broken_sampling(tokens, parents, q, generator, **kw):
     """A WRONG rule: on rejection it samples from q again instead of the residual q'."""
-    acc = accept_sampling(tokens, parents, q, generator)
+    acc = accept_sampling(tokens, parents, q, generator, **kw)
     if acc.path:
         return acc
     return type(acc)([], sample(q[0], generator), acc.rejected)

@@ -50,7 +50,8 @@ def supported(model) -> bool:
         return False
     why = None
     if getattr(cfg, "_attn_implementation", None) != "sdpa" or getattr(cfg, "pretraining_tp", 1) != 1:
-        why = f"attention {getattr(cfg, '_attn_implementation', None)!r}, pretraining_tp {cfg.pretraining_tp}"
+        why = (f"attention {getattr(cfg, '_attn_implementation', None)!r}, "
+               f"pretraining_tp {getattr(cfg, 'pretraining_tp', 1)}")
     elif not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
         why = "the model lacks embed_tokens/layers/norm/rotary_emb"
     elif not all(all(hasattr(layer, p) for p in _LAYER_PARTS) for layer in inner.layers):

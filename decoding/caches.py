@@ -1,0 +1,63 @@
+"""The measurement caches decoding keeps per machine, in one directory, and a way to see and clear them.
+
+``$TASKSPEC_CACHE`` (default ``~/.cache/taskspec``) holds ``cpu_matmul.json`` (the CPU matmul
+tuner's choice per weight shape and row count, decoding/cpu/matmul.py), ``verify_cost.json``
+(tree auto's verifier pass costs, decoding/autotree.py) and ``kernels/`` (the thin-GEMM kernel
+built for this CPU, decoding/cpu/kernel.py). Keys name the machine, the device type, the dtype
+and (for verify costs) the verifier. ``python -m decoding cache show|clear`` prints or removes them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from drafters.atomic import write_text_atomic
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TASKSPEC_CACHE", Path.home() / ".cache" / "taskspec"))
+
+
+def load_json_cache(path: Path) -> dict:
+    """A measurement cache (JSON); missing or unreadable = empty."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save_json_cache(path: Path, data: dict) -> None:
+    """Write a measurement cache atomically; a read-only home only means measuring again next time."""
+    try:
+        write_text_atomic(path, json.dumps(data, indent=1, sort_keys=True))
+    except OSError:
+        pass
+
+
+def show(root: Path | None = None) -> str:
+    """What the caches hold: one line per file and per entry key."""
+    root = root or cache_dir()
+    lines = [f"cache directory {root}" + ("" if root.exists() else " (empty: nothing measured yet)")]
+    for name in ("cpu_matmul.json", "verify_cost.json"):
+        data = load_json_cache(root / name)
+        lines.append(f"{name}: {len(data)} entr{'y' if len(data) == 1 else 'ies'}")
+        lines += [f"  {key}: {json.dumps(value, sort_keys=True)}" for key, value in sorted(data.items())]
+    kernels = sorted((root / "kernels").glob("*.so")) if (root / "kernels").is_dir() else []
+    lines.append(f"kernels/: {len(kernels)} built" + "".join(f"\n  {k.name}" for k in kernels))
+    return "\n".join(lines)
+
+
+def clear(root: Path | None = None) -> list[str]:
+    """Remove every cache file (the next run measures and builds again). Returns what was removed."""
+    root = root or cache_dir()
+    gone = []
+    for name in ("cpu_matmul.json", "verify_cost.json"):
+        if (root / name).exists():
+            (root / name).unlink()
+            gone.append(name)
+    if (root / "kernels").is_dir():
+        shutil.rmtree(root / "kernels")
+        gone.append("kernels/")
+    return gone

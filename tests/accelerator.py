@@ -1,0 +1,342 @@
+"""A CPU stand-in for a CUDA device: host/device mixes fail as on CUDA; syncs and copies are counted.
+
+Inside ``FakeCuda()``, a tensor is "on the accelerator" when it carries a tag; every other tensor is
+on the host. Tags come from ``place(module_or_tensor)`` (the verifier's and the drafters' weights),
+from ``.to("cuda")`` / ``.cuda()`` / ``device="cuda"`` in any factory, and from any op with a tagged
+input. A tagged tensor reports ``device == cuda:0`` and ``is_cuda``, so code that asks a tensor or a
+model for its device (``model.device``, ``features.device``) gets the accelerator, as on a GPU. The
+data stays in CPU memory, so every result is the real result.
+
+What raises (with CUDA's own wording where it has one):
+- an op whose tensor arguments mix host and accelerator, except 0-dim host tensors (CUDA accepts
+  those as scalars) and host index tensors into an accelerator tensor (CUDA copies them over);
+- indexing a host tensor with accelerator indices; ``.numpy()`` of an accelerator tensor;
+- a factory on the accelerator drawing from a host ``torch.Generator``.
+
+What is counted (``counts``): ``sync`` for every device-to-host read (``.item()``, ``.tolist()``,
+``bool()``, ``int()``, ``float()``, ``.cpu()``, ``.to("cpu")``, printing, an explicit
+``torch.cuda.synchronize()``), ``h2d`` for every host-to-device copy (``.to("cuda")`` of a host
+tensor, ``torch.tensor(..., device="cuda")``, host indices into an accelerator tensor, host values
+written into one). ``where[kind]`` keeps the caller's file:line of each event, so a test that
+fails on a budget names the lines that spent it.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+TAG = "_fake_cuda"
+CUDA = torch.device("cuda", 0)
+T = torch.Tensor
+_GETTERS = {"device": T.device, "is_cuda": T.is_cuda, "is_cpu": T.is_cpu}
+_SYNC_METHODS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__repr__", "__format__",
+                 "__array__"}
+_INDEXING = {"__getitem__", "index_select", "index", "take", "gather"}
+_METADATA = {"_has_compatible_shallow_copy_type", "is_floating_point", "is_complex", "dim", "size", "numel",
+             "__len__", "data_ptr", "element_size", "stride", "is_contiguous", "requires_grad_", "__hash__",
+             "untyped_storage", "storage_offset", "get_device", "__get__", "__set__"}
+_FACTORY_COPY = {"tensor", "as_tensor", "asarray", "from_numpy"}
+
+
+class DeviceMismatch(RuntimeError):
+    pass
+
+
+def on_device(t) -> bool:
+    return isinstance(t, torch.Tensor) and getattr(t, TAG, False)
+
+
+def _tag(x):
+    if isinstance(x, torch.Tensor):
+        try:
+            setattr(x, TAG, True)
+        except (AttributeError, RuntimeError):
+            pass
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _tag(y)
+    return x
+
+
+def _tensors(x, out: list) -> list:
+    if isinstance(x, torch.Tensor):
+        out.append(x)
+    elif isinstance(x, (list, tuple)):
+        for y in x:
+            _tensors(y, out)
+    elif isinstance(x, dict):
+        for y in x.values():
+            _tensors(y, out)
+    return out
+
+
+def _is_cuda(device) -> bool:
+    if device is None:
+        return False
+    if isinstance(device, torch.Tensor):
+        return on_device(device)
+    if isinstance(device, int):
+        return True  # .to(0): a CUDA ordinal
+    return torch.device(device).type == "cuda"
+
+
+def _to_target(args, kwargs):
+    """(names the device?, is it the accelerator?) for Tensor.to's many signatures."""
+    if "device" in kwargs:
+        return True, _is_cuda(kwargs["device"])
+    for a in args[1:]:
+        if isinstance(a, (str, torch.device, int)) and not isinstance(a, bool):
+            return True, _is_cuda(a)
+        if isinstance(a, torch.Tensor):
+            return True, on_device(a)
+    return False, False
+
+
+def _host_args(args, kwargs):
+    """Tensor.to's arguments without the device: only the dtype, if one is named (the copy itself
+    happens in CPU memory)."""
+    dtype = kwargs.get("dtype")
+    for a in args[1:]:
+        if isinstance(a, torch.dtype):
+            dtype = a
+        elif isinstance(a, torch.Tensor):
+            dtype = a.dtype
+    return ([], {"dtype": dtype}) if dtype is not None else ([], {})
+
+
+class FakeCuda(TorchFunctionMode):
+    """``with FakeCuda() as acc:`` (see the module docstring). ``acc.place(model)`` tags weights."""
+
+    def __init__(self, strict_numpy: bool = True, strict: bool = True):
+        """``strict=False`` counts each host/device mix (``counts["mix"]``) instead of raising: used
+        to measure code that would fail on CUDA (the old decode loop's syncs, for the README)."""
+        super().__init__()
+        self.strict = strict
+        self.counts = collections.Counter()
+        self.where: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+        self.strict_numpy = strict_numpy
+        self.sync_epoch = 0  # explicit device syncs so far (torch.cuda.synchronize)
+        self._patches = contextlib.ExitStack()
+
+    # -- setup ----------------------------------------------------------------------------------
+    def place(self, obj):
+        """Tag a module's parameters and buffers (or a tensor) as living on the accelerator."""
+        if isinstance(obj, torch.nn.Module):
+            for t in list(obj.parameters()) + list(obj.buffers()):
+                _tag(t)
+        else:
+            _tag(obj)
+        return obj
+
+    def __enter__(self):
+        self._patches.__enter__()
+        self._patches.enter_context(_patch(torch.cuda, "is_available", lambda: True))
+        self._patches.enter_context(_patch(torch.cuda, "synchronize", self._synchronize))
+        self._patches.enter_context(_patch(torch.cuda, "current_device", lambda: 0))
+        self._patches.enter_context(_patch(torch.cuda, "Event", self._event_class()))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        out = super().__exit__(*exc)
+        self._patches.__exit__(*exc)
+        return out
+
+    def reset(self) -> None:
+        self.counts.clear()
+        self.where.clear()
+
+    # -- events ---------------------------------------------------------------------------------
+    def _note(self, kind: str) -> None:
+        self.counts[kind] += 1
+        self.where[kind][_caller()] += 1
+
+    def _synchronize(self, device=None) -> None:
+        self._note("sync")
+        self.sync_epoch += 1
+
+    def _event_class(self):
+        """torch.cuda.Event on the stand-in: records the host clock; ``elapsed_time`` raises unless
+        a device sync came after both events were recorded (as a real event would not be complete)."""
+        acc = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False, **kw):
+                self.t, self.epoch = None, None
+
+            def record(self, stream=None):
+                self.t, self.epoch = time.perf_counter(), acc.sync_epoch
+
+            def elapsed_time(self, other) -> float:
+                if max(self.epoch, other.epoch) >= acc.sync_epoch:
+                    raise RuntimeError("timer read before a device sync closed it (CUDA: event not complete)")
+                acc.counts["timer"] += 1
+                return 1000.0 * (other.t - self.t)
+
+        return Event
+
+    def _mismatch(self, what: str):
+        self._fail(f"Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
+                   f"cpu! ({what})")
+
+    def _fail(self, msg: str):
+        if self.strict:
+            raise DeviceMismatch(msg)
+        self._note("mix")
+
+    # -- dispatch -------------------------------------------------------------------------------
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        owner = getattr(func, "__self__", None)
+        if name == "__get__":
+            for attr, desc in _GETTERS.items():
+                if owner is desc:
+                    dev = on_device(args[0])
+                    return {"device": CUDA if dev else torch.device("cpu"), "is_cuda": dev, "is_cpu": not dev}[attr]
+            out = func(*args, **kwargs)  # .T, .data, .grad, .shape, ...: a tensor keeps its device
+            return _tag(out) if isinstance(out, torch.Tensor) and on_device(args[0]) else out
+        if name == "__set__" and owner is T.data:  # param.data = new (Module.to / _apply)
+            out = func(*args, **kwargs)
+            if on_device(args[1]):
+                _tag(args[0])
+            return out
+        if name == "_parse_to":  # Module.to's argument parser: keep the device it names
+            return func(*args, **kwargs)
+        if name in _METADATA:
+            return func(*args, **kwargs)
+        if name in ("to", "cuda", "cpu") and args and isinstance(args[0], torch.Tensor):
+            return self._move(name, func, args, kwargs)
+        if name == "numpy" and args and on_device(args[0]) and self.strict_numpy:
+            raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the "
+                            "tensor to host memory first.")
+        if name in _SYNC_METHODS and args and on_device(args[0]):
+            self._note("sync")
+            return func(*args, **kwargs)
+        if "device" in kwargs:  # factories: torch.arange(..., device=dev), new_empty(..., device=dev)
+            if _is_cuda(kwargs["device"]):
+                gen = kwargs.get("generator")
+                if gen is not None and gen.device.type != "cuda":
+                    raise RuntimeError("Expected a 'cuda' device type for generator but found 'cpu'")
+                kwargs = {**kwargs, "device": "cpu"}
+                out = func(*args, **kwargs)
+                if name in _FACTORY_COPY and out.numel():  # host data copied over (empty: nothing)
+                    self._note("h2d")
+                return _tag(out)
+            out = func(*args, **kwargs)
+            return out
+        tensors = _tensors(args, []) + _tensors(kwargs, [])
+        dev = [t for t in tensors if on_device(t)]
+        if not dev:
+            out = func(*args, **kwargs)
+            if name.startswith("new_") and args and on_device(args[0]):
+                _tag(out)
+            return out
+        host = [t for t in tensors if not on_device(t)]
+        if host:
+            self._check_mix(name, args, host)
+        out = func(*args, **kwargs)
+        if name == "__setitem__" or name.endswith("_") and not name.startswith("__"):
+            return out  # in place: the target keeps its device
+        if name.startswith("new_") and args and not on_device(args[0]):
+            return out
+        return _tag(out)
+
+    def _check_mix(self, name: str, args, host: list) -> None:
+        self_t = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if name in _INDEXING or name == "__setitem__":
+            if self_t is not None and not on_device(self_t):
+                if name == "__setitem__" and not _tensors(args[1], []):  # host[slice] = device: a copy
+                    self._note("sync")
+                    return
+                return self._fail("indices should be either on cpu or on the same device as the indexed "
+                                  "tensor (cpu)")
+            for t in host:
+                if t.dim() > 0:
+                    self._note("h2d")  # host indices / values copied to the device
+            return
+        if name in ("copy_",):
+            self._note("h2d")
+            return
+        big = [t for t in host if t.dim() > 0]
+        if big:
+            self._mismatch(f"{name}: host tensor of shape {tuple(big[0].shape)}")
+
+    def _move(self, name, func, args, kwargs):
+        t = args[0]
+        if name == "cuda":
+            target_named, to_dev = True, True
+        elif name == "cpu":
+            target_named, to_dev = True, False
+        else:
+            target_named, to_dev = _to_target(args, kwargs)
+        if not target_named:  # dtype / copy only
+            out = func(*args, **kwargs)
+            return _tag(out) if on_device(t) else out
+        if to_dev:
+            if on_device(t):
+                rest, kw = _host_args(args, kwargs)
+                return _tag(T.to(t, *rest, **kw)) if (rest or kw) else t
+            self._note("h2d")
+            rest, kw = _host_args(args, kwargs)
+            out = T.to(t, *rest, **kw) if (rest or kw) else t
+            if out is t:
+                out = t.detach().clone() if not t.requires_grad else t.clone()
+            return _tag(out)
+        if not on_device(t):
+            rest, kw = _host_args(args, kwargs)
+            return T.to(t, *rest, **kw) if (rest or kw) else t
+        self._note("sync")  # a device-to-host copy waits for the device
+        rest, kw = _host_args(args, kwargs)
+        out = T.to(t, *rest, **kw) if (rest or kw) else t
+        return out.clone() if out is t else out
+
+
+@contextlib.contextmanager
+def _patch(obj, attr, value):
+    before = getattr(obj, attr)
+    setattr(obj, attr, value)
+    try:
+        yield
+    finally:
+        setattr(obj, attr, before)
+
+
+def _caller() -> str:
+    """file:line of the nearest frame in this project (outside torch, transformers and this file)."""
+    for frame in reversed(traceback.extract_stack(sys._getframe(2), limit=40)):
+        f = frame.filename
+        if "site-packages" in f or f.endswith("accelerator.py") or "/torch/" in f:
+            continue
+        return f"{'/'.join(Path(f).parts[-2:])}:{frame.lineno}"
+    return "?"
+
+
+class SyncCounter(TorchFunctionMode):
+    """On a real CUDA device: counts device -> host reads (``sync``) and host -> device copies
+    (``h2d``) the way FakeCuda does, without tagging anything (experiments/gpu_check.py)."""
+
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        t = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if t is not None and t.is_cuda and (name in _SYNC_METHODS or name == "cpu"
+                                            or (name == "to" and _to_target(args, kwargs) == (True, False))):
+            self.counts["sync"] += 1
+        elif t is not None and not t.is_cuda and (name == "cuda" or (name == "to" and _to_target(args, kwargs)[1])):
+            self.counts["h2d"] += 1
+        elif name in _FACTORY_COPY and _is_cuda(kwargs.get("device")):
+            self.counts["h2d"] += 1
+        elif name == "synchronize":
+            self.counts["sync"] += 1
+        return func(*args, **kwargs)

@@ -1,0 +1,261 @@
+"""The GPU path on a CPU: the decode loop under a stand-in accelerator (tests/accelerator.py).
+
+The verifier and the drafters count as living on ``cuda:0``; every host/device mix raises as on
+CUDA, and device -> host reads (syncs) and host -> device copies are counted. Every strategy,
+fixed trees and tree auto, T=0 and T=1, multi-turn prompts run through it and give the same tokens
+as the same computation off the harness; each decode step stays within a fixed budget of syncs
+and copies whatever the tree size and the number of drafters; every timer closes on a sync. The
+old decode code (from git) fails under it on the two mixes a reading of the code predicted.
+"""
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from decoding import cpu
+from decoding.engine import DecodeConfig, SpeculativeDecoder
+from decoding.runner import decode_prompt, load_proposers
+from decoding.timing import Clock
+from decoding.tree import TreeConfig
+from tests.accelerator import DeviceMismatch, FakeCuda, on_device
+
+ROOT = Path(__file__).resolve().parents[1]
+VERIFIER = "smollm2-135m-instruct"
+MAX_NEW = 10
+SYNC_BUDGET, COPY_BUDGET = 4, 4  # per decode step, whatever the tree and the number of drafters
+
+
+# -- the harness itself ------------------------------------------------------------------------
+def test_host_device_mixes_raise_as_on_cuda():
+    with FakeCuda() as acc:
+        d = torch.ones(3).cuda()
+        h = torch.ones(3)
+        assert d.device == torch.device("cuda", 0) and d.is_cuda and not h.is_cuda and on_device(d + 1)
+        with pytest.raises(DeviceMismatch):
+            d + h
+        with pytest.raises(DeviceMismatch):
+            torch.cat([d, h])
+        with pytest.raises(DeviceMismatch, match="indices"):
+            h[torch.tensor([0, 1], device="cuda")]
+        with pytest.raises(TypeError, match="numpy"):
+            d.numpy()
+        with pytest.raises(RuntimeError, match="generator"):
+            torch.rand(2, device="cuda", generator=torch.Generator())
+        assert on_device(d * torch.tensor(2.0))  # a 0-dim host tensor is a scalar, as on CUDA
+        assert on_device(torch.arange(3, device=d.device)) and not on_device(torch.arange(3))
+        assert dict(acc.counts) == {"h2d": 2}  # .cuda() and torch.tensor(..., device="cuda")
+        d[torch.tensor([0])]  # host indices into a device tensor: copied over
+        int(d[0]), d.tolist(), bool(d[0] > 0), d.cpu()
+        assert dict(acc.counts) == {"h2d": 3, "sync": 4}
+        lin = torch.nn.Linear(3, 2).to("cuda")
+        assert on_device(lin.weight) and on_device(lin(d))
+        with pytest.raises(DeviceMismatch):
+            lin(h)
+
+
+def test_timers_must_close_on_a_sync():
+    with FakeCuda():
+        clock = Clock(torch.device("cuda"))
+        a, b = clock.mark(), clock.mark()
+        with pytest.raises(RuntimeError):
+            clock.seconds(a, b)
+        with pytest.raises(RuntimeError, match="sync"):
+            a.elapsed_time(b)  # the event itself refuses before a sync
+        clock.finish()
+        assert clock.seconds(a, b) >= 0
+
+
+# -- the old code fails under it ------------------------------------------------------------------
+def _old_module(name: str, commit: str = "401e1a4"):
+    """decoding/<name>.py as it was before this harness (from git), imported inside the package."""
+    try:
+        src = subprocess.run(["git", "show", f"{commit}:decoding/{name}.py"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        pytest.skip("git history of the old decode code is not available in this checkout")
+    mod = types.ModuleType(f"decoding._old_{name}")
+    mod.__package__ = "decoding"
+    moved = {"decoding.cpu_matmul": cpu.matmul, "decoding.cpu_kernel": cpu.kernel, "decoding.lean_pass": cpu.lean_pass}
+    sys.modules.update({mod.__name__: mod, **moved})  # dataclasses look their module up; old import paths
+    try:
+        exec(compile(src, f"old:{name}.py", "exec"), mod.__dict__)
+    finally:
+        for key in [mod.__name__, *moved]:
+            del sys.modules[key]
+    return mod
+
+
+def test_the_old_acceptance_mixed_host_drafts_with_device_logits():
+    old = _old_module("accept")
+    from decoding.tree import chain_tree
+
+    tree = chain_tree([[5, 6], [7]])  # drafting returned the tree on the host
+    with FakeCuda():
+        target = torch.tensor([5, 6, 0, 0], device="cuda")  # l_tree.argmax(-1) on the verifier's device
+        with pytest.raises(DeviceMismatch):
+            old.accept_greedy(tree.tokens, tree.parents, tree.depths, target)
+        from decoding.accept import accept_greedy
+
+        new = accept_greedy(tree.tokens.cuda(), tree.parents.cuda(), tree.depths.cuda(), target)
+        assert new.path == [1, 3] and new.next_token == 0  # nodes parents-first: 5, 7, 6
+
+
+@pytest.mark.slow
+def test_the_old_drafting_indexed_host_ancestry_with_device_rows(verifier, random_drafter_dirs):
+    old = _old_module("drafting")
+    model, _ = verifier
+    with FakeCuda() as acc:
+        acc.place(model)
+        props = load_proposers(model, random_drafter_dirs[:1], VERIFIER)
+        p = old.FeatureDrafterProposer(props[0].drafter, model.get_input_embeddings(), model.lm_head, "old")
+        tokens = torch.arange(100, 121, device="cuda")
+        feats = torch.randn(20, model.config.hidden_size, device="cuda")
+        with pytest.raises(DeviceMismatch):  # fed_anc[frontier_rows] / torch.cat(cand_par) from depth 3 on
+            p.draft(tokens, feats, TreeConfig(3, 4, 12), 0.0)
+        tree = props[0].draft(tokens, feats, TreeConfig(3, 4, 12), 0.0)  # today's drafting stays on the device
+        assert all(on_device(getattr(tree, f)) for f in ("tokens", "parents", "depths", "path_logp"))
+
+
+# -- every strategy, on the stand-in, equals the same computation off it ------------------------------
+@contextlib.contextmanager
+def _plain_cpu(model):
+    """The computation the stand-in runs (F.linear, transformers' forward), on the plain CPU."""
+    with cpu.matmul_disabled(), cpu.lean_disabled(model):
+        yield
+
+
+CASES = [  # (strategy, drafters, granularity, dedup, budget)
+    ("autoregressive", 0, "step", False, False), ("single", 1, "step", False, False),
+    ("confidence", 2, "step", False, False), ("confidence", 2, "prompt", False, False),
+    ("entropy", 2, "step", False, False), ("merged", 2, "step", False, False),
+    ("merged", 2, "step", True, False), ("merged", 2, "step", False, True),
+]
+
+
+def _decode(model, tok, props, prompt, case, temperature, tree, step_costs=None, acc=None):
+    strategy, n, gran, dedup, budget = case
+    cfg = DecodeConfig(strategy=strategy, temperature=temperature, max_new_tokens=MAX_NEW, routing_granularity=gran,
+                       merge_dedup=dedup, merge_budget=budget, tree=tree)
+    dec = SpeculativeDecoder(model, props[:n], cfg, [tok.eos_token_id])
+    if step_costs is not None:  # counts between one step's verify and the next: exactly one whole step
+        dec.observer = lambda *_: step_costs.append(dict(acc.counts))
+        turn = dec.generate
+
+        def generate(*a, **kw):  # a turn boundary (its prefill and closing sync are not a step)
+            step_costs.append(None)
+            return turn(*a, **kw)
+
+        dec.generate = generate
+    return [res.output_token_ids for _, res, _ in decode_prompt(dec, tok, prompt)]
+
+
+def _per_step(snapshots: list) -> list[dict]:
+    keys = ("sync", "h2d")
+    return [{k: b.get(k, 0) - a.get(k, 0) for k in keys} for a, b in zip(snapshots, snapshots[1:])
+            if a is not None and b is not None]
+
+
+@pytest.fixture(scope="module")
+def mt_prompt(bench_prompts):
+    return bench_prompts["mt_bench"][0]  # two turns: prefill and multi-turn
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}{'-dedup' if c[3] else ''}{'-budget' if c[4] else ''}")
+def test_every_strategy_runs_on_the_device_within_the_step_budget(verifier, random_drafter_dirs, mt_prompt, case,
+                                                                   temperature):
+    model, tok = verifier
+    tree = TreeConfig(3, 3, 10)
+    with _plain_cpu(model):
+        want = _decode(model, tok, load_proposers(model, random_drafter_dirs, VERIFIER), mt_prompt, case,
+                       temperature, tree)
+    snaps: list[dict] = []
+    with FakeCuda() as acc:
+        acc.place(model)
+        props = load_proposers(model, random_drafter_dirs, VERIFIER)
+        assert model.device.type == "cuda" and all(on_device(p.drafter.fc.weight) for p in props)
+        got = _decode(model, tok, props, mt_prompt, case, temperature, tree, snaps, acc)
+    assert got == want, f"{case} T={temperature}: the device path changed the output"
+    steps = _per_step(snaps)
+    assert steps, "no decode step was measured"
+    worst = {k: max(s[k] for s in steps) for k in ("sync", "h2d")}
+    assert worst["sync"] <= SYNC_BUDGET and worst["h2d"] <= COPY_BUDGET, (case, temperature, worst, acc.where)
+    assert acc.counts["timer"] > 0  # step timers were read, each after the turn's closing sync
+
+
+@pytest.mark.slow
+def test_the_budget_does_not_grow_with_the_tree_or_the_drafters(verifier, random_drafter_dirs, mt_prompt):
+    """Merged trees of 3 drafters x 24 nodes and of 2 x 6 nodes cost the same syncs and copies."""
+    model, tok = verifier
+    costs = []
+    for dirs, tree in ((random_drafter_dirs, TreeConfig(2, 3, 7)), (random_drafter_dirs + random_drafter_dirs[:1],
+                                                                     TreeConfig(4, 5, 25))):
+        snaps: list[dict] = []
+        with FakeCuda() as acc:
+            acc.place(model)
+            props = load_proposers(model, dirs, VERIFIER)
+            _decode(model, tok, props, mt_prompt, ("merged", len(dirs), "step", True, False), 1.0, tree, snaps, acc)
+        costs.append({k: max(s[k] for s in _per_step(snaps)) for k in ("sync", "h2d")})
+    assert costs[0] == costs[1], costs
+
+
+@pytest.mark.slow
+def test_tree_auto_calibrates_and_decodes_on_the_device(verifier, random_drafter_dirs, mt_prompt):
+    from decoding.autotree import auto_tree, calibration_inputs
+
+    model, tok = verifier
+    with FakeCuda() as acc:
+        acc.place(model)
+        props = load_proposers(model, random_drafter_dirs, VERIFIER)
+        choice = auto_tree(model, props[:1], "single", [tok.eos_token_id], calibration_inputs(tok)[:1],
+                           max_new_tokens=8, use_cache=False)
+        out = _decode(model, tok, props, mt_prompt, ("single", 1, "step", False, False), 0.0, choice.tree)
+    assert out and all(out)
+
+
+# -- the other device paths: features, a training step of both objectives, a merge -------------------
+@pytest.mark.slow
+def test_features_training_steps_and_merges_run_on_the_device(verifier, bench_prompts):
+    import dataclasses
+
+    from drafters.checkpoint import init_drafter
+    from drafters.config import DrafterConfig
+    from drafters.data.templating import TokenizedExample, benchmark_prompt_ids
+    from drafters.features import verifier_features
+    from drafters.losses import collate
+    from drafters.merge import linear
+    from drafters.trainer import TrainConfig, compute_loss
+    from drafters.vocab import DraftHead
+
+    model, tok = verifier
+    examples = []
+    for i, b in enumerate(("gsm8k", "mt_bench")):
+        ids = benchmark_prompt_ids(tok, bench_prompts[b][0], 0, [])[:48]
+        examples.append(TokenizedExample(f"x{i}", ids, [0] * 24 + [1] * (len(ids) - 24)))
+    with FakeCuda() as acc:
+        acc.place(model)
+        feats = verifier_features(model, examples)  # features come back to the host, once per example
+        assert not any(on_device(f.features) for f in feats)
+        batch = collate(feats)  # built on the host, as the trainer's batches() does
+        head = DraftHead(model.lm_head, None)
+        for backbone in ("eagle2", "hass"):
+            cfg0 = DrafterConfig.for_verifier(model, VERIFIER, backbone, seed=0)
+            drafter = init_drafter(cfg0).to(model.device).train()
+            tcfg = TrainConfig(verifier=VERIFIER, backbone=backbone, variant="math", out_dir="unused",
+                               train_data=[["unused", "unused", None]], heldout_data=[])
+            loss, parts = compute_loss(tcfg, drafter, model.get_input_embeddings(), head, batch,
+                                       torch.Generator().manual_seed(0))
+            assert on_device(loss) and torch.isfinite(loss.detach().cpu())
+            loss.backward()
+            assert all(on_device(p.grad) for p in drafter.parameters() if p.grad is not None)
+        a = {k: v for k, v in init_drafter(dataclasses.replace(cfg0, seed=0)).to("cuda").state_dict().items()}
+        b = {k: v for k, v in init_drafter(dataclasses.replace(cfg0, seed=1)).to("cuda").state_dict().items()}
+        merged = linear(a, b, 0.5)
+        assert all(on_device(v) for v in merged.values() if v.is_floating_point())
