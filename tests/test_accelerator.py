@@ -259,3 +259,23 @@ def test_features_training_steps_and_merges_run_on_the_device(verifier, bench_pr
         b = {k: v for k, v in init_drafter(dataclasses.replace(cfg0, seed=1)).to("cuda").state_dict().items()}
         merged = linear(a, b, 0.5)
         assert all(on_device(v) for v in merged.values() if v.is_floating_point())
+
+
+@pytest.mark.slow
+def test_checkpoints_and_exports_cross_the_device_boundary(verifier, tmp_path):
+    """A drafter on the device is saved (as training saves it), exported, and read back onto the device."""
+    from decoding.verifiers import verifier_config
+    from drafters.checkpoint import init_drafter, save_checkpoint
+    from drafters.config import DrafterConfig
+    from drafters.export import export, load_export
+
+    model, _ = verifier
+    with FakeCuda() as acc:
+        acc.place(model)
+        drafter = init_drafter(DrafterConfig.for_verifier(model, VERIFIER, "eagle2", seed=3)).to(model.device)
+        path = save_checkpoint(drafter, tmp_path / "ckpt")  # device weights -> one host copy each
+        out = export(path, "eagle", tmp_path / "exported", *verifier_config(VERIFIER))
+        back = load_export(out).to(model.device)
+        assert on_device(back.fc.weight)
+        for k, v in drafter.state_dict().items():
+            assert torch.equal(back.state_dict()[k].cpu(), v.cpu()), k
