@@ -156,6 +156,9 @@ def test_smoke_grid_runs_on_two_nodes_through_object_storage_only(cluster, s3, g
     assert not (tmp / "head" / "cache").exists()  # the head ran no work
 
 
+@pytest.mark.skipif(os.environ.get("TASKSPEC_FAULT_TESTS") != "1",
+                    reason="node-removal fault test not yet validated on a clean run (issue 24): "
+                           "TASKSPEC_FAULT_TESTS=1 runs it")
 def test_worker_node_removed_mid_evaluation_loses_and_duplicates_nothing(cluster, s3, grid_run):
     """--force eval, then a worker node (with an eval actor on it) is removed once a few units are
     done, and a fresh node (empty staging dir) joins, as an autoscaler would replace a lost VM. The
