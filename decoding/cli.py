@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from .engine import DecodeConfig
-from .strategies import GRANULARITIES, STRATEGIES
+from .strategies import GRANULARITIES, SCORES, STRATEGIES, SWITCH_TO
 from .tree import TreeConfig
 
 
@@ -20,6 +20,14 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--merge-dedup", action="store_true", help="merged trees: verify shared prefixes once (trie)")
     p.add_argument("--merge-budget", action="store_true",
                    help="merged trees: rerank the union to --tree-total-tokens (budget-matched; default: concatenation)")
+    p.add_argument("--route-score", default="path",
+                   help=f"confidence routing score, one of {list(SCORES)}: mean path confidence or mean node "
+                        "confidence (the study's)")
+    p.add_argument("--switch-after", type=int, default=2,
+                   help="switching: consecutive steps with nothing accepted before switching (1..5)")
+    p.add_argument("--switch-to", default="specialist", help=f"switching: one of {list(SWITCH_TO)}")
+    p.add_argument("--switch-depth", type=int, default=2,
+                   help="depth_adaptive: deepest level from the mixed (first) drafter (1..tree depth - 1)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--top-k-sampling", type=int, default=None)
@@ -37,7 +45,8 @@ def decode_config(args) -> DecodeConfig:
         strategy=args.strategy, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
         routing_granularity=args.routing_granularity, merge_dedup=args.merge_dedup,
         routing_decide_steps=args.routing_decide_steps, merge_budget=args.merge_budget,
-        top_k_sampling=args.top_k_sampling, top_p=args.top_p,
+        top_k_sampling=args.top_k_sampling, top_p=args.top_p, route_score=args.route_score,
+        switch_after=args.switch_after, switch_to=args.switch_to, switch_depth=args.switch_depth,
         tree=TreeConfig(args.tree_top_k, args.tree_depth, args.tree_total_tokens),
     )
 
@@ -53,7 +62,8 @@ def cmd_generate(args) -> int:
 
     # validate everything cheap before loading any model
     cfg = decode_config(args)
-    make_strategy(cfg.strategy, len(args.drafter), cfg.routing_granularity)
+    make_strategy(cfg.strategy, len(args.drafter), cfg.routing_granularity, score=cfg.route_score,
+                  switch_after=cfg.switch_after, switch_to=cfg.switch_to, switch_depth=cfg.switch_depth)
     prompts = read_prompts(args.prompts)
     name = resolve(args.verifier).name
     check_drafter_files(args.drafter, name)

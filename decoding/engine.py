@@ -8,7 +8,7 @@ import torch
 
 from .accept import accept_greedy, accept_sampling, entropy, logits_to_probs, sample
 from .drafting import Proposer
-from .strategies import GRANULARITIES, make_strategy
+from .strategies import GRANULARITIES, SCORES, SWITCH_AFTER, SWITCH_TO, make_strategy
 from .timing import Clock
 from .tree import TreeConfig
 from .verifier_pass import commit_path, new_cache, prefill, tree_forward
@@ -26,6 +26,10 @@ class DecodeConfig:
     merge_budget: bool = False  # merged trees: rerank the union to tree.total_tokens (budget-matched)
     top_k_sampling: int | None = None  # optional verifier top-k filter (temperature > 0)
     top_p: float | None = None  # optional verifier top-p filter (temperature > 0)
+    route_score: str = "path"  # confidence routing score: path (mean V) | node (mean c, the study's text)
+    switch_after: int = 2  # switching: k consecutive steps with nothing accepted switch (1..5)
+    switch_to: str = "specialist"  # switching: to the other specialist | to merged trees
+    switch_depth: int = 2  # depth_adaptive: deepest level from the mixed drafter (1..tree.depth - 1)
     tree: TreeConfig = field(default_factory=TreeConfig)
 
     def __post_init__(self):
@@ -37,6 +41,16 @@ class DecodeConfig:
             raise ValueError(f"routing_granularity must be one of {list(GRANULARITIES)}, got {self.routing_granularity!r}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.route_score not in SCORES:
+            raise ValueError(f"route_score must be one of {list(SCORES)}, got {self.route_score!r}")
+        if not isinstance(self.switch_after, int) or self.switch_after not in SWITCH_AFTER:
+            raise ValueError(f"switch_after must be an int in 1..5, got {self.switch_after!r}")
+        if self.switch_to not in SWITCH_TO:
+            raise ValueError(f"switch_to must be one of {list(SWITCH_TO)}, got {self.switch_to!r}")
+        if not isinstance(self.switch_depth, int) or isinstance(self.switch_depth, bool) or self.switch_depth < 1 or (
+                self.strategy == "depth_adaptive" and self.switch_depth >= self.tree.depth):
+            raise ValueError(f"switch_depth must be an int in 1..tree.depth - 1 (tree depth {self.tree.depth}), "
+                             f"got {self.switch_depth!r}")
 
 
 @dataclass
@@ -70,7 +84,9 @@ class SpeculativeDecoder:
         self._prompt = {} if prompt_cache else None
         self.eos = set(eos_ids)
         self.strategy = make_strategy(config.strategy, len(self.proposers), config.routing_granularity, config.merge_dedup,
-                                      config.routing_decide_steps, config.merge_budget)
+                                      config.routing_decide_steps, config.merge_budget, score=config.route_score,
+                                      switch_after=config.switch_after, switch_to=config.switch_to,
+                                      switch_depth=config.switch_depth)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.observer = None  # optional callback(tree, verifier argmax (N+1,), proposal) per step (tree auto)
 
@@ -160,6 +176,7 @@ class SpeculativeDecoder:
                 acc = accept_sampling(tree.tokens, tree.parents, q, gen, max_depth=tree.depth_bound)
             # 4. commit: the cache keeps exactly prefix + root + accepted path
             committed = self._committed(acc, tree, len(out))
+            self.strategy.observe(len(acc.path))  # acceptance history (switching), a host value already
             record = self._commit(cache, features, tok_dev, n, acc, committed, tree, prop, f_tree, l_tree, q)
             tokens += committed
             out += committed
@@ -199,13 +216,16 @@ class SpeculativeDecoder:
         commit_path(cache, n, rows, path_index=rows_d)
         features[n : n + c] = f_tree[rows_d]
         tok_dev[n + 1 : n + 1 + c] = tok_c
-        # the record: verifier entropy at the parents of the accepted nodes and of the rejected one
+        # the record: verifier entropy at the parents of the accepted nodes and of the rejected one;
+        # draft entropy and node confidence c(v) of the accepted nodes and of the rejected one
         par1 = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.parents + 1])  # (N+1,) node -> parent
         ent_rows = torch.cat([par1[path_d], par1[rej_d]])  # (L+1,)
         ent_q = entropy(q[ent_rows] if q is not None else self._next_dist(l_tree[ent_rows]))
         last = path_d[-1:] - 1 if len(acc.path) else None
-        parts = [ent_q, tree.draft_entropy[path_d - 1], tree.draft_entropy[(rej_d - 1).clamp(min=0)]
-                 if tree.size else torch.zeros(1, device=dev)]
+        conf = tree.node_confidence  # (N,)
+        rej_i = (rej_d - 1).clamp(min=0)  # (1,)
+        parts = [ent_q, tree.draft_entropy[path_d - 1], conf[path_d - 1]]
+        parts += [tree.draft_entropy[rej_i], conf[rej_i]] if tree.size else [torch.zeros(2, device=dev)]
         if last is not None:
             parts += [tree.owner[last], tree.owner_mask[last]]
         if prop.stats is not None:
@@ -215,10 +235,11 @@ class SpeculativeDecoder:
     def _step_record(self, step, tree, prop, acc, committed, vals: list[float]) -> dict:
         L = len(acc.path)
         ent_q, vals = vals[: L + 1], vals[L + 1 :]
-        acc_draft_ent, rej_draft_ent, vals = vals[:L], vals[L], vals[L + 1 :]
+        acc_draft_ent, acc_conf, vals = vals[:L], vals[L : 2 * L], vals[2 * L :]
+        rej_draft_ent, rej_conf, vals = vals[0], vals[1], vals[2:]
         owner, owner_mask = (int(vals[0]), int(vals[1])) if L else (-1, 0)
         vals = vals[2:] if L else vals
-        stats = [vals[i : i + 2] for i in range(0, len(vals), 2)]
+        stats = [vals[i : i + 3] for i in range(0, len(vals), 3)]  # strategies.STAT columns
         rej = acc.rejected
         return {
             "step": step,
@@ -228,11 +249,14 @@ class SpeculativeDecoder:
             "chosen_drafter": prop.chosen,
             "accepted_owner": owner,
             "accepted_owner_mask": owner_mask,
-            "drafter_mean_confidence": [s[0] for s in stats],
+            "drafter_mean_confidence": [s[0] for s in stats],  # mean path confidence V per drafter
             "drafter_mean_entropy": [s[1] for s in stats],
+            "drafter_mean_node_confidence": [s[2] for s in stats],  # mean node confidence c per drafter
             "accepted_draft_entropy": acc_draft_ent,
+            "accepted_draft_confidence": acc_conf,  # c(v) of each accepted draft node, root to leaf
             "accepted_verifier_entropy": ent_q[:L],
             "rejected_draft_entropy": None if rej is None else rej_draft_ent,
+            "rejected_draft_confidence": None if rej is None else rej_conf,  # c(v) of the first rejected node
             "rejected_verifier_entropy": None if rej is None else ent_q[L],
             # a rejected child exists exactly when the last accepted node has a child
             "depth_accept": [True] * L + ([False] if rej is not None else []),

@@ -2,7 +2,10 @@
 
 Each strategy turns the drafters' proposals into ONE tree to verify. Routing rules use only
 draft-side quantities (confidence, entropy), so they are lossless (the study's Prop. A.1); merged
-trees are lossless by masked cross-subtree attention and depth positions (Prop. A.2).
+trees are lossless by masked cross-subtree attention and depth positions (Prop. A.2). The study's
+proposed next experiments are here too: ``switching`` (acceptance history: a tree chosen from past
+steps' outcomes is fixed before its verification) and ``depth_adaptive`` (one composed tree with
+correct parents and depths: lossless under the tree mask like any tree).
 """
 from __future__ import annotations
 
@@ -11,17 +14,28 @@ from dataclasses import dataclass
 import torch
 
 from .drafting import Proposer, draft_together
-from .tree import DraftTree, TreeConfig, merge_trees, rerank
+from .tree import DraftTree, TreeConfig, graft_trees, merge_trees, rerank
 
 GRANULARITIES = ("step", "turn", "prompt")
+SCORES = ("path", "node")  # confidence routing: mean path confidence V, or mean node confidence c (the study's)
+SWITCH_TO = ("specialist", "merged")
+SWITCH_AFTER = range(1, 6)
+STAT = {"path": 0, "entropy": 1, "node": 2}  # the columns of Proposal.stats
 
 
 @dataclass
 class Proposal:
     tree: DraftTree
     chosen: int  # drafter whose tree is verified; -1 = none (autoregressive) or all (merged)
-    stats: torch.Tensor | None = None  # (drafters, 2) [mean confidence, mean entropy] per drafter, NaN = did
-    #                                   not draft; on the trees' device (the engine reads it with its step)
+    stats: torch.Tensor | None = None  # (drafters, 3) per drafter, columns STAT, NaN = did not draft;
+    #                                   on the trees' device (the engine reads it with its step)
+
+
+def switch_rule(fails: int, accepted_depth: int, k: int) -> tuple[int, bool]:
+    """Acceptance-history switching: (consecutive steps with no draft token accepted, switch now?).
+    An accepted draft token resets the count; the k-th empty step in a row switches and resets it."""
+    fails = 0 if accepted_depth > 0 else fails + 1
+    return (0, True) if fails >= k else (fails, False)
 
 
 class Strategy:
@@ -29,12 +43,24 @@ class Strategy:
     min_drafters = 0
     max_drafters: int | None = None
 
-    def __init__(self, granularity: str = "step", dedup: bool = False, decide_steps: int = 1, budget: bool = False):
+    def __init__(self, granularity: str = "step", dedup: bool = False, decide_steps: int = 1,
+                 budget: bool = False, score: str = "path", switch_after: int = 2, switch_to: str = "specialist",
+                 switch_depth: int = 2):
         if granularity not in GRANULARITIES:
             raise ValueError(f"routing granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
         if not isinstance(decide_steps, int) or decide_steps < 1:
             raise ValueError(f"routing decide_steps must be a positive int, got {decide_steps!r}")
+        if score not in SCORES:
+            raise ValueError(f"route score must be one of {list(SCORES)}, got {score!r}")
+        if not isinstance(switch_after, int) or switch_after not in SWITCH_AFTER:
+            raise ValueError(f"switch_after must be an int in 1..5, got {switch_after!r}")
+        if switch_to not in SWITCH_TO:
+            raise ValueError(f"switch_to must be one of {list(SWITCH_TO)}, got {switch_to!r}")
+        if not isinstance(switch_depth, int) or isinstance(switch_depth, bool) or switch_depth < 1:
+            raise ValueError(f"switch_depth must be a positive int (below the tree depth), got {switch_depth!r}")
         self.granularity, self.dedup, self.decide_steps, self.budget = granularity, dedup, decide_steps, budget
+        self.route_score, self.switch_after, self.switch_to = score, switch_after, switch_to
+        self.switch_depth = switch_depth
 
     def start_prompt(self) -> None:
         """Called before the first turn of every prompt."""
@@ -42,16 +68,30 @@ class Strategy:
     def start_turn(self) -> None:
         """Called at the first verifier call of every turn."""
 
+    def observe(self, accepted_depth: int) -> None:
+        """Called once per verifier step with the number of draft tokens it accepted (a host value
+        the engine already has: no extra device read)."""
+
     def propose(self, drafters: list[Proposer], tokens, features, cfg: TreeConfig, temperature: float) -> Proposal:
         raise NotImplementedError
 
     @staticmethod
-    def _all(drafters, tokens, features, cfg, temperature):
-        """Every drafter's tree (on the features' device) and their (drafters, 2) mean stats there."""
-        trees = draft_together(drafters, tokens, features, cfg, temperature)
+    def _draft(drafters, tokens, features, cfg, temperature, only: list[int] | None = None):
+        """The trees of ``drafters[i]`` for i in ``only`` (default: all; None for the others), on the
+        features' device, and the (drafters, 3) mean stats there (NaN rows for those that did not draft)."""
+        only = list(range(len(drafters))) if only is None else only
+        got = draft_together([drafters[i] for i in only], tokens, features, cfg, temperature)
         if features is not None:
-            trees = [t.to(features.device) for t in trees]  # host-built trees (chains, oracles): one copy
-        return trees, torch.stack([t.mean_stats() for t in trees])
+            got = [t.to(features.device) for t in got]  # host-built trees (chains, oracles): one copy
+        trees: list[DraftTree | None] = [None] * len(drafters)
+        for i, t in zip(only, got):
+            trees[i] = t
+        nan = torch.full((3,), float("nan"), device=got[0].device)
+        return trees, torch.stack([nan if t is None else t.mean_stats() for t in trees])
+
+    def _merged(self, trees: list[DraftTree], cfg: TreeConfig) -> DraftTree:
+        tree = merge_trees(trees, dedup=self.dedup)
+        return rerank(tree, cfg.total_tokens - 1) if self.budget else tree
 
 
 class Autoregressive(Strategy):
@@ -65,7 +105,7 @@ class Single(Strategy):
     name, min_drafters, max_drafters = "single", 1, 1
 
     def propose(self, drafters, tokens, features, cfg, temperature):
-        trees, stats = self._all(drafters, tokens, features, cfg, temperature)
+        trees, stats = self._draft(drafters, tokens, features, cfg, temperature)
         return Proposal(trees[0], 0, stats)
 
 
@@ -73,11 +113,14 @@ class _Routed(Strategy):
     """Routing at one of three granularities: ``step`` (every verifier call), ``turn`` (decided
     from the first ``decide_steps`` calls of each turn, then locked for the turn) or ``prompt``
     (decided from the first ``decide_steps`` calls of the prompt's first turn, then locked for
-    every turn of the prompt). While deciding, every drafter drafts and the scores so far pick."""
+    every turn of the prompt). While deciding, every drafter drafts and the mean scores so far pick.
+    The candidates are ``drafters[routed_from:]``; the ones before them always draft."""
 
     min_drafters = 2
+    routed_from = 0
 
-    def score(self, conf: list[float], ent: list[float]) -> int:
+    def pick(self, rows: list[list[float]]) -> int:
+        """The chosen candidate (index into ``rows``) from its stats rows (candidates x 3)."""
         raise NotImplementedError
 
     def start_prompt(self):
@@ -87,43 +130,44 @@ class _Routed(Strategy):
         if self.granularity == "turn" or not hasattr(self, "seen"):
             self.start_prompt()
 
-    def propose(self, drafters, tokens, features, cfg, temperature):
+    def _route(self, drafters, tokens, features, cfg, temperature):
+        """(trees, (drafters, 3) stats, chosen drafter); one host read while the route is open."""
         if self.granularity != "step" and getattr(self, "locked", None) is not None:
-            tree = drafters[self.locked].draft(tokens, features, cfg, temperature)
-            if features is not None:
-                tree = tree.to(features.device)
-            stats = torch.full((len(drafters), 2), float("nan"), device=tree.device)
-            stats[self.locked] = tree.mean_stats()
-            return Proposal(tree, self.locked, stats)
-        trees, stats = self._all(drafters, tokens, features, cfg, temperature)
-        conf, ent = (list(col) for col in zip(*stats.tolist()))  # the route's one host read
+            only = [*range(self.routed_from), self.locked]
+            return (*self._draft(drafters, tokens, features, cfg, temperature, only), self.locked)
+        trees, stats = self._draft(drafters, tokens, features, cfg, temperature)
+        rows = stats.tolist()[self.routed_from:]  # the route's one host read
         if self.granularity == "step":
-            choice = self.score(conf, ent)
-            return Proposal(trees[choice], choice, stats)
-        self.seen.append((conf, ent))  # mean scores over the deciding steps so far
-        mean = lambda xs: [float(torch.tensor(col).nanmean()) for col in zip(*xs)]  # noqa: E731
-        choice = self.score(mean([c for c, _ in self.seen]), mean([e for _, e in self.seen]))
+            return trees, stats, self.routed_from + self.pick(rows)
+        self.seen.append(rows)
+        mean = torch.tensor(self.seen).nanmean(0).tolist()  # (candidates, 3) over the deciding steps so far
+        choice = self.routed_from + self.pick(mean)
         if len(self.seen) >= self.decide_steps:
             self.locked = choice
+        return trees, stats, choice
+
+    def propose(self, drafters, tokens, features, cfg, temperature):
+        trees, stats, choice = self._route(drafters, tokens, features, cfg, temperature)
         return Proposal(trees[choice], choice, stats)
 
 
 class Confidence(_Routed):
-    """Verify the tree with the higher mean node confidence."""
+    """Verify the tree with the higher mean confidence: path confidence V (``score="path"``, EAGLE-2's
+    path score) or node confidence c (``score="node"``, the study's text)."""
 
     name = "confidence"
 
-    def score(self, conf, ent):
-        return int(torch.tensor(conf).nan_to_num(-1.0).argmax())
+    def pick(self, rows):
+        return int(torch.tensor([r[STAT[self.route_score]] for r in rows]).nan_to_num(-1.0).argmax())
 
 
 class Entropy(_Routed):
-    """Verify the tree with the lower mean node draft entropy."""
+    """Verify the tree with the lower mean node draft entropy (``score`` does not apply)."""
 
     name = "entropy"
 
-    def score(self, conf, ent):
-        return int(torch.tensor(ent).nan_to_num(float("inf")).argmin())
+    def pick(self, rows):
+        return int(torch.tensor([r[STAT["entropy"]] for r in rows]).nan_to_num(float("inf")).argmin())
 
 
 class Merged(Strategy):
@@ -134,17 +178,79 @@ class Merged(Strategy):
     name, min_drafters = "merged", 2
 
     def propose(self, drafters, tokens, features, cfg, temperature):
-        trees, stats = self._all(drafters, tokens, features, cfg, temperature)
-        tree = merge_trees(trees, dedup=self.dedup)
-        return Proposal(rerank(tree, cfg.total_tokens - 1) if self.budget else tree, -1, stats)
+        trees, stats = self._draft(drafters, tokens, features, cfg, temperature)
+        return Proposal(self._merged(trees, cfg), -1, stats)
 
 
-STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Autoregressive, Single, Confidence, Entropy, Merged)}
+class Switching(Confidence):
+    """Acceptance-history switching between two specialists (the study's proposed next experiment).
+
+    Each turn starts as ``confidence`` routing (granularity, decide steps and score as set; a
+    prompt-level route carries over to later turns). After ``switch_after`` (k) consecutive verifier
+    steps that accept no draft token (``switch_rule``), it switches: ``switch_to="specialist"``
+    verifies the other specialist than the one verified at that step, and only that one drafts; the
+    count restarts, and k empty steps of that one switch back, and so on. ``switch_to="merged"``
+    verifies merged trees of both (``dedup``/``budget`` as set) for the rest of the turn. The rule
+    reads only past steps' outcomes, so each tree is fixed before its verification (lossless as any
+    draft-side routing). ``chosen`` is the drafter verified, -1 for merged trees.
+    """
+
+    name, min_drafters, max_drafters = "switching", 2, 2
+
+    def start_turn(self):
+        super().start_turn()
+        self.active, self.fails, self.last = None, 0, 0  # None = routed; a drafter index; or "merged"
+
+    def observe(self, accepted_depth):
+        if not hasattr(self, "active"):
+            self.start_turn()
+        self.fails, switch = switch_rule(self.fails, accepted_depth, self.switch_after)
+        if switch and self.active != "merged":
+            self.active = "merged" if self.switch_to == "merged" else 1 - self.last
+
+    def propose(self, drafters, tokens, features, cfg, temperature):
+        active = getattr(self, "active", None)
+        if active is None:
+            prop = super().propose(drafters, tokens, features, cfg, temperature)
+        elif active == "merged":
+            trees, stats = self._draft(drafters, tokens, features, cfg, temperature)
+            prop = Proposal(self._merged(trees, cfg), -1, stats)
+        else:
+            trees, stats = self._draft(drafters, tokens, features, cfg, temperature, [active])
+            prop = Proposal(trees[active], active, stats)
+        self.last = prop.chosen
+        return prop
+
+
+class DepthAdaptive(Confidence):
+    """Depth-adaptive composition: drafters (mixed, specialist a, specialist b). Levels 1..
+    ``switch_depth`` come from the mixed drafter's tree (coverage), deeper levels from the
+    specialist chosen by confidence routing between a and b (precision; granularity, decide steps
+    and score as set), grafted under the mixed nodes with the same token path, budget-matched to
+    one tree (``tree.graft_trees``, ``total_tokens`` - 1 nodes). ``chosen`` is that specialist.
+    Needs 1 <= switch_depth <= tree depth - 1."""
+
+    name, min_drafters, max_drafters = "depth_adaptive", 3, 3
+    routed_from = 1
+
+    def propose(self, drafters, tokens, features, cfg, temperature):
+        if not 1 <= self.switch_depth < cfg.depth:
+            raise ValueError(f"switch_depth must be in 1..{cfg.depth - 1} (tree depth - 1), "
+                             f"got {self.switch_depth}")
+        trees, stats, choice = self._route(drafters, tokens, features, cfg, temperature)
+        tree = graft_trees(trees[0], trees[choice], self.switch_depth, cfg.total_tokens - 1)
+        return Proposal(tree, choice, stats)
+
+
+STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Autoregressive, Single, Confidence, Entropy, Merged,
+                                                             Switching, DepthAdaptive)}
 
 
 def make_strategy(name: str, n_drafters: int, granularity: str = "step", dedup: bool = False,
-                  decide_steps: int = 1, budget: bool = False) -> Strategy:
-    """Build a strategy by name, checking the number of drafters it needs."""
+                  decide_steps: int = 1, budget: bool = False, score: str = "path", switch_after: int = 2,
+                  switch_to: str = "specialist", switch_depth: int = 2) -> Strategy:
+    """Build a strategy by name, checking the number of drafters it needs and every option (each
+    option is checked whatever the strategy; those a strategy does not use are ignored)."""
     if name not in STRATEGIES:
         raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}")
     cls = STRATEGIES[name]
@@ -152,4 +258,5 @@ def make_strategy(name: str, n_drafters: int, granularity: str = "step", dedup: 
         raise ValueError(f"strategy {name!r} needs at least {cls.min_drafters} drafter(s), got {n_drafters}")
     if cls.max_drafters is not None and n_drafters > cls.max_drafters:
         raise ValueError(f"strategy {name!r} takes at most {cls.max_drafters} drafter(s), got {n_drafters}")
-    return cls(granularity=granularity, dedup=dedup, decide_steps=decide_steps, budget=budget)
+    return cls(granularity=granularity, dedup=dedup, decide_steps=decide_steps, budget=budget, score=score,
+               switch_after=switch_after, switch_to=switch_to, switch_depth=switch_depth)

@@ -58,11 +58,21 @@ class DraftTree:
         """Per-node path confidence V = prod of draft confidences (EAGLE-2's score)."""
         return self.path_logp.exp()
 
+    @property
+    def node_confidence(self) -> torch.Tensor:
+        """Per-node conditional confidence c(v) = p(token | path prefix) = V(v) / V(parent(v)), the
+        study's routing score (V(root) = 1). In a trie-merged tree V is the best owner's, so c(v) is
+        the ratio of the two maxima there."""
+        parent = self.path_logp[self.parents.clamp(min=0)]  # (N,)
+        return (self.path_logp - torch.where(self.parents >= 0, parent, torch.zeros_like(parent))).exp()
+
     def mean_stats(self) -> torch.Tensor:
-        """(2,) [mean node confidence, mean node draft entropy] on the tree's device (NaN if empty)."""
+        """(3,) [mean path confidence V, mean draft entropy, mean node confidence c] on the tree's
+        device (NaN if empty): the columns of ``strategies.STAT``."""
         if not self.size:
-            return torch.full((2,), float("nan"), device=self.device)
-        return torch.stack([self.confidence.mean(), self.draft_entropy.mean()]).float()
+            return torch.full((3,), float("nan"), device=self.device)
+        means = [self.confidence.mean(), self.draft_entropy.mean(), self.node_confidence.mean()]
+        return torch.stack(means).float()
 
     def mean_confidence(self) -> float:
         return float(self.confidence.mean()) if self.size else float("nan")
@@ -130,14 +140,19 @@ def expand_frontier(scores: torch.Tensor, logp: torch.Tensor, top_k: int):
     return top.indices, child_scores, best
 
 
-def select_nodes(cand_scores: torch.Tensor, cand_parents: torch.Tensor, cand_depths: torch.Tensor, n: int):
+def select_nodes(cand_scores: torch.Tensor, cand_parents: torch.Tensor, cand_depths: torch.Tensor, n: int,
+                 tier: torch.Tensor | None = None):
     """Keep the best n candidates (ancestor-closed) and order them parents-first.
 
     Candidates are in creation order (a parent is created before its children) and a child's score
     is <= its parent's, so a stable descending sort keeps every selected node's parent selected.
-    Returns (keep (n',) candidate indices in output order, new parent indices (n',)).
+    ``tier`` (N,), if given, ranks first (lower tier first, then score); a child's tier must be >= its
+    parent's. Returns (keep (n',) candidate indices in output order, new parent indices (n',)).
     """
-    order = torch.sort(cand_scores, descending=True, stable=True).indices[:n]  # (n',)
+    order = torch.sort(cand_scores, descending=True, stable=True).indices  # (N,)
+    if tier is not None:
+        order = order[torch.sort(tier[order], stable=True).indices]  # (tier, -score) lexicographic
+    order = order[:n]  # (n',)
     # output order: by depth, then by score (siblings in descending score)
     keep = order[torch.sort(cand_depths[order], stable=True).indices]
     dev = cand_scores.device
@@ -221,3 +236,56 @@ def merge_trees(trees: list[DraftTree], dedup: bool = False) -> DraftTree:
         return DraftTree.empty(dev)
     packed = torch.tensor(rows, dtype=torch.float64).T.contiguous()  # (7, N')
     return DraftTree.unpack(packed.to(dev), bound)  # one host -> device copy
+
+
+def match_paths(tree: DraftTree, ref: DraftTree, max_depth: int) -> torch.Tensor:
+    """(N,) for each node of ``tree`` at depth <= max_depth: the index of the node of ``ref`` with
+    the same token path below the root, or -1. ``ref`` is a trie (one drafter's tree: distinct
+    sibling tokens). One (N, M) comparison per level, on the trees' device, no host sync."""
+    same = (tree.tokens[:, None] == ref.tokens[None, :]) & (tree.depths[:, None] == ref.depths[None, :])
+    same &= (tree.depths <= max_depth)[:, None]  # (N, M)
+    top = (tree.parents[:, None] < 0) & (ref.parents[None, :] < 0)  # (N, M) both children of the root
+    match = torch.full_like(tree.tokens, -1)  # (N,)
+    for _ in range(max_depth):  # after r rounds every node at depth <= r is matched
+        up = match[tree.parents.clamp(min=0)]  # (N,) the ref node of each node's parent
+        hit = same & (top | ((tree.parents >= 0) & (up >= 0))[:, None] & (up[:, None] == ref.parents[None, :]))
+        match = torch.where(hit.any(1), hit.to(torch.int8).argmax(1), torch.full_like(match, -1))
+    return match
+
+
+def graft_trees(shallow: DraftTree, deep: DraftTree, switch_depth: int, n: int) -> DraftTree:
+    """Depth-adaptive composition: levels 1..s (s = ``switch_depth``) from ``shallow`` (the mixed
+    drafter), levels below from ``deep`` (a specialist), budget ``n`` nodes.
+
+    A node of ``deep`` below depth s is grafted when the token path of its depth-s ancestor (its
+    anchor) is a node of ``shallow``; it hangs under that node, its score is the anchor's path score
+    in ``shallow`` plus ``deep``'s log-probability of the path from the anchor down (so a child never
+    outscores its parent), and its owner is ``deep``'s. Shallow nodes that ``deep`` also proposed
+    carry both owner bits. ``deep``'s own nodes at depth <= s and its subtrees under anchors that
+    ``shallow`` lacks are dropped. The result keeps the best ``min(n, shallow.size)`` nodes:
+    ``shallow``'s nodes at depth <= s and the grafted ones by score, then, only if they are fewer,
+    ``shallow``'s own deeper nodes (tier 1) fill the budget. Ancestor-closed, parents first, static
+    shapes: no host sync. Any such tree is lossless under the tree attention mask.
+    """
+    m, k, s = shallow.size, deep.size, switch_depth
+    if m == 0:
+        return shallow
+    match = match_paths(deep, shallow, s)  # (k,)
+    anc = ancestor_matrix(deep.parents)[1:, 1:] & (deep.depths == s)[None, :]  # (k, k) the depth-s ancestor
+    anchor = torch.where(anc.any(1), anc.to(torch.int8).argmax(1), torch.full_like(match, -1))  # (k,)
+    home = torch.where(anchor >= 0, match[anchor.clamp(min=0)], torch.full_like(match, -1))  # (k,) in shallow
+    grafted = (deep.depths > s) & (home >= 0)  # (k,)
+    score = deep.path_logp - deep.path_logp[anchor.clamp(min=0)] + shallow.path_logp[home.clamp(min=0)]  # (k,)
+    # candidates: shallow's nodes (0..m-1), then deep's (m..m+k-1); tier 0 = composed tree, 1 = filler, 2 = out
+    tier = torch.cat([(shallow.depths > s).long(), torch.where(grafted, 0, 2)])  # (m + k,)
+    par = torch.where(deep.depths == s + 1, home, deep.parents + m)  # (k,) parent among the candidates
+    extra = torch.zeros(m + 1, dtype=torch.long, device=shallow.device)  # deep's bits on the nodes it matched
+    extra.scatter_(0, torch.where(match >= 0, match, m), deep.owner_mask)
+    cat = lambda a, b: torch.cat([a, b])  # noqa: E731
+    keep, new_par = select_nodes(cat(shallow.path_logp, score), cat(shallow.parents, par),
+                                 cat(shallow.depths, deep.depths), min(n, m), tier)
+    pick = lambda a, b: cat(a, b)[keep]  # noqa: E731
+    return DraftTree(pick(shallow.tokens, deep.tokens), new_par, pick(shallow.depths, deep.depths),
+                     pick(shallow.path_logp, score), pick(shallow.draft_entropy, deep.draft_entropy),
+                     pick(shallow.owner, deep.owner), pick(shallow.owner_mask | extra[:m], deep.owner_mask),
+                     max(shallow.depth_bound, deep.depth_bound))

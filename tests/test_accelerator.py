@@ -138,10 +138,10 @@ CASES = [  # (strategy, drafters, granularity, dedup, budget)
 ]
 
 
-def _decode(model, tok, props, prompt, case, temperature, tree, step_costs=None, acc=None):
+def _decode(model, tok, props, prompt, case, temperature, tree, step_costs=None, acc=None, **fields):
     strategy, n, gran, dedup, budget = case
     cfg = DecodeConfig(strategy=strategy, temperature=temperature, max_new_tokens=MAX_NEW, routing_granularity=gran,
-                       merge_dedup=dedup, merge_budget=budget, tree=tree)
+                       merge_dedup=dedup, merge_budget=budget, tree=tree, **fields)
     dec = SpeculativeDecoder(model, props[:n], cfg, [tok.eos_token_id])
     if step_costs is not None:  # counts between one step's verify and the next: exactly one whole step
         dec.observer = lambda *_: step_costs.append(dict(acc.counts))
@@ -188,6 +188,38 @@ def test_every_strategy_runs_on_the_device_within_the_step_budget(verifier, rand
     worst = {k: max(s[k] for s in steps) for k in ("sync", "h2d")}
     assert worst["sync"] <= SYNC_BUDGET and worst["h2d"] <= COPY_BUDGET, (case, temperature, worst, acc.where)
     assert acc.counts["timer"] > 0  # step timers were read, each after the turn's closing sync
+
+
+NEXT = {  # the study's routers and its proposed next experiments: (case, DecodeConfig fields)
+    "confidence-node-prompt": (("confidence", 2, "prompt", False, False), {"route_score": "node"}),
+    "entropy-turn-3": (("entropy", 3, "turn", False, False), {}),
+    "switching-k1": (("switching", 2, "step", False, False), {"switch_after": 1}),
+    "switching-merged-dedup": (("switching", 2, "step", True, False), {"switch_after": 1, "switch_to": "merged"}),
+    "depth_adaptive": (("depth_adaptive", 3, "step", False, False), {"switch_depth": 1}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+@pytest.mark.parametrize("name", list(NEXT))
+def test_new_strategies_run_on_the_device_within_the_step_budget(verifier, random_drafter_dirs, mt_prompt, name,
+                                                                 temperature):
+    model, tok = verifier
+    case, fields = NEXT[name]
+    dirs = random_drafter_dirs + random_drafter_dirs[:1]  # three drafters
+    tree = TreeConfig(3, 3, 10)
+    with _plain_cpu(model):
+        want = _decode(model, tok, load_proposers(model, dirs, VERIFIER), mt_prompt, case, temperature, tree,
+                       **fields)
+    snaps: list[dict] = []
+    with FakeCuda() as acc:
+        acc.place(model)
+        props = load_proposers(model, dirs, VERIFIER)
+        got = _decode(model, tok, props, mt_prompt, case, temperature, tree, snaps, acc, **fields)
+    assert got == want, f"{name} T={temperature}: the device path changed the output"
+    steps = _per_step(snaps)
+    worst = {k: max(s[k] for s in steps) for k in ("sync", "h2d")}
+    assert worst["sync"] <= SYNC_BUDGET and worst["h2d"] <= COPY_BUDGET, (name, temperature, worst, acc.where)
 
 
 @pytest.mark.slow
