@@ -4,7 +4,7 @@ Every number below comes from stated assumptions (ASSUMPTIONS), not from a measu
 """
 from __future__ import annotations
 
-from .grid import corpora, eval_cells, merge_cells, plan_summary, train_cells
+from .grid import cell_prompts, corpora, eval_cells, merge_cells, plan_summary, train_cells
 from .profile import Profile
 
 # Per-verifier constants: parameters, hidden size, vocabulary.
@@ -51,7 +51,7 @@ def estimate(p: Profile) -> dict:
     eval_h = 0.0
     for cell in eval_cells(p):
         total, turns = prompts[cell.benchmark]
-        k = p.eval.benchmarks[cell.benchmark] or total
+        k = cell_prompts(p, cell) or total
         gen = min(a["generated_tokens_per_turn"], p.eval.max_new_tokens) * turns * k
         tau = 1.0 if cell.strategy == "autoregressive" else a["assumed_tau"]
         eval_h += gen / tau * a["verify_step_seconds"] / 3600

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .profile import Profile
 
@@ -36,6 +36,12 @@ class MergeCell:
         return f"{self.backbone}-avg{self.lam:g}" if self.kind == "linear" else f"{self.backbone}-{self.kind}"
 
 
+# EvalCell fields whose default leaves a cell's key as it was before the field existed
+KEY_DEFAULTS = {"tree": "fixed", "route_score": "path", "switch_after": 2, "switch_to": "specialist",
+                "switch_depth": 2, "decide_steps": None, "prompts": None}
+DECODE_KEYS = ("route_score", "switch_after", "switch_to", "switch_depth")  # DecodeConfig fields of the same name
+
+
 @dataclass(frozen=True)
 class EvalCell:
     backbone: str  # "none" for the autoregressive baseline
@@ -48,22 +54,51 @@ class EvalCell:
     total_tokens: int
     drafters: tuple = field(default_factory=tuple)  # checkpoint names (train/merge cell names)
     budget_matched: bool = False
-    tree: str = "fixed"  # fixed: the profile's tree; auto: fitted to the machine and drafters (decoding/autotree.py)
+    tree: str = "fixed"  # fixed: the profile's tree; auto: fitted to machine and drafters (decoding/autotree.py)
+    route_score: str = "path"  # confidence routing: path (mean V, EAGLE-2) | node (mean c(v), the study's text)
+    switch_after: int = 2  # switching: k consecutive steps with nothing accepted
+    switch_to: str = "specialist"  # switching: the other specialist | merged trees
+    switch_depth: int = 2  # depth_adaptive: levels <= this from the mixed drafter
+    decide_steps: int | None = None  # turn/prompt routing: None = eval.routing_decide_steps
+    prompts: int | None = None  # prompts per benchmark; None = eval.benchmarks' count
 
     @property
     def key(self) -> str:
         d = asdict(self)
-        if d["tree"] == "fixed":  # keys of fixed-tree cells are what they were before tree auto existed
-            del d["tree"]
+        for k, default in KEY_DEFAULTS.items():  # keys of cells at the defaults are what they were before
+            if d[k] == default:
+                del d[k]
         return key_of(d)
 
     @property
     def label(self) -> str:
-        g = f"/{self.routing_granularity}" if self.strategy in ("confidence", "entropy") else ""
+        g = f"/{self.routing_granularity}" if self.strategy in ROUTED_STRATEGIES else ""
+        g += "/node" if self.route_score == "node" and self.strategy in ROUTED_STRATEGIES else ""
+        g += f"/k={self.switch_after}" + ("->merged" if self.switch_to == "merged" else "") \
+            if self.strategy == "switching" else ""
+        g += f"/d={self.switch_depth}" if self.strategy == "depth_adaptive" else ""
         d = "/dedup" if self.merge_dedup else ""
         b = f"@{self.total_tokens}" if self.budget_matched else ""
         a = "[auto]" if self.tree == "auto" else ""
-        return f"{self.backbone}:{self.strategy}{g}{d}:{self.drafter}{b}{a}|{self.benchmark}|T={self.temperature:g}"
+        n = f"[n={self.prompts}]" if self.prompts is not None else ""
+        what = f"{self.backbone}:{self.strategy}{g}{d}:{self.drafter}{b}{a}{n}"
+        return f"{what}|{self.benchmark}|T={self.temperature:g}"
+
+
+ROUTED_STRATEGIES = ("confidence", "entropy", "switching", "depth_adaptive")
+
+
+def decode_options(cell: dict) -> dict:
+    """The DecodeConfig fields a cell (``asdict`` of an EvalCell) sets away from their defaults."""
+    out = {k: cell[k] for k in DECODE_KEYS if k in cell and cell[k] != KEY_DEFAULTS[k]}
+    if cell.get("decide_steps") is not None:
+        out["routing_decide_steps"] = cell["decide_steps"]
+    return out
+
+
+def decode_columns(cell: dict) -> dict:
+    """The cell's decoding options as trace columns (every one, defaults included)."""
+    return {k: cell.get(k, KEY_DEFAULTS[k]) for k in DECODE_KEYS}
 
 
 def train_cells(p: Profile) -> list[TrainCell]:
@@ -84,45 +119,98 @@ def merge_cells(p: Profile) -> list[MergeCell]:
 
 def eval_cells(p: Profile) -> list[EvalCell]:
     e = p.eval
-    tt = e.tree.total_tokens
     cells = []
     for bench in e.benchmarks:
         for temp in e.temperatures:
-            temp = float(temp)
-            mk = lambda **kw: EvalCell(benchmark=bench, temperature=temp, **{"routing_granularity": "step", "merge_dedup": False, "total_tokens": tt, **kw})  # noqa: E731
+            base = dict(benchmark=bench, temperature=float(temp), routing_granularity="step", merge_dedup=False,
+                        total_tokens=e.tree.total_tokens)
+            mk = lambda **kw: EvalCell(**(base | kw))  # noqa: E731
             if "autoregressive" in e.strategies:
                 cells.append(mk(backbone="none", drafter="-", strategy="autoregressive", total_tokens=1))
             for b in p.train.backbones:
-                pair = tuple(f"{b}-{v}" for v in e.route_pair if v in p.train.variants)
-                pair_name = "+".join(v for v in e.route_pair if v in p.train.variants)
-                if "single" in e.strategies:
-                    for v in p.train.variants:
-                        cells.append(mk(backbone=b, drafter=v, strategy="single", drafters=(f"{b}-{v}",)))
-                    for m in merge_cells(p):
-                        if m.backbone == b:
-                            cells.append(mk(backbone=b, drafter=m.name.split("-", 1)[1], strategy="single", drafters=(m.name,)))
-                    if e.budget_matched and "merged" in e.strategies:
-                        budget = len(pair) * (tt - 1) + 1  # a merged tree verifies every drafter's nodes
-                        for d in pair:
-                            cells.append(mk(backbone=b, drafter=d.split("-", 1)[1], strategy="single", drafters=(d,),
-                                            total_tokens=budget, budget_matched=True))
-                for s in ("confidence", "entropy"):
-                    if s in e.strategies:
-                        for g in e.routing_granularities:
-                            cells.append(mk(backbone=b, drafter=pair_name, strategy=s, routing_granularity=g, drafters=pair))
-                if "merged" in e.strategies:
-                    for dd in e.merge_dedup:
-                        cells.append(mk(backbone=b, drafter=pair_name, strategy="merged", merge_dedup=bool(dd), drafters=pair))
-                        if e.budget_matched:  # the union reranked to one tree's budget, beside the concatenation
-                            cells.append(mk(backbone=b, drafter=pair_name, strategy="merged", merge_dedup=bool(dd),
-                                            drafters=pair, budget_matched=True))
-                for s in e.tree_auto:  # the same compositions with the tree fitted to this machine
-                    if s == "single":
-                        for d in pair:
-                            cells.append(mk(backbone=b, drafter=d.split("-", 1)[1], strategy="single", drafters=(d,), tree="auto"))
-                    else:
-                        cells.append(mk(backbone=b, drafter=pair_name, strategy=s, drafters=pair, tree="auto"))
-    return cells
+                cells += _backbone_cells(p, b, mk)
+    return [_rq1_sized(p, c) for c in cells]
+
+
+def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
+    """One backbone's cells for one benchmark and temperature (``mk`` fills those in)."""
+    e, tt, out = p.eval, p.eval.tree.total_tokens, []
+    names = [v for v in e.route_pair if v in p.train.variants]
+    pair, pair_name = tuple(f"{b}-{v}" for v in names), "+".join(names)
+    if "single" in e.strategies:
+        for v in p.train.variants:
+            out.append(mk(backbone=b, drafter=v, strategy="single", drafters=(f"{b}-{v}",)))
+        for m in merge_cells(p):
+            if m.backbone == b:
+                out.append(mk(backbone=b, drafter=m.name.split("-", 1)[1], strategy="single", drafters=(m.name,)))
+        if e.budget_matched and "merged" in e.strategies:
+            budget = len(pair) * (tt - 1) + 1  # a merged tree verifies every drafter's nodes
+            for d in pair:
+                out.append(mk(backbone=b, drafter=d.split("-", 1)[1], strategy="single", drafters=(d,),
+                              total_tokens=budget, budget_matched=True))
+    for s in ("confidence", "entropy"):
+        if s in e.strategies:
+            for g in e.routing_granularities:
+                out.append(mk(backbone=b, drafter=pair_name, strategy=s, routing_granularity=g, drafters=pair))
+    merged = lambda **kw: mk(backbone=b, drafter=pair_name, strategy="merged", drafters=pair, **kw)  # noqa: E731
+    if "merged" in e.strategies:
+        for dd in e.merge_dedup:
+            out.append(merged(merge_dedup=bool(dd)))
+            if e.budget_matched:  # the union reranked to one tree's budget, beside the concatenation
+                out.append(merged(merge_dedup=bool(dd), budget_matched=True))
+    for s in e.tree_auto:  # the same compositions with the tree fitted to this machine
+        if s == "single":
+            out += [mk(backbone=b, drafter=d.split("-", 1)[1], strategy="single", drafters=(d,), tree="auto")
+                    for d in pair]
+        else:
+            out.append(mk(backbone=b, drafter=pair_name, strategy=s, drafters=pair, tree="auto"))
+    # the study's routers (posthoc_confidence has no cell: the report computes it from the single cells)
+    if "entropy_heads" in e.routers:  # its code: lowest draft entropy over four heads, per prompt turn
+        out.append(mk(backbone=b, drafter="+".join(e.heads), strategy="entropy", routing_granularity="turn",
+                      decide_steps=1, drafters=tuple(f"{b}-{h}" for h in e.heads)))
+    # its text's router: once per prompt on mean node confidence; switching and depth_adaptive start from it
+    per_prompt = dict(routing_granularity="prompt", route_score="node", decide_steps=1)
+    if "prompt_confidence" in e.routers:
+        out.append(mk(backbone=b, drafter=pair_name, strategy="confidence", drafters=pair, **per_prompt))
+    if "switching" in e.strategies:
+        for k in e.switch_after:
+            for to in e.switch_to:
+                out.append(mk(backbone=b, drafter=pair_name, strategy="switching", drafters=pair, switch_after=k,
+                              switch_to=to, **per_prompt))
+    if "depth_adaptive" in e.strategies:  # (mixed, specialist a, specialist b), one tree's budget
+        out.append(mk(backbone=b, drafter=f"{e.mixed_variant}+{pair_name}", strategy="depth_adaptive",
+                      drafters=(f"{b}-{e.mixed_variant}", *pair), switch_depth=e.switch_depth, **per_prompt))
+        if not (e.budget_matched and "merged" in e.strategies):  # its budget-matched rival, merged@total_tokens
+            out.append(merged(budget_matched=True))
+    return out
+
+
+def rq1_backbone(p: Profile) -> str:
+    return p.eval.rq1_backbone or p.train.backbones[0]
+
+
+def _rq1_sized(p: Profile, c: EvalCell) -> EvalCell:
+    """RQ1's cells (single math / chat, fixed tree, T=0, eval.rq1_backbone) get eval.rq1_prompts prompts."""
+    e = p.eval
+    if e.rq1_prompts is None or c.strategy != "single" or c.drafter not in ("math", "chat") or c.budget_matched \
+            or c.tree != "fixed" or c.temperature != 0.0 or c.backbone != rq1_backbone(p):
+        return c
+    return replace(c, prompts=e.rq1_prompts)
+
+
+def cell_prompts(p: Profile, cell: EvalCell) -> int | None:
+    """Prompts a cell reads per benchmark (None = all of them)."""
+    return cell.prompts if cell.prompts is not None else p.eval.benchmarks[cell.benchmark]
+
+
+def pool_sizes(p: Profile) -> dict:
+    """Per benchmark, the most prompts any cell reads (None = all): the driver draws this pool with
+    eval.seed, then each cell with fewer draws its own from the pool (so its prompts are a subset)."""
+    out = dict(p.eval.benchmarks)
+    for c in eval_cells(p):
+        n, have = cell_prompts(p, c), out[c.benchmark]
+        out[c.benchmark] = None if n is None or have is None else max(n, have)
+    return out
 
 
 BENCHMARK_SIZES = {"mt_bench": 80, "gsm8k": 1319, "math500": 500, "svamp": 1000}  # prompts each (local copies)
@@ -136,7 +224,7 @@ def corpora(p: Profile) -> list[str]:
 
 def plan_summary(p: Profile) -> dict:
     t, m, ev = train_cells(p), merge_cells(p), eval_cells(p)
-    per_bench = {b: (n or BENCHMARK_SIZES[b]) for b, n in p.eval.benchmarks.items()}  # null = every prompt
-    n_prompt_runs = sum(per_bench[c.benchmark] for c in ev)
+    per_bench = {b: (n or BENCHMARK_SIZES[b]) for b, n in pool_sizes(p).items()}  # null = every prompt
+    n_prompt_runs = sum(cell_prompts(p, c) or BENCHMARK_SIZES[c.benchmark] for c in ev)
     return {"features": corpora(p), "train": [c.name for c in t], "merge": [c.name for c in m],
             "eval_cells": len(ev), "eval_prompt_runs": n_prompt_runs, "prompts_total": sum(per_bench.values())}

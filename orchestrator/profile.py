@@ -19,7 +19,13 @@ from pathlib import Path
 import yaml
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "experiments" / "profiles"
-STRATEGIES = ("autoregressive", "single", "confidence", "entropy", "merged")
+STRATEGIES = ("autoregressive", "single", "confidence", "entropy", "merged", "switching", "depth_adaptive")
+STUDY_STRATEGIES = STRATEGIES[:5]  # the study's own; switching and depth_adaptive are its proposed next steps
+# the study's routers by name: posthoc_confidence (its code's run_confidence_router_tau.py, computed by the
+# report from the single-drafter traces), entropy_heads (its gen_routing_eval.py: lowest draft entropy over
+# eval.heads, per prompt turn), prompt_confidence (its text: once per prompt, mean node confidence c(v))
+ROUTERS = ("posthoc_confidence", "entropy_heads", "prompt_confidence")
+SWITCH_TO = ("specialist", "merged")
 BENCHMARKS = ("mt_bench", "gsm8k", "math500", "svamp")
 VARIANTS = ("math", "chat", "mixed_half", "mixed_full")
 BACKBONES = ("eagle2", "hass")
@@ -188,6 +194,10 @@ class TrainCfg:
     topk_from: float = 0.5
     loss_mask: str = "next"  # next (decode-time positions) | reference (EAGLE/HASS loaders, one earlier)
     bucket: bool = True
+    # a resumable checkpoint every N optimizer steps (weights, optimizer, RNG, data position), so a
+    # failure loses at most N steps; null = at epoch ends only. Neither key changes the result.
+    checkpoint_every: int | None = None
+    keep_checkpoints: int = 2  # epochs kept per drafter (locally, at the URI and in Ray Train's record)
 
     RULES = {"backbones": subset(BACKBONES), "variants": subset(VARIANTS), "epochs": integer(1),
              "lr": number(0, lo_open=True), "batch_size": integer(1), "grad_accum": integer(1),
@@ -197,7 +207,8 @@ class TrainCfg:
              "max_seconds": optional(number(0, lo_open=True)), "init_seed": integer(0),
              "draft_vocab": optional(integer(16)), "lr_schedule": one_of("linear", "constant"),
              "grad_clip_mode": one_of("value", "norm"), "topk_from": number(0, 1),
-             "loss_mask": one_of("next", "reference"), "bucket": BOOL}
+             "loss_mask": one_of("next", "reference"), "bucket": BOOL,
+             "checkpoint_every": optional(integer(1)), "keep_checkpoints": integer(1)}
 
 
 @dataclass(frozen=True)
@@ -232,7 +243,7 @@ class TreeCfg:
 class EvalCfg:
     benchmarks: dict = field(default_factory=lambda: {b: 2 for b in BENCHMARKS})  # name -> prompts (null = all)
     temperatures: list = field(default_factory=lambda: [0.0, 1.0])
-    strategies: list = field(default_factory=lambda: list(STRATEGIES))
+    strategies: list = field(default_factory=lambda: list(STUDY_STRATEGIES))
     routing_granularities: list = field(default_factory=lambda: ["step"])
     routing_decide_steps: int = 1  # turn/prompt routing: verifier calls whose mean scores decide (the study: 1)
     route_pair: list = field(default_factory=lambda: ["math", "chat"])  # the specialists composed
@@ -247,6 +258,16 @@ class EvalCfg:
     paired_baseline: bool = False
     seed: int = 42
     shard_size: int = 4
+    routers: list = field(default_factory=list)  # the study's routers (ROUTERS) beside the project's own
+    heads: list = field(default_factory=lambda: ["math", "chat", "mixed_full", "avg0.5"])  # entropy_heads' drafters
+    mixed_variant: str = "mixed_full"  # the mixed checkpoint: post hoc near-ties, depth_adaptive's shallow levels
+    switch_after: list = field(default_factory=lambda: [2])  # switching: one cell per k (steps with nothing accepted)
+    switch_to: list = field(default_factory=lambda: ["specialist"])  # switching: to the other specialist / merged
+    switch_depth: int = 2  # depth_adaptive: tree levels <= this come from the mixed drafter
+    # RQ1's cells (single math and chat drafters, fixed tree, T=0, one backbone) read this many prompts per
+    # benchmark instead of eval.benchmarks' count (a superset of the other cells' prompts); null = off
+    rq1_prompts: int | None = None
+    rq1_backbone: str | None = None  # null: the first of train.backbones
 
     RULES = {"benchmarks": mapping("benchmark: prompts (null = all)"), "temperatures": numbers(0),
              "strategies": subset(STRATEGIES),
@@ -254,7 +275,17 @@ class EvalCfg:
              "route_pair": subset(VARIANTS, 2), "merge_dedup": booleans(), "budget_matched": BOOL,
              "max_new_tokens": integer(1),
              "tree_auto": subset(("single", "confidence", "entropy", "merged"), 0),
-             "paired_baseline": BOOL, "seed": integer(0), "shard_size": integer(1)}
+             "paired_baseline": BOOL, "seed": integer(0), "shard_size": integer(1),
+             "routers": subset(ROUTERS, 0),
+             "heads": Rule("a list of >= 3 distinct drafter names (trained variants or avg0.5)",
+                           lambda v: isinstance(v, list) and len(v) >= 3 and all(isinstance(x, str) for x in v)
+                           and len(set(v)) == len(v)),
+             "mixed_variant": one_of("mixed_half", "mixed_full"),
+             "switch_after": Rule("a non-empty list of distinct integers in [1, 5]",
+                                  lambda v: isinstance(v, list) and bool(v) and len(set(v)) == len(v)
+                                  and all(_is_int(x) and 1 <= x <= 5 for x in v)),
+             "switch_to": subset(SWITCH_TO), "switch_depth": integer(1),
+             "rq1_prompts": optional(integer(1)), "rq1_backbone": one_of(None, *BACKBONES)}
 
     def validate(self):
         _need(bool(self.benchmarks), f"eval.benchmarks must not be empty; choose from {list(BENCHMARKS)}",
@@ -267,12 +298,53 @@ class EvalCfg:
                   f"eval.benchmarks.{b}")
 
 
+def eval_checks(p: "Profile") -> None:
+    """What the eval keys need from the rest of the profile (one ProfileError line each)."""
+    e, t = p.eval, p.train
+    pair = [v for v in e.route_pair if v in t.variants]
+    composing = sorted({"confidence", "entropy", "merged", "switching", "depth_adaptive"} & set(e.strategies))
+    routers = sorted({"prompt_confidence", "posthoc_confidence"} & set(e.routers))
+    users = f"strategies {composing}" + (f" and routers {routers}" if routers else "") if composing \
+        else f"routers {routers}"
+    _need(not (composing or routers) or len(pair) >= 2, f"{users} need two drafters, but eval.route_pair "
+          f"{e.route_pair} names only {len(pair)} trained variant(s) of train.variants {t.variants}",
+          "eval.route_pair")
+    if "entropy_heads" in e.routers:
+        ok = list(t.variants) + (["avg0.5"] if "linear" in p.merge.kinds else [])
+        bad = [h for h in e.heads if h not in ok]
+        _need(not bad, f"eval.heads {bad} are not drafters of this profile: each must be one of {ok} "
+              "(avg0.5 needs merge kind 'linear')", "eval.heads")
+    mixed_users = (["depth_adaptive"] if "depth_adaptive" in e.strategies else []) + \
+        (["posthoc_confidence"] if "posthoc_confidence" in e.routers else [])
+    _need(not mixed_users or e.mixed_variant in t.variants, f"{mixed_users} use eval.mixed_variant "
+          f"{e.mixed_variant!r}, which train.variants {t.variants} does not train", "eval.mixed_variant")
+    if "depth_adaptive" in e.strategies:
+        _need(e.switch_depth < e.tree.depth, f"eval.switch_depth must be < eval.tree.depth ({e.tree.depth}) so "
+              f"the specialist drafts the deeper levels, got {e.switch_depth}", "eval.switch_depth")
+    if "posthoc_confidence" in e.routers:
+        _need("single" in e.strategies, "eval.routers posthoc_confidence reads the single-drafter traces: "
+              "eval.strategies must include single", "eval.routers")
+    if e.rq1_prompts is not None:
+        _need("single" in e.strategies and {"math", "chat"} <= set(t.variants) and 0.0 in e.temperatures,
+              "eval.rq1_prompts sizes the single math and chat cells at T=0: it needs strategy single, "
+              "train.variants math and chat, and 0 in eval.temperatures", "eval.rq1_prompts")
+        _need(e.rq1_backbone is None or e.rq1_backbone in t.backbones, f"eval.rq1_backbone {e.rq1_backbone!r} "
+              f"is not in train.backbones {t.backbones}", "eval.rq1_backbone")
+
+
 @dataclass(frozen=True)
 class StageResources:
     num_cpus: float = 1
     num_gpus: float = 0
 
     RULES = {"num_cpus": RESOURCE, "num_gpus": RESOURCE}
+
+
+@dataclass(frozen=True)
+class EvalResources(StageResources):
+    drafter_cache_gb: float = 4.0  # drafters each eval actor keeps loaded (least recently used go first)
+
+    RULES = {**StageResources.RULES, "drafter_cache_gb": number(0, lo_open=True)}
 
 
 @dataclass(frozen=True)
@@ -290,7 +362,7 @@ class TrainResources:
 class Resources:
     features: StageResources = field(default_factory=StageResources)
     train: TrainResources = field(default_factory=TrainResources)
-    eval: StageResources = field(default_factory=StageResources)
+    eval: EvalResources = field(default_factory=EvalResources)
     eval_actors: int = 2
 
     RULES = {"eval_actors": integer(1)}
@@ -307,6 +379,16 @@ class TrackingCfg:
 
 
 @dataclass(frozen=True)
+class ClusterCfg:
+    # the output directory is the same mount on every node (NFS, Lustre...): a local --output-dir
+    # is refused on a multi-node cluster without it (use a URI, or declare the mount here)
+    shared_mount: bool = False
+    lease_s: int = 120  # a driver's lease on its output lasts this long unless renewed (every lease_s / 4)
+
+    RULES = {"shared_mount": BOOL, "lease_s": integer(10)}
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     verifier: str = "smollm2-135m-instruct"
@@ -316,9 +398,10 @@ class Profile:
     merge: MergeCfg = field(default_factory=MergeCfg)
     eval: EvalCfg = field(default_factory=EvalCfg)
     resources: Resources = field(default_factory=Resources)
-    retries: int = 2
+    retries: int = 2  # per unit: features tasks, eval shards, Ray Train's FailureConfig(max_failures)
     verifier_dtype: str | None = None
     tracking: TrackingCfg = field(default_factory=TrackingCfg)
+    cluster: ClusterCfg = field(default_factory=ClusterCfg)
 
     RULES = {"name": Rule("a non-empty string without '/' (it names runs/<name>)",
                           lambda v: isinstance(v, str) and v.strip(" .") != "" and not {"/", "\\"} & set(v)),
@@ -331,12 +414,7 @@ class Profile:
         self.data.validate()
         self.merge.validate()
         self.eval.validate()
-        composing = {"confidence", "entropy", "merged"} & set(self.eval.strategies)
-        pair = [v for v in self.eval.route_pair if v in self.train.variants]
-        _need(not composing or len(pair) >= 2,
-              f"strategies {sorted(composing)} need two drafters, but eval.route_pair {self.eval.route_pair} "
-              f"names only {len(pair)} trained variant(s) of train.variants {self.train.variants}",
-              "eval.route_pair")
+        eval_checks(self)
         if "linear" in self.merge.kinds:
             _need({"math", "chat"} <= set(self.train.variants),
                   "merge kind 'linear' averages the math and chat drafters: train.variants must include both",

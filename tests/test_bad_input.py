@@ -103,7 +103,7 @@ SETS = [
      f" with --set train.epochz=3: unknown key 'train.epochz' (did you mean 'train.epochs'?); "
      f"allowed in train: {TRAIN_KEYS}"),
     ("two drafters needed", ["train.variants=[math]", "merge.kinds=[]"],
-     ": strategies ['confidence', 'merged'] need two drafters, but eval.route_pair ['math', 'chat'] names only "
+     ": strategies ['confidence', 'merged', 'switching'] need two drafters, but eval.route_pair ['math', 'chat'] names only "
      "1 trained variant(s) of train.variants ['math']"),
 ]
 

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from orchestrator.report import claims_study as cs
-from orchestrator.report.claims import add_holm, check_claims
+from orchestrator.report.claims import ROUTED, SPEED_ROUTED, add_holm, check_claims
 from orchestrator.report.stats import holm, mean_diff_ci
 
 N = 12
@@ -103,12 +103,12 @@ def test_fig6_no_lambda_recovers_specialist_level(lam_taus, expected):
 
 @pytest.mark.parametrize("merged,expected", [(3.5, "holds"), (1.5, "does not hold"), (2.6, "inconclusive")])
 def test_merged_trees_best_overall(merged, expected):
-    cells = dict(SPEC) | {("confidence(step)", b): (2.6, 1) for b in ("gsm8k", "mt_bench")}
+    cells = dict(SPEC) | {(ROUTED, b): (2.6, 1) for b in ("gsm8k", "mt_bench")}
     cells |= {("merged", b): (merged, 5) for b in ("gsm8k", "mt_bench")}
     cells |= {("merged@16", b): 9.0 for b in ("gsm8k", "mt_bench")}  # a merged variant is not a rival
     cl = check_claims(_pp(cells), None, None)
     r = _rows(cl, "merged-best").row(0, named=True)
-    assert r["verdict"] == expected and "(confidence(step))" in r["comparison"]
+    assert r["verdict"] == expected and f"({ROUTED})" in r["comparison"]
 
 
 @pytest.mark.parametrize("second,expected", [((1.0, 2.0, 3.0, 4.0), "holds"),
@@ -182,17 +182,19 @@ def test_entropy_claim_counts_only_prompts_with_a_difference_and_resamples_promp
 
 
 @pytest.mark.parametrize("wall,inv,expected", [
-    ({"confidence(step)": 1.0, "merged": 2.0}, None, "holds"),
-    ({"confidence(step)": 2.0, "merged": 1.0}, None, "does not hold"),
-    ({"confidence(step)": 1.0, "merged": 1.0}, None, "inconclusive"),
-    ({"confidence(step)": 1.0, "merged": 2.0}, {"merged": "B"},
+    ({SPEED_ROUTED: 1.0, "merged": 2.0}, None, "holds"),
+    ({SPEED_ROUTED: 2.0, "merged": 1.0}, None, "does not hold"),
+    ({SPEED_ROUTED: 1.0, "merged": 1.0}, None, "inconclusive"),
+    ({SPEED_ROUTED: 1.0, "merged": 2.0}, {"merged": "B"},
      "inconclusive (timed in different grid invocations)")])
 def test_routing_costs_less_speed_than_merged_trees(wall, inv, expected):
-    cells = {("confidence(step)", b): (2.5, 1) for b in ("gsm8k", "mt_bench")}
+    """Timed on the study's text's deployable router (the post hoc one decodes both generations)."""
+    cells = {(SPEED_ROUTED, b): (2.5, 1) for b in ("gsm8k", "mt_bench")}
     cells |= {("merged", b): (2.5, 7) for b in ("gsm8k", "mt_bench")}
     cl = check_claims(_pp(cells, wall=wall, invocation=inv), None, None)
     r = _rows(cl, "speed").row(0, named=True)
     assert r["verdict"] == expected and "Section 7" in r["study"] and r["study_consistent"] is True
+    assert r["comparison"].startswith(f"{SPEED_ROUTED} - merged") and ROUTED in r["study_note"]
     no_clock = _pp(cells).with_columns(pl.lit(None, dtype=pl.Float64).alias("wall_time_s"))
     assert "not in this run" in _rows(check_claims(no_clock, None, None), "speed")["verdict"][0]
 
@@ -227,7 +229,7 @@ def test_each_row_carries_the_study_numbers_of_its_own_cell():
 def test_the_study_contradicts_some_of_its_own_wordings():
     """RQ3b: HASS T=0 Mixed 70k+70k averages 5.18 > confidence routing 4.80; EAGLE-2 T=0 agrees.
     Merged trees best: 5.11 < 5.18 on HASS. Same ordering: the averages order differently."""
-    h, e = cs.rq3b("hass", 0.0, "confidence(step)"), cs.rq3b("eagle2", 0.0, "confidence(step)")
+    h, e = cs.rq3b("hass", 0.0, ROUTED), cs.rq3b("eagle2", 0.0, ROUTED)
     assert h["study_consistent"] is False and "5.18" in h["study"] and "contradict" in h["study_note"]
     assert e["study_consistent"] is True
     assert cs.merged_best("hass", 0.0)["study_consistent"] is False
@@ -239,7 +241,7 @@ def test_the_study_contradicts_some_of_its_own_wordings():
     # the old RQ2 wording (mixed beats each specialist on average) fails on the study's EAGLE-2 T=0 numbers
     assert cs.tau_of("eagle2", 0.0, "math", "average")[0] > cs.tau_of("eagle2", 0.0, "mixed_half", "average")[0]
     # and the report says so beside the verdict
-    cells = {(m, b): 2.0 + 0.1 * k for k, m in enumerate(("math", "chat", "confidence(step)"))
+    cells = {(m, b): 2.0 + 0.1 * k for k, m in enumerate(("math", "chat", ROUTED))
              for b in ("gsm8k", "mt_bench")}
     r = _rows(check_claims(_pp(cells), None, None), "RQ3b").row(0, named=True)
     assert r["study_consistent"] is False and "5.18" in r["study"]

@@ -85,7 +85,106 @@ def test_paper_dry_run_counts_match_an_independent_count():
     s = plan_summary(p)
     assert s["eval_prompt_runs"] == expected and s["prompts_total"] == sum(full.values())
     assert {c.benchmark for c in cells} == set(full)
-    one = ["merge.kinds=[ties]", "eval.strategies=[autoregressive,single]"]
+    one = ["merge.kinds=[ties]", "eval.strategies=[autoregressive,single]", "eval.routers=[]"]
     assert corpora(load_profile("paper", ["train.variants=[math]", *one])) == ["mathinstruct"]
     assert plan_summary(load_profile("paper", ["train.variants=[chat]", *one]))["features"] == ["sharegpt"]
     assert estimate(load_profile("smoke", ["verifier=Qwen/Qwen2.5-0.5B-Instruct"])) == {"unknown_verifier": True}
+
+
+@pytest.mark.parametrize("sets,match", [
+    (["eval.routers=[oracle]"], r"eval.routers must be a list of distinct values from \[posthoc_confidence"),
+    (["eval.switch_after=[0, 2]"], r"eval.switch_after must be a non-empty list of distinct integers in \[1, 5\]"),
+    (["eval.switch_after=[6]"], "eval.switch_after must be"),
+    (["eval.switch_to=[other]"], "eval.switch_to must be a non-empty list of distinct values from"),
+    (["eval.switch_depth=0"], "eval.switch_depth must be an integer >= 1"),
+    (["eval.mixed_variant=math"], "eval.mixed_variant must be mixed_half or mixed_full"),
+    (["eval.heads=[math, chat]"], "eval.heads must be a list of >= 3 distinct drafter names"),
+    (["eval.routers=[entropy_heads]", "eval.heads=[math, chat, bogus]"], r"eval.heads \['bogus'\] are not drafters"),
+    (["eval.strategies=[single, depth_adaptive]", "eval.mixed_variant=mixed_full"],
+     "use eval.mixed_variant 'mixed_full', which train.variants"),
+    (["eval.strategies=[single, depth_adaptive]", "train.variants=[math, chat, mixed_full]", "eval.switch_depth=3"],
+     r"eval.switch_depth must be < eval.tree.depth \(3\)"),
+    (["eval.routers=[posthoc_confidence]", "train.variants=[math, chat, mixed_full]", "eval.strategies=[merged]"],
+     "posthoc_confidence reads the single-drafter traces"),
+    (["eval.rq1_prompts=10", "eval.temperatures=[1.0]"], "eval.rq1_prompts sizes the single math and chat cells"),
+    (["eval.rq1_prompts=10", "eval.rq1_backbone=hass"], r"eval.rq1_backbone 'hass' is not in train.backbones"),
+    (["eval.strategies=[switching]", "train.variants=[math]", "merge.kinds=[]"], r"\['switching'\] need two drafters"),
+])
+def test_bad_eval_keys_of_the_new_routers_and_strategies_are_refused_in_one_line(sets, match):
+    with pytest.raises(ProfileError, match=match) as e:
+        load_profile("smoke", sets)
+    assert "\n" not in str(e.value)
+
+
+def test_the_studys_routers_and_the_new_strategies_as_cells():
+    """paper: the study's routers by name, switching for each k (and to merged), depth_adaptive with
+    (mixed, math, chat); cells at the defaults keep the keys they had before the new fields."""
+    import dataclasses
+
+    from orchestrator.grid import KEY_DEFAULTS, key_of
+
+    p = load_profile("paper")
+    cells = [c for c in eval_cells(p) if c.backbone == "hass" and c.benchmark == "gsm8k" and c.temperature == 0.0]
+    heads = [c for c in cells if c.strategy == "entropy" and c.routing_granularity == "turn"]
+    assert [(c.drafters, c.decide_steps) for c in heads] == [
+        (("hass-math", "hass-chat", "hass-mixed_full", "hass-avg0.5"), 1)]
+    text = [c for c in cells if c.strategy == "confidence" and c.route_score == "node"]
+    assert [(c.routing_granularity, c.decide_steps, c.drafters) for c in text] == [
+        ("prompt", 1, ("hass-math", "hass-chat"))]
+    sw = [(c.switch_after, c.switch_to) for c in cells if c.strategy == "switching"]
+    assert sorted(sw) == [(k, to) for k in range(1, 6) for to in ("merged", "specialist")]
+    (da,) = [c for c in cells if c.strategy == "depth_adaptive"]
+    assert da.drafters == ("hass-mixed_full", "hass-math", "hass-chat") and da.switch_depth == 2
+    assert da.total_tokens == p.eval.tree.total_tokens == 60 and (p.eval.tree.top_k, p.eval.tree.depth) == (10, 6)
+    old = [c for c in cells if all(getattr(c, k) == v for k, v in KEY_DEFAULTS.items())]
+    assert old and all(c.key == key_of({k: v for k, v in dataclasses.asdict(c).items() if k not in KEY_DEFAULTS})
+                       for c in old)
+    assert len({c.key for c in eval_cells(p)}) == len(eval_cells(p))
+    # keys written by runs before these fields existed (smoke, as computed by the grid of that commit)
+    smoke = {c.label: c.key for c in eval_cells(load_profile("smoke"))}
+    assert (smoke["eagle2:single:math|gsm8k|T=0"], smoke["eagle2:confidence/step:math+chat|gsm8k|T=0"],
+            smoke["eagle2:single:math[auto]|gsm8k|T=0"]) == ("82f277a7510c", "ccc925b6d3d8", "3a001d060af7")
+
+
+def test_cpu_profiles_add_the_budget_matched_rival_of_depth_adaptive():
+    p = load_profile("cpu-study")
+    cells = eval_cells(p)
+    assert not p.eval.budget_matched
+    bm = [c for c in cells if c.strategy == "merged" and c.budget_matched]
+    assert len(bm) == len([c for c in cells if c.strategy == "depth_adaptive"]) > 0
+    assert {c.strategy for c in cells} >= {"switching", "depth_adaptive", "confidence", "entropy"}
+
+
+def test_rq1_cells_read_more_prompts_and_the_others_a_subset_of_them():
+    from drafters.data.sources import subsample
+    from orchestrator.grid import cell_prompts, pool_sizes
+
+    p = load_profile("demo")
+    cells = eval_cells(p)
+    rq1 = [c for c in cells if c.prompts is not None]
+    assert {(c.backbone, c.drafter, c.temperature, c.strategy, c.tree) for c in rq1} == {
+        ("eagle2", d, 0.0, "single", "fixed") for d in ("math", "chat")}
+    assert len(rq1) == 8 and all(c.prompts == 20 and "[n=20]" in c.label for c in rq1)
+    assert pool_sizes(p) == {b: 20 for b in ("gsm8k", "math500", "svamp", "mt_bench")}
+    other = next(c for c in cells if c.prompts is None and c.strategy == "single" and c.benchmark == "mt_bench")
+    assert cell_prompts(p, other) == 2
+    pool = subsample(list(range(80)), 20, p.eval.seed)  # the driver's draw, then each cell's from the pool
+    assert set(subsample(pool, cell_prompts(p, other), p.eval.seed)) <= set(pool)
+    assert plan_summary(p)["eval_prompt_runs"] == sum(cell_prompts(p, c) for c in cells)
+
+
+def test_decode_options_carry_only_what_a_cell_sets():
+    import dataclasses
+
+    from orchestrator.grid import decode_columns, decode_options
+
+    p = load_profile("paper")
+    by = {c.label: dataclasses.asdict(c) for c in eval_cells(p)}
+    plain = next(d for d in by.values() if d["strategy"] == "merged")
+    assert decode_options(plain) == {}
+    sw = next(d for d in by.values() if d["strategy"] == "switching" and d["switch_after"] == 4
+              and d["switch_to"] == "merged")
+    assert decode_options(sw) == {"route_score": "node", "switch_after": 4, "switch_to": "merged",
+                                  "routing_decide_steps": 1}
+    assert decode_columns(plain) == {"route_score": "path", "switch_after": 2, "switch_to": "specialist",
+                                     "switch_depth": 2}

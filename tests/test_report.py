@@ -176,20 +176,21 @@ def test_rq1_reaches_every_verdict(math_tau, chat_tau, n, expected):
     assert _verdict(check_claims(pp, None, None), "RQ1-math")["verdict"] == expected
 
 
-def test_rq3a_compares_merged_with_step_confidence_and_rq4_follows_the_route_pair():
-    from orchestrator.report.claims import check_claims
+def test_rq3a_compares_merged_with_the_studys_router_and_rq4_follows_the_route_pair():
+    from orchestrator.report.claims import ROUTED, check_claims
 
     n = 12
     rows = [("math", b, [3.0] * n, -1) for b in ("gsm8k", "mt_bench")] + [("chat", b, [2.0] * n, -1) for b in ("gsm8k", "mt_bench")]
     rows += [("merged", b, [3.0 + 0.01 * i for i in range(n)], -1) for b in ("gsm8k", "mt_bench")]
-    # step routing is worse than merged; prompt routing (a decoy) is better: RQ3a must use step routing
-    rows += [("confidence(step)", "gsm8k", [2.0 + 0.01 * i for i in range(n)], 1),
-             ("confidence(step)", "mt_bench", [2.0 + 0.01 * i for i in range(n)], 0),
+    # the post hoc router is worse than merged; step and prompt routing (decoys) are better: RQ3a must use ROUTED
+    rows += [(ROUTED, b, [2.0 + 0.01 * i for i in range(n)], 1) for b in ("gsm8k", "mt_bench")]
+    rows += [("confidence(step)", "gsm8k", [4.0 + 0.01 * i for i in range(n)], 1),
+             ("confidence(step)", "mt_bench", [4.0 + 0.01 * i for i in range(n)], 0),
              ("confidence(prompt)", "gsm8k", [4.0] * n, 0), ("confidence(prompt)", "mt_bench", [4.0] * n, 1)]
     rows += [("entropy(step)", "gsm8k", [2.0] * n, 0), ("entropy(step)", "mt_bench", [2.0] * n, 0)]
     cl = check_claims(_pp(rows), None, None, route_pair=("chat", "math"))  # drafter 0 = chat, 1 = math
     r = _verdict(cl, "RQ3a")
-    assert "confidence(step)" in r["comparison"] and r["verdict"] == "holds"
+    assert ROUTED in r["comparison"] and r["verdict"] == "holds"  # a decoy (4.0 > merged) would not hold
     # with (chat, math), choice 1 on gsm8k and 0 on mt_bench are both right: confidence 1.0 vs entropy 0.5
     r4 = _verdict(cl, "RQ4", "confidence(step)")
     assert r4["estimate"] == pytest.approx(0.5) and r4["verdict"] == "holds"

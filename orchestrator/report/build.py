@@ -10,8 +10,9 @@ import polars as pl
 from drafters.atomic import atomic_file, write_text_atomic
 
 from . import figures
-from .claims import check_claims, study_comparison
-from .tables import (GENERATE, depth_table, depth_table_deeper, entropy_table, per_prompt, routing, scan, speed, table1, table1_wide,
+from .claims import ROUTED, SPEED_ROUTED, check_claims, study_comparison
+from .routers import NOT_DEPLOYABLE, POSTHOC, describe, is_router, table2, with_posthoc
+from .tables import (GENERATE, depth_table, depth_table_deeper, entropy_table, per_prompt, scan, speed, table1, table1_wide,
                      trace_files)
 
 
@@ -93,15 +94,17 @@ def build_report(run_dir) -> Path:
         write_text_atomic(p, "\n".join(md))
         write_text_atomic(out / "report.html", f"<pre>{html.escape(chr(10).join(md))}</pre>")
         return p
+    prof = json.loads((run / "profile.json").read_text()) if (run / "profile.json").is_file() else {}
+    pair = tuple(prof.get("eval", {}).get("route_pair", ("math", "chat")))
+    steps_df = steps.collect() if steps is not None else None
+    pp = with_posthoc(pp, steps_df, pair[:2], prof.get("eval", {}).get("mixed_variant", "mixed_full"))
     t1 = table1(pp)
     sp = speed(pp)
-    rt = routing(pp, steps)
+    rt = table2(pp, steps)
     ent = entropy_table(steps) if steps is not None else pl.DataFrame()
     dep = depth_table(steps) if steps is not None else pl.DataFrame()
     dep_deep = depth_table_deeper(steps) if steps is not None else pl.DataFrame()
-    prof = json.loads((run / "profile.json").read_text()) if (run / "profile.json").is_file() else {}
-    pair = tuple(prof.get("eval", {}).get("route_pair", ("math", "chat")))
-    cl = check_claims(pp, steps.collect() if steps is not None else None, dep if not dep.is_empty() else None, pair)
+    cl = check_claims(pp, steps_df, dep if not dep.is_empty() else None, pair)
     study = study_comparison(t1)
     for name, df in (("table1_acceptance", t1), ("speed", sp), ("table2_routing", rt), ("table3_4_entropy", ent),
                      ("table5_8_depth", dep), ("table5_8_depth_deeper", dep_deep), ("claims", cl),
@@ -113,6 +116,7 @@ def build_report(run_dir) -> Path:
               "`traces/prompts`, per-call rows: `traces/steps`; every table below is also in `tables/` "
               "(CSV and Parquet); the long ones are in `report_appendix.md`.\n")
     md += summary_section(t1, sp, cl, miss, pp)
+    md += routers_section(pp)
     md.append("## Figures\n")
     for b in backbones:
         for t in temps:
@@ -135,6 +139,8 @@ def build_report(run_dir) -> Path:
         for t in temps:
             md.append(f"## Table 1 — {b}, T={t:g}: acceptance length [95% CI]\n")
             md.append(_md(table1_wide(t1, b, t)))
+            if t1.filter((pl.col("method") == POSTHOC) & (pl.col("backbone") == b)).height:
+                md.append(f"`{POSTHOC}`: {NOT_DEPLOYABLE}; the study's Table 1 routing numbers are this router's.\n")
     app = [f"# Appendix to the report for `{run.name}`\n",
            "## Claims of the study, checked on this run (every comparison)\n",
            CLAIMS_NOTE,
@@ -148,7 +154,7 @@ def build_report(run_dir) -> Path:
            "(mean over the benchmarks present for `average`). Source: arXiv 2603.27027.\n",
            _md(study.filter(pl.col("our_tau").is_not_null()) if study.filter(pl.col("our_tau").is_not_null()).height
                else study.head(0)),
-           "## Table 2 — routing decisions (drafter 0 = first of the pair, e.g. math)\n", _md(rt),
+           "## Table 2 — routing decisions per prompt, every router by name\n", TABLE2_NOTE, _md(rt),
            "## Tables 3–4 — entropy (nats) of accepted vs first-rejected tokens\n", _md(ent),
            "## Tables 5–8 — acceptance rate by depth\n", _md(dep),
            "## Tables 5–8, deeper levels (depth > 5; the study's tables stop at 5)\n", _md(dep_deep),
@@ -182,7 +188,39 @@ SPEED_NOTE = ("`speedup` is tokens/s over transformers' `generate` (greedy at T=
               "(profile key `eval.paired_baseline`), else by the autoregressive cell of its benchmark and temperature. "
               "`vs_autoregressive` is over the project's own autoregressive loop. `outputs_equal_generate`: the share "
               "of prompts whose T=0 output equals generate's token for token.\n")
+TABLE2_NOTE = ("One row per router, benchmark and drafter chosen: `prompts` routed to it of `of` (a prompt's "
+               "choice: its turns' majority, ties to the first drafter; the study's Table 2 counts prompts), "
+               "`step_share` the share of verifier calls for routers that choose per call or per turn, "
+               "`matched` whether it is the matched specialist, `study_matched_share` the study's Table 2 share "
+               "(EAGLE-2, T=0) for its two routers.\n")
 HEADLINE_ROWS = 12
+
+
+def routing_headline() -> str:
+    return (f"**Routing**: the headline routing row (RQ3a, RQ3b, RQ4) is `{ROUTED}`, the router behind the study's "
+            f"Table 1 \"confidence routed\" numbers (its code's post hoc router): {NOT_DEPLOYABLE}. The speed claim "
+            f"times `{SPEED_ROUTED}`, the study's text's deployable router. Every router is in Tables 1 and 2 by "
+            "name (the routers section below says what each is).\n")
+
+
+def routers_section(pp: pl.DataFrame) -> list[str]:
+    """What each router and composition of the run is, by name (the post hoc one marked not deployable)."""
+    if "strategy" not in pp.columns:
+        return []
+    names = sorted(set(pp.filter(is_router() | pl.col("strategy").is_in(["switching", "depth_adaptive"]))
+                       ["method"].to_list()))
+    if not names:
+        return []
+    rows = pl.DataFrame({"method": names, "what it is": [describe(m) for m in names],
+                         "headline": [("RQ3a/RQ3b/RQ4" if m == ROUTED else "speed" if m == SPEED_ROUTED else "")
+                                      for m in names]})
+    out = ["## Routers and compositions in this run\n", _md(rows)]
+    if POSTHOC in names and "posthoc_tie_fallback" in pp.columns:
+        n = int(pp["posthoc_tie_fallback"].fill_null(False).sum())
+        if n:
+            out.append(f"{n} near-tie prompt(s) of `{POSTHOC}` had no mixed-checkpoint run and took the higher "
+                       "specialist.\n")
+    return out
 
 
 def _verdict_word(v: str) -> str:
@@ -276,6 +314,8 @@ def summary_section(t1: pl.DataFrame, sp: pl.DataFrame, cl: pl.DataFrame, miss: 
               "pass, mean over prompts); mean over benchmarks; per benchmark with CIs in Table 1"
               + (f"; {more} more method(s) there" if more else "") + "\n")
     md.append(_md(wide.head(HEADLINE_ROWS), 2))
+    if "strategy" in pp.columns and pp.filter(is_router()).height:
+        md.append(routing_headline())
     if not cl.is_empty():
         md.append("**Claims of the study** (prompt-level paired bootstrap; one comparison: estimate [95% CI] "
                   "and verdict; several (per benchmark or per drafter pair): verdict counts; every comparison "

@@ -15,11 +15,18 @@ import polars as pl
 
 from . import claims_study as cs
 from .claims_depth import depth_claims, ordering_claim
+from .claims_next import BASE as NEXT_BASE
+from .claims_next import next_claims
 from .claims_study import STUDY_NUMBERS, WORDING, study_comparison  # noqa: F401 - re-exported
+from .routers import HEADS, POSTHOC, PROMPT_NODE, chosen_name, matched_expr
 from .stats import holm, mean_diff_ci, paired_avg_diff_ci, paired_diff_ci, verdict
 from .tables import MATH_BENCH, aligned
 
-ROUTED = "confidence(step)"  # the routing the study's Table 1 numbers are compared with here
+# The headline routing (RQ3a, RQ3b, RQ4): the study's Table 1 "confidence routed" numbers are its code's
+# post hoc router's (routers.py), so these claims use it; it is not deployable (it sees both whole
+# generations), so the speed claim times the study's text's deployable per-prompt router instead.
+ROUTED = POSTHOC
+SPEED_ROUTED = PROMPT_NODE
 MIN_PROMPTS = 10  # a bootstrap over fewer prompts per benchmark gives intervals too narrow to trust
 ALPHA = 0.05
 SINGLES = ("math", "chat", "mixed_half", "mixed_full")
@@ -33,11 +40,15 @@ NEEDS = {  # what a claim needs from the run; shown when it is missing
     "RQ3c": "avg0.5 and a single drafter",
     "Fig6": "a lambda sweep (>= 2 averaged checkpoints, 0 < lambda < 1) and both specialists",
     "merged-best": "merged and another method", "backbones": "both backbones with >= 3 methods in common",
-    "RQ4": "confidence and entropy routing at one granularity, route pair math/chat",
+    "RQ4": f"{ROUTED} and {HEADS} (or confidence and entropy routing at one granularity)",
     "entropy": "step traces of single drafters", "RQ5": "step traces of single drafters reaching two depths",
     "depth-slope": "step traces of both specialists",
     "depth-shallow": "step traces of a mixed drafter and a specialist",
-    "speed": f"{ROUTED} and merged with wall-clock times",
+    "speed": f"{SPEED_ROUTED} and merged with wall-clock times",
+    "switching": f"switching and {NEXT_BASE}", "switching-early": f"switching and the step traces of {NEXT_BASE}",
+    "switching-speed": f"switching and {NEXT_BASE} with wall-clock times",
+    "depth-adaptive-merged": "depth_adaptive and budget-matched merged trees (merged@total_tokens)",
+    "depth-adaptive-routing": f"depth_adaptive and {NEXT_BASE}",
 }
 ORDER = list(WORDING)
 
@@ -101,6 +112,7 @@ def check_claims(pp: pl.DataFrame, steps: pl.DataFrame | None, depth: pl.DataFra
                 rows += _entropy_claim(steps, backbone, temp)
                 rows += depth_claims(steps, backbone, temp, _row)
             rows += _speed_claim(pp, backbone, temp, benches, methods & have)
+            rows += next_claims(pp, steps, backbone, temp, benches, methods & have, _row)
     for temp in temps:
         rows += ordering_claim(pp, temp, backbones, _row)
     rows += _missing(rows, backbones, temps)
@@ -144,7 +156,8 @@ def _tau_claims(pp, backbone, temp, benches, methods) -> list[dict]:
         rows.append(_test("RQ2-reversal", backbone, temp, f"{a} - {b}, average over benchmarks", avg(a, b),
                           n_min(a, b), cs.reversal(backbone, temp)))
     singles = [m for m in SINGLES if m in methods]
-    routing_note = f"this row's routing is {ROUTED}; the study's Table 1 routes once per prompt"
+    routing_note = (f"this row's routing is {ROUTED}, the study's code's router behind its Table 1 numbers; "
+                    "not deployable (sees both whole generations)")
     if "merged" in methods and ROUTED in methods:
         ev = cs.pair("RQ3a", backbone, temp, "merged", ROUTED, "average", note=routing_note)
         rows.append(_test("RQ3a", backbone, temp, f"merged - {ROUTED}, average", avg("merged", ROUTED),
@@ -175,18 +188,23 @@ def _tau_claims(pp, backbone, temp, benches, methods) -> list[dict]:
 
 
 def _speed_claim(pp, backbone, temp, benches, methods) -> list[dict]:
-    """Tokens per second of confidence routing minus merged trees (ratio of sums over the same
-    prompts, mean over benchmarks), where the traces carry wall-clock times."""
-    if not {ROUTED, "merged"} <= methods or "wall_time_s" not in pp.columns:
+    """Tokens per second of confidence routing (SPEED_ROUTED: the post hoc router has no deployable
+    wall clock) minus merged trees (ratio of sums over the same prompts, mean over benchmarks),
+    where the traces carry wall-clock times."""
+    routed = SPEED_ROUTED
+    if not {routed, "merged"} <= methods or "wall_time_s" not in pp.columns:
         return []
     cells = pp.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)
-                      & pl.col("method").is_in([ROUTED, "merged"]))
+                      & pl.col("method").is_in([routed, "merged"]))
     if cells["wall_time_s"].fill_null(0).min() <= 0 or "out_tokens" not in pp.columns:
         return []
-    groups = [aligned(pp, backbone, temp, bn, ROUTED, "merged", "out_tokens", "wall_time_s") for bn in benches]
+    groups = [aligned(pp, backbone, temp, bn, routed, "merged", "out_tokens", "wall_time_s") for bn in benches]
     n = min(len(g[0]) for g in groups)
-    r = _test("speed", backbone, temp, f"{ROUTED} - merged, tokens/s, average over benchmarks",
-              paired_avg_diff_ci(groups, p=True), n, cs.speed())
+    ev = cs.speed()
+    ev["study_note"] = (f"{ev['study_note']}; this row times {routed}, the study's text's deployable router "
+                        f"({ROUTED} decodes both whole generations)")
+    r = _test("speed", backbone, temp, f"{routed} - merged, tokens/s, average over benchmarks",
+              paired_avg_diff_ci(groups, p=True), n, ev)
     inv = cells.group_by("method").agg(pl.col("invocation").drop_nulls().unique().sort()) \
         if "invocation" in cells.columns else None
     if inv is not None and inv.height == 2 and all(len(x) for x in inv["invocation"]) \
@@ -197,21 +215,24 @@ def _speed_claim(pp, backbone, temp, benches, methods) -> list[dict]:
 
 def _rq4(pp, backbone, temp, route_pair=("math", "chat")):
     """Domain separation = share of math choices on math benchmarks + share of chat choices on
-    MT-Bench, averaged; confidence minus entropy routing, paired over prompts. Drafter i of a
-    routing cell is route_pair[i] (the profile decides the order)."""
+    MT-Bench, averaged; confidence minus entropy routing, paired over prompts: first the study's
+    pair (ROUTED vs HEADS, its Table 2), then the project's own pairs at each granularity. A
+    choice is read by name from the row's ``drafter`` ("math+chat+..."); rows without one read
+    drafter i as route_pair[i] (the profile decides the order)."""
     out = []
     if "math" not in route_pair or "chat" not in route_pair:
         return out
-    i_math, i_chat = list(route_pair).index("math"), list(route_pair).index("chat")
-    for gran in ("step", "turn", "prompt"):
-        c, e = f"confidence({gran})", f"entropy({gran})"
+    if "drafter" not in pp.columns:
+        pp = pp.with_columns(pl.lit("+".join(route_pair)).alias("drafter"))
+    pairs = [(ROUTED, HEADS, "prompt")]  # the study's two routers (its Table 2), then the project's own
+    pairs += [(f"confidence({g})", f"entropy({g})", g) for g in ("step", "turn", "prompt")]
+    for c, e, gran in pairs:
         sub = pp.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)
                         & pl.col("method").is_in([c, e]))
         if sub["method"].n_unique() < 2:
             continue
-        correct = sub.with_columns(
-            pl.when(pl.col("benchmark").is_in(list(MATH_BENCH))).then(pl.col("routing_choice") == i_math)
-            .otherwise(pl.col("routing_choice") == i_chat).cast(pl.Float64).alias("ok"))
+        correct = sub.with_columns(chosen_name().alias("chosen")).with_columns(
+            matched_expr().cast(pl.Float64).alias("ok"))
         w = (correct.pivot(on="method", index=["benchmark", "prompt_id"], values="ok").drop_nulls()
              .sort("benchmark", "prompt_id"))
         if w.is_empty():
@@ -262,6 +283,7 @@ def _default_ev(claim, bb, temp) -> dict:
          "RQ3b": lambda: cs.rq3b(bb, temp, ROUTED), "RQ3c": lambda: cs.rq3c(bb, temp),
          "Fig6": lambda: cs.fig6(bb, temp), "merged-best": lambda: cs.merged_best(bb, temp),
          "RQ4": lambda: cs.rq4(bb, temp, "prompt"), "entropy": lambda: cs.entropy(bb, temp, "math", "gsm8k"),
+         **{c: (lambda c=c: cs.proposed(c)) for c in cs.NEXT},
          "RQ5": lambda: cs.depth(claim, bb, temp), "depth-slope": lambda: cs.depth(claim, bb, temp),
          "depth-shallow": lambda: cs.depth(claim, bb, temp), "speed": cs.speed,
          "backbones": lambda: cs.backbones(temp)}.get(claim)

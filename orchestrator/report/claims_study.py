@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import polars as pl
 
+from .routers import POSTHOC
+
+# The study's "confidence routed" numbers are its code's post hoc router's (routers.POSTHOC).
 # (backbone, temperature, method, benchmark or "average", acceptance length, source)
 STUDY_NUMBERS = [
     ("hass", 0.0, "math", "gsm8k", 5.02, "Table 1"), ("hass", 0.0, "math", "math500", 5.35, "Table 1"),
@@ -19,9 +22,9 @@ STUDY_NUMBERS = [
     ("hass", 0.0, "mixed_half", "mt_bench", 3.92, "Table 1"),
     ("hass", 0.0, "mixed_half", "math500", 5.02, "Table 1"),
     ("hass", 0.0, "avg0.5", "average", 2.59, "Table 1"),
-    ("hass", 0.0, "confidence(step)", "average", 4.80, "Table 1"),
-    ("hass", 0.0, "confidence(step)", "mt_bench", 3.93, "Table 1"),
-    ("hass", 0.0, "confidence(step)", "gsm8k", 5.01, "Table 1"),
+    ("hass", 0.0, POSTHOC, "average", 4.80, "Table 1"),
+    ("hass", 0.0, POSTHOC, "mt_bench", 3.93, "Table 1"),
+    ("hass", 0.0, POSTHOC, "gsm8k", 5.01, "Table 1"),
     ("hass", 0.0, "merged", "average", 5.11, "Table 1"), ("hass", 0.0, "merged", "mt_bench", 4.05, "Table 1"),
     ("eagle2", 0.0, "math", "gsm8k", 5.04, "Table 1"), ("eagle2", 0.0, "math", "math500", 5.28, "Table 1"),
     ("eagle2", 0.0, "math", "svamp", 4.81, "Table 1"), ("eagle2", 0.0, "math", "mt_bench", 2.54, "Table 1"),
@@ -30,7 +33,7 @@ STUDY_NUMBERS = [
     ("eagle2", 0.0, "mixed_full", "average", 4.48, "Table 1"),
     ("eagle2", 0.0, "mixed_half", "average", 4.02, "Table 1"),
     ("eagle2", 0.0, "avg0.5", "average", 2.42, "Table 1"),
-    ("eagle2", 0.0, "confidence(step)", "average", 4.63, "Table 1"),
+    ("eagle2", 0.0, POSTHOC, "average", 4.63, "Table 1"),
     ("eagle2", 0.0, "merged", "average", 5.03, "Table 1"), ("hass", 1.0, "merged", "average", 4.75, "Table 1"),
     ("eagle2", 1.0, "merged", "average", 4.57, "Table 1"),
     ("hass", 1.0, "mixed_half", "average", 4.29, "Table 1"),
@@ -59,8 +62,8 @@ STUDY_OTHER = [
     ("accept_rate_d1", "eagle2", 0.0, "avg0.5", "math500", 0.893, "Tables 5-8"),
     ("accept_rate_d3", "eagle2", 0.0, "avg0.5", "math500", 0.301, "Tables 5-8"),
     # Section 7's coarse estimate (no wall clock): share of the best single checkpoint's speedup lost
-    ("speedup_lost_min", "any", None, "confidence(step)", "any", 0.32, "Section 7 (estimate)"),
-    ("speedup_lost_max", "any", None, "confidence(step)", "any", 0.47, "Section 7 (estimate)"),
+    ("speedup_lost_min", "any", None, "confidence", "any", 0.32, "Section 7 (estimate)"),
+    ("speedup_lost_max", "any", None, "confidence", "any", 0.47, "Section 7 (estimate)"),
     ("speedup_lost_min", "any", None, "merged", "any", 0.59, "Section 7 (estimate)"),
     ("speedup_lost_max", "any", None, "merged", "any", 0.78, "Section 7 (estimate)"),
 ]
@@ -84,10 +87,18 @@ WORDING = {
     "depth-slope": "the matched specialist declines more slowly with depth than the mismatched (Tables 5-8)",
     "depth-shallow": "the mixed drafter leads the matched specialist at shallow depth 1-2 (Tables 5-8)",
     "speed": "confidence routing costs less speed than merged trees (Section 7 estimate)",
+    # the study's proposed next experiments (no numbers in the study): checks of this project's strategies
+    "switching": "acceptance-history switching beats confidence routing (proposed next experiment)",
+    "switching-early": "early acceptance (first 3 steps) predicts whole-generation acceptance (switching's premise)",
+    "switching-speed": "switching's acceptance gain survives its wall-clock cost: faster than confidence routing",
+    "depth-adaptive-merged": "depth-adaptive composition beats budget-matched merged trees (proposed next experiment)",
+    "depth-adaptive-routing": "depth-adaptive composition beats confidence routing at equal node budget "
+                              "(proposed next experiment)",
 }
+NEXT = ("switching", "switching-early", "switching-speed", "depth-adaptive-merged", "depth-adaptive-routing")
 
 NAMES = {"math": "MathInstruct 70k", "chat": "ShareGPT 70k", "mixed_half": "Mixed 35k+35k",
-         "mixed_full": "Mixed 70k+70k", "avg0.5": "Averaged", "confidence(step)": "Confidence routed",
+         "mixed_full": "Mixed 70k+70k", "avg0.5": "Averaged", POSTHOC: "Confidence routed",
          "merged": "Merged trees"}
 FOUR = ("gsm8k", "math500", "mt_bench", "svamp")
 
@@ -236,14 +247,19 @@ def depth(claim: str, backbone: str, temp: float) -> dict:
 
 
 def speed() -> dict:
-    v = {(m, q): other_of(q, "any", None, m, "any") for m in ("confidence(step)", "merged")
+    v = {(m, q): other_of(q, "any", None, m, "any") for m in ("confidence", "merged")
          for q in ("speedup_lost_min", "speedup_lost_max")}
     text = (f"Section 7 (coarse estimate, no wall clock): confidence routing loses "
-            f"{v['confidence(step)', 'speedup_lost_min']:.2f}x-{v['confidence(step)', 'speedup_lost_max']:.2f}x "
+            f"{v['confidence', 'speedup_lost_min']:.2f}x-{v['confidence', 'speedup_lost_max']:.2f}x "
             f"of the best single checkpoint's speedup, merged trees "
             f"{v['merged', 'speedup_lost_min']:.2f}x-{v['merged', 'speedup_lost_max']:.2f}x")
-    return evidence("speed", text, v["confidence(step)", "speedup_lost_max"] < v["merged", "speedup_lost_min"],
+    return evidence("speed", text, v["confidence", "speedup_lost_max"] < v["merged", "speedup_lost_min"],
                     "the study estimated, never measured, speed")
+
+
+def proposed(claim: str) -> dict:
+    """The study proposes these experiments and gives no numbers for them."""
+    return evidence(claim, "no numbers: the study proposes this experiment (STUDY.md, 'What the paper left open')")
 
 
 def backbones(temp: float) -> dict:

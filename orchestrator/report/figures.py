@@ -52,7 +52,7 @@ def fig_lambda(t1: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     ax.plot(lam["lam"], lam["tau"], "o-", color="black", label="averaged λ·math + (1-λ)·chat")
     ref = dict(zip(t["method"], t["tau"]))
-    styles = {"math": "tab:blue", "chat": "tab:orange", "confidence(step)": "tab:green", "merged": "tab:red"}
+    styles = {"math": "tab:blue", "chat": "tab:orange", "confidence(post hoc)": "tab:green", "merged": "tab:red"}
     for m, c in styles.items():
         if m in ref:
             ax.axhline(ref[m], color=c, ls="--", label=f"{m} ({ref[m]:.2f})")

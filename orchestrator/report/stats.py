@@ -124,3 +124,31 @@ def holm(pvals) -> np.ndarray:
     adj = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
     out[order] = adj
     return out
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pearson r along the last axis of x and y, both (..., n); NaN where either has no variance."""
+    xc, yc = x - x.mean(-1, keepdims=True), y - y.mean(-1, keepdims=True)
+    den = np.sqrt((xc * xc).sum(-1) * (yc * yc).sum(-1))
+    return np.where(den > 0, (xc * yc).sum(-1) / np.where(den > 0, den, 1.0), np.nan)
+
+
+def corr_ci(groups: list[tuple], seed: int = 0, b: int = B, p: bool = False):
+    """Mean over groups (benchmarks) of the within-group Pearson r of (x, y), each group's prompts
+    resampled jointly (the prompt is the unit); a draw where a group has no variance is left out."""
+    groups = [(np.asarray(x, float), np.asarray(y, float)) for x, y in groups if len(x) >= 3]
+    if not groups:
+        return _out(*NAN3, None, p)
+    point = np.nanmean([_pearson(x, y) for x, y in groups]) if any(np.isfinite(_pearson(x, y))
+                                                                   for x, y in groups) else np.nan
+    if not np.isfinite(point):
+        return _out(*NAN3, None, p)
+    rng = np.random.default_rng(seed)
+    draws = np.zeros((len(groups), b))
+    for i, (x, y) in enumerate(groups):
+        idx = rng.integers(0, len(x), size=(b, len(x)))  # (b, n)
+        draws[i] = _pearson(x[idx], y[idx])
+    ok = np.isfinite(draws).all(0)
+    if ok.sum() < b // 2:
+        return _out(point, np.nan, np.nan, None, p)
+    return _ci(point, draws[:, ok].mean(0), p)

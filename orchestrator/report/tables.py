@@ -12,18 +12,35 @@ MATH_BENCH = ("gsm8k", "math500", "svamp")
 KEYS = ["backbone", "method", "benchmark", "temperature"]
 
 
-def method_expr() -> pl.Expr:
-    """A row label per composition: specialist name, merge name, routing(granularity), merged."""
-    g = pl.col("routing_granularity")
-    auto = pl.when(pl.col("tree") == "auto").then(pl.lit(" [tree auto]")).otherwise(pl.lit(""))
+# trace columns a run may lack (written before they existed), with the value they had then
+CELL_DEFAULTS = {"tree": "fixed", "route_score": "path", "switch_after": 2, "switch_to": "specialist",
+                 "switch_depth": 2}
+
+
+def method_expr(names=None) -> pl.Expr:
+    """A row label per composition: specialist name, merge name, routing(granularity[, node][, N heads]),
+    merged, switching(k=K[, to merged]), depth_adaptive(d=D). ``names``: the frame's columns (a column
+    of CELL_DEFAULTS it lacks reads as its default; None: all of them do)."""
+    def col(c):
+        return pl.col(c) if names is not None and c in names else pl.lit(CELL_DEFAULTS[c])
+
+    g, s = pl.col("routing_granularity"), pl.col("strategy")
+    auto = pl.when(col("tree") == "auto").then(pl.lit(" [tree auto]")).otherwise(pl.lit(""))
+    n = pl.col("drafter").str.count_matches("+", literal=True) + 1
+    node = pl.when(col("route_score") == "node").then(pl.lit(", node")).otherwise(pl.lit(""))
+    heads = pl.when(n > 2).then(pl.lit(", ") + n.cast(pl.Utf8) + pl.lit(" heads")).otherwise(pl.lit(""))
+    at = pl.when(pl.col("budget_matched")).then(pl.lit("@") + pl.col("total_tokens").cast(pl.Utf8)) \
+        .otherwise(pl.lit(""))
+    to = pl.when(col("switch_to") == "merged").then(pl.lit(", to merged")).otherwise(pl.lit(""))
     return (
-        pl.when(pl.col("strategy") == "autoregressive").then(pl.lit("autoregressive"))
-        .when(pl.col("strategy") == "single").then(
-            pl.col("drafter") + pl.when(pl.col("budget_matched")).then(pl.lit("@") + pl.col("total_tokens").cast(pl.Utf8)).otherwise(pl.lit("")))
-        .when(pl.col("strategy") == "merged").then(
-            pl.when(pl.col("merge_dedup")).then(pl.lit("merged-dedup")).otherwise(pl.lit("merged"))
-            + pl.when(pl.col("budget_matched")).then(pl.lit("@") + pl.col("total_tokens").cast(pl.Utf8)).otherwise(pl.lit("")))
-        .otherwise(pl.col("strategy") + pl.lit("(") + g + pl.lit(")"))
+        pl.when(s == "autoregressive").then(pl.lit("autoregressive"))
+        .when(s == "single").then(pl.col("drafter") + at)
+        .when(s == "merged").then(
+            pl.when(pl.col("merge_dedup")).then(pl.lit("merged-dedup")).otherwise(pl.lit("merged")) + at)
+        .when(s == "switching").then(pl.lit("switching(k=") + col("switch_after").cast(pl.Utf8) + to + pl.lit(")"))
+        .when(s == "depth_adaptive").then(
+            pl.lit("depth_adaptive(d=") + col("switch_depth").cast(pl.Utf8) + pl.lit(")"))
+        .otherwise(s + pl.lit("(") + g + node + heads + pl.lit(")"))
     ) + auto
 
 
@@ -55,10 +72,11 @@ def scan(run: Path, kind: str, recorded: set[str] | None = None) -> pl.LazyFrame
     if "id" in names:  # traces written before the column was named prompt_id
         lf = (lf.with_columns(pl.coalesce("prompt_id", "id").alias("prompt_id")) if "prompt_id" in names
               else lf.rename({"id": "prompt_id"})).drop("id", strict=False)
-    if "tree" not in lf.collect_schema().names():  # traces from before tree auto: all fixed trees
-        lf = lf.with_columns(pl.lit("fixed").alias("tree"))
-    return lf.with_columns(pl.col("tree").fill_null("fixed"), pl.col("temperature").cast(pl.Float64)).with_columns(
-        method_expr().alias("method"))
+    names = lf.collect_schema().names()
+    lf = lf.with_columns(pl.lit(v).alias(c) if c not in names else pl.col(c).fill_null(v)  # e.g. before tree auto
+                         for c, v in CELL_DEFAULTS.items())
+    return lf.with_columns(pl.col("temperature").cast(pl.Float64)).with_columns(
+        method_expr(list(CELL_DEFAULTS)).alias("method"))
 
 
 def per_prompt(prompts: pl.LazyFrame) -> pl.DataFrame:
@@ -75,7 +93,8 @@ def per_prompt(prompts: pl.LazyFrame) -> pl.DataFrame:
         pl.col("output_token_ids").list.len().sum().alias("out_tokens"),
         (pl.col("mean_tree_size") * pl.col("verifier_calls")).sum().alias("tree_nodes"),
         pl.col("t_draft_s").sum(), pl.col("t_verify_s").sum(),
-        pl.col("routing_choice").mode().first().alias("routing_choice"),
+        pl.col("routing_choice").mode().sort().first().alias("routing_choice"),
+        pl.col("drafter").first(), pl.col("strategy").first(),
     ).collect())
 
 
@@ -170,20 +189,6 @@ def _same_invocation(pp: pl.DataFrame, on: list[str]) -> pl.DataFrame:
     known = (pl.col("inv").list.len() > 0) & (pl.col("base_inv").list.len() > 0)
     return (inv.join(ar, on=on, how="left")
             .select(*KEYS, pl.when(known).then(pl.col("inv") == pl.col("base_inv")).alias("same_invocation")))
-
-
-def routing(pp: pl.DataFrame, steps: pl.LazyFrame | None) -> pl.DataFrame:
-    """Table 2: share of prompts (majority over steps) and of steps routed to each drafter (0 = first of the pair)."""
-    r = pp.filter(pl.col("method").str.starts_with("confidence") | pl.col("method").str.starts_with("entropy"))
-    if r.is_empty():
-        return pl.DataFrame()
-    per_prompt = r.group_by(KEYS).agg(pl.len().alias("prompts"), (pl.col("routing_choice") == 0).sum().alias("first_drafter_prompts"))
-    out = per_prompt.with_columns((pl.col("first_drafter_prompts") / pl.col("prompts")).alias("first_drafter_prompt_share"))
-    if steps is not None:
-        st = (steps.filter(pl.col("strategy").is_in(["confidence", "entropy"]))
-              .group_by(KEYS).agg((pl.col("chosen_drafter") == 0).mean().alias("first_drafter_step_share")).collect())
-        out = out.join(st, on=KEYS, how="left")
-    return out.sort(KEYS)
 
 
 def entropy_table(steps: pl.LazyFrame) -> pl.DataFrame:

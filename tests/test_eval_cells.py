@@ -1,0 +1,58 @@
+"""The grid's new cells through the evaluation actor's own code path (EvalWorker.run, no Ray): the
+study's routers and the two new strategies decode losslessly at T=0 with their cell's options, and
+their trace rows carry those options, so the report names each by the label the grid gives it."""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import polars as pl
+import pytest
+
+from orchestrator.grid import eval_cells
+from orchestrator.profile import load_profile
+from orchestrator.report.routers import HEADS, PROMPT_NODE
+from orchestrator.report.tables import CELL_DEFAULTS, method_expr
+from tests.conftest import VERIFIER
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def heads(verifier, tmp_path_factory):
+    """Four random drafters standing in for math, chat, mixed_full and avg0.5 of one backbone."""
+    from drafters.checkpoint import init_drafter, save_checkpoint
+    from drafters.config import DrafterConfig
+
+    root = tmp_path_factory.mktemp("heads")
+    names = ("math", "chat", "mixed_full", "avg0.5")
+    cfg = lambda i: DrafterConfig.for_verifier(verifier[0], VERIFIER, "eagle2", seed=i)  # noqa: E731
+    return {f"eagle2-{n}": str(save_checkpoint(init_drafter(cfg(i)), root / n)) for i, n in enumerate(names)}
+
+
+def test_new_cells_decode_losslessly_and_carry_their_options(heads):
+    from drafters.data.sources import load_benchmark
+    from workers.eval_worker import EvalWorker
+
+    p = load_profile("demo", ["train.backbones=[eagle2]", "eval.temperatures=[0.0]", "eval.benchmarks={gsm8k: 1}",
+                              "eval.switch_to=[specialist, merged]", "eval.switch_after=[1]"])
+    cells = [c for c in eval_cells(p) if c.strategy in ("autoregressive", "switching", "depth_adaptive")
+             or c.route_score == "node" or len(c.drafters) == 4]
+    assert len(cells) == 6
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prompts = load_benchmark("gsm8k")[0][:1]
+    w = EvalWorker(VERIFIER)
+    rows = []
+    for c in cells:
+        decode = {"top_k": 3, "depth": 4, "max_new_tokens": 12, "seed": 42, "cell_key": c.key}
+        got, _ = w.run(dataclasses.asdict(c), [heads[d] for d in c.drafters], prompts, decode)
+        rows += [r | {"label": c.label} for r in got]
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    assert set(CELL_DEFAULTS) <= set(df.columns)
+    ref = df.filter(pl.col("strategy") == "autoregressive")["output_token_ids"][0].to_list()
+    assert all(o.to_list() == ref for o in df["output_token_ids"])  # lossless at T=0
+    methods = df.select("label", method_expr(df.columns).alias("m"))
+    got = dict(zip(methods["label"], methods["m"]))
+    assert sorted(set(got.values())) == sorted({"autoregressive", PROMPT_NODE, HEADS, "switching(k=1)",
+                                                "switching(k=1, to merged)", "depth_adaptive(d=2)"})

@@ -1,0 +1,108 @@
+"""The checks of the study's proposed next experiments (switching, depth-adaptive composition),
+each driven to holds / does not hold / inconclusive on synthetic per-prompt frames; the prompt is
+the bootstrap unit, the 10-prompt rule applies per benchmark, and Holm counts them."""
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from orchestrator.report.claims import check_claims
+from orchestrator.report.claims_next import BASE
+from orchestrator.report.routers import PROMPT_NODE
+
+N = 12
+NOISE = [0.1 * ((-1) ** i) * (i % 3) for i in range(N)]
+BENCHES = ("gsm8k", "mt_bench")
+SW, DA, MB = "switching(k=2)", "depth_adaptive(d=2)", "merged@16"
+
+
+def _pp(cells, n=N, wall=None, invocation=None):
+    """Per-prompt rows from {method: tau or (tau, noise shift)} on both benchmarks; 20 calls each."""
+    rows = []
+    for method, spec in cells.items():
+        tau, k = spec if isinstance(spec, tuple) else (spec, 0)
+        for bench in BENCHES:
+            for i in range(n):
+                tok = int(round((tau + NOISE[(i + k) % N]) * 20))
+                rows.append({"backbone": "hass", "method": method, "benchmark": bench, "temperature": 0.0,
+                             "prompt_id": f"p{i}", "new_tokens": tok, "verifier_calls": 20, "routing_choice": -1,
+                             "out_tokens": tok + 1, "wall_time_s": (wall or {}).get(method, 1.0),
+                             "invocation": (invocation or {}).get(method, "A")})
+    return pl.DataFrame(rows)
+
+
+def _rows(cl, claim):
+    return cl.filter(pl.col("claim") == claim)
+
+
+def test_base_router_is_the_studys_text_router():
+    assert BASE == PROMPT_NODE == "confidence(prompt, node)"
+
+
+@pytest.mark.parametrize("tau,expected", [(3.0, "holds"), (2.0, "does not hold"), ((2.5, 3), "inconclusive")])
+def test_switching_beats_confidence_routing(tau, expected):
+    cl = check_claims(_pp({BASE: 2.5, SW: tau, "switching(k=2, to merged)": tau}), None, None)
+    r = _rows(cl, "switching")
+    assert r.height == 2 and set(r["verdict"]) == {expected}
+    assert r["comparison"][0] == f"{SW} - {BASE}, tau gain, average" and r["prompts"][0] == N
+    assert "verdict_holm" in cl.columns and "proposes" in r["study"][0] and r["study_consistent"][0] is None
+
+
+def test_switching_needs_ten_prompts_per_benchmark():
+    r = _rows(check_claims(_pp({BASE: 2.5, SW: 3.0}, n=6), None, None), "switching").row(0, named=True)
+    assert r["verdict"] == "inconclusive (n=6 < 10 prompts)" and r["estimate"] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("wall,inv,expected", [
+    ({SW: 1.0, BASE: 1.5}, None, "holds"), ({SW: 1.5, BASE: 1.0}, None, "does not hold"),
+    ({SW: 1.0, BASE: 1.0}, None, "inconclusive"),
+    ({SW: 1.0, BASE: 1.5}, {SW: "B"}, "inconclusive (timed in different grid invocations)")])
+def test_switching_wall_clock_cost(wall, inv, expected):
+    cl = check_claims(_pp({BASE: (2.5, 0), SW: (2.5, 5)}, wall=wall, invocation=inv), None, None)
+    r = _rows(cl, "switching-speed").row(0, named=True)
+    assert r["verdict"] == expected and "tokens/s" in r["comparison"]
+
+
+@pytest.mark.parametrize("da,expected", [(3.0, "holds"), (2.0, "does not hold"), ((2.5, 4), "inconclusive")])
+def test_depth_adaptive_beats_budget_matched_merged_and_confidence_routing(da, expected):
+    cl = check_claims(_pp({BASE: (2.5, 1), MB: (2.5, 2), "merged": 9.0, DA: da}), None, None)
+    m, r = _rows(cl, "depth-adaptive-merged"), _rows(cl, "depth-adaptive-routing")
+    assert m.height == 1 and m["verdict"][0] == expected and m["comparison"][0] == f"{DA} - {MB}, average"
+    assert r.height == 1 and r["verdict"][0] == expected and BASE in r["comparison"][0]
+    # without a budget-matched merged cell the claim says what it needs
+    none = _rows(check_claims(_pp({BASE: 2.5, DA: 3.0}), None, None), "depth-adaptive-merged")
+    assert "not in this run" in none["verdict"][0] and "budget-matched" in none["verdict"][0]
+
+
+def _early_steps(early_of, whole_of):
+    """BASE traces: 4 calls per prompt on turn 0, each committing early_of(i) tokens; the prompt's
+    whole tau (from its per-prompt row) is whole_of(i). Returns (per-prompt frame, step frame)."""
+    pp, steps = [], []
+    for bench in BENCHES:
+        for i in range(N):
+            pp.append({"backbone": "hass", "method": BASE, "benchmark": bench, "temperature": 0.0,
+                       "prompt_id": f"p{i}", "new_tokens": int(round(whole_of(i) * 10)), "verifier_calls": 10,
+                       "routing_choice": 0, "out_tokens": 1, "wall_time_s": 1.0, "invocation": "A"})
+            steps += [{"backbone": "hass", "method": BASE, "benchmark": bench, "temperature": 0.0,
+                       "strategy": "confidence", "prompt_id": f"p{i}", "turn": 0, "step": s, "committed": early_of(i) if s < 3 else 1,
+                       "depth_accept": [True], "accepted_draft_entropy": [0.5], "rejected_draft_entropy": 1.0}
+                      for s in range(4)]
+    sw = [r | {"method": SW} for r in pp]
+    return pl.DataFrame(pp + sw), pl.DataFrame(steps)
+
+
+ZERO = {1, 4, 5, 8, 9, 12}  # a 0/1 pattern with exactly zero covariance with 1..12
+
+
+@pytest.mark.parametrize("whole_of,expected", [
+    (lambda i: 1.0 + 0.2 * (i + 1) + (0.1 if i % 2 else 0.0), "holds"),
+    (lambda i: 4.0 - 0.2 * (i + 1), "does not hold"),
+    (lambda i: 2.0 + (1.0 if i + 1 in ZERO else 0.0), "inconclusive")])
+def test_early_acceptance_predicts_the_whole_generation(whole_of, expected):
+    pp, steps = _early_steps(lambda i: i + 1, whole_of)
+    r = _rows(check_claims(pp, steps, None), "switching-early").row(0, named=True)
+    assert r["verdict"] == expected and r["prompts"] == N and "Pearson r" in r["comparison"]
+    if expected == "inconclusive":
+        assert r["estimate"] == pytest.approx(0.0, abs=1e-9)
+    else:
+        assert abs(r["estimate"]) > 0.9
