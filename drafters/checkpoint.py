@@ -69,3 +69,38 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", dtype=torch.fl
     if ids is not None and (not bool((ids[1:] > ids[:-1]).all()) or int(ids[0]) < 0 or int(ids[-1]) >= cfg.vocab_size):
         raise ValueError(f"checkpoint {path}: d2t does not map to sorted ids inside the verifier's vocabulary")
     return model.to(device=device, dtype=dtype).eval()  # .to(dtype) casts floating tensors only: d2t stays int
+
+
+# ---------------------------------------------------------------- training checkpoints (resume points)
+# A training run's directory holds ``epoch-E`` (end of epoch E) and ``step-E-B`` (inside epoch E,
+# after B micro-batches) checkpoints; each is complete once its ``state.json`` is there.
+
+
+def checkpoint_position(name: str) -> tuple[int, int] | None:
+    """(epochs completed, micro-batches done in the next epoch) of a checkpoint directory name;
+    None for any other name. Positions order checkpoints: the largest is the latest."""
+    parts = name.split("-")
+    if len(parts) == 2 and parts[0] == "epoch" and parts[1].isdigit():
+        return int(parts[1]), 0
+    if len(parts) == 3 and parts[0] == "step" and parts[1].isdigit() and parts[2].isdigit():
+        return int(parts[1]) - 1, int(parts[2])
+    return None
+
+
+def latest_checkpoint(names) -> str | None:
+    """The latest of ``names`` (complete checkpoints) by position; None if there is none."""
+    named = [(checkpoint_position(n), n) for n in names if checkpoint_position(n) is not None]
+    return max(named)[1] if named else None
+
+
+def stale_checkpoints(names, keep_epochs: int | None) -> list[str]:
+    """Checkpoints a run no longer needs once the latest of ``names`` is complete: every step
+    checkpoint before it, and epochs older than the last ``keep_epochs`` (None keeps them all)."""
+    ckpts = sorted((checkpoint_position(n), n) for n in names if checkpoint_position(n) is not None)
+    if not ckpts:
+        return []
+    latest = ckpts[-1][1]
+    steps = [n for _, n in ckpts[:-1] if n.startswith("step-")]
+    epochs = [n for _, n in ckpts if n.startswith("epoch-")]
+    old = epochs[: max(0, len(epochs) - keep_epochs)] if keep_epochs else []
+    return [n for n in steps + old if n != latest]

@@ -3,10 +3,13 @@
 Per epoch: stream batches from the feature cache (or compute them online with the verifier,
 each rank for its own batches only), take optimizer steps (DeepSpeed ZeRO or plain AdamW),
 evaluate top-1 agreement with the verifier at depths 1-3 on a held-out slice, and write an atomic
-checkpoint (drafter format + optimizer state) that a crashed run resumes from.
+checkpoint (drafter format + optimizer state) that a crashed run resumes from. With
+``checkpoint_every`` a checkpoint is also written every N optimizer steps inside an epoch; it
+holds the data position and the noise generator too, so the resumed run takes the same steps.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import init_drafter, save_checkpoint
+from .checkpoint import init_drafter, latest_checkpoint, save_checkpoint, stale_checkpoints
 from .config import BACKBONES, DrafterConfig
 from .data.templating import TokenizedExample
 from .features import FeatureExample, FeatureStore
@@ -26,6 +29,7 @@ from .variants import DataSpec
 from .vocab import DraftHead, load_vocab
 
 ONLINE_ROOTS = ("online", "online-heldout")  # data entries whose features the verifier computes in the worker
+SUMS = ("loss", "base", "batches", "tokens", "rows", "seconds")  # an epoch's running totals (checkpointed)
 
 
 class TrainingDiverged(RuntimeError):
@@ -62,6 +66,9 @@ class TrainConfig:
     zero_stage: int = 1
     eval_depths: int = 3
     crash_after_epoch: int | None = None  # fault-injection for tests: raise after saving this epoch
+    crash_at_step: int | None = None  # fault-injection for tests: raise after this optimizer step (fresh runs)
+    checkpoint_every: int | None = None  # also checkpoint every N optimizer steps inside an epoch
+    keep_checkpoints: int | None = None  # epoch checkpoints kept (None: all)
     max_seconds: float | None = None  # stop the epoch early (smoke profiles); None = full epochs
     out_uri: str | None = None  # shared copy of out_dir (a URI); the Ray Train worker syncs epochs with it
     online_spec: dict | None = None  # DataSpec fields for "online" entries (features computed in the worker)
@@ -85,6 +92,9 @@ class TrainConfig:
             raise ValueError(f"loss_mask must be one of {list(MASK_MODES)}, got {self.loss_mask!r}")
         if not 0.0 <= self.topk_from <= 1.0:
             raise ValueError(f"topk_from must be in [0, 1], got {self.topk_from}")
+        for k in ("checkpoint_every", "keep_checkpoints"):
+            if getattr(self, k) is not None and getattr(self, k) < 1:
+                raise ValueError(f"{k} must be None or >= 1, got {getattr(self, k)}")
 
 
 class OnlineFeatures:
@@ -195,12 +205,16 @@ def plan_batches(data, batch_size, seed, online: OnlineFeatures | None = None, b
 
 
 def batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket: bool = False, pool: int = 16,
-            mask_mode: str = "next", rank: int = 0, world: int = 1):
+            mask_mode: str = "next", rank: int = 0, world: int = 1, skip: int = 0):
     """Collated batches of rank ``rank`` of ``world``: batch i of the plan goes to rank i % world
     (the same assignment in cached and online mode), and online features are computed for that
-    rank's batches only."""
+    rank's batches only. ``skip``: the rank's first ``skip`` batches are passed over unbuilt (a
+    resume inside an epoch)."""
     for i, group in enumerate(plan_batches(data, batch_size, seed, online, bucket, pool)):
         if i % world != rank:
+            continue
+        if skip:
+            skip -= 1
             continue
         need = [j for j, e in enumerate(group) if isinstance(e, TokenizedExample)]  # online: no features yet
         if need:
@@ -307,9 +321,10 @@ def evaluate(model, embed, head, data, depths: int = 3, batch_size: int = 8, onl
     return {f"top1_depth{j + 1}": hits[j] / counts[j] if counts[j] else float("nan") for j in range(depths)}
 
 
-def _latest_epoch(out: Path) -> tuple[int, Path] | None:
-    done = sorted((int(p.name.split("-")[1]), p) for p in out.glob("epoch-*") if (p / "state.json").is_file())
-    return done[-1] if done else None
+def _latest(out: Path) -> Path | None:
+    """The latest complete checkpoint (epoch or step) under ``out``."""
+    name = latest_checkpoint(p.name for p in out.iterdir() if (p / "state.json").is_file())
+    return out / name if name else None
 
 
 def _deepspeed_config(cfg: TrainConfig, world: int) -> dict:
@@ -369,8 +384,12 @@ class _DeepSpeed:
         self.engine.load_checkpoint(str(d / "deepspeed"), tag="state", load_module_strict=True)
 
 
-def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, report=None, tokenizer=None) -> Path:
-    """Train (or resume) one drafter; returns the final checkpoint directory (out_dir/final)."""
+def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, report=None, tokenizer=None,
+          saved=None) -> Path:
+    """Train (or resume) one drafter; returns the final checkpoint directory (out_dir/final).
+    Every rank calls ``report(metrics, dir)`` after each epoch's checkpoint and ``saved(dir)``
+    after each step checkpoint. A resume restores weights, optimizer, each rank's noise generator
+    and the data position, so it takes the steps the uninterrupted run takes (same worker count)."""
     online = OnlineFeatures(verifier_model, tokenizer, cfg.online_spec) if cfg.online_spec else None
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -387,81 +406,112 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
     total_steps = schedule_steps(cfg, world)  # optimizer steps x grad_accum, cached and online alike
     runner = _DeepSpeed(model, opt, cfg, world) if cfg.deepspeed else _Plain(model, opt, cfg)
     model = runner.module
-    start, history = 0, []
-    latest = _latest_epoch(out)
-    if latest is not None:  # resume after a crash: weights + optimizer state of the last epoch
-        epoch, d = latest
+    gen = torch.Generator().manual_seed(cfg.seed)
+    start, history, pos = 0, [], None
+    latest = _latest(out)
+    if latest is not None:  # resume after a crash from the latest epoch or step checkpoint
         from .checkpoint import load_checkpoint
 
-        model.load_state_dict(load_checkpoint(d).state_dict())
-        runner.load_state(d)
-        state = json.loads((d / "state.json").read_text())
-        start, history = epoch, state["history"]
-    gen = torch.Generator().manual_seed(cfg.seed)
-    step = sum(h["steps"] for h in history)
-    if start == 0 and rank == 0:
+        model.load_state_dict(load_checkpoint(latest).state_dict())
+        runner.load_state(latest)
+        state = json.loads((latest / "state.json").read_text())
+        start, history, pos = state["epoch"], state["history"], state.get("position")
+        rngs = torch.load(latest / "rng.pt") if (latest / "rng.pt").is_file() else []
+        if len(rngs) == world:  # (else, or from a checkpoint without it, the generator starts at the seed)
+            gen.set_state(rngs[rank])
+    step = sum(h["steps"] for h in history) + (pos["sums"]["batches"] if pos else 0)  # micro-batches
+    if latest is None and rank == 0:
         history.append({"epoch": 0, "steps": 0, **heldout_metrics(model, embed, head, cfg, online)})
+    every = (cfg.checkpoint_every or 0) * cfg.grad_accum  # micro-batches between step checkpoints
+    save = functools.partial(_save, out, model, dcfg, cfg, runner, rank, world, gen)  # (name, history, state)
     for epoch in range(start + 1, cfg.epochs + 1):
-        t0, losses, base_losses, n_steps, n_tok, n_rows = time.perf_counter(), [], [], 0, 0, 0
+        sums = dict(pos["sums"]) if pos else dict.fromkeys(SUMS, 0)  # this epoch so far
+        pos, t0 = None, time.perf_counter() - sums["seconds"]
         for batch in batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch, online, cfg.bucket,
-                             mask_mode=cfg.loss_mask, rank=rank, world=world):
+                             mask_mode=cfg.loss_mask, rank=rank, world=world, skip=sums["batches"]):
             for g in opt.param_groups:
                 g["lr"] = cfg.lr * lr_factor(step // cfg.grad_accum, total_steps // cfg.grad_accum,
                                              cfg.warmup_steps, cfg.lr_schedule)
             use_topk = step >= cfg.topk_from * total_steps
             loss, parts = compute_loss(cfg, model, embed, head, batch, gen, use_topk=use_topk)
             if not torch.isfinite(loss):
-                raise TrainingDiverged(f"non-finite loss {float(loss)} at epoch {epoch} step {n_steps}; "
-                                       f"last good checkpoint kept in {out}")
+                raise TrainingDiverged(f"non-finite loss {float(loss)} at epoch {epoch} step "
+                                       f"{sums['batches']}; last good checkpoint kept in {out}")
             runner.backward(loss)
             runner.step()
-            losses.append(float(loss.detach()))
-            base_losses.append(losses[-1] - parts["topk_total"])
-            n_steps += 1
+            # train_loss: what was optimised; train_base_loss: without HASS's top-K term, which joins
+            # mid-run (two-stage schedule), so it compares across the stages
+            sums["loss"] += float(loss.detach())
+            sums["base"] += float(loss.detach()) - parts["topk_total"]
+            sums["tokens"] += int(batch.mask.sum())
+            sums["rows"] += int(batch.mask.numel())
+            sums["batches"] += 1
             step += 1
-            n_tok += int(batch.mask.sum())
-            n_rows += int(batch.mask.numel())
+            if every and step % every == 0:
+                sums["seconds"] = time.perf_counter() - t0
+                state = {"epoch": epoch - 1, "position": {"sums": sums}}
+                d = save(f"step-{epoch}-{sums['batches']}", history, state)
+                if saved is not None:
+                    saved(d)
+            if cfg.crash_at_step and latest is None and step == cfg.crash_at_step * cfg.grad_accum:
+                raise RuntimeError(f"injected crash after optimizer step {cfg.crash_at_step}")
             if cfg.max_seconds and time.perf_counter() - t0 > cfg.max_seconds:
                 break
-        wall = time.perf_counter() - t0
-        # train_loss: what was optimised; train_base_loss: without HASS's top-K term, which joins
-        # mid-run (two-stage schedule), so it compares across the stages
-        metrics = {"epoch": epoch, "steps": n_steps, "train_loss": sum(losses) / max(len(losses), 1),
-                   "train_base_loss": sum(base_losses) / max(len(base_losses), 1),
-                   "train_tokens_per_s": n_tok / wall if wall else 0.0, "epoch_seconds": wall,
-                   "loss_token_fraction": n_tok / max(n_rows, 1)}  # loss positions / padded batch positions
+        wall, n = time.perf_counter() - t0, max(sums["batches"], 1)
+        metrics = {"epoch": epoch, "steps": sums["batches"], "train_loss": sums["loss"] / n,
+                   "train_base_loss": sums["base"] / n, "epoch_seconds": wall,
+                   "train_tokens_per_s": sums["tokens"] / wall if wall else 0.0,
+                   "loss_token_fraction": sums["tokens"] / max(sums["rows"], 1)}  # loss / padded positions
         if rank == 0:
             metrics.update(heldout_metrics(model, embed, head, cfg, online))
         history.append(metrics)
-        d = _save_epoch(out, epoch, model, dcfg, cfg, history, runner, rank)
+        d = save(f"epoch-{epoch}", history, {"epoch": epoch})
         if report is not None:
             report(metrics, d)
         if cfg.crash_after_epoch == epoch:
             raise RuntimeError(f"injected crash after epoch {epoch}")
     final = out / "final"
     if rank == 0:
-        d = _latest_epoch(out)[1]
         tmp = out / ".final.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(d, tmp, ignore=shutil.ignore_patterns("deepspeed", "optimizer.pt"))
+        state_files = shutil.ignore_patterns("deepspeed", "optimizer.pt", "rng.pt")
+        shutil.copytree(_latest(out), tmp, ignore=state_files)
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
     return final
 
 
-def _save_epoch(out, epoch, model, dcfg, cfg, history, runner, rank) -> Path:
-    d = out / f"epoch-{epoch}"
-    tmp = out / f".epoch-{epoch}.tmp"
+def _gather(obj, world: int) -> list:
+    """``obj`` of every rank, in rank order (a collective when torch.distributed is up)."""
+    import torch.distributed as dist
+
+    if world == 1 or not (dist.is_available() and dist.is_initialized()):
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _save(out, model, dcfg, cfg, runner, rank, world, gen, name: str, history: list, state: dict) -> Path:
+    """Checkpoint ``name``: weights, every rank's optimizer shard and noise generator, then
+    state.json (``state`` + history + config); renamed into place whole, on rank 0, which then
+    drops the checkpoints this one makes stale."""
+    d, tmp = out / name, out / f".{name}.tmp"
+    rngs = _gather(gen.get_state(), world)  # every rank, before rank 0 touches tmp
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
-        meta = DrafterConfig(**{**dcfg.to_dict(), "training": {"variant": cfg.variant, "epoch": epoch,
-                                                                  "lr": cfg.lr, "batch_size": cfg.batch_size,
-                                                                  "history": history}})
+        training = {"variant": cfg.variant, "epoch": state["epoch"], "lr": cfg.lr,
+                    "batch_size": cfg.batch_size, "history": history}
+        meta = DrafterConfig(**{**dcfg.to_dict(), "training": training})
         save_checkpoint(model, tmp, meta)
+        torch.save(rngs, tmp / "rng.pt")
     runner.save_state(tmp)  # every rank writes its optimizer shard (ZeRO)
     if rank == 0:
-        (tmp / "state.json").write_text(json.dumps({"epoch": epoch, "history": history, "config": asdict(cfg)}, default=str))
+        text = json.dumps({**state, "history": history, "config": asdict(cfg)}, default=str)
+        (tmp / "state.json").write_text(text)
         shutil.rmtree(d, ignore_errors=True)
-        os.replace(tmp, d)  # the epoch exists only once complete
+        os.replace(tmp, d)  # the checkpoint exists only once complete
+        done = [p.name for p in out.iterdir() if (p / "state.json").is_file()]
+        for stale in stale_checkpoints(done, cfg.keep_checkpoints):
+            shutil.rmtree(out / stale, ignore_errors=True)
     return d
-

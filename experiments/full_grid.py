@@ -20,6 +20,8 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a profile value")
     ap.add_argument("--force", default=None, help="redo one stage and what depends on it: features|train|merge|eval|report")
     ap.add_argument("--dry-run", action="store_true", help="print the plan; load no model")
+    ap.add_argument("--take-over", action="store_true",
+                    help="take the output over from a driver that holds its lease (one that is gone)")
     ap.add_argument("--tracking", choices=["none", "mlflow", "wandb"], default=None,
                     help="experiment tracking (profile key tracking.backend): MLflow file store under the output dir, "
                          "or W&B offline")
@@ -46,7 +48,7 @@ def main(argv=None) -> int:
     from orchestrator.preflight import PreflightError
 
     try:
-        driver = Driver(profile, out, force=args.force)
+        driver = Driver(profile, out, force=args.force, take_over=args.take_over)
     except (PermissionError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -29,10 +29,11 @@ from workers.eval_worker import EvalWorker
 from workers.tune_sweep import run_sweep
 
 from . import storage
-from .grid import EvalCell, eval_cells, key_of, merge_cells, train_cells
+from .grid import EvalCell, cell_prompts, eval_cells, key_of, merge_cells, pool_sizes, train_cells
+from .eval_pool import EvalPool
 from .grid import corpora as grid_corpora
-from .manifest import STAGES, Manifest
-from .preflight import preflight
+from .manifest import STAGES, Lease, Manifest
+from .preflight import check_cluster, check_train_resources, preflight
 from .profile import Profile, batch_plan, profile_dict
 from .progress import Progress
 from .report.build import build_report, current_failures
@@ -113,20 +114,25 @@ def _vocab_task(verifier, dtype, corpora, spec_dict, size, dest):
 
 
 class Driver:
-    def __init__(self, profile: Profile, output_dir: str, force: str | None = None):
+    def __init__(self, profile: Profile, output_dir: str, force: str | None = None, take_over: bool = False):
         self.p = profile
         self.uri = output_dir if storage.is_uri(output_dir) else None
         if self.uri:  # the driver's own files live in a staging dir; every artifact moves through the URI
             storage.check_writable_uri(self.uri)
             self.out = storage.staging_dir(self.uri)
-            self.out.mkdir(parents=True, exist_ok=True)
-            (self.out / "manifest.json").unlink(missing_ok=True)  # the remote manifest is the truth
-            if storage.exists(storage.join(self.uri, "manifest.json")):
-                storage.sync(storage.join(self.uri, "manifest.json"), str(self.out / "manifest.json"), force=True)
         else:
             self.out = Path(output_dir).resolve()
         self.root = self.uri or str(self.out)  # where artifacts live (workers read and write there)
         check_output_dir(self.out)
+        # one driver per output (LeaseHeld, one line, otherwise), taken before the manifest is read
+        self.lease = Lease(storage.join(self.root, "lease.json"), ttl=profile.cluster.lease_s)
+        note = self.lease.acquire(take_over)
+        if note:
+            print(f"lease: {note}", flush=True)
+        if self.uri:
+            (self.out / "manifest.json").unlink(missing_ok=True)  # the remote manifest is the truth
+            if storage.exists(storage.join(self.uri, "manifest.json")):
+                storage.sync(storage.join(self.uri, "manifest.json"), str(self.out / "manifest.json"), force=True)
         # with a URI, "done" means its files are at the URI (one listing now, not a request per unit)
         self.manifest = Manifest(self.out / "manifest.json", present=storage.list_files(self.uri) if self.uri else None)
         if force:
@@ -141,7 +147,7 @@ class Driver:
         # tags every trace row: the report tells ratios timed in one invocation from a resumed run's mix
         self.invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{os.getpid()}"
         t = profile.tracking  # a missing tracker package is an error now, before any work
-        self.tracker = Tracker(t.backend, self.out, profile.name, t.uri, t.experiment)
+        self.tracker = Tracker(t.backend, self.out, profile.name, t.uri, t.experiment, remote=self.uri)
         self._last_sync = time.time()
         self.ckpt_keys: dict[str, str] = {}  # checkpoint name -> manifest key of the unit that made it
 
@@ -164,6 +170,7 @@ class Driver:
 
     def _sync(self) -> None:
         """Publish the manifest (after the files it records, which are published as they finish)."""
+        self.lease.check()  # taken over by another driver: stop before writing over its manifest
         if self.uri:
             storage.sync(str(self.out / "profile.json"), self.ref("profile.json"), force=True)
             if (self.out / "manifest.json").is_file():
@@ -179,10 +186,19 @@ class Driver:
         return out
 
     def run(self) -> dict:
+        try:
+            return self._run()
+        finally:
+            self.lease.release()
+
+    def _run(self) -> dict:
         preflight(self.p)  # every data set and the verifier's config, before any work (PreflightError)
         self.verifier_name = resolve(self.p.verifier).name
         (self.out / "profile.json").write_text(json.dumps(profile_dict(self.p), indent=1, default=str))
+        if self.force:  # the forgotten units are forgotten at the URI too (a crash from here redoes them)
+            self._sync()
         _ray_init(self.p)
+        self.capacity = check_cluster(self.p, local_output=self.uri is None)  # (PreflightError)
         caches = self._timed("features", self.stage_features)
         ckpts = self._timed("train", self.stage_train, caches)
         ckpts.update(self._timed("merge", self.stage_merge, ckpts))
@@ -258,7 +274,7 @@ class Driver:
             grad_accum=bp.grad_accum, warmup_steps=t.warmup_steps, seed=t.init_seed, hass_steps=t.hass_steps,
             deepspeed=t.deepspeed, zero_stage=t.zero_stage, max_seconds=t.max_seconds, draft_vocab=self.vocab,
             lr_schedule=t.lr_schedule, grad_clip_mode=t.grad_clip_mode, topk_from=t.topk_from, bucket=t.bucket,
-            loss_mask=t.loss_mask,
+            loss_mask=t.loss_mask, checkpoint_every=t.checkpoint_every, keep_checkpoints=t.keep_checkpoints,
             online_spec=self._data_spec() if self.p.data.feature_mode == "online" else None,
         )
 
@@ -267,7 +283,7 @@ class Driver:
         prog = Progress("train", len(cells))
         ckpts, todo, keys = {}, {}, {}
         tcfg = dataclasses.asdict(self.p.train)
-        for k in ("backbones", "variants"):
+        for k in ("backbones", "variants", "checkpoint_every", "keep_checkpoints"):  # (not in the result)
             tcfg.pop(k)
         if tcfg["loss_mask"] == "next":  # added later: at its default the keys of earlier runs stay valid
             tcfg.pop("loss_mask")
@@ -288,17 +304,12 @@ class Driver:
             todo[cell.name] = self._train_config(cell, caches)
         if todo:
             r = self.p.resources.train
-            total = ray.cluster_resources()
-            need_cpu = r.num_workers * r.cpus_per_worker + 0.01
-            if need_cpu > total.get("CPU", 0) or (r.use_gpu and r.num_workers > total.get("GPU", 0)):
-                raise RuntimeError(
-                    f"resources.train asks for {r.num_workers} worker(s) x {r.cpus_per_worker} CPU"
-                    f"{' + 1 GPU' if r.use_gpu else ''} but the Ray cluster has {total.get('CPU', 0):g} CPU / "
-                    f"{total.get('GPU', 0):g} GPU: lower resources.train or add nodes")
+            check_train_resources(self.p, *self.capacity)  # the autoscaler's maximum, not the current size
             if self.force in ("features", "train"):  # else Tune would restore the finished sweep
                 storage.remove(self.ref("ray_results"))
             prog.log(f"Tune sweep over {sorted(todo)}")
-            per_trial = {"num_workers": r.num_workers, "cpus_per_worker": r.cpus_per_worker, "use_gpu": r.use_gpu}
+            per_trial = {"num_workers": r.num_workers, "cpus_per_worker": r.cpus_per_worker, "use_gpu": r.use_gpu,
+                         "max_failures": self.p.retries}
             grid = run_sweep(todo, self.ref("ray_results"), per_trial,
                              max_concurrent=r.max_concurrent_trials, callbacks=self.tracker.tune_callbacks())
             errors = {res.config["cell"]: res.error for res in grid if res.error}
@@ -312,6 +323,7 @@ class Driver:
                 self.manifest.record(keys[name], "train", name, "done", files=[f"checkpoints/{name}/final/model.safetensors"])
                 ckpts[name] = final
                 prog.step(name)
+            self.tracker.publish()  # the sweep's tracker records, to the output URI
         return ckpts
 
     # ------------------------------------------------------------------ 3. merges
@@ -354,11 +366,12 @@ class Driver:
     # ------------------------------------------------------------------ 4. evaluation
     def _prompts(self):
         out = {}
-        for b, n in self.p.eval.benchmarks.items():
+        pool = pool_sizes(self.p)  # per benchmark, the most prompts any cell reads
+        for b in self.p.eval.benchmarks:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 prompts, _ = load_benchmark(b)
-            out[b] = subsample(prompts, n, self.p.eval.seed)
+            out[b] = subsample(prompts, pool[b], self.p.eval.seed)
         return out
 
     def _eval_units(self, ckpts):
@@ -369,7 +382,7 @@ class Driver:
             if any(d not in ckpts for d in cell.drafters):
                 units.append((cell, None, None, "missing drafter: " + ", ".join(d for d in cell.drafters if d not in ckpts)))
                 continue
-            ps = prompts[cell.benchmark]
+            ps = subsample(prompts[cell.benchmark], cell_prompts(self.p, cell), e.seed)  # a subset of the pool
             ck_keys = [self.ckpt_keys.get(d) for d in cell.drafters]  # retrained drafters -> new eval keys
             for s in range(0, len(ps), e.shard_size):
                 shard = ps[s : s + e.shard_size]
@@ -405,35 +418,23 @@ class Driver:
         r = self.p.resources.eval
         actor_cls = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=-1, max_task_retries=0)(EvalWorker)
         n_act = max(1, min(self.p.resources.eval_actors, len(todo)))
-        actors = [actor_cls.options(name=f"eval-worker-{i}-{os.getpid()}").remote(
-                      self.p.verifier, self.p.verifier_dtype, max(1, int(r.num_cpus)))
-                  for i in range(n_act)]
+        args = (self.p.verifier, self.p.verifier_dtype, max(1, int(r.num_cpus)), r.drafter_cache_gb)
+        pool = EvalPool(lambda name: actor_cls.options(name=name).remote(*args), n_act, log=prog.log)
         decode = {"top_k": self.p.eval.tree.top_k, "depth": self.p.eval.tree.depth, "max_new_tokens": self.p.eval.max_new_tokens,
                   "seed": self.p.eval.seed, "routing_decide_steps": self.p.eval.routing_decide_steps,
                   "paired_baseline": self.p.eval.paired_baseline}
         queue = [(u, 1) for u in todo]
-        inflight, respawns = {}, 0
-        free = list(range(n_act))
-        while queue or inflight:
-            while queue and free:
-                (cell, shard, key), attempt = queue.pop(0)
-                i = free.pop()
-                ref = actors[i].run.options(name=f"eval:{cell.label}").remote(
-                    dataclasses.asdict(cell), [ckpts[d] for d in cell.drafters], shard, {**decode, "cell_key": cell.key})
-                inflight[ref] = (i, cell, shard, key, attempt)
-            ready, _ = ray.wait(list(inflight), num_returns=1)
-            ref = ready[0]
-            i, cell, shard, key, attempt = inflight.pop(ref)
-            free.append(i)
-            try:
-                rows, steps = ray.get(ref)
-            except Exception as e:  # noqa: BLE001 - actor died or decoding failed: retry, then record
-                try:  # a killed actor restarts (reloading the verifier): wait for it, so retries are not burned meanwhile
-                    ray.get(actors[i].pid.remote(), timeout=600)
-                except Exception:  # noqa: BLE001 - it did not come back: replace it
-                    respawns += 1  # a unique name: two shards at the same attempt on one slot had clashed
-                    actors[i] = actor_cls.options(name=f"eval-worker-{i}-{os.getpid()}-r{respawns}").remote(
-                        self.p.verifier, self.p.verifier_dtype, max(1, int(r.num_cpus)))
+        while queue or pool.running:  # a failed actor's slot is probed in the background (EvalPool)
+            while queue and pool.free:
+                (cell, shard, key), attempt = item = queue.pop(0)
+                pool.submit(lambda a, cell=cell, shard=shard: a.run.options(name=f"eval:{cell.label}").remote(
+                    dataclasses.asdict(cell), [ckpts[d] for d in cell.drafters], shard,
+                    {**decode, "cell_key": cell.key}), item)
+            finished = pool.next()
+            if finished is None:  # a probe answered: a slot is free again (or its actor was replaced)
+                continue
+            ((cell, shard, key), attempt), result, e = finished
+            if e is not None:  # the actor died or decoding failed: retry, then record
                 if attempt <= self.p.retries:
                     prog.log(f"{cell.label}: attempt {attempt} failed ({type(e).__name__}); retrying")
                     queue.append(((cell, shard, key), attempt + 1))
@@ -442,6 +443,8 @@ class Driver:
                                          error="".join(traceback.format_exception_only(type(e), e))[-2000:])
                     prog.step(f"{cell.label} FAILED after {attempt} attempts")
                 continue
+            rows, steps = result
+            self.lease.check()
             pfile, sfile = self._paths(cell, key)
             tags = {"unit_key": key, "invocation": self.invocation}
             strip = lambda rs: [{k: v for k, v in x.items() if k not in PARTITIONS} | tags for x in rs]  # noqa: E731
@@ -456,11 +459,10 @@ class Driver:
             self.manifest.record(key, "eval", cell.label, "done", attempts=attempt, files=[pfile, sfile],
                                  cell=dataclasses.asdict(cell), prompts=len(shard), rows=len(rows),
                                  file_rows={pfile: len(rows), sfile: len(steps)})  # read back by done()
-            if self.uri and time.time() - self._last_sync > 60:  # a crash loses at most a minute of records
+            if self.uri and time.time() - self._last_sync > 10:  # a crash loses at most 10 s of records
                 self._sync()
             prog.step(f"{cell.label} tau={tau:.2f}", acceptance=tau, cell=cell.label)
-        for a in actors:
-            ray.kill(a)
+        pool.close()
         return {"eval_units": len(units)}
 
     def print_summary(self) -> None:
@@ -499,7 +501,9 @@ class Driver:
                           "tau": r["tau"], "speedup": r.get("speedup")})
         try:
             self.tracker.log_run(profile_dict(self.p), cells, self.stage_seconds, self.out / "report")
-            print(f"tracking: {self.tracker.backend} run '{self.p.name}-summary' in {self.tracker.uri}")
+            self.tracker.publish()
+            where = f"{self.tracker.uri} (and {self.tracker.remote})" if self.tracker.remote else self.tracker.uri
+            print(f"tracking: {self.tracker.backend} run '{self.p.name}-summary' in {where}")
         except Exception as e:  # noqa: BLE001 - the results on disk stand; say the tracker did not get them
             print(f"tracking: {self.tracker.backend} failed ({type(e).__name__}: {e}); results are on disk")
 

@@ -2,19 +2,26 @@
 
 A unit is done when it is recorded done and its files are there; a Parquet file it lists must
 also read back (its footer) with the row count recorded in ``file_rows``, else the unit is redone.
+
+lease.json, next to it: which driver owns the output now (one at a time, see :class:`Lease`).
 """
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
+import time
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from drafters.atomic import write_text_atomic
+
+from . import storage
 
 STAGES = ("features", "train", "merge", "eval", "report")
 
@@ -91,3 +98,99 @@ class Manifest:
 
     def _flush(self) -> None:
         write_text_atomic(self.path, json.dumps(self.data, indent=1, sort_keys=True))
+
+
+class LeaseHeld(PermissionError):
+    """Another live driver holds the output's lease (the message is one line)."""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+class Lease:
+    """One driver per output. ``lease.json`` (a path or URI) names the holder (host, pid, a
+    random id) and when the lease expires; the holder renews it every ``ttl / 4`` seconds from a
+    daemon thread and deletes it at the end. A lease is stale once it has expired, or at once when
+    its holder was a process of this host that has exited (a killed driver's same command resumes
+    without waiting); a live one is refused unless ``take_over``. Object stores have no atomic
+    create, so after writing, the lease is read back ``settle`` seconds later: of two drivers
+    starting together, the one whose write landed last keeps it and the other is refused."""
+
+    def __init__(self, ref: str, ttl: float = 120, settle: float = 1.0):
+        self.ref, self.ttl, self.settle = ref, ttl, settle
+        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "id": uuid.uuid4().hex[:12]}
+        self.lost: str | None = None  # set once another driver has taken the output over
+        self._stop = threading.Event()
+
+    def _read(self) -> dict | None:
+        text = storage.read_text(self.ref)
+        try:
+            return json.loads(text) if text else None
+        except ValueError:  # a torn local write cannot happen (atomic); treat junk as no lease
+            return None
+
+    def _write(self) -> None:
+        now = time.time()
+        storage.write_text(self.ref, json.dumps({**self.me, "renewed": now, "expires": now + self.ttl}))
+
+    def _stale(self, held: dict) -> str | None:
+        """Why ``held`` may be taken without asking, or None while its driver may be running."""
+        if held["expires"] < time.time():
+            return f"it expired {time.time() - held['expires']:.0f}s ago"
+        if held["host"] == self.me["host"] and (held["pid"] == self.me["pid"] or not _alive(held["pid"])):
+            return "its process has exited" if held["pid"] != self.me["pid"] else "same process"
+        return None
+
+    def acquire(self, take_over: bool = False) -> str | None:
+        """Take the lease and start renewing it; returns a note when a stale or live lease was
+        taken over. Raises :class:`LeaseHeld` (one line) while another driver holds it."""
+        held, note, out = self._read(), None, self.ref.removesuffix("/lease.json")
+        if held and held.get("id") != self.me["id"]:
+            who = f"driver pid {held['pid']} on {held['host']}"
+            why = self._stale(held)
+            if why is None and not take_over:
+                left = held["expires"] - time.time()
+                raise LeaseHeld(f"output {out} is in use by {who} (its lease expires in {left:.0f}s unless "
+                                f"renewed); wait for it to finish, or if it is gone rerun with --take-over")
+            note = f"took over the lease of {who} ({why or '--take-over'})"
+        self._write()
+        time.sleep(self.settle)
+        now = self._read()
+        if not now or now.get("id") != self.me["id"]:
+            who = f"driver pid {now['pid']} on {now['host']}" if now else "another driver"
+            raise LeaseHeld(f"output {out} was taken by {who}, which started at the same time")
+        threading.Thread(target=self._renew, name="taskspec-lease", daemon=True).start()
+        return note
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.ttl / 4):
+            try:
+                held = self._read()
+                if not held or held.get("id") != self.me["id"]:  # taken over, or the output was removed
+                    who = f"driver pid {held['pid']} on {held['host']}" if held else "someone (lease deleted)"
+                    self.lost = f"the lease on {self.ref} was taken by {who}: this driver stops"
+                    print(f"[lease] {self.lost}", file=sys.stderr, flush=True)
+                    return
+                self._write()
+            except OSError as e:  # the store is unreachable for a moment: the next beat retries
+                print(f"[lease] renewing {self.ref} failed: {e}", file=sys.stderr, flush=True)
+
+    def check(self) -> None:
+        """Raise if another driver has taken the output over (call before writing shared state)."""
+        if self.lost:
+            raise LeaseHeld(self.lost)
+
+    def release(self) -> None:
+        self._stop.set()
+        try:
+            if not self.lost and (self._read() or {}).get("id") == self.me["id"]:
+                storage.remove(self.ref)
+        except OSError as e:  # it expires by itself
+            print(f"[lease] releasing {self.ref} failed ({e}); it expires in {self.ttl:.0f}s", file=sys.stderr)

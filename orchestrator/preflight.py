@@ -6,6 +6,10 @@ the verifier must resolve: the GGUF file of a GGUF verifier is there (its header
 weights), any other verifier's config loads. A missing benchmark is reported here, before hours of
 training, not when evaluation starts. Each problem is one line; all of them are reported together.
 Checked on the driver's node: workers on other nodes resolve the same names on theirs.
+
+Once Ray is up, the cluster is checked too (:func:`check_cluster`): a local output directory on a
+multi-node cluster is refused unless ``cluster.shared_mount``, and training's resources are
+compared with the most the cluster can have (the autoscaler's maximum), not its current size.
 """
 from __future__ import annotations
 
@@ -79,3 +83,66 @@ def preflight(p: Profile, options: SourceOptions | None = None) -> list[str]:
     if problems or vproblems:
         raise PreflightError(problems + vproblems)
     return found + vfound
+
+
+# ---------------------------------------------------------------- the cluster (after ray.init)
+def output_problem(local_output: bool, shared_mount: bool, nodes: int, max_nodes: float | None) -> str | None:
+    """A local output directory on a cluster of more than one node (now, or once the autoscaler
+    adds one) is seen by the driver's node only: Ray Train fails at its first checkpoint."""
+    multi = nodes > 1 or (max_nodes or 0) > 1
+    if not local_output or shared_mount or not multi:
+        return None
+    size = f"{nodes} nodes" if nodes > 1 else f"1 node now, up to {max_nodes:g} with the autoscaler"
+    return (f"output: a local directory on a multi-node Ray cluster ({size}) is not shared with the other "
+            f"nodes; use a URI (s3://, gs://, ...) or, if it is the same mount on every node, set "
+            f"cluster.shared_mount: true")
+
+
+def train_problem(p: Profile, capacity: dict, source: str) -> str | None:
+    """resources.train against ``capacity`` (the most CPU/GPU the cluster can have)."""
+    r = p.resources.train
+    need_cpu = r.num_workers * r.cpus_per_worker + 0.01  # + the Tune trial's own 0.01 CPU
+    cpu, gpu = capacity.get("CPU", 0), capacity.get("GPU", 0)
+    if need_cpu <= cpu and (not r.use_gpu or r.num_workers <= gpu):
+        return None
+    return (f"resources.train asks for {r.num_workers} worker(s) x {r.cpus_per_worker} CPU"
+            f"{' + 1 GPU' if r.use_gpu else ''} but {source} is {cpu:g} CPU / {gpu:g} GPU: lower "
+            f"resources.train or add nodes")
+
+
+def cluster_capacity() -> tuple[dict, str, int, float | None]:
+    """(most CPU/GPU, where that number comes from, alive nodes, most nodes or None). The maximum
+    is the autoscaler's (Ray's own reading of the cluster config the autoscaler publishes in the
+    GCS, as Ray Train uses it); without an autoscaler it is the current size, and says so."""
+    import ray
+    from ray._private.state import state
+
+    now, nodes = ray.cluster_resources(), sum(n["Alive"] for n in ray.nodes())
+    try:
+        most, config = state.get_max_resources_from_cluster_config(), state.get_cluster_config()
+    except Exception:  # noqa: BLE001 - an older Ray or no GCS entry: the current size stands
+        most, config = None, None
+    if not most:
+        return now, "the Ray cluster's current size (no autoscaler config found)", nodes, None
+    groups = [g.max_count for g in config.node_group_configs] if config else []
+    max_nodes = float("inf") if -1 in groups else float(sum(groups)) if groups else None
+    merged = {k: max(now.get(k, 0), most.get(k, 0)) for k in ("CPU", "GPU")}
+    return merged, "the autoscaler's maximum for this cluster", nodes, max_nodes
+
+
+def check_train_resources(p: Profile, capacity: dict, source: str) -> None:
+    problem = train_problem(p, capacity, source)
+    if problem:
+        raise PreflightError([problem])
+
+
+def check_cluster(p: Profile, local_output: bool) -> tuple[dict, str]:
+    """Refuse (PreflightError) a local output on a multi-node cluster without ``cluster.shared_mount``;
+    print where the capacity comes from. Returns (capacity, source) for :func:`check_train_resources`."""
+    capacity, source, nodes, max_nodes = cluster_capacity()
+    problem = output_problem(local_output, p.cluster.shared_mount, nodes, max_nodes)
+    if problem:
+        raise PreflightError([problem])
+    print(f"cluster: {nodes} node(s); resources checked against {source}: {capacity.get('CPU', 0):g} CPU / "
+          f"{capacity.get('GPU', 0):g} GPU", flush=True)
+    return capacity, source

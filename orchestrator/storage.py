@@ -20,6 +20,8 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from drafters.atomic import write_text_atomic
+
 LAST = ("state.json", "manifest.json")  # completion markers: copied after the files they describe
 # where an S3-compatible store is (MinIO, Ceph, a local test server): pyarrow's S3 client reads
 # these from the environment. The driver forwards them to every Ray worker; credentials it does not
@@ -178,3 +180,29 @@ def check_writable_uri(uri: str) -> None:
         remote.delete_file(probe)
     except (OSError, ValueError) as e:
         raise PermissionError(f"output URI {uri} is not writable: {e}") from e
+
+
+def read_text(ref: str) -> str | None:
+    """The text of the file ``ref`` (path or URI); None if it does not exist."""
+    from pyarrow import fs
+
+    filesystem, path = _fs(ref)
+    if filesystem.get_file_info(path).type != fs.FileType.File:
+        return None
+    try:
+        with filesystem.open_input_stream(path) as f:
+            return f.read().decode()
+    except FileNotFoundError:  # deleted between the two calls
+        return None
+
+
+def write_text(ref: str, text: str) -> None:
+    """Write the file ``ref`` whole: a temp name renamed into place for a path, one PUT for an object."""
+    from pyarrow import fs
+
+    filesystem, path = _fs(ref)
+    if isinstance(filesystem, fs.LocalFileSystem):  # a path, file://, or a mount
+        write_text_atomic(path, text)
+        return
+    with filesystem.open_output_stream(path) as f:
+        f.write(text.encode())

@@ -5,12 +5,18 @@
   hyperparameters as parameters and one step per epoch (loss, held-out agreement by depth).
 - The whole run: one summary run with the profile (flattened) as parameters, one metric per eval
   cell (tau, and speedup against ``generate``), the stage wall times, and the report as artifacts.
+
+With an output URI (``remote``) the default local store (``<staging>/mlruns`` or ``wandb``) is
+fetched from ``<URI>/mlruns`` (``wandb``) at start and published there after training and after
+the summary, so the records outlive the driver's machine.
 """
 from __future__ import annotations
 
 import os
 import re
 from pathlib import Path
+
+from . import storage
 
 BACKENDS = ("none", "mlflow", "wandb")
 
@@ -33,7 +39,7 @@ def metric_name(*parts) -> str:
 
 class Tracker:
     def __init__(self, backend: str, out: Path, profile_name: str, uri: str | None = None,
-                 experiment: str | None = None):
+                 experiment: str | None = None, remote: str | None = None):
         if backend not in BACKENDS:
             raise ValueError(f"tracking backend must be one of {list(BACKENDS)}, got {backend!r}")
         self.backend, self.out = backend, Path(out)
@@ -57,6 +63,17 @@ class Tracker:
             Path(self.uri).mkdir(parents=True, exist_ok=True)
         else:
             self.uri = None
+        # the default store is a local directory: with an output URI it is mirrored there
+        self.local = self.out / backend if backend == "wandb" else self.out / "mlruns"
+        default = backend != "none" and uri is None
+        self.remote = storage.join(remote, self.local.name) if remote and default else None
+        if self.remote and storage.exists(self.remote):  # records of earlier runs of this output
+            storage.sync(self.remote, str(self.local))
+
+    def publish(self) -> None:
+        """Copy the local store to the output URI (incremental; no-op without one)."""
+        if self.remote and self.local.is_dir():
+            storage.sync(str(self.local), self.remote)
 
     def tune_callbacks(self) -> list:
         """Ray Tune logger callbacks for the training sweep."""

@@ -1,13 +1,46 @@
-"""Evaluation actor: loads the verifier once, caches drafters, decodes shards of prompts."""
+"""Evaluation actor: loads the verifier once, keeps recently used drafters, decodes shards of prompts."""
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections import OrderedDict
+from collections.abc import Callable
+
+
+class DrafterCache:
+    """Loaded drafters by key within a byte budget: past it, the least recently used go first
+    (never those of the cell at hand, which may exceed the budget alone)."""
+
+    def __init__(self, budget_bytes: float, size: Callable[[object], int]):
+        self.budget, self.size = budget_bytes, size
+        self.items: OrderedDict = OrderedDict()  # key -> (drafter, bytes), least recently used first
+        self.evicted = 0
+
+    def get(self, key: str, load: Callable[[], object], keep: set = frozenset()):
+        if key in self.items:
+            self.items.move_to_end(key)
+            return self.items[key][0]
+        value = load()
+        self.items[key] = (value, self.size(value))
+        for k in [k for k in self.items if k not in keep | {key}]:
+            if self.nbytes() <= self.budget:
+                break
+            del self.items[k]
+            self.evicted += 1
+        return value
+
+    def nbytes(self) -> int:
+        return sum(n for _, n in self.items.values())
+
+
+def _drafter_bytes(proposer) -> int:
+    return sum(t.numel() * t.element_size() for t in proposer.drafter.state_dict().values())
 
 
 class EvalWorker:
     """Wrapped with ray.remote by the driver (resources come from the profile)."""
 
-    def __init__(self, verifier: str, dtype: str | None = None, threads: int = 1):
+    def __init__(self, verifier: str, dtype: str | None = None, threads: int = 1, drafter_cache_gb: float = 4.0):
         import torch
 
         from decoding.verifiers import eos_token_ids, load_verifier, resolve
@@ -17,39 +50,41 @@ class EvalWorker:
         self.model, self.tok = load_verifier(verifier, dtype=dtype, device=self.device)
         self.name = resolve(verifier).name
         self.eos = eos_token_ids(self.model, self.tok)
-        self._proposers: dict[str, object] = {}
+        self._proposers = DrafterCache(drafter_cache_gb * 2**30, _drafter_bytes)
         self._auto: dict[tuple, object] = {}  # (checkpoints, strategy, dedup, granularity) -> tree auto choice
 
     def pid(self) -> int:
         return os.getpid()
 
-    def _proposer(self, path: str, index: int):
+    def _proposer(self, path: str, index: int, keep: set):
         from decoding.runner import load_proposers
 
         from orchestrator.storage import fetch
 
-        key = f"{path}#{index}"
-        if key not in self._proposers:  # a URI is copied to this node first
+        def load():  # a URI is copied to this node first
             p = load_proposers(self.model, [str(fetch(path))], self.name)[0]
             p.index, p.name = index, path.rstrip("/").split("/")[-2 if path.rstrip("/").endswith("final") else -1]
-            self._proposers[key] = p
-        return self._proposers[key]
+            return p
+
+        return self._proposers.get(f"{path}#{index}", load, keep)
 
     def run(self, cell: dict, checkpoint_paths: list[str], prompts: list, decode: dict) -> tuple[list, list]:
         """Decode ``prompts`` for one evaluation cell; returns (prompt rows, step rows)."""
         from decoding.engine import DecodeConfig, SpeculativeDecoder
         from decoding.runner import decode_prompt, generate_baseline, prompt_rows
         from decoding.tree import TreeConfig
+        from orchestrator.grid import decode_columns, decode_options
 
         tree = TreeConfig(decode["top_k"], decode["depth"], cell["total_tokens"] if cell["strategy"] != "autoregressive" else 2)
+        # route_score, switch_* and the cell's own decide steps where the cell sets them
+        opts = {"routing_decide_steps": decode.get("routing_decide_steps", 1)} | decode_options(cell)
         cfg = DecodeConfig(strategy=cell["strategy"], temperature=cell["temperature"], max_new_tokens=decode["max_new_tokens"],
                            seed=decode["seed"], routing_granularity=cell["routing_granularity"],
-                           merge_dedup=cell["merge_dedup"], tree=tree, routing_decide_steps=decode.get("routing_decide_steps", 1),
-                           merge_budget=cell["strategy"] == "merged" and cell["budget_matched"])
-        props = [self._proposer(p, i) for i, p in enumerate(checkpoint_paths)]
+                           merge_dedup=cell["merge_dedup"], tree=tree,
+                           merge_budget=cell["strategy"] == "merged" and cell["budget_matched"], **opts)
+        keep = {f"{p}#{i}" for i, p in enumerate(checkpoint_paths)}  # this cell's drafters stay loaded
+        props = [self._proposer(p, i, keep) for i, p in enumerate(checkpoint_paths)]
         if cell.get("tree", "fixed") == "auto":
-            import dataclasses
-
             from decoding.autotree import auto_tree, calibration_inputs
 
             key = (tuple(checkpoint_paths), cell["strategy"], cell["merge_dedup"], cell["routing_granularity"],
@@ -64,6 +99,7 @@ class EvalWorker:
         dec = SpeculativeDecoder(self.model, props, cfg, self.eos)
         extra = {k: cell[k] for k in ("drafter", "strategy", "routing_granularity", "merge_dedup", "total_tokens", "budget_matched")}
         extra["tree"] = cell.get("tree", "fixed")
+        extra |= decode_columns(cell)
         extra["tree_shape"] = f"{cfg.tree.top_k}/{cfg.tree.depth}/{cfg.tree.total_tokens}"
         extra["cell_key"] = decode["cell_key"]
         # the autoregressive cell also times transformers' generate on the same inputs: the speed baseline;

@@ -29,19 +29,23 @@ def train_loop_per_worker(config: dict) -> None:
 
     ctx = ray.train.get_context()
     rank, world, local_rank = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank()
-    cfg = artifacts.prepare(TrainConfig(**config["train"]), local_rank)  # with out_uri: inputs and last epoch fetched
+    cfg = artifacts.prepare(TrainConfig(**config["train"]), local_rank)  # with out_uri: inputs, last checkpoint
     model, tok = load_verifier(cfg.verifier, device="cuda" if _cuda() else "cpu")
+
+    def saved(ckpt_dir: Path) -> None:  # a step checkpoint: to the URI only (Ray Train: one report per epoch)
+        artifacts.publish_checkpoint(cfg, ckpt_dir, rank, local_rank)
 
     def report(metrics: dict, ckpt_dir: Path) -> None:
         # with a URI the epoch is published there and Ray Train records a pointer to it (no second
         # copy of the weights); without one Ray Train keeps a copy of the epoch directory
-        ckpt_ref = artifacts.publish_epoch(cfg, ckpt_dir, rank, local_rank)
+        artifacts.publish_checkpoint(cfg, ckpt_dir, rank, local_rank)
         ckpt = None
         if rank == 0:
-            ckpt = ray.train.Checkpoint.from_directory(str(ckpt_ref or ckpt_dir))
+            ckpt_ref = artifacts.pointer(cfg, ckpt_dir) if cfg.out_uri else ckpt_dir
+            ckpt = ray.train.Checkpoint.from_directory(str(ckpt_ref))
         ray.train.report({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, checkpoint=ckpt)
 
-    final = train(cfg, model, rank=rank, world=world, report=report, tokenizer=tok)
+    final = train(cfg, model, rank=rank, world=world, report=report, tokenizer=tok, saved=saved)
     artifacts.publish_final(cfg, final, rank)
 
 
@@ -53,13 +57,15 @@ def _cuda() -> bool:
 
 def trainer_for(cfg, num_workers: int = 1, use_gpu: bool = False, cpus_per_worker: int = 1,
                 storage_path: str | None = None, name: str | None = None, max_failures: int = 1):
-    """A TorchTrainer for one drafter run (backend gloo on CPU, nccl on GPU)."""
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    """A TorchTrainer for one drafter run (backend gloo on CPU, nccl on GPU). ``max_failures``:
+    worker-group restarts (the profile's ``retries``), each resuming from the latest checkpoint;
+    Ray Train keeps the records of the last ``cfg.keep_checkpoints`` epochs."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     if storage_path is None:  # next to the checkpoints: the run's URI if it has one, else the local dir
-        storage_path = (cfg.out_uri.rsplit("/", 1)[0] + "/_ray_train") if cfg.out_uri else str(Path(cfg.out_dir).resolve().parent / "_ray_train")
-    storage = storage_path
+        parent = cfg.out_uri.rsplit("/", 1)[0] if cfg.out_uri else str(Path(cfg.out_dir).resolve().parent)
+        storage_path = f"{parent}/_ray_train"
     # the batch each optimizer step sees (train.global_batch in a profile; orchestrator.profile.batch_plan)
     print(f"[train {cfg.backbone}-{cfg.variant}] global batch {num_workers * cfg.batch_size * cfg.grad_accum} = "
           f"{num_workers} worker(s) x per-worker batch {cfg.batch_size} x gradient accumulation {cfg.grad_accum}",
@@ -68,9 +74,11 @@ def trainer_for(cfg, num_workers: int = 1, use_gpu: bool = False, cpus_per_worke
         train_loop_per_worker,
         train_loop_config={"train": dataclasses.asdict(cfg)},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
-        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu, resources_per_worker={"CPU": cpus_per_worker}),
-        run_config=RunConfig(name=name or f"train-{cfg.backbone}-{cfg.variant}", storage_path=storage,
-                             failure_config=FailureConfig(max_failures=max_failures)),
+        scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
+                                     resources_per_worker={"CPU": cpus_per_worker}),
+        run_config=RunConfig(name=name or f"train-{cfg.backbone}-{cfg.variant}", storage_path=storage_path,
+                             failure_config=FailureConfig(max_failures=max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=cfg.keep_checkpoints)),
     )
 
 

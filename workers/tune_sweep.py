@@ -25,7 +25,8 @@ def _trial(params: dict, configs: dict, resources: dict) -> None:
 
     cfg = TrainConfig(**configs[params["cell"]])
     final, result = run_training(cfg, num_workers=resources["num_workers"], use_gpu=resources["use_gpu"],
-                                 cpus_per_worker=resources["cpus_per_worker"], name=f"train-{params['cell']}")
+                                 cpus_per_worker=resources["cpus_per_worker"], name=f"train-{params['cell']}",
+                                 max_failures=resources.get("max_failures", 1))
     # one Tune result per epoch (Ray Train reported them in its own run), so the tracker callbacks see the curve
     numeric = lambda m: {k: v for k, v in m.items() if isinstance(v, (int, float)) and k not in RAY_KEYS}  # noqa: E731
     history = result.metrics_dataframe

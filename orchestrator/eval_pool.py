@@ -1,0 +1,78 @@
+"""Evaluation actors as slots that outlive actor and node failures, without blocking each other.
+
+Each slot runs one shard at a time. When a shard fails, its slot's actor is probed in the
+background (``pid()`` answers once a restarted actor has reloaded its verifier) while the other
+slots keep taking shards. An actor whose probe fails (it will not restart) or that has not
+answered after ``restart_s`` seconds (no node could take it) is killed and replaced by a new
+actor under a new, unique name.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+
+import ray
+
+
+class EvalPool:
+    def __init__(self, make: Callable[[str], object], n: int, restart_s: float = 600.0, log=print):
+        """``make(name)``: a new actor (a handle with ``pid`` and the methods ``submit`` calls)."""
+        self.make, self.restart_s, self.log = make, restart_s, log
+        self.actors = [self._new(i) for i in range(n)]
+        self.free = list(range(n))
+        self.running: dict = {}  # ObjectRef -> (slot, item)
+        self.probes: dict = {}  # ObjectRef of pid() -> (slot, deadline)
+        self.replaced = 0
+
+    def _new(self, slot: int):
+        return self.make(f"eval-worker-{slot}-{uuid.uuid4().hex[:8]}")
+
+    def submit(self, call: Callable[[object], ray.ObjectRef], item) -> None:
+        """Run ``call(actor)`` (it returns an ObjectRef) on a free slot; ``item`` comes back with it."""
+        slot = self.free.pop()
+        self.running[call(self.actors[slot])] = (slot, item)
+
+    def _probe(self, slot: int) -> None:
+        self.probes[self.actors[slot].pid.remote()] = (slot, time.time() + self.restart_s)
+
+    def _replace(self, slot: int, why: str) -> None:
+        ray.kill(self.actors[slot], no_restart=True)
+        self.actors[slot] = self._new(slot)
+        self.replaced += 1
+        self.log(f"eval actor {slot} replaced ({why})")
+        self._probe(slot)
+
+    def next(self):
+        """Wait for a shard or a probe. A shard: (item, result, None) or (item, None, error), the
+        slot probed after an error; a probe: None (its slot is free again, or being replaced)."""
+        deadline = min((d for _, d in self.probes.values()), default=None)
+        timeout = None if deadline is None else max(0.0, deadline - time.time())
+        ready, _ = ray.wait([*self.running, *self.probes], num_returns=1, timeout=timeout)
+        if not ready:  # a probe ran out of time: no node took the restarted actor
+            for ref, (slot, d) in list(self.probes.items()):
+                if d <= time.time():
+                    del self.probes[ref]
+                    self._replace(slot, f"not back after {self.restart_s:.0f}s")
+            return None
+        ref = ready[0]
+        if ref in self.probes:
+            slot, _ = self.probes.pop(ref)
+            try:
+                ray.get(ref)
+                self.free.append(slot)
+            except Exception as e:  # noqa: BLE001 - the actor will not come back
+                self._replace(slot, f"it did not restart: {type(e).__name__}")
+            return None
+        slot, item = self.running.pop(ref)
+        try:
+            result = ray.get(ref)
+        except Exception as e:  # noqa: BLE001 - decoding failed or the actor died: the caller retries
+            self._probe(slot)
+            return item, None, e
+        self.free.append(slot)
+        return item, result, None
+
+    def close(self) -> None:
+        for a in self.actors:
+            ray.kill(a)

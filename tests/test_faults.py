@@ -1,0 +1,305 @@
+"""Faults and bounds on one machine (issue 24): step checkpoints that resume to the same weights,
+one driver per output (the lease), failed eval actors replaced without blocking the others, the
+drafter LRU, tracker records at the output URI, cluster guard rails, Ray Train's failure and
+checkpoint settings. The multi-node fault tests are in tests/test_multinode.py."""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from drafters.trainer import TrainConfig, train
+from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
+from orchestrator import preflight
+from orchestrator.manifest import Lease, LeaseHeld
+from orchestrator.profile import load_profile
+from workers.eval_worker import DrafterCache
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = DataSpec(n=16, heldout=4, max_length=96, seed=42)
+TIMING = ("epoch_seconds", "train_tokens_per_s")  # the only history fields a resume may change
+FAULTS = pytest.mark.skipif(os.environ.get("TASKSPEC_FAULT_TESTS") != "1",
+                            reason="a Ray Train run that fails and restarts (minutes): TASKSPEC_FAULT_TESTS=1")
+
+
+# ---------------------------------------------------------------- step checkpoints
+@pytest.fixture(scope="module")
+def features(verifier, eos, tmp_path_factory):
+    model, tok = verifier
+    root = str(tmp_path_factory.mktemp("features"))
+    return root, {c: ensure_features(model, tok, eos, "smollm2-135m-instruct", c, SPEC, root)
+                  for c in ("mathinstruct", "sharegpt")}
+
+
+def _cfg(features, out, **kw) -> TrainConfig:
+    root, caches = features
+    return TrainConfig(verifier="smollm2-135m-instruct", backbone="hass", variant="math", out_dir=str(out),
+                       train_data=variant_data("math", root, caches, SPEC.n),
+                       heldout_data=heldout_data(root, caches)[:1], epochs=2, lr=1e-3, batch_size=4,
+                       deepspeed=False, hass_steps=2, topk_from=0.5, warmup_steps=2, **kw)
+
+
+@pytest.mark.slow
+def test_step_checkpoint_resume_ends_with_the_uninterrupted_weights(verifier, features, tmp_path):
+    """Checkpoints every 3 optimizer steps; a crash after step 7 (2 epochs x 4 steps) resumes from
+    step 6, inside epoch 2 (data position, optimizer, noise generator restored), and ends with the
+    same weights, bit for bit, as a run that never stopped (and as one without step checkpoints)."""
+    model = verifier[0]
+    plain = train(_cfg(features, tmp_path / "plain"), model)
+    whole = train(_cfg(features, tmp_path / "whole", checkpoint_every=3, keep_checkpoints=1), model)
+    out = tmp_path / "crash"
+    t0 = time.time()
+    with pytest.raises(RuntimeError, match="injected crash after optimizer step 7"):
+        train(_cfg(features, out, checkpoint_every=3, keep_checkpoints=1, crash_at_step=7), model)
+    crashed_at = time.time()
+    left = sorted(p.name for p in out.iterdir() if (p / "state.json").is_file())
+    assert left == ["epoch-1", "step-2-2"], left  # step-1-3 dropped once epoch-1 was written
+    state = json.loads((out / "step-2-2/state.json").read_text())
+    redone = 7 - (sum(h["steps"] for h in state["history"]) + state["position"]["sums"]["batches"])
+    resumed = train(_cfg(features, out, checkpoint_every=3, keep_checkpoints=1), model)
+    print(f"step checkpoints: crash after step 7, resumed from step-2-2 (step 6): {redone} step redone; "
+          f"resume to final {time.time() - crashed_at:.1f}s (crashed run {crashed_at - t0:.1f}s)")
+    assert redone == 1
+    a, b, c = (load_file(str(d / "model.safetensors")) for d in (whole, resumed, plain))
+    for k in a:
+        assert torch.equal(a[k], b[k]) and torch.equal(a[k], c[k]), k
+    hist = [json.loads((d / "config.json").read_text())["training"]["history"] for d in (whole, resumed)]
+    strip = lambda h: [{k: v for k, v in e.items() if k not in TIMING} for e in h]  # noqa: E731
+    assert strip(hist[0]) == strip(hist[1]) and [e["epoch"] for e in hist[1]] == [0, 1, 2]
+    assert sorted(p.name for p in out.iterdir() if (p / "state.json").is_file()) == ["epoch-2", "final"]  # keep 1
+
+
+def test_ray_train_gets_the_profiles_retries_and_keeps_few_checkpoints(tmp_path):
+    from workers.train_worker import trainer_for
+
+    cfg = TrainConfig(verifier="v", backbone="hass", variant="math", out_dir=str(tmp_path / "x"),
+                      train_data=[["r", "k", None]], keep_checkpoints=2)
+    run = trainer_for(cfg, max_failures=3).run_config
+    assert run.failure_config.max_failures == 3 and run.checkpoint_config.num_to_keep == 2
+    assert load_profile("smoke").retries == 2  # the driver passes it as max_failures (stage_train)
+
+
+# ---------------------------------------------------------------- the lease
+def _holder(ref: str) -> subprocess.Popen:
+    code = ("import sys, time; from orchestrator.manifest import Lease; "
+            f"Lease({ref!r}, ttl=60, settle=0).acquire(); print('held', flush=True); time.sleep(120)")
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+@pytest.mark.parametrize("uri", [False, True])
+def test_a_second_driver_is_refused_until_the_first_is_gone(tmp_path, uri):
+    out = f"file://{tmp_path}/run" if uri else str(tmp_path / "run")
+    ref = f"{out}/lease.json"
+    holder = _holder(ref)
+    try:
+        with pytest.raises(LeaseHeld) as e:
+            Lease(ref, settle=0).acquire()
+        msg = str(e.value)
+        assert "\n" not in msg and f"driver pid {holder.pid} on" in msg and "--take-over" in msg, msg
+        print(f"second driver: {msg}")
+    finally:
+        holder.kill()
+        holder.wait()
+    lease = Lease(ref, settle=0)
+    assert "its process has exited" in lease.acquire()  # a killed driver's command resumes at once
+    lease.release()
+    assert not Path(ref.removeprefix("file://")).exists()
+
+
+def test_a_live_lease_elsewhere_expires_or_is_taken_over_and_the_loser_stops(tmp_path):
+    ref = str(tmp_path / "lease.json")
+    other = {"host": "other-host", "pid": 1, "id": "x"}
+    Path(ref).write_text(json.dumps({**other, "expires": time.time() + 60}))
+    with pytest.raises(LeaseHeld, match="in use by driver pid 1 on other-host"):
+        Lease(ref, settle=0).acquire()
+    first = Lease(ref, ttl=0.4, settle=0)
+    assert "--take-over" in first.acquire(take_over=True)
+    Path(ref).write_text(json.dumps({**other, "expires": time.time() - 5}))  # another driver took it back
+    time.sleep(0.5)  # the holder's renewal (every ttl / 4) sees it
+    with pytest.raises(LeaseHeld, match="taken by driver pid 1 on other-host"):
+        first.check()
+    second = Lease(ref, settle=0)
+    assert "expired" in second.acquire()
+    second.release()
+
+
+# ---------------------------------------------------------------- eval actors
+class _Flaky:
+    """An eval-actor stand-in: ``run`` sleeps, or kills its process; a restart takes ``restart_s``."""
+
+    def __init__(self, restart_s: float):
+        import ray
+
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            time.sleep(restart_s)  # reloading the verifier
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def run(self, item: int, die: bool) -> int:
+        if die:
+            os._exit(1)
+        time.sleep(0.3)
+        return item
+
+
+@pytest.fixture(scope="module")
+def local_ray(tmp_path_factory):
+    """A local Ray whose workers keep their node-local files under a staging dir of their own."""
+    import ray
+
+    with socket.socket() as sock:  # a free port for Ray's minimal dashboard (never 8265: other tests use it)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {"TASKSPEC_STAGING": str(tmp_path_factory.mktemp("node")), "TASKSPEC_TRAIN_THREADS": "1"}
+    ray.init(num_cpus=2, include_dashboard=False, dashboard_port=port, log_to_driver=False,
+             runtime_env={"env_vars": env})
+    yield ray, env["TASKSPEC_STAGING"]
+    ray.shutdown()
+
+
+@FAULTS
+@pytest.mark.slow
+def test_ray_train_restarts_after_a_crash_and_resumes_from_the_step_checkpoint_at_the_uri(features, local_ray,
+                                                                                        tmp_path, monkeypatch):
+    """Two ZeRO-1 workers, a checkpoint every 3 optimizer steps, a crash after step 4 (fresh runs
+    only): FailureConfig(max_failures=1) restarts the worker group, which fetches step-2-1 from the
+    file:// URI and finishes. Stale checkpoints are gone at the URI and on the node."""
+    from orchestrator import storage
+    from workers.train_worker import run_training
+
+    root, caches = features
+    uri = f"file://{tmp_path}/bucket/run"
+    for corpus in caches.values():  # the feature caches, published as the features stage does
+        for part in ("train", "heldout"):
+            storage.publish(f"{root}/{corpus[part]}", storage.join(uri, "features", corpus[part]))
+    out_uri, feats = storage.join(uri, "checkpoints", "hass-math"), storage.join(uri, "features")
+    cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone="hass", variant="math", out_dir="unused",
+                      out_uri=out_uri, train_data=variant_data("math", feats, caches, SPEC.n),
+                      heldout_data=heldout_data(feats, caches)[:1], epochs=2, lr=1e-3, batch_size=4, hass_steps=2,
+                      deepspeed=True, zero_stage=1, checkpoint_every=3, keep_checkpoints=1, crash_at_step=4)
+    t0 = time.time()
+    _, result = run_training(cfg, num_workers=2, max_failures=1)  # the first attempt must crash: a restart
+    hist = json.loads((tmp_path / "bucket/run/checkpoints/hass-math/final/config.json").read_text())
+    print(f"Ray Train: crash after step 4 of 4, restart from step-2-1 (1 step redone), done in "
+          f"{time.time() - t0:.0f}s; at the URI: {storage.listdir(out_uri)}")
+    assert [h["epoch"] for h in hist["training"]["history"]] == [0, 1, 2] and result.metrics["epoch"] == 2
+    assert storage.listdir(out_uri) == ["epoch-2", "final"]  # keep_checkpoints 1, step checkpoints dropped
+    monkeypatch.setenv("TASKSPEC_STAGING", local_ray[1])
+    node = storage.node_cache(out_uri)  # where the workers kept their copies
+    assert sorted(p.name for p in node.iterdir() if not p.name.startswith(".pointer")) == ["final"]
+
+
+def _drain(pool, items, die_once):
+    """Run ``items`` through ``pool`` as the driver does (a failed item is queued again)."""
+    queue, done, t_fail, during = list(items), {}, None, 0
+    while queue or pool.running:
+        while queue and pool.free:
+            i = queue.pop(0)
+            die = i in die_once
+            die_once.discard(i)
+            pool.submit(lambda a, i=i, die=die: a.run.remote(i, die), i)
+        got = pool.next()
+        if got is None:
+            continue
+        item, result, err = got
+        if err is not None:
+            t_fail = t_fail or time.time()
+            queue.append(item)
+            continue
+        done[item] = done.get(item, 0) + 1
+        during += bool(t_fail and pool.probes)  # finished while the failed actor was restarting
+    return done, during
+
+
+def test_a_dead_eval_actor_restarts_in_the_background_and_the_others_go_on(local_ray):
+    from orchestrator.eval_pool import EvalPool
+
+    ray = local_ray[0]
+    cls = ray.remote(num_cpus=0.5, max_restarts=-1, max_task_retries=0)(_Flaky)
+    names = []
+    pool = EvalPool(lambda name: names.append(name) or cls.options(name=name).remote(4.0), 2, log=lambda m: None)
+    t0 = time.time()
+    done, during = _drain(pool, range(12), {1})
+    print(f"eval pool: 12 shards, one actor killed and restarted (4 s): {during} shards finished meanwhile "
+          f"by the other actor; {time.time() - t0:.1f}s in all")
+    assert done == {i: 1 for i in range(12)} and during >= 3 and pool.replaced == 0
+    pool.close()
+    # an actor that cannot restart is replaced at once, under a new name
+    cls0 = ray.remote(num_cpus=0.5, max_restarts=0, max_task_retries=0)(_Flaky)
+    names.clear()
+    pool = EvalPool(lambda name: names.append(name) or cls0.options(name=name).remote(0.0), 2, log=lambda m: None)
+    done, _ = _drain(pool, range(6), {0, 3})
+    assert done == {i: 1 for i in range(6)} and pool.replaced == 2
+    assert len(names) == len(set(names)) == 4, names
+    pool.close()
+
+
+# ---------------------------------------------------------------- memory, tracking, guard rails
+def test_drafter_cache_drops_the_least_recently_used_within_its_budget():
+    loads = []
+    cache = DrafterCache(250, size=lambda v: 100)
+    get = lambda k, keep=frozenset(): cache.get(k, lambda: loads.append(k) or k, keep)  # noqa: E731
+    for k in ("a", "b", "a", "c"):  # c pushes out b (a was used after b)
+        get(k)
+    assert list(cache.items) == ["a", "c"] and loads == ["a", "b", "c"] and cache.evicted == 1
+    get("d", keep={"a", "d"})  # a cell of a and d: c goes, though a is older
+    assert list(cache.items) == ["a", "d"] and cache.nbytes() <= 250
+    get("e", keep={"a", "d", "e"})  # three drafters of one cell stay, over budget
+    assert list(cache.items) == ["a", "d", "e"]
+
+
+def test_tracker_records_reach_the_output_uri(tmp_path):
+    pytest.importorskip("mlflow")
+    import mlflow
+
+    from orchestrator.tracking import Tracker
+
+    uri = f"file://{tmp_path}/bucket/run"
+    first = Tracker("mlflow", tmp_path / "driver-a", "smoke", remote=uri)
+    first.log_run({"a": 1}, [{"name": "x", "tau": 2.0}], {"eval": 3.0}, tmp_path / "none")
+    first.publish()
+    assert (tmp_path / "bucket/run/mlruns").is_dir()
+    second = Tracker("mlflow", tmp_path / "driver-b", "smoke", remote=uri)  # a driver on a new machine
+    mlflow.set_tracking_uri(second.uri)
+    runs = mlflow.search_runs(experiment_names=["taskspec-smoke"])
+    assert len(runs) == 1 and runs["metrics.tau.x"][0] == 2.0
+
+
+def test_local_output_on_multi_node_is_refused_unless_shared():
+    assert preflight.output_problem(True, False, nodes=1, max_nodes=None) is None
+    assert preflight.output_problem(False, False, nodes=3, max_nodes=None) is None  # a URI
+    assert preflight.output_problem(True, True, nodes=3, max_nodes=None) is None  # declared shared mount
+    for nodes, most in ((3, None), (1, 4.0)):  # several nodes now, or once the autoscaler adds them
+        line = preflight.output_problem(True, False, nodes=nodes, max_nodes=most)
+        assert "cluster.shared_mount: true" in line and "\n" not in line
+
+
+def test_training_resources_are_checked_against_the_autoscalers_maximum(monkeypatch):
+    """A resume with cached features starts training at once: a head-only cluster that can grow
+    is not refused (the autoscaler's maximum counts); without an autoscaler, the current size."""
+    import ray
+    from ray._private.state import state
+
+    p = load_profile("smoke", ["resources.train.num_workers=4", "resources.train.use_gpu=true"])
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})  # the head only
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True}])
+    monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: {"CPU": 64, "GPU": 8})
+    monkeypatch.setattr(state, "get_cluster_config", lambda: None)
+    capacity, source = preflight.check_cluster(p, local_output=False)
+    assert capacity == {"CPU": 64, "GPU": 8} and "autoscaler" in source
+    preflight.check_train_resources(p, capacity, source)  # 4 GPU workers fit the maximum
+    monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: None)
+    capacity, source = preflight.check_cluster(p, local_output=False)
+    with pytest.raises(preflight.PreflightError, match="current size .* is 8 CPU / 0 GPU"):
+        preflight.check_train_resources(p, capacity, source)
