@@ -8,11 +8,16 @@ import sys
 import polars as pl
 import pytest
 
+from decoding.cli import main as cli_main
 from decoding.runner import PromptFileError, read_prompts
 
 
 def _run(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "decoding", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _no_model(*a, **kw):
+    raise AssertionError("a model was loaded before the input was checked")
 
 
 def _prompts(tmp_path, rows):
@@ -65,15 +70,19 @@ def test_bad_prompt_files_name_the_line(tmp_path, rows, match):
     (["--strategy", "autoregressive", "--temperature", "-1"], "temperature must be >= 0"),
     (["--strategy", "confidence", "--drafter", "/nonexistent", "--drafter", "/nonexistent2"], "not a drafter checkpoint"),
 ])
-def test_cli_refuses_bad_input_before_work(tmp_path, args, match):
+def test_cli_refuses_bad_input_before_work(tmp_path, args, match, capsys, monkeypatch):
+    """In this process (the entry point's own process is test_generate_cli_writes_rows_and_trace's):
+    exit code 2, the reason on stderr, and no model loaded."""
     prompts = _prompts(tmp_path, [{"id": "a", "turns": ["hi"]}])
     out = tmp_path / "o.parquet"
-    r = _run("generate", "--prompts", prompts, "--out", str(out), *args, timeout=120)
-    assert r.returncode == 2 and match in r.stderr, r.stderr
+    monkeypatch.setattr("decoding.verifiers.load_verifier", _no_model)
+    assert cli_main(["generate", "--prompts", prompts, "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert match in err, err
     assert not out.exists()
 
 
-def test_drafter_for_another_verifier_is_refused(tmp_path, random_drafter_dirs):
+def test_drafter_for_another_verifier_is_refused(tmp_path, random_drafter_dirs, capsys, monkeypatch):
     import shutil
 
     d = tmp_path / "other"
@@ -82,8 +91,9 @@ def test_drafter_for_another_verifier_is_refused(tmp_path, random_drafter_dirs):
     cfg["verifier"] = "llama3-8b-instruct"
     (d / "config.json").write_text(json.dumps(cfg))
     prompts = _prompts(tmp_path, [{"id": "a", "turns": ["hi"]}])
-    r = _run("generate", "--prompts", prompts, "--out", str(tmp_path / "o.parquet"), "--drafter", str(d), timeout=120)
-    assert r.returncode == 2 and "trained for verifier 'llama3-8b-instruct'" in r.stderr
+    monkeypatch.setattr("decoding.verifiers.load_verifier", _no_model)
+    assert cli_main(["generate", "--prompts", prompts, "--out", str(tmp_path / "o.parquet"), "--drafter", str(d)]) == 2
+    assert "trained for verifier 'llama3-8b-instruct'" in capsys.readouterr().err
 
 
 @pytest.mark.slow
@@ -124,4 +134,5 @@ def test_bench_pairs_every_row_with_generate_and_compares_outputs(random_drafter
         assert lo <= float(ratio[:-1]) <= hi and float(gen_tps) > 0, label
         assert same == "1/1", f"{label}: output differs from generate's at T=0"
     assert float(rows["oracle chain depth 3"][4]) > 2  # the verifier's own continuation is accepted
-    assert _run("bench", "--repeats", "0").returncode != 0
+    with pytest.raises(SystemExit, match="--repeats must be >= 1"):
+        cli_main(["bench", "--repeats", "0"])

@@ -1,24 +1,44 @@
-"""The smoke grid end to end on a local Ray: traces, resume, SIGKILL of an eval worker, and
-`ray job submit` against a local head (dashboard on 127.0.0.1)."""
+"""The smoke grid end to end on a local Ray, in two grid runs (and one rerun) on one output:
+
+1. ``readme_run``: the README's job-submit block, verbatim, with token authentication on (a fresh
+   head on 127.0.0.1:6379/8265, an isolated HOME): the whole smoke profile through `ray job
+   submit`. Its traces, report, lossless T=0 outputs, draft vocabulary and tree auto cells are
+   checked, then a rerun on the same output skips every unit.
+2. ``forced_run``: on that output, ``--force train`` run directly (the driver starts its own local
+   Ray, as `make smoke` does) with MLflow tracking, the metrics endpoint scraped, evaluation at T=0
+   with every cell timing generate next to its own prompts (eval.paired_baseline), and an eval
+   worker SIGKILLed mid-stage: it retrains (not a restore of the finished Tune sweep), retries the
+   lost shard and loses or duplicates no row.
+
+The tests run in file order (the checks of 1 before 2 rewrites the output). What moves through an
+object-store URI, with a staging dir per node, is tests/test_multinode.py's part. Every Ray process
+started here is found by its environment (an isolated HOME or TMPDIR) and ended by its pid, never
+by a broad name, so a Ray cluster of someone else's on the machine is left alone."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import polars as pl
+import psutil
 import pytest
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 GRID = [sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke"]
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
+# the forced run evaluates at T=0 only, without tree auto (14 cells, every strategy, both benchmarks):
+# run 1 covers T=1 and tree auto; what the forced run proves needs evaluation, not all of it
+FORCED = ["eval.temperatures=[0.0]", "eval.tree_auto=[]", "eval.paired_baseline=true"]
 
 
 def _eval_units(run: Path) -> dict:
@@ -43,27 +63,165 @@ def _check_traces(run: Path, overrides: list[str] = ()):
     return prompts
 
 
+def _procs_with_env(key: str, value: str) -> list[psutil.Process]:
+    """This user's processes started with ``key=value`` in their environment (children inherit it)."""
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(key) == value:
+                out.append(p)
+        except (psutil.Error, OSError):
+            pass
+    return out
+
+
+def _end(procs: list[psutil.Process]) -> None:
+    """SIGTERM, then SIGKILL what is left after 20 s: these processes only, by pid."""
+    for p in procs:
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    for p in psutil.wait_procs(procs, timeout=20)[1]:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+
+
+def _private_tmp() -> str:
+    """A short TMPDIR of its own for one Ray instance (Ray keeps its sockets and its address file
+    under it, so a later ray.init() never finds this instance, nor this one another's)."""
+    return tempfile.mkdtemp(prefix="tsg-", dir="/tmp" if os.path.isdir("/tmp") else None)
+
+
+def _readme_job_block() -> str:
+    """The README's job-submit commands, exactly as a user would paste them."""
+    text = (ROOT / "README.md").read_text()
+    after = text.split("<!-- job-submit:", 1)[1]
+    return after.split("```bash\n", 1)[1].split("```", 1)[0]
+
+
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
-    run = tmp_path_factory.mktemp("smoke")
+def readme_run(tmp_path_factory):
+    """The README's commands, verbatim, with token authentication on (an isolated HOME, so
+    ~/.ray/auth_token is created by them); then a request without the token. The head is stopped
+    before any other test starts a Ray of its own. Yields the output (runs/smoke-job) and what was seen."""
+    tmp = tmp_path_factory.mktemp("readme-job")
+    ray_bin = str(Path(sys.executable).parent / "ray")
+    home = tmp / "home"
+    home.mkdir()
+    ray_tmp = _private_tmp()
+    from decoding.caches import cache_dir
+
+    # no RAY_* setting of ours reaches the commands (RAY_DASHBOARD_STARTUP_TIMEOUT_S excepted: a
+    # loaded machine may need a longer wait); the machine's measurement caches (matmul tuning,
+    # verify costs: decoding/caches.py) stay the machine's, so the isolated HOME does not redo them
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_DASHBOARD_STARTUP_TIMEOUT_S"}
+    env.update(HOME=str(home), TMPDIR=ray_tmp, RAY_USAGE_STATS_ENABLED="0", TASKSPEC_CACHE=str(cache_dir()),
+               PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+    for port in (6379, 8265):
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} is busy: the README's commands need it"
+    out = ROOT / "runs" / "smoke-job"
+    shutil.rmtree(out, ignore_errors=True)
+    block = _readme_job_block()
+    assert "RAY_AUTH_MODE=token" in block and "ray job submit" in block
     t = time.time()
-    with socket.socket() as s:  # a free port for the head's Prometheus endpoint, scraped while the grid runs
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out, err = run.parent / f"{run.name}-stdout.txt", run.parent / f"{run.name}-stderr.txt"
-    seen = set()
-    with open(out, "w") as fo, open(err, "w") as fe:
-        proc = subprocess.Popen(GRID + ["--output-dir", str(run), "--tracking", "mlflow"], stdout=fo, stderr=fe,
-                                text=True, env={**ENV, "TASKSPEC_METRICS_PORT": str(port)})
-        while proc.poll() is None and time.time() - t < 900:
-            seen |= _scrape(port)
-            time.sleep(3)
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.wait() == 0, out.read_text()[-3000:] + err.read_text()[-3000:]
-    print(f"smoke grid wall time {time.time() - t:.0f}s")
-    (run.parent / f"{run.name}-metrics.txt").write_text("\n".join(sorted(seen)))
-    return run
+    try:
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=ROOT, capture_output=True, text=True,
+                           timeout=1200, env=env)
+        assert r.returncode == 0 and "succeeded" in r.stdout.lower(), r.stdout[-3000:] + r.stderr[-3000:]
+        # without the token the head refuses: authentication really is enforced
+        refused = subprocess.run([ray_bin, "job", "list", "--address", "http://127.0.0.1:8265"], capture_output=True,
+                                 text=True, timeout=120, env={**env, "HOME": str(tmp)})
+    finally:
+        _end(_procs_with_env("HOME", str(home)))  # the head and everything it started
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    print(f"README job (smoke grid through ray job submit): {time.time() - t:.0f}s")
+    yield SimpleNamespace(run=out, home=home, refused=refused)
+    shutil.rmtree(out, ignore_errors=True)
+
+
+def test_readme_job_block_runs_the_smoke_grid_with_token_auth(readme_run):
+    assert (readme_run.home / ".ray" / "auth_token").is_file()  # authentication was on
+    bad = readme_run.refused
+    assert bad.returncode != 0 and "token" in (bad.stdout + bad.stderr).lower()
+    assert (readme_run.run / "report" / "report.md").is_file()
+    _check_traces(readme_run.run)
+
+
+def test_smoke_grid_writes_traces_and_report(readme_run):
+    run = readme_run.run
+    prompts = _check_traces(run)
+    assert set(prompts["temperature"]) == {0.0, 1.0}
+    ar = prompts.filter(pl.col("strategy") == "autoregressive")
+    assert (ar["acceptance_length"] == 1.0).all()
+    # lossless at T=0: every strategy's output equals the autoregressive baseline's, prompt by prompt
+    t0 = prompts.filter(pl.col("temperature") == 0.0).select("benchmark", "prompt_id", "turn", "strategy", "drafter", "output_token_ids")
+    base = t0.filter(pl.col("strategy") == "autoregressive").select("benchmark", "prompt_id", "turn", pl.col("output_token_ids").alias("ref"))
+    joined = t0.join(base, on=["benchmark", "prompt_id", "turn"])
+    assert joined.height == t0.height and (joined["output_token_ids"] == joined["ref"]).all()
+    assert (run / "report/report.md").is_file() and list((run / "checkpoints").glob("*/final/model.safetensors"))
+    # one draft vocabulary for the run: every trained drafter and every merge carries the same map
+    from drafters.checkpoint import load_checkpoint
+
+    ckpts = list(run.glob("checkpoints/*/final")) + [p for p in run.glob("checkpoints/*avg*")]
+    maps = [load_checkpoint(c).draft_ids() for c in ckpts]
+    assert len(ckpts) >= 3 and all(m is not None and m.shape == (1024,) and (m == maps[0]).all() for m in maps)
+    # tree auto cells ran beside the fixed ones, with the chosen shape recorded
+    auto = prompts.filter(pl.col("tree") == "auto")
+    assert auto.height and auto["tree_shape"].null_count() == 0
+    # the autoregressive cells timed transformers' generate on the same inputs, with the same T=0 output
+    ar0 = prompts.filter((pl.col("strategy") == "autoregressive") & (pl.col("temperature") == 0.0))
+    assert (ar0["generate_wall_time_s"] > 0).all() and ar0["generate_matches"].all()
+
+
+def _nothing_redone(log: str) -> bool:
+    """Every unit of every stage was found done: features cached, the rest done earlier."""
+    lines = [x for x in log.splitlines() if re.search(r"\[(features|train|merge|eval)\] \d+/\d+ done", x)]
+    assert lines, log[-2000:]
+    redone = [x for x in lines if "(done earlier)" not in x and "(cached)" not in x]
+    assert not redone, redone
+    return True
+
+
+def test_rerun_skips_every_finished_unit(readme_run):
+    run = readme_run.run
+    before = (run / "manifest.json").read_text()
+    ray_tmp = _private_tmp()
+    try:
+        r = subprocess.run(GRID + ["--output-dir", str(run)], capture_output=True, text=True, timeout=600,
+                           env={**ENV, "TMPDIR": ray_tmp})
+    finally:
+        _end(_procs_with_env("TMPDIR", ray_tmp))  # nothing, unless the driver died before ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "Tune sweep" not in r.stdout and _nothing_redone(r.stdout)
+    assert json.loads(before)["cells"].keys() == json.loads((run / "manifest.json").read_text())["cells"].keys()
+    _check_traces(run)
+
+
+def test_a_driver_on_a_new_machine_resumes_a_run_at_a_uri(readme_run, tmp_path):
+    """The finished run, copied to a file:// URI (without the epochs, Ray's records and the report:
+    resuming needs none of them), and the same command from a
+    driver whose staging dir is empty (a new machine): the manifest is read from the URI, every
+    unit's files are found there, nothing is trained or evaluated again, and the report is written
+    back to the URI. (A URI run's own layout, node by node, is tests/test_multinode.py's.)"""
+    remote = tmp_path / "bucket" / "run"
+    shutil.copytree(readme_run.run, remote, ignore=shutil.ignore_patterns("epoch-*", "_ray_train", "ray_results", "report"))
+    uri = f"file://{remote}"
+    ray_tmp = _private_tmp()
+    try:
+        r = subprocess.run(GRID + ["--output-dir", uri], capture_output=True, text=True, timeout=600,
+                           env={**ENV, "TMPDIR": ray_tmp, "TASKSPEC_STAGING": str(tmp_path / "new-machine")})
+    finally:
+        _end(_procs_with_env("TMPDIR", ray_tmp))
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "Tune sweep" not in r.stdout and _nothing_redone(r.stdout)
+    assert (remote / "report" / "report.md").is_file() and list((tmp_path / "new-machine").rglob("report.md"))
+    _check_traces(remote)
 
 
 def _scrape(port: int) -> set[str]:
@@ -77,8 +235,84 @@ def _scrape(port: int) -> set[str]:
     return {line.split(" ")[0] for line in text.splitlines() if "taskspec" in line and not line.startswith("#")}
 
 
-def test_ray_metrics_are_exported_under_the_documented_names(smoke_run):
-    seen = (smoke_run.parent / f"{smoke_run.name}-metrics.txt").read_text().splitlines()
+def _eval_worker(ray_tmp: str) -> psutil.Process | None:
+    """An eval actor of this run: titled ray::EvalWorker when idle, ray::eval:<cell> while running a cell."""
+    for p in _procs_with_env("TMPDIR", ray_tmp):
+        try:
+            if re.match(r"ray::(EvalWorker|eval:)", " ".join(p.cmdline())):
+                return p
+        except psutil.Error:
+            pass
+    return None
+
+
+@pytest.fixture(scope="module")
+def forced_run(readme_run):
+    """``--force train`` on run 1's output, run directly with --tracking mlflow and FORCED; the
+    metrics endpoint scraped every 3 s; one eval worker SIGKILLed once 3 eval units are done. The
+    traces of run 1 are removed first, so every trace row read afterwards was written here."""
+    run = readme_run.run
+    shutil.rmtree(run / "traces")
+    finals = sorted(run.glob("checkpoints/*-math/final/model.safetensors"))
+    before = [f.stat().st_mtime_ns for f in finals]
+    with socket.socket() as s:  # a free port for the local head's Prometheus endpoint
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray_tmp = _private_tmp()
+    out, err = run.parent / "smoke-job-stdout.txt", run.parent / "smoke-job-stderr.txt"
+    sets = [a for s in FORCED for a in ("--set", s)]
+    seen, killed, t = set(), None, time.time()
+    try:
+        with open(out, "w") as fo, open(err, "w") as fe:
+            proc = subprocess.Popen(GRID + ["--output-dir", str(run), "--force", "train", "--tracking", "mlflow", *sets],
+                                    stdout=fo, stderr=fe, text=True,
+                                    env={**ENV, "TASKSPEC_METRICS_PORT": str(port), "TMPDIR": ray_tmp})
+            last_scrape = 0.0
+            while proc.poll() is None and time.time() - t < 900:
+                if time.time() - last_scrape > 3:
+                    seen |= _scrape(port)
+                    last_scrape = time.time()
+                if killed is None:
+                    units = _eval_units(run) if (run / "manifest.json").is_file() else {}
+                    if sum(u["status"] == "done" for u in units.values()) >= 3 and (victim := _eval_worker(ray_tmp)):
+                        killed = victim.pid
+                        victim.kill()
+                time.sleep(0.5)
+            if proc.poll() is None:
+                proc.kill()
+            rc = proc.wait()
+    finally:
+        _end(_procs_with_env("TMPDIR", ray_tmp))  # nothing, unless the driver died before ray.shutdown()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    print(f"forced run (train, merge, eval at T=0 with a SIGKILL): {time.time() - t:.0f}s")
+    stdout, stderr = out.read_text(), err.read_text()
+    assert rc == 0, stdout[-3000:] + stderr[-3000:]
+    yield SimpleNamespace(run=run, stdout=stdout, stderr=stderr, metrics=seen, killed=killed,
+                          retrained=[f.stat().st_mtime_ns for f in finals] != before)
+
+
+def test_force_train_then_sigkill_of_an_eval_worker_loses_and_duplicates_nothing(forced_run):
+    """--force train retrains (not a restore of the finished Tune sweep), then an eval worker is
+    SIGKILLed mid-stage: the driver retries its shard and no row is lost or duplicated."""
+    log = forced_run.stdout
+    assert forced_run.killed is not None, "no eval worker process was found to kill"
+    assert "Tune sweep" in log and "FAILED" not in log.split("[eval]")[0]
+    assert forced_run.retrained  # trained again
+    _check_traces(forced_run.run, FORCED)
+
+
+def test_paired_baseline_cells_time_generate_next_to_each_prompt(forced_run):
+    """eval.paired_baseline: every cell timed generate next to its own prompts, with the same T=0
+    output, and the speed table divides by those runs."""
+    prompts = _check_traces(forced_run.run, FORCED)
+    assert (prompts["generate_wall_time_s"] > 0).all() and prompts["generate_matches"].all()  # T=0: lossless
+    speed = pl.read_parquet(forced_run.run / "report/tables/speed.parquet").filter(
+        pl.col("method") != "generate (transformers)")
+    assert speed.height and speed["paired_baseline"].all() and (speed["outputs_equal_generate"] == 1.0).all()
+
+
+def test_ray_metrics_are_exported_under_the_documented_names(forced_run):
+    seen = sorted(forced_run.metrics)
     names = {x.split("{")[0] for x in seen}
     assert {"ray_taskspec_units_done_total", "ray_taskspec_acceptance_length"} <= names, seen
     assert any('stage="eval"' in x for x in seen if x.startswith("ray_taskspec_units_done_total")), seen
@@ -86,17 +320,16 @@ def test_ray_metrics_are_exported_under_the_documented_names(smoke_run):
     assert all(f"`{n}{{" in readme for n in ("ray_taskspec_units_done_total", "ray_taskspec_acceptance_length"))
 
 
-def test_console_output_is_short_and_ends_with_the_summary(smoke_run):
+def test_console_output_is_short_and_ends_with_the_summary(forced_run):
     """No per-process loading bars or Tune tables by default: a few hundred lines, summary last."""
-    lines = (smoke_run.parent / f"{smoke_run.name}-stdout.txt").read_text().splitlines()
-    err = (smoke_run.parent / f"{smoke_run.name}-stderr.txt").read_text().splitlines()
+    lines, err = forced_run.stdout.splitlines(), forced_run.stderr.splitlines()
     assert len(lines) + len(err) < 150, f"{len(lines)} + {len(err)} lines of output:\n" + "\n".join((lines + err)[:80])
     assert not [x for x in lines + err if "de-quantizing" in x or "it/s]" in x], "a progress bar leaked into the output"
     tail = "\n".join(lines[-12:])
     assert "summary:" in tail and "best tau" in tail and lines[-1].startswith("done: results in"), tail
 
 
-def test_mlflow_store_has_the_training_curves_and_the_summary(smoke_run):
+def test_mlflow_store_has_the_training_curves_and_the_summary(forced_run):
     """--tracking mlflow: a real local MLflow file store under the output dir, written through
     Ray Tune's MLflow callback (one run per training cell, one step per epoch) and the summary run."""
     os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
@@ -105,8 +338,9 @@ def test_mlflow_store_has_the_training_curves_and_the_summary(smoke_run):
     from orchestrator.grid import train_cells
     from orchestrator.profile import load_profile
 
-    p = load_profile("smoke")
-    client = MlflowClient((smoke_run / "mlruns").as_uri())
+    run = forced_run.run
+    p = load_profile("smoke", FORCED)
+    client = MlflowClient((run / "mlruns").as_uri())
     exp = client.get_experiment_by_name("taskspec-smoke")
     assert exp is not None
     runs = client.search_runs([exp.experiment_id])
@@ -119,145 +353,9 @@ def test_mlflow_store_has_the_training_curves_and_the_summary(smoke_run):
         assert "top1_depth1" in r.data.metrics and "train_loss" in r.data.metrics
     (summary,) = [r for r in runs if r.data.tags.get("taskspec.stage") == "summary"]
     assert summary.data.params["eval.max_new_tokens"] == str(p.eval.max_new_tokens)
-    t1 = pl.read_parquet(smoke_run / "report/tables/table1_acceptance.parquet")
+    t1 = pl.read_parquet(run / "report/tables/table1_acceptance.parquet")
     taus = {k: v for k, v in summary.data.metrics.items() if k.startswith("tau.")}
     assert len(taus) == t1.height and all(v > 0 for v in taus.values())
     assert any(k.startswith("speedup.") for k in summary.data.metrics)
     arts = [a.path for a in client.list_artifacts(summary.info.run_id, "report")]
     assert "report/report.md" in arts
-
-
-def test_smoke_grid_writes_traces_and_report(smoke_run):
-    prompts = _check_traces(smoke_run)
-    ar = prompts.filter(pl.col("strategy") == "autoregressive")
-    assert (ar["acceptance_length"] == 1.0).all()
-    # lossless at T=0: every strategy's output equals the autoregressive baseline's, prompt by prompt
-    t0 = prompts.filter(pl.col("temperature") == 0.0).select("benchmark", "prompt_id", "turn", "strategy", "drafter", "output_token_ids")
-    base = t0.filter(pl.col("strategy") == "autoregressive").select("benchmark", "prompt_id", "turn", pl.col("output_token_ids").alias("ref"))
-    joined = t0.join(base, on=["benchmark", "prompt_id", "turn"])
-    assert joined.height == t0.height and (joined["output_token_ids"] == joined["ref"]).all()
-    assert (smoke_run / "report/report.md").is_file() and list((smoke_run / "checkpoints").glob("*/final/model.safetensors"))
-    # one draft vocabulary for the run: every trained drafter and every merge carries the same map
-    from drafters.checkpoint import load_checkpoint
-
-    ckpts = list(smoke_run.glob("checkpoints/*/final")) + [p for p in smoke_run.glob("checkpoints/*avg*")]
-    maps = [load_checkpoint(c).draft_ids() for c in ckpts]
-    assert len(ckpts) >= 3 and all(m is not None and m.shape == (1024,) and (m == maps[0]).all() for m in maps)
-    # tree auto cells ran beside the fixed ones, with the chosen shape recorded
-    auto = prompts.filter(pl.col("tree") == "auto")
-    assert auto.height and auto["tree_shape"].null_count() == 0
-    # the autoregressive cells timed transformers' generate on the same inputs, with the same T=0 output
-    ar0 = prompts.filter((pl.col("strategy") == "autoregressive") & (pl.col("temperature") == 0.0))
-    assert (ar0["generate_wall_time_s"] > 0).all() and ar0["generate_matches"].all()
-
-
-def test_rerun_skips_every_finished_unit(smoke_run):
-    before = (smoke_run / "manifest.json").read_text()
-    r = subprocess.run(GRID + ["--output-dir", str(smoke_run)], capture_output=True, text=True, timeout=600, env=ENV)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "(done earlier)" in r.stdout and "Tune sweep" not in r.stdout
-    assert json.loads(before)["cells"].keys() == json.loads((smoke_run / "manifest.json").read_text())["cells"].keys()
-    _check_traces(smoke_run)
-
-
-def test_force_train_then_sigkill_of_an_eval_worker_loses_and_duplicates_nothing(smoke_run):
-    """--force train retrains (not a restore of the finished Tune sweep), then an eval worker is
-    SIGKILLed mid-stage: the driver retries its shard and no row is lost or duplicated."""
-    finals = sorted(smoke_run.glob("checkpoints/*-math/final/model.safetensors"))
-    before = [f.stat().st_mtime_ns for f in finals]
-    proc = subprocess.Popen(GRID + ["--output-dir", str(smoke_run), "--force", "train"], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, env=ENV)
-    killed = None
-    deadline = time.time() + 600
-    while time.time() < deadline and proc.poll() is None:
-        units = _eval_units(smoke_run) if (smoke_run / "manifest.json").is_file() else {}
-        done = sum(u["status"] == "done" for u in units.values())
-        if killed is None and done >= 3:
-            # an idle actor is titled ray::EvalWorker; one running a cell carries the task's name, ray::eval:<cell>
-            out = subprocess.run(["pgrep", "-f", "^ray::(EvalWorker|eval:)"], capture_output=True,
-                                 text=True).stdout.split()
-            if out:
-                killed = int(out[0])
-                os.kill(killed, signal.SIGKILL)
-        time.sleep(0.5)
-    log = proc.communicate(timeout=600)[0]
-    assert proc.returncode == 0, log[-3000:]
-    assert killed is not None, "no eval worker process was found to kill"
-    assert "Tune sweep" in log and "FAILED" not in log.split("[eval]")[0]
-    assert [f.stat().st_mtime_ns for f in finals] != before  # trained again
-    _check_traces(smoke_run)
-
-
-def _readme_job_block() -> str:
-    """The README's job-submit commands, exactly as a user would paste them."""
-    text = (ROOT / "README.md").read_text()
-    after = text.split("<!-- job-submit:", 1)[1]
-    return after.split("```bash\n", 1)[1].split("```", 1)[0]
-
-
-def test_ray_job_submit_runs_the_grid_through_a_uri(tmp_path):
-    """First the README's own commands, verbatim, with token authentication on (an isolated HOME,
-    so ~/.ray/auth_token is created by them). Then, on the same head, the output is a file:// URI
-    and the driver keeps its files apart from the workers' (TASKSPEC_STAGING differs), as on a
-    multi-node cluster: every feature cache, checkpoint and trace must travel through the URI. A
-    second submission from a driver with an empty staging dir (a new machine) resumes everything."""
-    ray_bin = str(Path(sys.executable).parent / "ray")
-    home = tmp_path / "home"
-    home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
-    env.update(HOME=str(home), RAY_USAGE_STATS_ENABLED="0", PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
-               TASKSPEC_STAGING=str(tmp_path / "worker-node"))
-    for port in (6379, 8265):
-        with socket.socket() as s:
-            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} is busy: the README's commands need it"
-    readme_run = ROOT / "runs" / "smoke-job"
-    shutil.rmtree(readme_run, ignore_errors=True)
-    block = _readme_job_block()
-    assert "RAY_AUTH_MODE=token" in block and "ray job submit" in block
-    run = tmp_path / "bucket" / "run"
-    auth_env = {**env, "RAY_AUTH_MODE": "token"}
-    # the URI runs keep every stage (features, both drafters, the merge) but evaluate only GSM8K at T=0
-    # with single and merged trees: what travels through the URI is the same, at a third of the cells.
-    # Every cell times generate next to its own prompt (eval.paired_baseline) and is divided by it.
-    small = ["eval.temperatures=[0.0]", "eval.strategies=[single, merged]", "eval.tree_auto=[]",
-             "eval.benchmarks={gsm8k: 1}", "eval.paired_baseline=true"]
-
-    def submit(driver_staging: str) -> str:
-        sets = [a for s in small for a in ("--set", s)]
-        r = subprocess.run([ray_bin, "job", "submit", "--address", "http://127.0.0.1:8265", "--",
-                            "env", f"TASKSPEC_STAGING={tmp_path / driver_staging}", sys.executable,
-                            str(ROOT / "experiments/full_grid.py"), "--profile", "smoke", "--output-dir", f"file://{run}",
-                            *sets],
-                           capture_output=True, text=True, timeout=900, env=auth_env)
-        assert r.returncode == 0 and "succeeded" in r.stdout.lower(), r.stdout[-3000:] + r.stderr[-2000:]
-        return r.stdout
-
-    try:
-        r = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=ROOT, capture_output=True, text=True,
-                           timeout=900, env=env)
-        assert r.returncode == 0 and "succeeded" in r.stdout.lower(), r.stdout[-3000:] + r.stderr[-3000:]
-        assert (home / ".ray" / "auth_token").is_file()  # authentication was on
-        assert (readme_run / "report" / "report.md").is_file()
-        _check_traces(readme_run)
-        # without the token the head refuses: authentication really is enforced
-        bad = subprocess.run([ray_bin, "job", "list", "--address", "http://127.0.0.1:8265"], capture_output=True,
-                             text=True, timeout=120, env={**env, "HOME": str(tmp_path)})
-        assert bad.returncode != 0 and "token" in (bad.stdout + bad.stderr).lower()
-        submit("driver-a")
-        prompts = _check_traces(run, small)
-        assert (prompts["generate_wall_time_s"] > 0).all() and prompts["generate_matches"].all()  # T=0: lossless
-        speed = pl.read_parquet(run / "report/tables/speed.parquet").filter(pl.col("method") != "generate (transformers)")
-        assert speed["paired_baseline"].all() and (speed["outputs_equal_generate"] == 1.0).all()
-        assert list(run.glob("checkpoints/*-math/final/model.safetensors")) and (run / "report/report.md").is_file()
-        assert list(run.glob("checkpoints/*-math/epoch-1/state.json"))  # epochs published by the Train workers
-        own = [p.relative_to(tmp_path / "driver-a") for p in (tmp_path / "driver-a" / "driver").rglob("*") if p.is_file()]
-        assert own and not [p for p in own if "final" in p.parts or "features" in p.parts]  # nothing a worker wrote
-        assert list((tmp_path / "driver-a" / "cache").rglob("final/model.safetensors"))  # fetched for the merges
-        assert list((tmp_path / "worker-node" / "cache").rglob("epoch-1/model.safetensors"))
-        log = submit("driver-b")
-        assert "(done earlier)" in log and "Tune sweep" not in log
-        assert list((tmp_path / "driver-b").rglob("report.md"))
-        _check_traces(run, small)
-    finally:
-        subprocess.run([ray_bin, "stop", "--force"], capture_output=True, timeout=120, env=auth_env)
-        shutil.rmtree(readme_run, ignore_errors=True)

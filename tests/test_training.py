@@ -84,25 +84,18 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(verifier, caches, tmp_pat
     assert (out / "epoch-1" / "model.safetensors").is_file() and not (out / "epoch-2").exists()
 
 
-def _ray_train(cfg, staging, **kw):
-    """One Ray Train run whose workers keep their node-local files under ``staging`` (not ours)."""
-    import ray
-
-    from workers.train_worker import run_training
-
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
-             runtime_env={"env_vars": {"TASKSPEC_STAGING": str(staging), "TASKSPEC_TRAIN_THREADS": "1"}})
-    try:
-        return run_training(cfg, **kw)
-    finally:
-        ray.shutdown()
-
-
 def test_two_zero_workers_train_and_resume_through_a_uri(caches, tmp_path):
     """Inputs, epochs (with both ranks' ZeRO shards) and the final checkpoint move only through
-    a file:// URI; a second run whose workers start with an empty local cache resumes from it."""
+    a file:// URI; a second run whose workers start with an empty local cache resumes from it.
+    Both runs share one local Ray (its workers keep their node-local files under ``node``, not
+    ours); the node's files are deleted between them, as if the second ran on a new node."""
+    import shutil
+
+    import ray
+
     from drafters.checkpoint import load_checkpoint
     from orchestrator import storage
+    from workers.train_worker import run_training
 
     root, c = caches
     uri = f"file://{tmp_path / 'bucket' / 'run'}"
@@ -114,17 +107,24 @@ def test_two_zero_workers_train_and_resume_through_a_uri(caches, tmp_path):
                       train_data=variant_data("math", storage.join(uri, "features"), c, N),
                       heldout_data=heldout_data(storage.join(uri, "features"), c)[:1], lr=1e-3, batch_size=4,
                       epochs=1, deepspeed=True, zero_stage=1)
-    _ray_train(cfg, tmp_path / "node-a", num_workers=2)
-    remote = tmp_path / "bucket/run/checkpoints/eagle2-math"
-    shards = sorted(p.name for p in (remote / "epoch-1/deepspeed/state").glob("*optim_states.pt"))
-    assert len(shards) == 2, shards  # one ZeRO-1 optimizer shard per rank
-    assert (remote / "epoch-1/state.json").is_file() and (remote / "final/model.safetensors").is_file()
-    assert (tmp_path / "node-a/cache").is_dir()
-    ray_train = tmp_path / "bucket/run/checkpoints/_ray_train"  # Ray Train's record: pointers, no second copy of weights
-    assert list(ray_train.rglob("pointer.json")) and not list(ray_train.rglob("*.safetensors"))
-    first = json.loads((remote / "epoch-1/state.json").read_text())["history"]
+    node = tmp_path / "node"
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
+             runtime_env={"env_vars": {"TASKSPEC_STAGING": str(node), "TASKSPEC_TRAIN_THREADS": "1"}})
+    try:
+        run_training(cfg, num_workers=2)
+        remote = tmp_path / "bucket/run/checkpoints/eagle2-math"
+        shards = sorted(p.name for p in (remote / "epoch-1/deepspeed/state").glob("*optim_states.pt"))
+        assert len(shards) == 2, shards  # one ZeRO-1 optimizer shard per rank
+        assert (remote / "epoch-1/state.json").is_file() and (remote / "final/model.safetensors").is_file()
+        assert (node / "cache").is_dir()  # the workers' node-local copies
+        ray_train = tmp_path / "bucket/run/checkpoints/_ray_train"  # Ray Train's record: pointers, no second copy of weights
+        assert list(ray_train.rglob("pointer.json")) and not list(ray_train.rglob("*.safetensors"))
+        first = json.loads((remote / "epoch-1/state.json").read_text())["history"]
 
-    final, result = _ray_train(dataclasses.replace(cfg, epochs=2), tmp_path / "node-b", num_workers=2)
+        shutil.rmtree(node)  # a new node: nothing local, everything comes from the URI
+        final, result = run_training(dataclasses.replace(cfg, epochs=2), num_workers=2)
+    finally:
+        ray.shutdown()
     assert result.metrics["epoch"] == 2
     history = load_checkpoint(str(storage.fetch(storage.join(out_uri, "final")))).config.training["history"]
     assert history[: len(first)] == first and history[-1]["epoch"] == 2  # epoch 1 (its timings too) came from the URI
