@@ -128,7 +128,13 @@ def micro(model, proposers, prompt_ids: list[int], cfg, reps: int = 7) -> None:
     feats, _ = prefill(model, cache, prompt_ids)
     n = len(prompt_ids) - 1
     keep_positions(cache, torch.arange(n))
-    base = None
+    base, bound = None, None
+    if model.device.type == "cpu":  # the machine, and the bound a one-token pass is held against
+        rec = cpu.machine.record([m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)])
+        print(cpu.machine.describe(rec))
+        bound = rec["sum_ms"]
+        for rows in (1, 6, 16):
+            print(f"  tuned forms at {rows:2d} rows: {cpu.machine.forms_summary(cpu.installed(model), rows)}")
     print(f"verify pass after a {n}-token prefix (median of {reps}):")
     for nodes in (0, 1, 2, 3, 5, 7, 9, 15, 23, 31):
         ts = []
@@ -140,7 +146,8 @@ def micro(model, proposers, prompt_ids: list[int], cfg, reps: int = 7) -> None:
             keep_positions(cache, torch.arange(n))
         ms = 1000 * statistics.median(ts)
         base = base or ms
-        print(f"  {nodes + 1:3d} tokens: {ms:7.1f} ms  ({ms / base:.2f}x a one-token step)")
+        vs_bound = f", {ms / bound:.2f}x the weights' plain sum" if bound else ""
+        print(f"  {nodes + 1:3d} tokens: {ms:7.1f} ms  ({ms / base:.2f}x a one-token step{vs_bound})")
     toks = torch.tensor(prompt_ids)
     for p in proposers:
         for k, depth in ((cfg.top_k, cfg.depth), (1, 1)):
@@ -244,7 +251,7 @@ def cmd_bench(args) -> int:
     cal_inputs = None
     for spec in args.strategies.split(","):
         strat, dedup = (spec[:-6], True) if spec.endswith("-dedup") else (spec, False)
-        n = {"autoregressive": 0, "single": 1}.get(strat, 2)
+        n = {"autoregressive": 0, "single": 1, "depth_adaptive": 3}.get(strat, 2)
         cfg = dataclasses.replace(base, strategy=strat, merge_dedup=dedup)
         shapes = [("", cfg.tree)]
         if args.tree == "auto" and strat != "autoregressive":

@@ -4,8 +4,11 @@
 
 For each row count, runs every nn.Linear weight of the verifier once, in model order (so each weight
 comes from memory, as in a real pass), as F.linear, (W @ x.T).T, the thin-GEMM kernel, and the form
-the tuned table installs; prints the median ms over interleaved repeats and the weight bytes
-streamed per second. The same process, weights and threads for every form: compare the columns.
+the tuned table installs; prints the median ms over interleaved repeats, the weight bytes
+streamed per second, the tuned pass against the bound (a plain sum of the same weights: one read of
+every byte) and against the tuned one-row pass, and which form the tuner chose how often. First it
+prints the machine (CPU model, flags, threads, kernel). The same process, weights and threads for
+every form: compare the columns, and compare machines by the ratios.
 """
 from __future__ import annotations
 
@@ -22,8 +25,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from decoding.cpu import kernel as cpu_kernel  # noqa: E402
 from decoding.cpu import matmul as cpu_matmul  # noqa: E402
+from decoding.cpu.machine import describe, record  # noqa: E402
 from decoding.runner import default_threads  # noqa: E402
 from decoding.verifiers import load_verifier  # noqa: E402
+
+
+def chosen(tables, rows: int) -> str:
+    """How many weights the tuner gave each form at this row count ("F.linear 120, kernel 91")."""
+    counts: dict[str, int] = {}
+    for t in tables:
+        form = cpu_matmul.form_at(t, rows)
+        counts[form] = counts.get(form, 0) + 1
+    return ", ".join(f"{f} {n}" for f, n in sorted(counts.items(), key=lambda kv: -kv[1]))
 
 
 def main(argv=None) -> int:
@@ -45,9 +58,12 @@ def main(argv=None) -> int:
     tables = {id(m): cpu_matmul.table_for(m.weight)[1] for m in linears}
     gb = sum(w.numel() * w.element_size() for w in weights) / 1e9
     forms = [f for f in cpu_matmul.FORMS if f != "kernel" or cpu_kernel.available()]
-    print(f"{a.verifier}: {len(weights)} weights, {gb * 1000:.0f} MB; {torch.get_num_threads()} threads; "
-          f"{cpu_kernel.status()}")
-    print(f"{'rows':>4}  " + "  ".join(f"{f:>8}" for f in forms) + f"  {'tuned':>8}  best GB/s")
+    machine = record(weights)
+    print(describe(machine))
+    print(f"{a.verifier}: {len(weights)} weights, {gb * 1000:.0f} MB")
+    print(f"{'rows':>4}  " + "  ".join(f"{f:>8}" for f in forms)
+          + f"  {'tuned':>8}  best GB/s  tuned/sum  tuned/1row  tuned forms")
+    one_row = None
     for m in rows:
         xs = {w.shape[1]: torch.randn(m, w.shape[1]) for w in weights}
 
@@ -68,8 +84,10 @@ def main(argv=None) -> int:
                 fn()
                 times[f].append(time.perf_counter() - t)
         ms = {f: 1000 * statistics.median(t) for f, t in times.items()}
+        one_row = ms["tuned"] if one_row is None else one_row
         print(f"{m:>4}  " + "  ".join(f"{ms[f]:8.1f}" for f in [*forms, "tuned"])
-              + f"  {gb / (min(ms.values()) / 1000):9.1f}", flush=True)
+              + f"  {gb / (min(ms.values()) / 1000):9.1f}  {ms['tuned'] / machine['sum_ms']:8.2f}x"
+              + f"  {ms['tuned'] / one_row:9.2f}x  {chosen(tables.values(), m)}", flush=True)
     return 0
 
 

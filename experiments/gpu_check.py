@@ -12,9 +12,10 @@
 3. training: one short DeepSpeed (ZeRO-1) run of a HASS drafter through Ray Train on the GPU, from
    features extracted on the GPU, printing loss tokens/s.
 
-``python experiments/gpu_check.py [--verifier NAME|DIR] [--drafter CKPT ...] [--llama3-shaped]``
+``python experiments/gpu_check.py [--verifier NAME|DIR] [--drafter CKPT ...] [--llama3-shaped on|off]``
 (random drafters when none are given: exactness and overhead are still measured; acceptance then
-is ~1; ``--llama3-shaped`` adds the same table for a random model with Llama-3-8B's shape).
+is ~1; on CUDA the same rows also run on a random model with Llama-3-8B's shape). Everything is
+printed as ONE markdown table at the end, ready for the README.
 ``--device cpu`` runs the same checks on a CPU (used by the test suite to keep this script working).
 """
 from __future__ import annotations
@@ -41,7 +42,12 @@ def _sync(device: str) -> None:
     synchronize(device)
 
 
-def check_dtype(args, dtype: str) -> int:
+COLUMNS = ("model", "dtype", "check", "equal", "near-tie", "MISMATCH", "tok/s", "vs gen", "tau", "syncs/step",
+           "h2d/step", "note")
+
+
+def check_dtype(args, dtype: str) -> list[dict]:
+    """One row for generate and one per strategy: exactness, tokens/s, tau and host round trips."""
     from decoding.bench import hf_generate
     from decoding.engine import DecodeConfig, SpeculativeDecoder
     from decoding.runner import load_proposers
@@ -71,17 +77,16 @@ def check_dtype(args, dtype: str) -> int:
     refs = [hf_generate(model, ids, args.max_new_tokens, eos, 0.0, 0) for ids in inputs]
     _sync(args.device)
     gen_tps = sum(map(len, refs)) / (time.perf_counter() - t0)
-    print(f"\n== {name} on {args.device}, {dtype}: {len(inputs)} prompts x {args.max_new_tokens} tokens; "
-          f"generate {gen_tps:.1f} tok/s")
-    print(f"{'strategy':<16}{'equal':>7}{'near-tie':>10}{'MISMATCH':>10}{'tok/s':>9}{'vs gen':>8}{'tau':>6}"
-          f"{'syncs/step':>11}{'h2d/step':>9}  gaps at ties")
-    bad = 0
+    model_name = Path(name).name if Path(name).exists() else name
+    rows = [dict(model=model_name, dtype=dtype, check="generate", **{"tok/s": f"{gen_tps:.1f}", "vs gen": "1.00x"},
+                 note=f"{len(inputs)} prompts x {args.max_new_tokens} tokens")]
     for spec in STRATEGIES:
         strat, dedup, budget = spec.split("-")[0], spec.endswith("dedup"), spec.endswith("budget")
         n = 1 if strat == "single" else 2
         cfg = DecodeConfig(strategy=strat, max_new_tokens=args.max_new_tokens, merge_dedup=dedup, merge_budget=budget,
                            tree=TreeConfig(4, 4, 16))
         dec = SpeculativeDecoder(model, props[:n], cfg, eos)
+        dec.generate(inputs[0][:8], seed_key="warm-up")  # first-call costs (tuning, kernels) stay out of the time
         counts, gaps, toks, calls, new = {"equal": 0, "near-tie": 0, "MISMATCH": 0}, [], 0, 0, 0
         _sync(args.device)
         t0 = time.perf_counter()
@@ -101,14 +106,14 @@ def check_dtype(args, dtype: str) -> int:
             toks, calls, new = toks + len(res.output_token_ids), calls + res.verifier_calls, new + res.new_tokens
             if gap is not None:
                 gaps.append(round(gap, 4))
-        bad += counts["MISMATCH"]
         tps = toks / wall
-        print(f"{spec:<16}{counts['equal']:>7}{counts['near-tie']:>10}{counts['MISMATCH']:>10}{tps:>9.1f}"
-              f"{tps / gen_tps:>7.2f}x{new / max(calls, 1):>6.2f}{per_step[0]:>11}{per_step[1]:>9}  {gaps or ''}")
-    return bad
+        rows.append(dict(model=model_name, dtype=dtype, check=spec, **counts, **{"tok/s": f"{tps:.1f}"},
+                         **{"vs gen": f"{tps / gen_tps:.2f}x", "syncs/step": per_step[0], "h2d/step": per_step[1]},
+                         tau=f"{new / max(calls, 1):.2f}", note=f"gaps at ties {gaps}" if gaps else ""))
+    return rows
 
 
-def check_training(args) -> None:
+def check_training(args) -> dict:
     """One short DeepSpeed run through Ray Train on the device (the grid's own training path)."""
     import ray
 
@@ -125,7 +130,7 @@ def check_training(args) -> None:
     spec = DataSpec(n=64, heldout=8, max_length=256)
     t0 = time.perf_counter()
     caches = {"mathinstruct": ensure_features(model, tok, eos_token_ids(model, tok), name, "mathinstruct", spec, root)}
-    print(f"\n== training: features for {spec.n} examples in {time.perf_counter() - t0:.1f}s")
+    t_features = time.perf_counter() - t0
     cfg = TrainConfig(verifier=name, backbone="hass", variant="math", out_dir=tempfile.mkdtemp(prefix="gpu-check-train-"),
                       train_data=variant_data("math", root, caches, spec.n), heldout_data=heldout_data(root, caches),
                       epochs=1, lr=1e-3, batch_size=8, deepspeed=True, zero_stage=1)
@@ -136,8 +141,21 @@ def check_training(args) -> None:
     finally:
         ray.shutdown()
     m = result.metrics or {}
-    print(f"DeepSpeed ZeRO-1 on {'the GPU' if gpu else 'the CPU'}: {m.get('steps')} steps, loss {m.get('train_loss', 0):.3f}, "
-          f"{m.get('train_tokens_per_s', 0):.0f} loss tokens/s, held-out top-1 {m.get('top1_depth1', 0):.3f} -> {final}")
+    tps = f"{m.get('train_tokens_per_s', 0):.0f}"
+    return dict(model=name, dtype="float32", check="train (ZeRO-1)", **{"tok/s": tps},
+                note=f"features {spec.n} ex in {t_features:.0f}s; {m.get('steps')} steps, loss "
+                     f"{m.get('train_loss', 0):.3f}, held-out top-1 {m.get('top1_depth1', 0):.3f} "
+                     "(tok/s: loss tokens)")
+
+
+def print_table(rows: list[dict]) -> None:
+    """Every check in one markdown table (paste it into the README as it is)."""
+    cells = [[str(r.get(c, "")) for c in COLUMNS] for r in rows]
+    width = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(COLUMNS)]
+    line = lambda xs: "| " + " | ".join(x.ljust(w) for x, w in zip(xs, width)) + " |"  # noqa: E731
+    print("\n" + line(COLUMNS) + "\n" + line(["-" * w for w in width]))
+    for x in cells:
+        print(line(x))
 
 
 def main(argv=None) -> int:
@@ -153,9 +171,9 @@ def main(argv=None) -> int:
     ap.add_argument("--tie-gap", type=float, default=None,
                     help=f"top-2 logit gap that counts as a near-tie (default per dtype: {TIE_GAP})")
     ap.add_argument("--no-train", action="store_true")
-    ap.add_argument("--llama3-shaped", action="store_true",
-                    help="also run the exactness/speed table on a random model with Llama-3-8B's shape "
-                         "(experiments/llama3_shaped.py: GQA, 128k vocabulary, bf16), built locally")
+    ap.add_argument("--llama3-shaped", choices=("auto", "on", "off"), default="auto",
+                    help="also run the exactness/speed rows on a random model with Llama-3-8B's shape "
+                         "(experiments/llama3_shaped.py: GQA, 128k vocabulary), built locally; auto = on CUDA")
     args = ap.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("error: no CUDA device; `--device cpu` runs the same checks on the CPU", file=sys.stderr)
@@ -163,15 +181,17 @@ def main(argv=None) -> int:
     if args.device.startswith("cuda"):
         print(f"device: {torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB), "
               f"torch {torch.__version__}")
-    bad = sum(check_dtype(args, d) for d in args.dtypes.split(","))
-    if args.llama3_shaped:
+    rows = [r for d in args.dtypes.split(",") for r in check_dtype(args, d)]
+    if args.llama3_shaped == "on" or (args.llama3_shaped == "auto" and args.device.startswith("cuda")):
         spec = importlib.util.spec_from_file_location("llama3_shaped", Path(__file__).with_name("llama3_shaped.py"))
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         shaped = argparse.Namespace(**{**vars(args), "verifier": str(mod.build(tempfile.mkdtemp(prefix="llama3-")))})
-        bad += sum(check_dtype(shaped, d) for d in args.dtypes.split(","))
+        rows += [r for d in args.dtypes.split(",") for r in check_dtype(shaped, d)]
     if not args.no_train:
-        check_training(args)
+        rows.append(check_training(args))
+    print_table(rows)
+    bad = sum(int(r.get("MISMATCH", 0)) for r in rows)
     print(f"\n{'FAILED' if bad else 'OK'}: {bad} mismatch(es) that are not near-ties")
     return 1 if bad else 0
 

@@ -5,9 +5,9 @@ repacked copy (panels of 32 output rows, k-major), made on first use and kept on
 tensor until the weight changes: the kernel's weights take twice their memory. It is one of the
 forms ``matmul.tune`` times per weight shape and row count, so it is used only where it wins
 on this machine. The shared library is built with the system C compiler (``$CC``, default
-``gcc``) for this CPU (``-march=native``) and cached under ``$TASKSPEC_CACHE/kernels``, keyed by
-the source, the flags and the CPU's feature flags; it uses the OpenMP runtime torch has already
-loaded, with torch's intra-op thread count. Without a compiler (or with ``TASKSPEC_CPU_KERNEL=0``)
+``gcc``) for this CPU (``-march=native``, or ``$TASKSPEC_CPU_MARCH``) and cached under
+``$TASKSPEC_CACHE/kernels``, keyed by the source, the flags and the CPU's feature flags; it uses
+the OpenMP runtime torch has already loaded, with torch's intra-op thread count. Without a compiler (or with ``TASKSPEC_CPU_KERNEL=0``)
 it is unavailable, ``status()`` says why, and the BLAS forms remain.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from ..caches import cache_dir
 
 SOURCE = Path(__file__).with_name("csrc") / "smallm.c"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-fPIC", "-shared"]
+FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared"]
 MAX_ROWS = 32
 _STATE: dict = {}
 _PACKED = WeakTensorKeyDictionary()  # weight -> (stamp, packed copy)
@@ -42,8 +42,14 @@ def cpuinfo(field: str) -> str:
     return ""
 
 
+def flags() -> list[str]:
+    """Compiler flags: this CPU's own instruction set, or ``$TASKSPEC_CPU_MARCH`` (e.g. ``x86-64``,
+    the baseline without AVX: how the kernel builds for a CPU that lacks AVX2/AVX-512)."""
+    return [*FLAGS, f"-march={os.environ.get('TASKSPEC_CPU_MARCH', 'native')}"]
+
+
 def library_path() -> Path:
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), os.environ.get("CC", "gcc"), *FLAGS, cpuinfo("flags")])
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), os.environ.get("CC", "gcc"), *flags(), cpuinfo("flags")])
                          .encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"smallm-{key}.so"
 
@@ -55,7 +61,7 @@ def build(path: Path) -> None:
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
-        subprocess.run([os.environ.get("CC", "gcc"), *FLAGS, str(SOURCE), "-o", tmp], check=True,
+        subprocess.run([os.environ.get("CC", "gcc"), *flags(), str(SOURCE), "-o", tmp], check=True,
                        capture_output=True, text=True, timeout=120)
         os.replace(tmp, path)
     finally:

@@ -140,6 +140,11 @@ class RowAwareLinear:
         return apply(x, self.m.weight, self.m.bias, self.table)
 
 
+def form_at(table: dict[int, str], rows: int) -> str:
+    """The form a tuned table names for a row count (the largest timed bucket at or below it)."""
+    return table[BUCKETS[max(0, bisect.bisect_right(BUCKETS, rows) - 1)]]
+
+
 def apply(x: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None, table: dict[int, str]) -> torch.Tensor:
     """F.linear(x, W, bias) in the form ``table`` names for x's row count."""
     rows = x.numel() // x.shape[-1]
@@ -147,7 +152,7 @@ def apply(x: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None, table: di
         return F.linear(x, W, bias)
     if torch.is_grad_enabled() and (x.requires_grad or W.requires_grad or (bias is not None and bias.requires_grad)):
         return F.linear(x, W, bias)  # the kernel and W @ x.T here are inference forms: gradients take F.linear
-    form = table[BUCKETS[max(0, bisect.bisect_right(BUCKETS, rows) - 1)]]
+    form = form_at(table, rows)
     if form == "linear":
         return F.linear(x, W, bias)
     y = form_fn(form)(x.reshape(rows, x.shape[-1]), W)

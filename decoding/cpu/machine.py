@@ -1,0 +1,83 @@
+"""Which machine a CPU number was measured on, and the bound it is measured against.
+
+Decode speed on a CPU is set by how fast the verifier's weights stream from memory, and that
+differs between machine classes (AMD EPYC with AVX2, Intel Xeon with AVX-512/AMX, Apple Silicon):
+a ratio means little without the machine beside it. ``record(weights)`` returns the CPU model,
+the instruction-set flags the kernel and the tuner care about, the thread count, and the plain
+sum of the weights in model order (one read of every byte, nothing else: the bandwidth bound a
+one-row verifier pass can at best reach). ``describe`` prints it in two lines for the benches.
+"""
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+
+import torch
+
+from . import kernel as cpu_kernel
+from . import matmul
+
+FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16",
+         "asimd", "sve")
+
+
+def isa_class(flags: set[str]) -> str:
+    """The class the README's machine rows are grouped by."""
+    if "amx_tile" in flags:
+        return "x86 AVX-512 + AMX"
+    if "avx512f" in flags:
+        return "x86 AVX-512"
+    if "avx2" in flags:
+        return "x86 AVX2"
+    if "asimd" in flags or platform.machine() in ("arm64", "aarch64"):
+        return "ARM NEON"
+    return "other"
+
+
+def weights_sum_ms(weights: list[torch.Tensor], repeats: int = 7) -> float:
+    """Median ms of one plain sum over every weight, in order: the weights' stream time."""
+    for w in weights:  # warm up
+        w.sum()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        for w in weights:
+            w.sum()
+        times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times)
+
+
+def record(weights: list[torch.Tensor] | None = None) -> dict:
+    """This machine: CPU, flags of interest, threads, kernel status and (given weights) the bound."""
+    flags = set(cpu_kernel.cpuinfo("flags").split()) | set(cpu_kernel.cpuinfo("Features").split())
+    rec = {
+        "cpu": cpu_kernel.cpuinfo("model name") or platform.processor() or platform.machine(),
+        "class": isa_class(flags),
+        "flags": [f for f in FLAGS if f in flags],
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "kernel": cpu_kernel.status(),
+    }
+    if weights:
+        nbytes = sum(w.numel() * w.element_size() for w in weights)
+        ms = weights_sum_ms(weights)
+        rec.update(weights_mb=nbytes / 1e6, sum_ms=ms, bandwidth_gbs=nbytes / 1e6 / ms)
+    return rec
+
+
+def forms_summary(tables: dict, rows: int) -> str:
+    """Which form the tuner chose per weight shape at this row count ("(576, 576) kernel; ...")."""
+    if not tables:
+        return "none installed (F.linear everywhere)"
+    return "; ".join(f"{shape} {matmul.form_at(t, rows)}" for shape, t in tables.items())
+
+
+def describe(rec: dict) -> str:
+    """Two lines: the machine, then the bound (when measured)."""
+    out = (f"machine: {rec['cpu']} ({rec['class']}; flags {' '.join(rec['flags']) or '-'}); "
+           f"{rec['threads']} threads; torch {rec['torch']}; {rec['kernel']}")
+    if "sum_ms" in rec:
+        out += (f"\nbound: a plain sum of the {rec['weights_mb']:.0f} MB of weights takes {rec['sum_ms']:.1f} ms "
+                f"({rec['bandwidth_gbs']:.1f} GB/s)")
+    return out
