@@ -134,7 +134,7 @@ def check_training(args) -> dict:
     cfg = TrainConfig(verifier=name, backbone="hass", variant="math", out_dir=tempfile.mkdtemp(prefix="gpu-check-train-"),
                       train_data=variant_data("math", root, caches, spec.n), heldout_data=heldout_data(root, caches),
                       epochs=1, lr=1e-3, batch_size=8, deepspeed=True, zero_stage=1)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         gpu = args.device.startswith("cuda")
         final, result = run_training(cfg, num_workers=1, use_gpu=gpu, cpus_per_worker=1, name="gpu-check")

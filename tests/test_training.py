@@ -108,8 +108,8 @@ def test_two_zero_workers_train_and_resume_through_a_uri(caches, tmp_path):
                       heldout_data=heldout_data(storage.join(uri, "features"), c)[:1], lr=1e-3, batch_size=4,
                       epochs=1, deepspeed=True, zero_stage=1)
     node = tmp_path / "node"
-    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True, log_to_driver=False,
-             runtime_env={"env_vars": {"TASKSPEC_STAGING": str(node), "TASKSPEC_TRAIN_THREADS": "1"}})
+    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True,  # a new instance
+             log_to_driver=False, runtime_env={"env_vars": {"TASKSPEC_STAGING": str(node), "TASKSPEC_TRAIN_THREADS": "1"}})
     try:
         run_training(cfg, num_workers=2)
         remote = tmp_path / "bucket/run/checkpoints/eagle2-math"
