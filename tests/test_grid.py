@@ -130,7 +130,7 @@ def readme_run(tmp_path_factory):
     t = time.time()
     try:
         r = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=ROOT, capture_output=True, text=True,
-                           timeout=1200, env=env)
+                           timeout=2400, env=env)
         assert r.returncode == 0 and "succeeded" in r.stdout.lower(), r.stdout[-3000:] + r.stderr[-3000:]
         # without the token the head refuses: authentication really is enforced
         refused = subprocess.run([ray_bin, "job", "list", "--address", "http://127.0.0.1:8265"], capture_output=True,
