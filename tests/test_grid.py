@@ -268,7 +268,7 @@ def forced_run(readme_run):
                                     stdout=fo, stderr=fe, text=True,
                                     env={**ENV, "TASKSPEC_METRICS_PORT": str(port), "TMPDIR": ray_tmp})
             last_scrape = 0.0
-            while proc.poll() is None and time.time() - t < 900:
+            while proc.poll() is None and time.time() - t < 1800:
                 if time.time() - last_scrape > 3:
                     seen |= _scrape(port)
                     last_scrape = time.time()
