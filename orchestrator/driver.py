@@ -386,15 +386,24 @@ class Driver:
             ck_keys = [self.ckpt_keys.get(d) for d in cell.drafters]  # retrained drafters -> new eval keys
             for s in range(0, len(ps), e.shard_size):
                 shard = ps[s : s + e.shard_size]
-                parts = [cell.key, self.verifier_name, e.max_new_tokens, e.seed, e.tree.top_k, e.tree.depth,
-                         [p.id for p in shard], [ckpts[d] for d in cell.drafters], ck_keys]
-                if e.routing_decide_steps != 1 and cell.routing_granularity != "step":
-                    parts.append(e.routing_decide_steps)  # (1 keeps the keys runs had before this setting)
-                if e.paired_baseline:  # the same: unpaired keys are the keys runs had before
-                    parts.append("paired-baseline")
-                key = "eval-" + key_of(parts)
-                units.append((cell, shard, key, None))
+                keys = [self._eval_key(cell, shard, [where(ckpts[d]) for d in cell.drafters], ck_keys)
+                        for where in (self._rel, str)]
+                units.append((cell, shard, keys, None))
         return units
+
+    def _rel(self, ref: str) -> str:
+        """An artifact's place relative to the run: eval keys survive a moved or copied run."""
+        return ref[len(self.root):].lstrip("/") if ref.startswith(self.root) else ref
+
+    def _eval_key(self, cell: EvalCell, shard, ckpt_refs: list[str], ck_keys: list) -> str:
+        e = self.p.eval
+        parts = [cell.key, self.verifier_name, e.max_new_tokens, e.seed, e.tree.top_k, e.tree.depth,
+                 [p.id for p in shard], ckpt_refs, ck_keys]
+        if e.routing_decide_steps != 1 and cell.routing_granularity != "step":
+            parts.append(e.routing_decide_steps)  # (1 keeps the keys runs had before this setting)
+        if e.paired_baseline:  # the same: unpaired keys are the keys runs had before
+            parts.append("paired-baseline")
+        return "eval-" + key_of(parts)
 
     def _paths(self, cell: EvalCell, key: str) -> tuple[str, str]:
         part = f"backbone={cell.backbone}/benchmark={cell.benchmark}/temperature={cell.temperature:g}"
@@ -404,15 +413,15 @@ class Driver:
         units = self._eval_units(ckpts)
         prog = Progress("eval", len(units))
         todo = []
-        for cell, shard, key, missing in units:
+        for cell, shard, keys, missing in units:
             if missing:
                 mkey = "eval-missing-" + cell.key
                 self.manifest.record(mkey, "eval", cell.label, "failed", error=missing)
                 prog.step(f"{cell.label} skipped: {missing}", skipped=True)
-            elif self.manifest.done(key):
+            elif any(self.manifest.done(k) for k in keys):  # (keys[1]: runs before keys were relative)
                 prog.step(f"{cell.label} (done earlier)", skipped=True)
             else:
-                todo.append((cell, shard, key))
+                todo.append((cell, shard, keys[0]))
         if not todo:
             return {"eval_units": len(units)}
         r = self.p.resources.eval

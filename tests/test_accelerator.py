@@ -190,9 +190,7 @@ def test_every_strategy_runs_on_the_device_within_the_step_budget(verifier, rand
     assert acc.counts["timer"] > 0  # step timers were read, each after the turn's closing sync
 
 
-NEXT = {  # the study's routers and its proposed next experiments: (case, DecodeConfig fields)
-    "confidence-node-prompt": (("confidence", 2, "prompt", False, False), {"route_score": "node"}),
-    "entropy-turn-3": (("entropy", 3, "turn", False, False), {}),
+NEXT = {  # the study's proposed next experiments: (case, DecodeConfig fields)
     "switching-k1": (("switching", 2, "step", False, False), {"switch_after": 1}),
     "switching-merged-dedup": (("switching", 2, "step", True, False), {"switch_after": 1, "switch_to": "merged"}),
     "depth_adaptive": (("depth_adaptive", 3, "step", False, False), {"switch_depth": 1}),

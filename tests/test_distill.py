@@ -28,9 +28,16 @@ def convs():
     return [short, multi]
 
 
-def test_greedy_regeneration_is_the_verifiers_own_greedy_answer(verifier, eos, convs):
+@pytest.fixture(scope="module")
+def greedy(verifier, eos, convs):
+    """Both conversations regenerated greedily (one verifier pass per token: computed once here)."""
     model, tok = verifier
-    out, stats = regenerate(model, tok, eos, convs, MAX_LEN, "greedy", batch_size=1)
+    return regenerate(model, tok, eos, convs, MAX_LEN, "greedy", batch_size=1)
+
+
+def test_greedy_regeneration_is_the_verifiers_own_greedy_answer(verifier, eos, convs, greedy):
+    model, tok = verifier
+    out, stats = greedy
     for c, d in zip(convs, out):
         assert [r for r, _ in c.turns] == [r for r, _ in d.turns]  # same roles, same user turns
         assert [t for r, t in c.turns if r != "assistant"] == [t for r, t in d.turns if r != "assistant"]
@@ -44,15 +51,14 @@ def test_greedy_regeneration_is_the_verifiers_own_greedy_answer(verifier, eos, c
     assert stats["turns"] >= 3 and stats["regenerated"] + stats["kept_past_max_length"] + stats["kept_empty"] == stats["turns"]
 
 
-def test_sampled_answers_are_seeded_and_cached(verifier, eos, convs, tmp_path):
+def test_sampled_answers_are_seeded_and_cached(verifier, eos, convs, greedy, tmp_path):
     model, tok = verifier
     a = distilled(model, tok, eos, "smollm2-135m-instruct", "mathinstruct", convs[:1], MAX_LEN, "sample", 3, tmp_path)
     again = distilled(None, tok, eos, "smollm2-135m-instruct", "mathinstruct", convs[:1], MAX_LEN, "sample", 3, tmp_path)
     assert a == again  # a cache hit needs no verifier
     b, _ = regenerate(model, tok, eos, convs[:1], MAX_LEN, "sample", seed=3)
     assert b[0].turns == a[0].turns  # seeded: the same answer again
-    g, _ = regenerate(model, tok, eos, convs[:1], MAX_LEN, "greedy")
-    assert g[0].turns[1] != a[0].turns[1]
+    assert greedy[0][0].turns[1] != a[0].turns[1]  # sampled, not the greedy answer
     with pytest.raises(FileNotFoundError, match="no self-distilled cache"):
         distilled(None, tok, eos, "smollm2-135m-instruct", "mathinstruct", convs[:1], MAX_LEN, "sample", 4, tmp_path)
 

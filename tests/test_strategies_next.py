@@ -430,16 +430,18 @@ class Table2:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("switch_to", ["specialist", "merged"])
-def test_switching_samples_the_verifier_distribution_after_a_switch(verifier, eos, joint3, switch_to):
+def test_switching_samples_the_verifier_distribution_after_a_switch(verifier, eos, joint3):
     """Routing picks the confident garbage drafter at the first step; nothing is accepted, so the
-    second step verifies the other specialist (or merged trees): three tokens, after the switch."""
+    second step verifies the other specialist: three tokens, the third after the switch. (Switching
+    to merged verifies ``merged``'s tree, whose T=1 law tests/test_sampling_e2e.py checks; the
+    accelerator harness runs that variant at T=1 against the plain CPU path.)"""
     model, _ = verifier
     ids, triples, table = joint3
     outs, runs = _samples(model, eos, ids, [Garbage(0), Table2(table, 1)], 3, strategy="switching",
-                          switch_after=1, switch_to=switch_to)
+                          switch_after=1)
     stat, bound = chi2(outs, triples)
-    assert stat <= bound, f"switching to {switch_to}: chi-square {stat:.1f} > {bound:.1f}"
+    assert stat <= bound, f"switching: chi-square {stat:.1f} > {bound:.1f} against the verifier's joint law"
+    assert all(r.steps[0]["chosen_drafter"] == 0 and r.steps[0]["accepted_depth"] == 0 for r in runs)
     after = [r.steps[1] for r in runs if len(r.steps) > 1]
-    assert len(after) > N // 2 and all(st["chosen_drafter"] == (1 if switch_to == "specialist" else -1) for st in after)
+    assert len(after) > N // 2 and all(st["chosen_drafter"] == 1 for st in after)
     assert any(st["accepted_depth"] > 0 for st in after)  # the switched-to tree was accepted from

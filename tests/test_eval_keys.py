@@ -1,0 +1,33 @@
+"""Eval unit keys name each drafter by its place in the run, not by the run's location: a run moved
+to another directory or copied to a URI resumes without evaluating anything again."""
+import shutil
+
+from decoding.verifiers import resolve
+from orchestrator.driver import Driver
+from orchestrator.grid import eval_cells, merge_cells, train_cells
+from orchestrator.profile import load_profile
+
+
+def _keys(output: str) -> list[list[str]]:
+    d = Driver(load_profile("smoke"), output)
+    d.verifier_name = resolve(d.p.verifier).name  # (set by Driver.run's preflight)
+    try:
+        names = [c.name for c in train_cells(d.p)] + [m.name for m in merge_cells(d.p)]
+        ckpts = {n: d.ref(f"checkpoints/{n}/final") for n in names}
+        assert all(not m for *_, m in d._eval_units(ckpts)), "every cell's drafters are known"
+        return [keys for _, _, keys, _ in d._eval_units(ckpts)]
+    finally:
+        d.lease.release()
+
+
+def test_eval_keys_do_not_depend_on_where_the_run_lives(tmp_path, monkeypatch):
+    monkeypatch.setenv("TASKSPEC_STAGING", str(tmp_path / "staging"))
+    a = _keys(str(tmp_path / "a"))
+    b = _keys(str(tmp_path / "moved" / "b"))
+    c = _keys(f"file://{tmp_path / 'bucket' / 'run'}")
+    assert len(a) == len(b) == len(c) > len(eval_cells(load_profile("smoke"))) // 2
+    assert [k[0] for k in a] == [k[0] for k in b] == [k[0] for k in c]
+    # the second key is the one runs wrote before keys were relative: still found done, per location
+    with_drafters = [i for i, k in enumerate(a) if k[0] != k[1]]
+    assert with_drafters and all(a[i][1] != b[i][1] for i in with_drafters)
+    shutil.rmtree(tmp_path / "staging", ignore_errors=True)
