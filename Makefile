@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROFILE ?= demo
 PYTEST_ARGS ?=
 
-.PHONY: venv demo test smoke bench clean ray-head
+.PHONY: venv demo test test-full smoke bench clean ray-head
 
 $(STAMP): pyproject.toml Makefile docker/constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,10 @@ smoke: venv
 
 test: venv
 	$(BIN)/python -m pytest -q -rs --durations=20 $(PYTEST_ARGS)
+
+# the default suite plus its breadth (marker `full`) and the fault tests (minutes each): about 2x `make test`
+test-full: venv
+	TASKSPEC_FULL_TESTS=1 TASKSPEC_FAULT_TESTS=1 $(BIN)/python -m pytest -q -rs --durations=30 $(PYTEST_ARGS)
 
 # A local Ray head with token authentication (README "Quick start"); submit jobs with the printed line.
 ray-head: venv

@@ -267,7 +267,7 @@ def graft_trees(shallow: DraftTree, deep: DraftTree, switch_depth: int, n: int) 
     ``shallow``'s own deeper nodes (tier 1) fill the budget. Ancestor-closed, parents first, static
     shapes: no host sync. Any such tree is lossless under the tree attention mask.
     """
-    m, k, s = shallow.size, deep.size, switch_depth
+    m, s = shallow.size, switch_depth  # shapes below: k = deep.size
     if m == 0:
         return shallow
     match = match_paths(deep, shallow, s)  # (k,)

@@ -54,3 +54,20 @@ def bench_prompts():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return {b: load_benchmark(b)[0][:2] for b in ("gsm8k", "math500", "svamp", "mt_bench")}
+
+
+FULL_ENV = "TASKSPEC_FULL_TESTS"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``full`` are breadth beyond what `make test` needs (a second granularity, a
+    second temperature for a strategy both temperatures already cover): `make test-full` (or
+    TASKSPEC_FULL_TESTS=1) runs them; otherwise they are skipped, with the reason, so `-rs` shows them."""
+    import os
+
+    if os.environ.get(FULL_ENV) == "1":
+        return
+    skip = pytest.mark.skip(reason=f"breadth (make test-full or {FULL_ENV}=1 runs it)")
+    for item in items:
+        if "full" in item.keywords:
+            item.add_marker(skip)

@@ -1,8 +1,6 @@
 """Test-only proposers (real Proposer implementations with scripted draft trees)."""
 from __future__ import annotations
 
-import torch
-
 from decoding.tree import TreeConfig, chain_tree
 
 

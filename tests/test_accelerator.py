@@ -166,9 +166,20 @@ def mt_prompt(bench_prompts):
     return bench_prompts["mt_bench"][0]  # two turns: prefill and multi-turn
 
 
+def _case_id(c) -> str:
+    return f"{c[0]}-{c[2]}{'-dedup' if c[3] else ''}{'-budget' if c[4] else ''}"
+
+
+# every case at T=0; at T=1 (the sampling acceptance's syncs) single, routing and the dedup merge by
+# default, the rest in make test-full (tests/conftest.py)
+T1_DEFAULT = {"single-step", "confidence-step", "merged-step-dedup"}
+DEVICE_CASES = [pytest.param(c, t, id=f"{_case_id(c)}-{t}",
+                             marks=[pytest.mark.full] if t == 1.0 and _case_id(c) not in T1_DEFAULT else [])
+                for t in (0.0, 1.0) for c in CASES]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[2]}{'-dedup' if c[3] else ''}{'-budget' if c[4] else ''}")
+@pytest.mark.parametrize("case,temperature", DEVICE_CASES)
 def test_every_strategy_runs_on_the_device_within_the_step_budget(verifier, random_drafter_dirs, mt_prompt, case,
                                                                    temperature):
     model, tok = verifier
@@ -197,9 +208,11 @@ NEXT = {  # the study's proposed next experiments: (case, DecodeConfig fields)
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-@pytest.mark.parametrize("name", list(NEXT))
+@pytest.mark.slow  # (default: the merged switch at both temperatures, depth_adaptive at T=1)
+@pytest.mark.parametrize("name,temperature", [
+    pytest.param(n, t, id=f"{n}-{t}", marks=[] if (n, t) in {("switching-merged-dedup", 0.0),
+                                                             ("switching-merged-dedup", 1.0), ("depth_adaptive", 1.0)}
+                 else [pytest.mark.full]) for t in (0.0, 1.0) for n in NEXT])
 def test_new_strategies_run_on_the_device_within_the_step_budget(verifier, random_drafter_dirs, mt_prompt, name,
                                                                  temperature):
     model, tok = verifier

@@ -36,9 +36,9 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 GRID = [sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke"]
 ENV = {**os.environ, "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0"}
-# the forced run evaluates at T=0 only, without tree auto (14 cells, every strategy, both benchmarks):
-# run 1 covers T=1 and tree auto; what the forced run proves needs evaluation, not all of it
-FORCED = ["eval.temperatures=[0.0]", "eval.tree_auto=[]", "eval.paired_baseline=true"]
+# the forced run evaluates GSM8K at T=0 only, without tree auto (7 cells, every strategy): run 1
+# covers MT-Bench, T=1 and tree auto; what the forced run proves needs evaluation, not all of it
+FORCED = ["eval.temperatures=[0.0]", "eval.tree_auto=[]", "eval.paired_baseline=true", "eval.benchmarks={gsm8k: 1}"]
 
 
 def _eval_units(run: Path) -> dict:

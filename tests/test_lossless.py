@@ -37,9 +37,16 @@ def references(verifier, bench_prompts):
 CASES = [("autoregressive", 0, "step", False), ("single", 1, "step", False)] + [
     (s, 2, g, False) for s in ("confidence", "entropy") for g in ("step", "prompt")
 ] + [("merged", 2, "step", False), ("merged", 2, "step", True)]
+FULL = pytest.mark.full  # breadth: make test-full runs it (tests/conftest.py)
 
 
-@pytest.mark.parametrize("strategy,n,granularity,dedup", CASES)
+def _breadth(cases, full):
+    """``cases`` with those in ``full`` marked: every strategy stays in the default suite."""
+    return [pytest.param(*c, marks=FULL) if c in full else c for c in cases]
+
+
+# the prompt granularity of confidence and entropy: tests/test_strategies_next.py decodes it too
+@pytest.mark.parametrize("strategy,n,granularity,dedup", _breadth(CASES, [c for c in CASES if c[2] == "prompt"]))
 def test_random_drafters_match_generate(verifier, eos, random_proposers, references, strategy, n, granularity, dedup):
     model, tok = verifier
     cfg = DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, routing_granularity=granularity, merge_dedup=dedup, tree=TREE)
@@ -49,7 +56,8 @@ def test_random_drafters_match_generate(verifier, eos, random_proposers, referen
         assert got == ref, f"{strategy}/{granularity} differs from generate on {prompt.benchmark} {prompt.id}"
 
 
-@pytest.mark.parametrize("strategy", ["single", "confidence", "entropy", "merged"])
+@pytest.mark.parametrize("strategy", ["single", pytest.param("confidence", marks=FULL),
+                                      pytest.param("entropy", marks=FULL), "merged"])
 def test_adversarial_drafter_is_lossless(verifier, eos, random_proposers, references, strategy):
     model, tok = verifier
     bad = [ConstantProposer(1000, 0), ConstantProposer(2000, 1)]
@@ -148,7 +156,9 @@ def reduced_vocab_proposers(verifier, references, tmp_path_factory):
     return props, ids
 
 
-@pytest.mark.parametrize("strategy,n,granularity,dedup", [c for c in CASES[1:] if c[2] == "step"])
+@pytest.mark.parametrize("strategy,n,granularity,dedup", _breadth([c for c in CASES[1:] if c[2] == "step"],
+                                                                  [c for c in CASES if c[0] in ("confidence", "entropy")]
+                                                                  + [("merged", 2, "step", False)]))
 def test_reduced_vocabulary_drafters_match_generate(verifier, eos, reduced_vocab_proposers, references, strategy, n,
                                                     granularity, dedup):
     model, tok = verifier

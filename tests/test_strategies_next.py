@@ -282,8 +282,9 @@ CASES = {  # id: (proposers, DecodeConfig fields)
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.slow  # (switching-k1 and depth_adaptive-s1: the other cases cover their code, make test-full runs them)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.full) if c in ("switching-k1", "depth_adaptive-s1")
+                                  else c for c in CASES])
 def test_new_strategies_match_generate(verifier, eos, four_proposers, refs, case):
     model, tok = verifier
     group, n, fields = CASES[case]
