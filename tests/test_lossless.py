@@ -45,8 +45,10 @@ def _breadth(cases, full):
     return [pytest.param(*c, marks=FULL) if c in full else c for c in cases]
 
 
-# the prompt granularity of confidence and entropy: tests/test_strategies_next.py decodes it too
-@pytest.mark.parametrize("strategy,n,granularity,dedup", _breadth(CASES, [c for c in CASES if c[2] == "prompt"]))
+# routing (confidence, entropy) against generate by default: tests/test_strategies_next.py (node score
+# per prompt, entropy per turn over 4 drafters) and the smoke grid's T=0 cells (step, path score)
+@pytest.mark.parametrize("strategy,n,granularity,dedup", _breadth(CASES, [c for c in CASES if c[2] == "prompt"
+                                                                          or c[0] in ("confidence", "entropy")]))
 def test_random_drafters_match_generate(verifier, eos, random_proposers, references, strategy, n, granularity, dedup):
     model, tok = verifier
     cfg = DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, routing_granularity=granularity, merge_dedup=dedup, tree=TREE)

@@ -81,7 +81,10 @@ def _within_bounds(freq, p, n, sigmas=5.0):
     return bool(((f - e).abs() <= sigmas * sd).all())
 
 
-@pytest.mark.parametrize("strategy", ["single", "confidence", "entropy", "merged", "merged-dedup", "merged-budget"])
+# (routing verifies one drafter's tree, as single; merged's tree is merged-dedup's with duplicates: make test-full)
+@pytest.mark.parametrize("strategy", ["single", *[pytest.param(s, marks=pytest.mark.full)
+                                                  for s in ("confidence", "entropy", "merged")],
+                                      "merged-dedup", "merged-budget"])
 def test_temperature_one_matches_verifier_sampling(verifier, scenario, strategy):
     """N = 20,000 speculative steps from one state. The first committed token's empirical
     distribution matches the verifier's own T=1 distribution at the root (5-sigma binomial bound
