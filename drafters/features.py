@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,7 +92,7 @@ class FeatureStore:
     def write(self, examples_iter, meta: dict, shard_tokens: int = 200_000) -> dict:
         """Consume FeatureExamples, write shards, then the manifest (the commit point)."""
         self.dir.mkdir(parents=True, exist_ok=True)
-        shards, buf, ntok, ids_all = [], [], 0, []
+        shards, buf, ntok, ids_all, t0 = [], [], 0, [], time.perf_counter()
 
         def flush():
             nonlocal buf, ntok
@@ -116,8 +117,10 @@ class FeatureStore:
             if ntok >= shard_tokens:
                 flush()
         flush()
+        # seconds: the verifier's forward passes included (the iterator computes them): the
+        # extraction rate orchestrator/rates.py reads
         manifest = {"key": self.key, **meta, "examples": len(ids_all), "tokens": sum(s["tokens"] for s in shards),
-                    "shards": shards}
+                    "seconds": time.perf_counter() - t0, "shards": shards}
         write_text_atomic(self.manifest_path, json.dumps(manifest, indent=1))
         return manifest
 

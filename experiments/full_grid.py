@@ -20,6 +20,9 @@ def main(argv=None) -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a profile value")
     ap.add_argument("--force", default=None, help="redo one stage and what depends on it: features|train|merge|eval|report")
     ap.add_argument("--dry-run", action="store_true", help="print the plan; load no model")
+    ap.add_argument("--rates", default=None, metavar="RUN_DIR|FILE",
+                    help="with --dry-run: time the plan with the stage rates measured on a finished run "
+                         "(its directory) or saved from one (python -m orchestrator.rates RUN_DIR)")
     ap.add_argument("--take-over", action="store_true",
                     help="take the output over from a driver that holds its lease (one that is gone)")
     ap.add_argument("--tracking", choices=["none", "mlflow", "wandb"], default=None,
@@ -42,7 +45,11 @@ def main(argv=None) -> int:
     if args.dry_run:
         from orchestrator.dryrun import print_plan
 
-        print_plan(profile, out)
+        try:
+            print_plan(profile, out, args.rates)
+        except (OSError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         return 0
     from orchestrator.driver import Driver
     from orchestrator.preflight import PreflightError

@@ -36,6 +36,7 @@ from .manifest import STAGES, Lease, Manifest
 from .preflight import check_cluster, check_train_resources, preflight
 from .profile import Profile, batch_plan, profile_dict
 from .progress import Progress
+from .rates import hardware
 from .report.build import build_report, current_failures
 from .report.tables import KEYS as TABLE_KEYS
 from .tracking import Tracker
@@ -113,6 +114,14 @@ def _vocab_task(verifier, dtype, corpora, spec_dict, size, dest):
     return stats
 
 
+def _machine() -> str:
+    """What the stage times were measured on: the driver's host and the Ray cluster's totals."""
+    res = ray.cluster_resources()
+    kinds = sorted(k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:"))
+    gpus = f" {res.get('GPU', 0):g} GPU" + (f" ({', '.join(kinds)})" if kinds else "")
+    return f"driver {hardware()}; cluster {len(ray.nodes())} node(s), {res.get('CPU', 0):g} CPU,{gpus}"
+
+
 class Driver:
     def __init__(self, profile: Profile, output_dir: str, force: str | None = None, take_over: bool = False):
         self.p = profile
@@ -179,9 +188,11 @@ class Driver:
 
     def _timed(self, stage: str, fn, *args):
         """Run one stage, record its wall time, then copy the output to a URI if there is one."""
-        t = time.time()
+        t, before = time.time(), self.manifest.recorded.get(stage, 0)
         out = fn(*args)
         self.stage_seconds[stage] = time.time() - t
+        ran = self.manifest.recorded.get(stage, 0) - before + (stage == "report")
+        self.manifest.record_stage(stage, self.stage_seconds[stage], ran, self.machine)
         self._sync()
         return out
 
@@ -199,6 +210,7 @@ class Driver:
             self._sync()
         _ray_init(self.p)
         self.capacity = check_cluster(self.p, local_output=self.uri is None)  # (PreflightError)
+        self.machine = _machine()
         caches = self._timed("features", self.stage_features)
         ckpts = self._timed("train", self.stage_train, caches)
         ckpts.update(self._timed("merge", self.stage_merge, ckpts))

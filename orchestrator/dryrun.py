@@ -1,27 +1,17 @@
-"""--dry-run: the DAG, cells per stage, the resource plan and a cost estimate. Loads no model.
+"""--dry-run: the DAG, cells per stage, the resource plan, a cost estimate and the makespan.
+Loads no model.
 
-Every number below comes from stated assumptions (ASSUMPTIONS), not from a measurement.
+The GPU-hour estimate comes from stated assumptions (costs.ASSUMPTIONS), not from a measurement.
+The makespan comes from rates (orchestrator/rates.py): measured on a finished run (--rates), or
+the same assumptions marked as an estimate.
 """
 from __future__ import annotations
 
+from . import rates as rates_mod
+from .costs import ASSUMPTIONS, VERIFIERS, drafter_params, train_flops_per_token
 from .grid import cell_prompts, corpora, eval_cells, merge_cells, plan_summary, train_cells
+from .makespan import schedule
 from .profile import Profile
-
-# Per-verifier constants: parameters, hidden size, vocabulary.
-VERIFIERS = {
-    "llama3-8b-instruct": {"params": 8.0e9, "hidden": 4096, "vocab": 128256},
-    "smollm2-135m-instruct": {"params": 0.135e9, "hidden": 576, "vocab": 49152},
-}
-ASSUMPTIONS = {
-    "tokens_per_example": {"mathinstruct": 350, "sharegpt": 900},  # after the chat template, capped by max_length
-    "gpu_peak_flops": 312e12,  # A100 bf16 dense
-    "mfu": 0.35,  # achieved fraction of peak in training / extraction
-    "verify_step_seconds": 0.030,  # one tree pass of the 8B verifier on one A100 (memory-bound)
-    "assumed_tau": 3.5,  # acceptance length used to turn generated tokens into verifier calls
-    "generated_tokens_per_turn": 400,
-    "feature_bytes_per_token": None,  # hidden * 2 (fp16) + top-10 ids/probs (60 bytes)
-}
-
 
 def estimate(p: Profile) -> dict:
     v = VERIFIERS.get(p.verifier)
@@ -32,9 +22,7 @@ def estimate(p: Profile) -> dict:
     n = p.data.n
     corpus_tokens = {c: (n + p.data.heldout) * t for c, t in tpe.items()}
     flops_verifier = 2 * v["params"]  # forward FLOPs per token
-    drafter_params = 2 * v["hidden"] ** 2 + 12 * v["hidden"] ** 2  # fc + one decoder layer (approx.)
-    head = 2 * v["hidden"] * v["vocab"]  # LM head forward per token
-    train_flops_per_token = {"eagle2": 6 * drafter_params + 3 * head, "hass": p.train.hass_steps * (6 * drafter_params + 3 * head)}
+    per_token = {b: train_flops_per_token(v, b, p.train.hass_steps) for b in ("eagle2", "hass")}
     eff = a["gpu_peak_flops"] * a["mfu"]
     tm, tc = tpe.get("mathinstruct", 0), tpe.get("sharegpt", 0)
     variant_tokens = {"math": n * tm, "chat": n * tc, "mixed_half": n // 2 * (tm + tc), "mixed_full": n * (tm + tc)}
@@ -42,7 +30,7 @@ def estimate(p: Profile) -> dict:
     train_h = 0.0
     for c in train_cells(p):
         toks = variant_tokens[c.variant] * p.train.epochs
-        f = train_flops_per_token[c.backbone] + (flops_verifier if online else 0)
+        f = per_token[c.backbone] + (flops_verifier if online else 0)
         train_h += toks * f / eff / 3600
     feat_h = 0.0 if online else sum(corpus_tokens.values()) * flops_verifier / eff / 3600
     fbytes = v["hidden"] * 2 + 60
@@ -55,16 +43,59 @@ def estimate(p: Profile) -> dict:
         gen = min(a["generated_tokens_per_turn"], p.eval.max_new_tokens) * turns * k
         tau = 1.0 if cell.strategy == "autoregressive" else a["assumed_tau"]
         eval_h += gen / tau * a["verify_step_seconds"] / 3600
-    weights = drafter_params * 2  # bytes of one drafter's weights (bf16/fp16-sized estimate)
+    weights = drafter_params(v) * 2  # bytes of one drafter's weights (bf16/fp16-sized estimate)
     # every epoch keeps the weights plus the optimizer state (fp32 master + Adam m, v = 12 bytes/param,
     # sharded over ranks by ZeRO but the same in total); finals and merges keep the weights only
-    state = drafter_params * 12
+    state = drafter_params(v) * 12
     ckpt_gb = (len(train_cells(p)) * (p.train.epochs * (weights + state) + weights) + len(merge_cells(p)) * weights) / 1e9
     return {"features_gpu_h": feat_h, "train_gpu_h": train_h, "eval_gpu_h": eval_h, "feature_storage_gb": storage_gb,
             "checkpoint_storage_gb": ckpt_gb, "corpus_tokens": corpus_tokens}
 
 
-def print_plan(p: Profile, output: str | None = None) -> None:
+GPU_COUNTS = (8, 16, 64)  # the cluster sizes a GPU profile's makespan is shown for
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds < 3 * 3600 else f"{seconds / 3600:.1f} h"
+
+
+def makespans(p: Profile, r: rates_mod.Rates) -> list[dict]:
+    """Per cluster size: stage spans and total with the driver's stage barriers, and the bound
+    without them. A CPU profile gets its own size; a GPU profile that and GPU_COUNTS, with the
+    trial and actor concurrency filled to the GPUs (as a profile for that cluster would set it)."""
+    tasks = rates_mod.tasks(p, r)
+    own = rates_mod.profile_devices(p)
+    sizes = [(own, None)] + ([(n, n) for n in GPU_COUNTS] if rates_mod._device(p) == "gpu" else [])
+    out = []
+    for n, fill in sizes:
+        caps = rates_mod.caps(p, fill)
+        s = schedule(tasks, n, caps, barriers=True)
+        free = schedule(tasks, n, caps, barriers=False)
+        spans = {st: b - a for st, (a, b) in s["stages"].items()}
+        out.append({"devices": n, "filled": fill is not None, "caps": caps, "stages": spans,
+                    "total": s["makespan"], "pipelined": free["makespan"],
+                    "utilisation": s["busy"] / (n * s["makespan"]) if s["makespan"] else 0.0})
+    return out
+
+
+def print_makespan(p: Profile, r: rates_mod.Rates) -> None:
+    kind = "measured" if r.measured else "ESTIMATE, not measured"
+    unit = "GPU" if rates_mod._device(p) == "gpu" else "CPU"
+    print(f"makespan from rates ({kind}: {r.hardware}; from {r.source}):")
+    for note in r.notes:
+        print(f"  note: {note}")
+    print(f"  {'devices':<32}{'features':>10}{'train':>10}{'merge':>10}{'eval':>10}{'total':>10}"
+          f"{'no barriers':>13}{'busy':>6}")
+    for m in makespans(p, r):
+        label = f"{m['devices']} {unit}" + (f" (trials {m['caps']['train']}, actors {m['caps']['eval']})"
+                                          if m["filled"] else " (as configured)")
+        label = f"{label:<32}"
+        cols = "".join(f"{_fmt(m['stages'].get(s, 0.0)):>10}" for s in ("features", "train", "merge", "eval"))
+        print(f"  {label}{cols}{_fmt(m['total']):>10}{_fmt(m['pipelined']):>13}{m['utilisation']:>6.0%}")
+    print("  (total: stage after stage, as the driver runs; no barriers: the same graph if stages overlapped)")
+
+
+def print_plan(p: Profile, output: str | None = None, rates: str | None = None) -> None:
     s = plan_summary(p)
     r = p.resources
     print(f"profile {p.name!r}: verifier {p.verifier}; {p.description}")
@@ -85,10 +116,13 @@ def print_plan(p: Profile, output: str | None = None) -> None:
     print(f"  merge    : {len(s['merge'])} checkpoints {s['merge']}")
     print(f"  eval     : {s['eval_cells']} cells, {s['eval_prompt_runs']} prompt runs, "
           f"{r.eval_actors} actor(s) x ({r.eval.num_cpus} CPU, {r.eval.num_gpus} GPU), shard size {p.eval.shard_size}")
+    r = rates_mod.load(rates) if rates else None
     e = estimate(p)
     a = ASSUMPTIONS
     if e.get("unknown_verifier"):
         print(f"estimate: none -- no size constants for verifier {p.verifier!r} (known: {sorted(VERIFIERS)})")
+        if r is not None:
+            print_makespan(p, r)
         return
     print("estimate (assumptions: tokens/example " + str(a["tokens_per_example"]) + f", verifier FLOPs/token = 2 x params, "
           f"GPU {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s peak at {a['mfu']:.0%} MFU, verify step {a['verify_step_seconds'] * 1e3:.0f} ms, "
@@ -98,3 +132,9 @@ def print_plan(p: Profile, output: str | None = None) -> None:
     print(f"  train    : {e['train_gpu_h']:.1f} GPU-h")
     print(f"  eval     : {e['eval_gpu_h']:.1f} GPU-h")
     print(f"  storage  : checkpoints {e['checkpoint_storage_gb']:.1f} GB (every epoch with optimizer state, finals, merges)")
+    if r is None and rates_mod._device(p) == "gpu":
+        r = rates_mod.estimated(p)
+    if r is not None:
+        print_makespan(p, r)
+    else:
+        print("makespan: pass --rates RUN_DIR (a finished run on this hardware) or a rates JSON file")

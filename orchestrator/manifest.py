@@ -46,6 +46,7 @@ class Manifest:
         self._lock = threading.Lock()
         self.present = present
         self.data = json.loads(self.path.read_text()) if self.path.is_file() else {"cells": {}}
+        self.recorded: dict[str, int] = {}  # units recorded done by this process, per stage
 
     def _exists(self, rel: str) -> bool:
         return rel in self.present if self.present is not None else Path(self.path.parent, rel).exists()
@@ -81,6 +82,18 @@ class Manifest:
                 self.present.update(files)
             self.data["cells"][key] = {"stage": stage, "name": name, "status": status, "attempts": attempts,
                                        "error": error, "files": list(files), **extra}
+            if status == "done":
+                self.recorded[stage] = self.recorded.get(stage, 0) + 1
+            self._flush()
+
+    def record_stage(self, stage: str, seconds: float, units_run: int, machine: str) -> None:
+        """A stage's wall time in this invocation, kept only when it ran units (a resume that
+        found everything done leaves the earlier timing): what orchestrator/rates.py measures."""
+        if units_run < 1:
+            return
+        with self._lock:
+            self.data.setdefault("stages", {})[stage] = {"seconds": seconds, "units_run": units_run}
+            self.data["machine"] = machine
             self._flush()
 
     def forget_from(self, stage: str) -> int:

@@ -202,6 +202,25 @@ def test_rerun_skips_every_finished_unit(readme_run):
     _check_traces(run)
 
 
+def test_the_run_measures_its_stage_rates_and_predicts_its_own_time(readme_run):
+    """The driver recorded each stage's wall time (the rerun above, which ran nothing, left them);
+    the rates measured from them, the caches and the traces time the same profile back to within
+    30% of each stage's real time (overheads are fitted per unit, decode times are not)."""
+    from orchestrator import rates
+    from orchestrator.dryrun import makespans
+    from orchestrator.profile import load_profile
+
+    man = json.loads((readme_run.run / "manifest.json").read_text())
+    stages = man["stages"]
+    assert {"features", "train", "merge", "eval", "report"} <= set(stages) and "CPU" in man["machine"]
+    r = rates.measure(readme_run.run)
+    assert r.measured and r.features_tokens_per_s > 0 and set(r.train_tokens_per_s) == {"eagle2", "hass"}
+    assert r.eval_tau["single"] >= 1.0 and r.eval_steps_per_s["autoregressive"] > 0 and not r.notes
+    (own,) = makespans(load_profile("smoke"), r)
+    for st in ("train", "eval"):
+        assert own["stages"][st] == pytest.approx(stages[st]["seconds"], rel=0.3), (st, own, stages)
+
+
 def test_a_driver_on_a_new_machine_resumes_a_run_at_a_uri(readme_run, tmp_path):
     """The finished run, copied to a file:// URI (without the epochs, Ray's records and the report:
     resuming needs none of them), and the same command from a

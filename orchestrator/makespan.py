@@ -1,0 +1,140 @@
+"""The makespan of a grid on a given number of devices: list scheduling over its dependency graph.
+
+Pure Python. A :class:`Task` takes ``seconds`` on ``need`` devices (GPUs, or CPUs for a CPU
+profile) and may start once every task in ``deps`` has finished, and then only while its
+``group`` (Tune's concurrent trials, the eval actor pool) has a free slot. Ready tasks start in
+order of their longest path to the end (the critical path first), smaller ones backfilling
+devices a larger one cannot use yet. With ``barriers`` every task of a stage also waits for
+every task of the stage before it: that is what the driver does today (features, then the
+whole training sweep, then merges, then evaluation); without, the bound a pipelined driver
+could reach on the same graph.
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+STAGE_ORDER = ("features", "train", "merge", "eval", "report")
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    stage: str
+    seconds: float
+    need: int = 1  # devices held while it runs (0: runs beside them, e.g. a merge on the CPU)
+    deps: tuple = ()  # names of tasks that must finish first
+    group: str | None = None  # a concurrency cap shared with other tasks (``caps``)
+
+
+def _with_barriers(tasks: list[Task]) -> list[Task]:
+    """Every task also depends on every task of the nearest earlier stage that has tasks."""
+    by_stage = {s: [t.name for t in tasks if t.stage == s] for s in STAGE_ORDER}
+    out = []
+    for t in tasks:
+        before = [s for s in STAGE_ORDER[: STAGE_ORDER.index(t.stage)] if by_stage[s]]
+        extra = tuple(by_stage[before[-1]]) if before else ()
+        out.append(Task(t.name, t.stage, t.seconds, t.need, tuple(dict.fromkeys(t.deps + extra)), t.group))
+    return out
+
+
+def _priorities(tasks: dict[str, Task]) -> dict[str, float]:
+    """Longest path from each task's start to the end of the graph (its own time included)."""
+    children: dict[str, list[str]] = {n: [] for n in tasks}
+    for t in tasks.values():
+        for d in t.deps:
+            children[d].append(t.name)
+    memo: dict[str, float] = {}
+    for name in reversed(_topological(tasks)):
+        memo[name] = tasks[name].seconds + max((memo[c] for c in children[name]), default=0.0)
+    return memo
+
+
+def _topological(tasks: dict[str, Task]) -> list[str]:
+    order, state = [], {}
+    for root in tasks:
+        stack = [(root, False)]
+        while stack:
+            n, done = stack.pop()
+            if done:
+                state[n] = 2
+                order.append(n)
+                continue
+            if state.get(n) == 2:
+                continue
+            if state.get(n) == 1:
+                raise ValueError(f"the task graph has a cycle through {n!r}")
+            state[n] = 1
+            stack.append((n, True))
+            for d in tasks[n].deps:
+                if state.get(d) != 2:
+                    stack.append((d, False))
+    return order
+
+
+def schedule(tasks: list[Task], devices: int, caps: dict[str, int] | None = None,
+             barriers: bool = True) -> dict:
+    """{"makespan": s, "stages": {stage: (first start, last end)}, "busy": device-seconds}.
+    Raises ValueError when a task needs more devices than there are."""
+    caps = caps or {}
+    if barriers:
+        tasks = _with_barriers(tasks)
+    by_name = {t.name: t for t in tasks}
+    if len(by_name) != len(tasks):
+        raise ValueError("task names must be unique")
+    for t in tasks:
+        for d in t.deps:
+            if d not in by_name:
+                raise ValueError(f"task {t.name!r} depends on unknown task {d!r}")
+        if t.need > devices:
+            raise ValueError(f"task {t.name!r} needs {t.need} devices; there are {devices}")
+        if t.group is not None and caps.get(t.group, 1) < 1:
+            raise ValueError(f"group {t.group!r} of task {t.name!r} has no slot (cap {caps[t.group]})")
+    prio = _priorities(by_name)
+    waiting = {t.name: len(t.deps) for t in tasks}
+    children: dict[str, list[str]] = {n: [] for n in by_name}
+    for t in tasks:
+        for d in t.deps:
+            children[d].append(t.name)
+    # ready tasks in one heap per (need, group): within a class the top decides whether any fits
+    ready: dict[tuple, list] = {}
+
+    def make_ready(n: str) -> None:
+        t = by_name[n]
+        heapq.heappush(ready.setdefault((t.need, t.group), []), (-prio[n], n))
+
+    for n, k in waiting.items():
+        if k == 0:
+            make_ready(n)
+    running: list[tuple[float, str]] = []
+    free, used, now, busy = devices, {}, 0.0, 0.0
+    stages: dict[str, list[float]] = {}
+    while any(ready.values()) or running:
+        while True:  # start the highest-priority ready task that fits, until none does
+            fits = [(h[0], cls) for cls, h in ready.items() if h and cls[0] <= free
+                    and (cls[1] is None or used.get(cls[1], 0) < caps.get(cls[1], 10**9))]
+            if not fits:
+                break
+            _, n = heapq.heappop(ready[min(fits)[1]])
+            t = by_name[n]
+            free -= t.need
+            if t.group is not None:
+                used[t.group] = used.get(t.group, 0) + 1
+            heapq.heappush(running, (now + t.seconds, n))
+            busy += t.need * t.seconds
+            span = stages.setdefault(t.stage, [now, now])
+            span[0] = min(span[0], now)
+        if not running:
+            stuck = [h[0][1] for h in ready.values() if h]
+            raise ValueError(f"tasks {stuck[:3]} can never start (devices or group caps)")
+        now, n = heapq.heappop(running)
+        t = by_name[n]
+        free += t.need
+        if t.group is not None:
+            used[t.group] -= 1
+        stages[t.stage][1] = max(stages[t.stage][1], now)
+        for c in children[n]:
+            waiting[c] -= 1
+            if waiting[c] == 0:
+                make_ready(c)
+    return {"makespan": now, "stages": {s: tuple(v) for s, v in stages.items()}, "busy": busy}

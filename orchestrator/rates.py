@@ -1,0 +1,325 @@
+"""Throughput of each stage on one kind of hardware, and the grid's makespan from it.
+
+A :class:`Rates` is either measured from a finished run (:func:`measure`: its manifest's stage
+wall times, the feature caches' token counts, the trainers' per-epoch throughput and the eval
+traces' verifier calls) or estimated from the dry run's stated GPU assumptions
+(:func:`estimated`, marked ``measured: false`` until a GPU run records real ones). :func:`tasks`
+turns a profile into the grid's task graph timed with those rates, for ``makespan.schedule``.
+
+Scaling rules, stated because they are assumptions: a stage's rate grows linearly with the
+devices one task holds (features task, training trial, eval actor) relative to the measuring
+run's; eval time per prompt is turns x tokens per turn / tau / verifier steps per second, with
+tau and steps/s per strategy from the measuring run (a strategy it did not run takes the
+mean of the ones it did); tokens per turn are measured when the profile's max_new_tokens is the
+measuring run's, else min(max_new_tokens, the assumed 400).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .costs import ASSUMPTIONS, VERIFIERS, train_flops_per_token
+from .grid import BENCHMARK_SIZES, cell_prompts, corpora, eval_cells, merge_cells, train_cells
+from .makespan import Task
+from .profile import Profile
+
+TURNS = {"mt_bench": 2}  # turns per prompt (every other benchmark: 1)
+CORPUS_OF = {"math": ("mathinstruct",), "chat": ("sharegpt",), "mixed_half": ("mathinstruct", "sharegpt"),
+             "mixed_full": ("mathinstruct", "sharegpt")}
+
+
+@dataclass(frozen=True)
+class Rates:
+    hardware: str  # e.g. "AMD EPYC 7B13 (2 CPUs)" or "A100 (estimate)"
+    verifier: str
+    device: str  # "cpu" | "gpu": which resource a task's devices are
+    measured: bool
+    source: str
+    features_tokens_per_s: float | None  # one features task on ``features_devices``
+    features_devices: float
+    train_tokens_per_s: dict  # backbone -> tokens/s of one trial on ``train_devices``
+    train_devices: float
+    train_overhead_s: float  # per trial: workers, DeepSpeed, held-out metrics, checkpoints
+    merge_s: float  # per merge
+    eval_steps_per_s: dict  # strategy -> verifier calls/s of one eval actor on ``eval_devices``
+    eval_tau: dict  # strategy -> tokens per verifier call
+    generate_tokens_per_s: float  # transformers' generate in an eval actor (baseline and paired cells)
+    eval_devices: float
+    eval_overhead_s: float  # per eval unit (shard): drafter loads, prefill of the tree auto fit, records
+    tokens_per_example: dict  # corpus -> training tokens per example
+    tokens_per_turn: dict  # benchmark -> generated tokens per turn at ``max_new_tokens``
+    max_new_tokens: int | None
+    report_s: float = 0.0
+    notes: list = field(default_factory=list)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+
+def load(path: str | os.PathLike) -> Rates:
+    """A rates JSON file, or a finished run's directory (measured on the spot)."""
+    p = Path(path)
+    if p.is_dir():
+        return measure(p)
+    if not p.is_file():
+        raise FileNotFoundError(f"--rates {path}: no such file or run directory")
+    try:
+        return Rates(**json.loads(p.read_text()))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--rates {path}: not a rates file ({e})") from None
+
+
+def hardware() -> str:
+    """This machine in one line: the CPU model and count, and the GPU if torch sees one."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    out = f"{cpu} ({os.cpu_count()} CPUs)"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            out += f", {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    except ImportError:
+        pass
+    return out
+
+
+def _device(p: Profile) -> str:
+    r = p.resources
+    return "gpu" if r.train.use_gpu or r.eval.num_gpus or r.features.num_gpus else "cpu"
+
+
+def devices_per_task(p: Profile) -> dict:
+    """Devices one features task, training trial and eval actor hold (GPUs, or CPUs on a CPU profile)."""
+    r = p.resources
+    if _device(p) == "gpu":
+        return {"features": r.features.num_gpus, "train": r.train.num_workers, "eval": r.eval.num_gpus}
+    return {"features": r.features.num_cpus, "train": r.train.num_workers * r.train.cpus_per_worker,
+            "eval": r.eval.num_cpus}
+
+
+def estimated(p: Profile) -> Rates:
+    """The GPU assumptions of the dry run (ASSUMPTIONS), as rates: an estimate, not a measurement."""
+    v = VERIFIERS.get(p.verifier)
+    if v is None:
+        raise ValueError(f"no size constants for verifier {p.verifier!r} (known: {sorted(VERIFIERS)}); "
+                         "pass --rates with a run measured on it")
+    a = ASSUMPTIONS
+    eff = a["gpu_peak_flops"] * a["mfu"]
+    online = p.data.feature_mode == "online"
+    per_token = {b: train_flops_per_token(v, b, p.train.hass_steps) + (2 * v["params"] if online else 0)
+                 for b in ("eagle2", "hass")}
+    step = 1.0 / a["verify_step_seconds"]
+    return Rates(
+        hardware=f"GPU at {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s peak, {a['mfu']:.0%} MFU (estimate)",
+        verifier=p.verifier, device="gpu", measured=False, source="the dry run's assumptions",
+        features_tokens_per_s=eff / (2 * v["params"]), features_devices=1,
+        train_tokens_per_s={b: eff / f for b, f in per_token.items()}, train_devices=1, train_overhead_s=0.0,
+        merge_s=0.0, eval_steps_per_s={"*": step}, eval_tau={"*": a["assumed_tau"]}, generate_tokens_per_s=step,
+        eval_devices=1, eval_overhead_s=0.0, tokens_per_example=dict(a["tokens_per_example"]),
+        tokens_per_turn={}, max_new_tokens=None)
+
+
+def _for(table: dict, strategy: str) -> float:
+    if strategy in table:
+        return table[strategy]
+    if "*" in table:
+        return table["*"]
+    vals = [x for k, x in table.items() if k != "autoregressive"]
+    return sum(vals) / len(vals)
+
+
+def _tokens_per_turn(r: Rates, bench: str, max_new: int) -> float:
+    if r.max_new_tokens == max_new and bench in r.tokens_per_turn:
+        return r.tokens_per_turn[bench]
+    return min(max_new, ASSUMPTIONS["generated_tokens_per_turn"])
+
+
+def tasks(p: Profile, r: Rates) -> list[Task]:
+    """The grid's tasks (features per corpus, a trial per drafter, merges, eval shards, the
+    report), each timed with ``r`` and holding the devices ``p`` gives it."""
+    if r.verifier != p.verifier:
+        raise ValueError(f"the rates were measured with verifier {r.verifier!r}; profile {p.name!r} uses {p.verifier!r}")
+    need = devices_per_task(p)
+    out: list[Task] = []
+    online = p.data.feature_mode == "online"
+    tpe = {c: min(t, p.data.max_length) for c, t in r.tokens_per_example.items()}
+    for c in [] if online else corpora(p):
+        if r.features_tokens_per_s is None:
+            raise ValueError(f"the rates from {r.source} have no measured features rate; use a run that extracted them")
+        rate = r.features_tokens_per_s * need["features"] / r.features_devices
+        out.append(Task(f"features:{c}", "features", (p.data.n + p.data.heldout) * tpe[c] / rate, need["features"]))
+    n = p.data.n
+    for cell in train_cells(p):
+        cs = CORPUS_OF[cell.variant]
+        per = n // 2 if cell.variant == "mixed_half" else n
+        toks = sum(per * tpe[c] for c in cs) * p.train.epochs
+        rate = r.train_tokens_per_s[cell.backbone] * need["train"] / r.train_devices
+        deps = () if online else tuple(f"features:{c}" for c in cs)
+        out.append(Task(f"train:{cell.name}", "train", r.train_overhead_s + toks / rate, need["train"], deps, "train"))
+    trained = {t.name for t in out}
+    for m in merge_cells(p):
+        deps = tuple(d for d in (f"train:{m.backbone}-math", f"train:{m.backbone}-chat") if d in trained)
+        out.append(Task(f"merge:{m.name}", "merge", r.merge_s, 0, deps, "merge"))
+    made = {t.name.split(":", 1)[1]: t.name for t in out if t.stage in ("train", "merge")}
+    scale = r.eval_devices / need["eval"] if need["eval"] else 1.0
+    size = p.eval.shard_size
+    for cell in eval_cells(p):
+        k = cell_prompts(p, cell) or BENCHMARK_SIZES[cell.benchmark]
+        toks = TURNS.get(cell.benchmark, 1) * _tokens_per_turn(r, cell.benchmark, p.eval.max_new_tokens)
+        gen = toks / r.generate_tokens_per_s
+        if cell.strategy == "autoregressive":
+            per_prompt = 2 * gen  # the project's loop and generate, both timed
+        else:
+            per_prompt = toks / _for(r.eval_tau, cell.strategy) / _for(r.eval_steps_per_s, cell.strategy)
+            per_prompt += gen if p.eval.paired_baseline else 0.0
+        deps = tuple(made[d] for d in cell.drafters if d in made)
+        for s in range(0, k, size):
+            m = min(size, k - s)
+            out.append(Task(f"eval:{cell.key}:{s}", "eval", r.eval_overhead_s + m * per_prompt * scale,
+                            need["eval"], deps, "eval"))
+    out.append(Task("report", "report", r.report_s, 0, tuple(t.name for t in out if t.stage == "eval")))
+    return out
+
+
+def caps(p: Profile, devices: int | None = None) -> dict:
+    """Concurrency caps: the profile's (``devices`` None), or filled to ``devices``."""
+    need = devices_per_task(p)
+    r = p.resources
+    if devices is None:
+        return {"train": r.train.max_concurrent_trials, "eval": r.eval_actors, "merge": 1}
+    trials = min(len(train_cells(p)), max(1, int(devices // max(need["train"], 1))))
+    return {"train": trials, "eval": max(1, int(devices // max(need["eval"], 1))), "merge": 1}
+
+
+def profile_devices(p: Profile) -> int:
+    """Devices the profile uses at its own concurrency (its widest stage)."""
+    need = devices_per_task(p)
+    r = p.resources
+    return int(math.ceil(max(need["features"], need["train"] * r.train.max_concurrent_trials,
+                             need["eval"] * r.eval_actors)))
+
+
+def _stage(manifest: dict, stage: str, units: int) -> float | None:
+    """A stage's wall seconds, when the invocation that timed it ran all of its ``units``."""
+    s = manifest.get("stages", {}).get(stage)
+    return s["seconds"] if s and s.get("units_run", 0) >= units > 0 else None
+
+
+def measure(run: str | os.PathLike) -> Rates:
+    """Rates of a finished local run: stage wall times (manifest ``stages``, recorded by the
+    driver for each stage one invocation ran whole), feature-cache tokens and extraction seconds,
+    the trainers' per-epoch tokens/s, and the eval traces' verifier calls and wall times."""
+    import polars as pl
+
+    from .profile import load_profile
+
+    run = Path(run)
+    if not (run / "manifest.json").is_file() or not (run / "profile.json").is_file():
+        raise FileNotFoundError(f"--rates {run}: not a run directory (needs manifest.json and profile.json)")
+    man = json.loads((run / "manifest.json").read_text())
+    prof = json.loads((run / "profile.json").read_text())
+    p = load_profile(str(run / "profile.json"))
+    cells = man["cells"]
+    notes = []
+    done = lambda st: [c for c in cells.values() if c["stage"] == st and c["status"] == "done"]  # noqa: E731
+    # features: tokens and seconds from each cache this run extracted (its manifest records them)
+    feats = [json.loads(f.read_text()) for f in sorted(run.glob("features/*/manifest.json"))]
+    timed = [f for f in feats if f.get("seconds")]
+    tokens = sum(f["tokens"] for f in timed)
+    tpe = {}
+    for c in ("mathinstruct", "sharegpt"):
+        tr = [f for f in feats if f.get("corpus") == c and f.get("part") == "train"]
+        if tr:
+            tpe[c] = sum(f["tokens"] for f in tr) / sum(f["examples"] for f in tr)
+    need = devices_per_task(p)
+    # training: the loop's tokens/s from each final checkpoint's history; overhead from the stage time
+    per_bb, loop_s = {}, 0.0
+    for d in sorted(run.glob("checkpoints/*/final/config.json")):
+        cfg = json.loads(d.read_text())
+        hist = [h for h in (cfg.get("training") or {}).get("history", []) if h.get("epoch_seconds")]
+        bb = cfg.get("backbone") or d.parent.parent.name.split("-")[0]
+        s = sum(h["epoch_seconds"] for h in hist)
+        t = sum(h["train_tokens_per_s"] * h["epoch_seconds"] for h in hist)
+        loop_s += s
+        acc = per_bb.setdefault(bb, [0.0, 0.0])
+        acc[0], acc[1] = acc[0] + t, acc[1] + s
+    trained = done("train")
+    train_s = _stage(man, "train", len(trained))
+    conc = min(p.resources.train.max_concurrent_trials, max(len(trained), 1))
+    if train_s is None:
+        notes.append("training overhead not measured (the train stage was not timed whole)")
+    over = max(0.0, (train_s * conc - loop_s) / len(trained)) if train_s and trained else 0.0
+    merges = done("merge")
+    merge_s = _stage(man, "merge", len(merges))
+    # evaluation: verifier calls and decode seconds per strategy from the traces
+    rows = pl.scan_parquet(str(run / "traces/prompts/**/*.parquet"), hive_partitioning=True).collect()
+    spec = rows.filter(pl.col("strategy") != "autoregressive").group_by("strategy").agg(
+        pl.col("verifier_calls").sum().alias("calls"), pl.col("new_tokens").sum().alias("tokens"),
+        pl.col("wall_time_s").sum().alias("s"))
+    steps = {r["strategy"]: r["calls"] / r["s"] for r in spec.iter_rows(named=True) if r["s"] > 0}
+    tau = {r["strategy"]: r["tokens"] / r["calls"] for r in spec.iter_rows(named=True) if r["calls"] > 0}
+    gen = rows.filter(pl.col("generate_wall_time_s").is_not_null() & (pl.col("generate_wall_time_s") > 0))
+    gen_tps = float(gen["generate_tokens"].sum() / gen["generate_wall_time_s"].sum()) if gen.height else float("nan")
+    ar = rows.filter(pl.col("strategy") == "autoregressive")
+    if ar.height:
+        steps["autoregressive"] = float(ar["new_tokens"].sum() / ar["wall_time_s"].sum())
+    per_turn = {b: float(v) for b, v in ar.group_by("benchmark").agg(pl.col("new_tokens").mean()).iter_rows()}
+    units = done("eval")
+    eval_s = _stage(man, "eval", len(units))
+    decode_s = float(rows["wall_time_s"].sum() + gen["generate_wall_time_s"].sum())
+    actors = min(p.resources.eval_actors, max(len(units), 1))
+    if eval_s is None:
+        notes.append("eval overhead not measured (the eval stage was not timed whole)")
+    e_over = max(0.0, (eval_s * actors - decode_s) / len(units)) if eval_s and units else 0.0
+    machine = man.get("machine") or "unknown machine"
+    feat_rate = tokens / sum(f["seconds"] for f in timed) if timed else None
+    feat_s = _stage(man, "features", 1)
+    if feat_rate is None and feat_s:  # caches written before they recorded seconds: the stage's time
+        feat_rate = sum(f["tokens"] for f in feats) / feat_s
+        notes.append("features rate from the features stage's wall time (the caches do not record seconds)")
+    return Rates(
+        hardware=machine, verifier=prof["verifier"], device=_device(p), measured=True,
+        source=f"{run} (profile {prof.get('name', '?')})",
+        features_tokens_per_s=feat_rate,
+        features_devices=need["features"],
+        train_tokens_per_s={b: t / s for b, (t, s) in per_bb.items() if s}, train_devices=need["train"],
+        train_overhead_s=over, merge_s=merge_s / len(merges) if merge_s and merges else 0.0,
+        eval_steps_per_s=steps, eval_tau=tau, generate_tokens_per_s=gen_tps, eval_devices=need["eval"],
+        eval_overhead_s=e_over, tokens_per_example=tpe, tokens_per_turn=per_turn,
+        max_new_tokens=p.eval.max_new_tokens, report_s=_stage(man, "report", 1) or 0.0, notes=notes)
+
+
+def main(argv=None) -> int:
+    """python -m orchestrator.rates RUN_DIR [--out FILE]: a finished run's rates as JSON."""
+    import argparse
+    import sys
+
+    from drafters.atomic import write_text_atomic
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("run")
+    ap.add_argument("--out", default=None, help="write the JSON here (default: print it)")
+    args = ap.parse_args(argv)
+    try:
+        r = measure(args.run)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.out:
+        write_text_atomic(Path(args.out), r.to_json() + "\n")
+    else:
+        print(r.to_json())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,150 @@
+"""The makespan from stage rates: the list scheduler on graphs worked out by hand, the grid's task
+graph, and the dry run's table (a measured run's rates are checked in tests/test_grid.py)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import rates
+from orchestrator.dryrun import makespans
+from orchestrator.grid import cell_prompts, eval_cells, merge_cells, train_cells
+from orchestrator.makespan import Task, schedule
+from orchestrator.profile import load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_independent_tasks_share_the_devices():
+    ts = [Task("a", "eval", 3.0), Task("b", "eval", 5.0)]
+    assert schedule(ts, 1)["makespan"] == 8.0
+    assert schedule(ts, 2)["makespan"] == 5.0
+    assert schedule(ts, 2, caps={"g": 1})["makespan"] == 5.0  # no group: no cap
+    grouped = [dataclasses.replace(t, group="g") for t in ts]
+    assert schedule(grouped, 2, caps={"g": 1})["makespan"] == 8.0
+
+
+def test_stage_barriers_against_the_bare_graph():
+    """Features A (10 s) feeds trial B (5 s); features C (1 s) feeds trial D (20 s), on 2 devices:
+    with the driver's barriers D waits for A too (10 + 20); without, D starts at 1 (1 + 20)."""
+    ts = [Task("A", "features", 10.0), Task("C", "features", 1.0),
+          Task("B", "train", 5.0, deps=("A",)), Task("D", "train", 20.0, deps=("C",))]
+    with_b = schedule(ts, 2, barriers=True)
+    assert with_b["makespan"] == 30.0 and with_b["stages"]["train"] == (10.0, 30.0)
+    assert schedule(ts, 2, barriers=False)["makespan"] == 21.0
+
+
+def test_the_critical_path_goes_first():
+    """A 3+3 chain and three 2 s tasks on 2 devices: starting the chain at once gives 6 s; a
+    scheduler that ran the short tasks first would need 8."""
+    ts = [Task("L1", "eval", 3.0), Task("L2", "eval", 3.0, deps=("L1",))] + [Task(f"S{i}", "eval", 2.0) for i in range(3)]
+    assert schedule(ts, 2, barriers=False)["makespan"] == 6.0
+
+
+def test_wide_tasks_wait_for_devices_and_narrow_ones_backfill():
+    ts = [Task("wide", "train", 4.0, need=2), Task("n1", "eval", 1.0), Task("n2", "eval", 1.0, deps=("n1",))]
+    s = schedule(ts, 3, barriers=False)
+    assert s["makespan"] == 4.0 and s["busy"] == 10.0  # n1, n2 ran beside the wide task
+
+
+@pytest.mark.parametrize("tasks,devices,match", [
+    ([Task("a", "eval", 1.0, need=4)], 2, "needs 4 devices"),
+    ([Task("a", "eval", 1.0, deps=("b",)), Task("b", "eval", 1.0, deps=("a",))], 1, "cycle"),
+    ([Task("a", "eval", 1.0, deps=("zz",))], 1, "unknown task"),
+    ([Task("a", "eval", 1.0), Task("a", "train", 1.0)], 1, "unique"),
+])
+def test_bad_graphs_are_refused(tasks, devices, match):
+    with pytest.raises(ValueError, match=match):
+        schedule(tasks, devices, barriers=False)
+
+
+def _rates(**kw) -> rates.Rates:
+    base = dict(hardware="test", verifier="smollm2-135m-instruct", device="cpu", measured=True, source="test",
+                features_tokens_per_s=1000.0, features_devices=2, train_tokens_per_s={"eagle2": 500.0, "hass": 250.0},
+                train_devices=1, train_overhead_s=30.0, merge_s=1.0, eval_steps_per_s={"single": 10.0, "merged": 5.0},
+                eval_tau={"single": 2.0, "merged": 3.0}, generate_tokens_per_s=20.0, eval_devices=1,
+                eval_overhead_s=2.0, tokens_per_example={"mathinstruct": 100.0, "sharegpt": 200.0},
+                tokens_per_turn={"gsm8k": 32.0, "mt_bench": 32.0, "math500": 32.0, "svamp": 32.0},
+                max_new_tokens=32)
+    return rates.Rates(**{**base, **kw})
+
+
+def test_the_task_graph_follows_the_grid():
+    p = load_profile("demo")
+    r = _rates()
+    ts = rates.tasks(p, r)
+    by = {t.name: t for t in ts}
+    shards = sum(-(-cell_prompts(p, c) // p.eval.shard_size) for c in eval_cells(p))
+    assert sum(t.stage == "eval" for t in ts) == shards
+    assert sum(t.stage == "train" for t in ts) == len(train_cells(p))
+    assert sum(t.stage == "merge" for t in ts) == len(merge_cells(p))
+    # a trial: its overhead plus its tokens at its backbone's rate; a mixed one waits for both corpora
+    t = by["train:hass-math"]
+    assert t.seconds == pytest.approx(30.0 + p.data.n * 100.0 * p.train.epochs / 250.0)
+    assert set(by["train:eagle2-mixed_full"].deps) == {"features:mathinstruct", "features:sharegpt"}
+    # an eval shard of a strategy the rates did not measure takes the measured strategies' mean
+    cell = next(c for c in eval_cells(p) if c.strategy == "switching" and c.benchmark == "gsm8k")
+    m = min(p.eval.shard_size, cell_prompts(p, cell))
+    want = 2.0 + m * 32.0 / 2.5 / 7.5 + (m * 32.0 / 20.0 if p.eval.paired_baseline else 0.0)
+    assert by[f"eval:{cell.key}:0"].seconds == pytest.approx(want)
+    assert set(by[f"eval:{cell.key}:0"].deps) == {f"train:{d}" for d in cell.drafters}
+    with pytest.raises(ValueError, match="measured with verifier"):
+        rates.tasks(p, _rates(verifier="llama3-8b-instruct"))
+
+
+def test_unmeasured_strategies_take_the_mean_and_unknown_lengths_the_assumption():
+    r = _rates()
+    assert rates._for(r.eval_tau, "switching") == pytest.approx(2.5)
+    assert rates._tokens_per_turn(r, "gsm8k", 32) == 32.0
+    assert rates._tokens_per_turn(r, "gsm8k", 1024) == 400  # a longer budget: the stated assumption
+
+
+def test_more_gpus_never_take_longer_and_the_estimate_says_so():
+    p = load_profile("paper")
+    r = rates.estimated(p)
+    assert not r.measured and "estimate" in r.hardware
+    rows = makespans(p, r)
+    filled = [m for m in rows if m["filled"]]
+    assert [m["devices"] for m in filled] == [8, 16, 64]
+    totals = [m["total"] for m in filled]
+    assert totals == sorted(totals, reverse=True) and totals[0] > totals[-1]
+    assert all(m["pipelined"] <= m["total"] + 1e-6 for m in rows)
+    # 8 GPUs, fully busy in training: the trials' GPU-hours over 8 (the GPU-h estimate's own figure)
+    from orchestrator.dryrun import estimate
+
+    assert filled[0]["stages"]["train"] == pytest.approx(estimate(p)["train_gpu_h"] * 3600 / 8, rel=0.05)
+
+
+def _dry(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), "--dry-run", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_dry_run_times_a_cpu_profile_with_saved_rates(tmp_path):
+    f = tmp_path / "rates.json"
+    f.write_text(_rates().to_json())
+    r = _dry("--profile", "demo", "--rates", str(f))
+    assert r.returncode == 0, r.stderr
+    assert "makespan from rates (measured: test" in r.stdout and "(as configured)" in r.stdout
+    assert rates.load(f) == _rates()
+
+
+@pytest.mark.parametrize("content,match", [(None, "no such file"), ("[1, 2]", "not a rates file"),
+                                           ('{"hardware": "x"}', "not a rates file")])
+def test_bad_rates_get_one_line(tmp_path, content, match):
+    f = tmp_path / "r.json"
+    if content is not None:
+        f.write_text(content)
+    r = _dry("--profile", "demo", "--rates", str(f))
+    assert r.returncode == 2 and match in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_rates_of_another_verifier_are_refused(tmp_path):
+    f = tmp_path / "rates.json"
+    f.write_text(json.dumps({**json.loads(_rates().to_json()), "verifier": "llama3-8b-instruct"}))
+    r = _dry("--profile", "demo", "--rates", str(f))
+    assert r.returncode == 2 and "measured with verifier 'llama3-8b-instruct'" in r.stderr
