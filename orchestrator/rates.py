@@ -248,7 +248,8 @@ def measure(run: str | os.PathLike) -> Rates:
         hist = [h for h in (cfg.get("training") or {}).get("history", []) if h.get("epoch_seconds")]
         bb = cfg.get("backbone") or d.parent.parent.name.split("-")[0]
         s = sum(h["epoch_seconds"] for h in hist)
-        t = sum(h["train_tokens_per_s"] * h["epoch_seconds"] for h in hist)
+        # rank 0's tokens: every worker trains on as many (its share of each global batch)
+        t = sum(h["train_tokens_per_s"] * h["epoch_seconds"] for h in hist) * p.resources.train.num_workers
         loop_s += s
         acc = per_bb.setdefault(bb, [0.0, 0.0])
         acc[0], acc[1] = acc[0] + t, acc[1] + s
