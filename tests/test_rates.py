@@ -148,3 +148,60 @@ def test_rates_of_another_verifier_are_refused(tmp_path):
     f.write_text(json.dumps({**json.loads(_rates().to_json()), "verifier": "llama3-8b-instruct"}))
     r = _dry("--profile", "demo", "--rates", str(f))
     assert r.returncode == 2 and "measured with verifier 'llama3-8b-instruct'" in r.stderr
+
+
+def _write_run(root: Path, workers: int = 1) -> Path:
+    """A finished run's files, as the driver, the feature store and the trainer lay them out."""
+    import polars as pl
+
+    from orchestrator.profile import profile_dict
+
+    p = load_profile("smoke", [f"resources.train.num_workers={workers}"])
+    (root / "profile.json").write_text(json.dumps(profile_dict(p), default=str))
+    cells = {f"t{i}": {"stage": "train", "status": "done"} for i in range(2)}
+    cells |= {"m": {"stage": "merge", "status": "done"}}
+    cells |= {f"e{i}": {"stage": "eval", "status": "done"} for i in range(4)}
+    stages = {"features": {"seconds": 50.0, "units_run": 3}, "train": {"seconds": 100.0, "units_run": 2},
+              "merge": {"seconds": 2.0, "units_run": 1}, "eval": {"seconds": 40.0, "units_run": 4},
+              "report": {"seconds": 3.0, "units_run": 1}}
+    (root / "manifest.json").write_text(json.dumps({"cells": cells, "stages": stages, "machine": "box (2 CPUs)"}))
+    for corpus, tokens, ex in (("mathinstruct", 800, 8), ("sharegpt", 1600, 8)):
+        d = root / "features" / f"{corpus}-train-x"
+        d.mkdir(parents=True)
+        d.joinpath("manifest.json").write_text(json.dumps(
+            {"corpus": corpus, "part": "train", "tokens": tokens, "examples": ex, "seconds": 10.0}))
+    for name in ("eagle2-math", "eagle2-chat"):
+        d = root / "checkpoints" / name / "final"
+        d.mkdir(parents=True)
+        hist = [{"epoch": 0, "steps": 0}, {"epoch": 1, "epoch_seconds": 20.0, "train_tokens_per_s": 40.0}]
+        d.joinpath("config.json").write_text(json.dumps({"backbone": "eagle2", "training": {"history": hist}}))
+    rows = [{"strategy": "autoregressive", "benchmark": "gsm8k", "verifier_calls": 8, "new_tokens": 8,
+             "wall_time_s": 1.0, "generate_tokens": 8, "generate_wall_time_s": 2.0}] + \
+           [{"strategy": "single", "benchmark": "gsm8k", "verifier_calls": 4, "new_tokens": 8, "wall_time_s": 2.0,
+             "generate_tokens": None, "generate_wall_time_s": None}] * 3
+    d = root / "traces" / "prompts" / "backbone=eagle2"
+    d.mkdir(parents=True)
+    pl.DataFrame(rows).write_parquet(d / "a.parquet")
+    return root
+
+
+def test_measure_reads_a_run_by_hand(tmp_path):
+    r = rates.measure(_write_run(tmp_path))
+    assert r.measured and r.hardware == "box (2 CPUs)" and not r.notes
+    assert r.features_tokens_per_s == pytest.approx(2400 / 20.0)  # the caches' own seconds
+    assert r.tokens_per_example == {"mathinstruct": 100.0, "sharegpt": 200.0}
+    assert r.train_tokens_per_s == {"eagle2": pytest.approx(40.0)}
+    assert r.train_overhead_s == pytest.approx((100.0 - 40.0) / 2)  # one trial at a time: stage - loops
+    assert r.eval_steps_per_s["single"] == pytest.approx(12 / 6.0) and r.eval_tau["single"] == pytest.approx(2.0)
+    assert r.eval_steps_per_s["autoregressive"] == pytest.approx(8.0) and r.generate_tokens_per_s == pytest.approx(4.0)
+    assert r.eval_overhead_s == pytest.approx((40.0 * 2 - (7.0 + 2.0)) / 4)  # two actors' time less decoding
+    assert r.merge_s == pytest.approx(2.0) and r.report_s == pytest.approx(3.0) and r.max_new_tokens == 8
+
+
+def test_measure_counts_every_worker_and_refuses_what_is_not_a_run(tmp_path):
+    (tmp_path / "two").mkdir()
+    r = rates.measure(_write_run(tmp_path / "two", workers=2))
+    assert r.train_tokens_per_s == {"eagle2": pytest.approx(80.0)}  # rank 0's 40 tokens/s, times 2 workers
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        rates.measure(tmp_path / "empty")
