@@ -92,8 +92,7 @@ class Manifest:
         if units_run < 1:
             return
         with self._lock:
-            self.data.setdefault("stages", {})[stage] = {"seconds": seconds, "units_run": units_run}
-            self.data["machine"] = machine
+            self.data.setdefault("stages", {})[stage] = {"seconds": seconds, "units_run": units_run, "machine": machine}
             self._flush()
 
     def forget_from(self, stage: str) -> int:

@@ -19,12 +19,12 @@ import json
 import math
 import os
 import platform
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .costs import ASSUMPTIONS, VERIFIERS, train_flops_per_token
 from .grid import BENCHMARK_SIZES, cell_prompts, corpora, eval_cells, merge_cells, train_cells
-from .makespan import Task
+from .makespan import Task, schedule
 from .profile import Profile
 
 TURNS = {"mt_bench": 2}  # turns per prompt (every other benchmark: 1)
@@ -54,6 +54,7 @@ class Rates:
     tokens_per_turn: dict  # benchmark -> generated tokens per turn at ``max_new_tokens``
     max_new_tokens: int | None
     report_s: float = 0.0
+    features_overhead_s: float = 0.0  # per features task: loading the verifier, the draft vocabulary
     notes: list = field(default_factory=list)
 
     def to_json(self) -> str:
@@ -134,6 +135,8 @@ def _for(table: dict, strategy: str) -> float:
     if "*" in table:
         return table["*"]
     vals = [x for k, x in table.items() if k != "autoregressive"]
+    if not vals:
+        raise ValueError(f"the rates have no speculative strategy measured, needed for {strategy!r}")
     return sum(vals) / len(vals)
 
 
@@ -143,41 +146,57 @@ def _tokens_per_turn(r: Rates, bench: str, max_new: int) -> float:
     return min(max_new, ASSUMPTIONS["generated_tokens_per_turn"])
 
 
+def _check(p: Profile, r: Rates, need: dict) -> None:
+    """Every refusal before any task is built, each one line (ValueError)."""
+    if r.verifier != p.verifier:
+        raise ValueError(f"the rates were measured with verifier {r.verifier!r}; profile {p.name!r} uses {p.verifier!r}")
+    if r.device != _device(p):
+        raise ValueError(f"the rates are {r.device.upper()} rates ({r.hardware}); profile {p.name!r} runs on "
+                         f"{_device(p).upper()}s")
+    zero = [k for k, v in need.items() if not v and (k != "features" or p.data.feature_mode != "online")]
+    if zero:
+        raise ValueError(f"profile {p.name!r} gives the {', '.join(zero)} stage(s) no {_device(p).upper()}: "
+                         "nothing to scale the rates by")
+    missing = sorted(set(p.train.backbones) - set(r.train_tokens_per_s))
+    if missing:
+        raise ValueError(f"the rates from {r.source} have no training rate for backbone(s) {missing}")
+    if p.data.feature_mode != "online" and not r.features_tokens_per_s:
+        raise ValueError(f"the rates from {r.source} have no features rate; use a run that extracted features")
+    if not math.isfinite(r.generate_tokens_per_s or float("nan")):
+        raise ValueError(f"the rates from {r.source} have no generate rate (no autoregressive or paired cells)")
+
+
 def tasks(p: Profile, r: Rates) -> list[Task]:
     """The grid's tasks (features per corpus, a trial per drafter, merges, eval shards, the
     report), each timed with ``r`` and holding the devices ``p`` gives it."""
-    if r.verifier != p.verifier:
-        raise ValueError(f"the rates were measured with verifier {r.verifier!r}; profile {p.name!r} uses {p.verifier!r}")
     need = devices_per_task(p)
+    _check(p, r, need)
     out: list[Task] = []
     online = p.data.feature_mode == "online"
-    tpe = {c: min(t, p.data.max_length) for c, t in r.tokens_per_example.items()}
+    tpe = {c: min(r.tokens_per_example.get(c, t), p.data.max_length)
+           for c, t in ASSUMPTIONS["tokens_per_example"].items()}
     for c in [] if online else corpora(p):
-        if r.features_tokens_per_s is None:
-            raise ValueError(f"the rates from {r.source} have no measured features rate; use a run that extracted them")
         rate = r.features_tokens_per_s * need["features"] / r.features_devices
-        out.append(Task(f"features:{c}", "features", (p.data.n + p.data.heldout) * tpe[c] / rate, need["features"]))
-    n = p.data.n
+        out.append(Task(f"features:{c}", "features", r.features_overhead_s + (p.data.n + p.data.heldout) * tpe[c] / rate,
+                        need["features"]))
     for cell in train_cells(p):
-        cs = CORPUS_OF[cell.variant]
-        per = n // 2 if cell.variant == "mixed_half" else n
-        toks = sum(per * tpe[c] for c in cs) * p.train.epochs
+        toks = trial_tokens(cell.variant, p.data.n, tpe) * p.train.epochs
         rate = r.train_tokens_per_s[cell.backbone] * need["train"] / r.train_devices
-        deps = () if online else tuple(f"features:{c}" for c in cs)
+        deps = () if online else tuple(f"features:{c}" for c in CORPUS_OF[cell.variant])
         out.append(Task(f"train:{cell.name}", "train", r.train_overhead_s + toks / rate, need["train"], deps, "train"))
     trained = {t.name for t in out}
     for m in merge_cells(p):
         deps = tuple(d for d in (f"train:{m.backbone}-math", f"train:{m.backbone}-chat") if d in trained)
         out.append(Task(f"merge:{m.name}", "merge", r.merge_s, 0, deps, "merge"))
     made = {t.name.split(":", 1)[1]: t.name for t in out if t.stage in ("train", "merge")}
-    scale = r.eval_devices / need["eval"] if need["eval"] else 1.0
+    scale = r.eval_devices / need["eval"]
     size = p.eval.shard_size
     for cell in eval_cells(p):
-        k = cell_prompts(p, cell) or BENCHMARK_SIZES[cell.benchmark]
+        k = min(cell_prompts(p, cell) or BENCHMARK_SIZES[cell.benchmark], BENCHMARK_SIZES[cell.benchmark])
         toks = TURNS.get(cell.benchmark, 1) * _tokens_per_turn(r, cell.benchmark, p.eval.max_new_tokens)
         gen = toks / r.generate_tokens_per_s
-        if cell.strategy == "autoregressive":
-            per_prompt = 2 * gen  # the project's loop and generate, both timed
+        if cell.strategy == "autoregressive":  # the project's loop, then generate on the same prompt
+            per_prompt = toks / r.eval_steps_per_s.get("autoregressive", r.generate_tokens_per_s) + gen
         else:
             per_prompt = toks / _for(r.eval_tau, cell.strategy) / _for(r.eval_steps_per_s, cell.strategy)
             per_prompt += gen if p.eval.paired_baseline else 0.0
@@ -188,6 +207,12 @@ def tasks(p: Profile, r: Rates) -> list[Task]:
                             need["eval"], deps, "eval"))
     out.append(Task("report", "report", r.report_s, 0, tuple(t.name for t in out if t.stage == "eval")))
     return out
+
+
+def trial_tokens(variant: str, n: int, tpe: dict) -> float:
+    """Tokens one epoch of a drafter variant reads (mixed_half: n/2 examples of each corpus)."""
+    per = n // 2 if variant == "mixed_half" else n
+    return sum(per * tpe[c] for c in CORPUS_OF[variant])
 
 
 def caps(p: Profile, devices: int | None = None) -> dict:
@@ -208,16 +233,49 @@ def profile_devices(p: Profile) -> int:
                              need["eval"] * r.eval_actors)))
 
 
-def _stage(manifest: dict, stage: str, units: int) -> float | None:
-    """A stage's wall seconds, when the invocation that timed it ran all of its ``units``."""
+def _stage(manifest: dict, stage: str, units: int) -> dict | None:
+    """A stage's record (seconds, units_run, machine), when the invocation that timed it ran all
+    of its ``units``."""
     s = manifest.get("stages", {}).get(stage)
-    return s["seconds"] if s and s.get("units_run", 0) >= units > 0 else None
+    return s if s and s.get("units_run", 0) >= units > 0 else None
+
+
+def _fit_overhead(p: Profile, r: Rates, stage: str, seconds: float, name: str) -> float:
+    """The per-task overhead (field ``name``) for which the scheduler reproduces ``seconds``, the
+    stage's measured wall time, with its tasks alone at the profile's concurrency (bisection:
+    the span grows with the overhead). Idle slots are the schedule's, not the overhead's."""
+    gen = r.generate_tokens_per_s if math.isfinite(r.generate_tokens_per_s) else 1.0  # (not this stage's)
+    ready = replace(r, features_tokens_per_s=r.features_tokens_per_s or 1.0, generate_tokens_per_s=gen)
+
+    def span(x: float) -> float:
+        ts = [replace(t, deps=()) for t in tasks(p, replace(ready, **{name: x})) if t.stage == stage]
+        return schedule(ts, profile_devices(p), caps(p), barriers=False)["makespan"] if ts else 0.0
+
+    lo, hi = 0.0, seconds
+    if span(lo) >= seconds:
+        return 0.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if span(mid) < seconds else (lo, mid)
+    return (lo + hi) / 2
+
+
+def _trace_rows(run: Path):
+    """The run's prompt rows (the report's reader: recorded files only, old schemas aligned)."""
+    from .report.build import recorded_traces
+    from .report.tables import scan
+
+    lf = scan(run, "prompts", recorded_traces(run))
+    if lf is None:
+        raise ValueError(f"--rates {run}: the run has no eval traces to measure")
+    return lf.collect()
 
 
 def measure(run: str | os.PathLike) -> Rates:
     """Rates of a finished local run: stage wall times (manifest ``stages``, recorded by the
-    driver for each stage one invocation ran whole), feature-cache tokens and extraction seconds,
-    the trainers' per-epoch tokens/s, and the eval traces' verifier calls and wall times."""
+    driver for each stage an invocation ran), feature-cache tokens and extraction seconds, the
+    trainers' per-epoch loop seconds, and the eval traces' verifier calls and wall times. The
+    per-task overheads are fitted so that the scheduler gives back each stage's wall time."""
     import polars as pl
 
     from .profile import load_profile
@@ -226,77 +284,80 @@ def measure(run: str | os.PathLike) -> Rates:
     if not (run / "manifest.json").is_file() or not (run / "profile.json").is_file():
         raise FileNotFoundError(f"--rates {run}: not a run directory (needs manifest.json and profile.json)")
     man = json.loads((run / "manifest.json").read_text())
-    prof = json.loads((run / "profile.json").read_text())
     p = load_profile(str(run / "profile.json"))
-    cells = man["cells"]
     notes = []
-    done = lambda st: [c for c in cells.values() if c["stage"] == st and c["status"] == "done"]  # noqa: E731
-    # features: tokens and seconds from each cache this run extracted (its manifest records them)
+    done = lambda st: sum(c["stage"] == st and c["status"] == "done" for c in man["cells"].values())  # noqa: E731
+    # features: tokens and seconds of each cache this run extracted (its manifest records them)
     feats = [json.loads(f.read_text()) for f in sorted(run.glob("features/*/manifest.json"))]
     timed = [f for f in feats if f.get("seconds")]
-    tokens = sum(f["tokens"] for f in timed)
     tpe = {}
     for c in ("mathinstruct", "sharegpt"):
         tr = [f for f in feats if f.get("corpus") == c and f.get("part") == "train"]
         if tr:
             tpe[c] = sum(f["tokens"] for f in tr) / sum(f["examples"] for f in tr)
-    need = devices_per_task(p)
-    # training: the loop's tokens/s from each final checkpoint's history; overhead from the stage time
-    per_bb, loop_s = {}, 0.0
+    if not tpe:
+        notes.append("no feature caches (online mode?): tokens per example are the stated assumption")
+        tpe = {c: min(t, p.data.max_length) for c, t in ASSUMPTIONS["tokens_per_example"].items()}
+    feat_rate = sum(f["tokens"] for f in timed) / sum(f["seconds"] for f in timed) if timed else None
+    feat_stage = _stage(man, "features", 1)
+    if feat_rate is None and feat_stage and feats:  # caches written before they recorded seconds
+        feat_rate = sum(f["tokens"] for f in feats) / feat_stage["seconds"]
+        notes.append("features rate from the features stage's wall time (the caches do not record seconds)")
+    # training: every token of each trial's epochs over its loop seconds (rank 0's clock)
+    per_bb: dict[str, list[float]] = {}
     for d in sorted(run.glob("checkpoints/*/final/config.json")):
         cfg = json.loads(d.read_text())
-        hist = [h for h in (cfg.get("training") or {}).get("history", []) if h.get("epoch_seconds")]
-        bb = cfg.get("backbone") or d.parent.parent.name.split("-")[0]
-        s = sum(h["epoch_seconds"] for h in hist)
-        # rank 0's tokens: every worker trains on as many (its share of each global batch)
-        t = sum(h["train_tokens_per_s"] * h["epoch_seconds"] for h in hist) * p.resources.train.num_workers
-        loop_s += s
-        acc = per_bb.setdefault(bb, [0.0, 0.0])
-        acc[0], acc[1] = acc[0] + t, acc[1] + s
-    trained = done("train")
-    train_s = _stage(man, "train", len(trained))
-    conc = min(p.resources.train.max_concurrent_trials, max(len(trained), 1))
-    if train_s is None:
-        notes.append("training overhead not measured (the train stage was not timed whole)")
-    over = max(0.0, (train_s * conc - loop_s) / len(trained)) if train_s and trained else 0.0
-    merges = done("merge")
-    merge_s = _stage(man, "merge", len(merges))
-    # evaluation: verifier calls and decode seconds per strategy from the traces
-    rows = pl.scan_parquet(str(run / "traces/prompts/**/*.parquet"), hive_partitioning=True).collect()
+        tr = cfg.get("training") or {}
+        hist = [h for h in tr.get("history", []) if h.get("epoch_seconds")]
+        if not hist or tr.get("variant") not in CORPUS_OF:
+            continue
+        acc = per_bb.setdefault(cfg.get("backbone") or d.parent.parent.name.split("-")[0], [0.0, 0.0])
+        acc[0] += trial_tokens(tr["variant"], p.data.n, tpe) * len(hist)
+        acc[1] += sum(h["epoch_seconds"] for h in hist)
+    # evaluation: verifier calls and decode seconds per strategy; generate's own timings
+    rows = _trace_rows(run)
     spec = rows.filter(pl.col("strategy") != "autoregressive").group_by("strategy").agg(
         pl.col("verifier_calls").sum().alias("calls"), pl.col("new_tokens").sum().alias("tokens"),
         pl.col("wall_time_s").sum().alias("s"))
-    steps = {r["strategy"]: r["calls"] / r["s"] for r in spec.iter_rows(named=True) if r["s"] > 0}
-    tau = {r["strategy"]: r["tokens"] / r["calls"] for r in spec.iter_rows(named=True) if r["calls"] > 0}
-    gen = rows.filter(pl.col("generate_wall_time_s").is_not_null() & (pl.col("generate_wall_time_s") > 0))
-    gen_tps = float(gen["generate_tokens"].sum() / gen["generate_wall_time_s"].sum()) if gen.height else float("nan")
+    steps = {x["strategy"]: x["calls"] / x["s"] for x in spec.iter_rows(named=True) if x["s"]}
+    tau = {x["strategy"]: x["tokens"] / x["calls"] for x in spec.iter_rows(named=True) if x["calls"]}
     ar = rows.filter(pl.col("strategy") == "autoregressive")
-    if ar.height:
+    if ar.height and ar["wall_time_s"].sum():
         steps["autoregressive"] = float(ar["new_tokens"].sum() / ar["wall_time_s"].sum())
-    per_turn = {b: float(v) for b, v in ar.group_by("benchmark").agg(pl.col("new_tokens").mean()).iter_rows()}
-    units = done("eval")
-    eval_s = _stage(man, "eval", len(units))
-    decode_s = float(rows["wall_time_s"].sum() + gen["generate_wall_time_s"].sum())
-    actors = min(p.resources.eval_actors, max(len(units), 1))
-    if eval_s is None:
-        notes.append("eval overhead not measured (the eval stage was not timed whole)")
-    e_over = max(0.0, (eval_s * actors - decode_s) / len(units)) if eval_s and units else 0.0
-    machine = man.get("machine") or "unknown machine"
-    feat_rate = tokens / sum(f["seconds"] for f in timed) if timed else None
-    feat_s = _stage(man, "features", 1)
-    if feat_rate is None and feat_s:  # caches written before they recorded seconds: the stage's time
-        feat_rate = sum(f["tokens"] for f in feats) / feat_s
-        notes.append("features rate from the features stage's wall time (the caches do not record seconds)")
-    return Rates(
-        hardware=machine, verifier=prof["verifier"], device=_device(p), measured=True,
-        source=f"{run} (profile {prof.get('name', '?')})",
-        features_tokens_per_s=feat_rate,
-        features_devices=need["features"],
+    gen_tps, gen_s = float("nan"), 0.0
+    if {"generate_tokens", "generate_wall_time_s"} <= set(rows.columns):
+        g = rows.filter(pl.col("generate_wall_time_s").fill_null(0) > 0)
+        if g.height:
+            gen_s = float(g["generate_wall_time_s"].sum())
+            gen_tps = float(g["generate_tokens"].sum()) / gen_s
+    if not math.isfinite(gen_tps) and "autoregressive" in steps:
+        gen_tps = steps["autoregressive"]
+        notes.append("generate not timed in this run: its rate is the project's autoregressive loop's")
+    per_turn = {b: float(v) for b, v in rows.group_by("benchmark").agg(pl.col("new_tokens").mean()).iter_rows()}
+    stages = man.get("stages", {})
+    machine = next((s["machine"] for s in stages.values() if s.get("machine")), man.get("machine", "unknown machine"))
+    need = devices_per_task(p)
+    r = Rates(
+        hardware=machine, verifier=p.verifier, device=_device(p), measured=True,
+        source=f"{run} (profile {p.name})", features_tokens_per_s=feat_rate, features_devices=need["features"],
         train_tokens_per_s={b: t / s for b, (t, s) in per_bb.items() if s}, train_devices=need["train"],
-        train_overhead_s=over, merge_s=merge_s / len(merges) if merge_s and merges else 0.0,
-        eval_steps_per_s=steps, eval_tau=tau, generate_tokens_per_s=gen_tps, eval_devices=need["eval"],
-        eval_overhead_s=e_over, tokens_per_example=tpe, tokens_per_turn=per_turn,
-        max_new_tokens=p.eval.max_new_tokens, report_s=_stage(man, "report", 1) or 0.0, notes=notes)
+        train_overhead_s=0.0, merge_s=0.0, eval_steps_per_s=steps, eval_tau=tau, generate_tokens_per_s=gen_tps,
+        eval_devices=need["eval"], eval_overhead_s=0.0, tokens_per_example=tpe, tokens_per_turn=per_turn,
+        max_new_tokens=p.eval.max_new_tokens, notes=notes)
+    fits = {}
+    for stage, name, units in (("features", "features_overhead_s", 1), ("train", "train_overhead_s", done("train")),
+                               ("eval", "eval_overhead_s", done("eval"))):
+        st = _stage(man, stage, units)
+        if st is None:
+            notes.append(f"{stage} overhead not measured (no invocation ran the whole {stage} stage)")
+        elif stage != "features" or feat_rate:
+            fits[name] = _fit_overhead(p, r, stage, st["seconds"], name)
+            if fits[name] == 0.0:
+                notes.append(f"{stage}: the modelled work alone exceeds the stage's {st['seconds']:.0f} s "
+                             "(a strategy mix or lengths unlike the profile's cells): no overhead")
+    merges, rep = _stage(man, "merge", done("merge")), _stage(man, "report", 1)
+    return replace(r, **fits, merge_s=merges["seconds"] / done("merge") if merges else 0.0,
+                   report_s=rep["seconds"] if rep else 0.0)
 
 
 def main(argv=None) -> int:

@@ -151,57 +151,109 @@ def test_rates_of_another_verifier_are_refused(tmp_path):
 
 
 def _write_run(root: Path, workers: int = 1) -> Path:
-    """A finished run's files, as the driver, the feature store and the trainer lay them out."""
+    """A finished run's files, laid out as the driver, the feature store and the trainer write
+    them (traces partitioned and recorded by the manifest; one stale file it does not record)."""
     import polars as pl
 
     from orchestrator.profile import profile_dict
 
     p = load_profile("smoke", [f"resources.train.num_workers={workers}"])
     (root / "profile.json").write_text(json.dumps(profile_dict(p), default=str))
+    cell = dict(drafter="math", routing_granularity="step", merge_dedup=False, total_tokens=8, budget_matched=False,
+                prompt_id="p", turn=0)
+    ar = dict(cell, strategy="autoregressive", drafter="-", verifier_calls=8, new_tokens=8, wall_time_s=1.0,
+              generate_tokens=8, generate_wall_time_s=2.0)
+    sp = dict(cell, strategy="single", verifier_calls=4, new_tokens=8, wall_time_s=2.0, generate_tokens=None,
+              generate_wall_time_s=None)
+    part = "traces/prompts/backbone=eagle2/benchmark=gsm8k/temperature=0"
+    (root / part).mkdir(parents=True)
+    files = {"e0": [ar], "e1": [sp], "e2": [sp], "e3": [sp], "stale": [dict(sp, wall_time_s=1000.0)]}
+    for name, rows in files.items():
+        pl.DataFrame(rows).write_parquet(root / part / f"{name}.parquet")
     cells = {f"t{i}": {"stage": "train", "status": "done"} for i in range(2)}
     cells |= {"m": {"stage": "merge", "status": "done"}}
-    cells |= {f"e{i}": {"stage": "eval", "status": "done"} for i in range(4)}
+    cells |= {k: {"stage": "eval", "status": "done", "files": [f"{part}/{k}.parquet"]} for k in files if k != "stale"}
     stages = {"features": {"seconds": 50.0, "units_run": 3}, "train": {"seconds": 100.0, "units_run": 2},
-              "merge": {"seconds": 2.0, "units_run": 1}, "eval": {"seconds": 40.0, "units_run": 4},
+              "merge": {"seconds": 2.0, "units_run": 1}, "eval": {"seconds": 400.0, "units_run": 4},
               "report": {"seconds": 3.0, "units_run": 1}}
-    (root / "manifest.json").write_text(json.dumps({"cells": cells, "stages": stages, "machine": "box (2 CPUs)"}))
-    for corpus, tokens, ex in (("mathinstruct", 800, 8), ("sharegpt", 1600, 8)):
+    for v in stages.values():
+        v["machine"] = "box (2 CPUs)"
+    (root / "manifest.json").write_text(json.dumps({"cells": cells, "stages": stages}))
+    for corpus, tokens, ex in (("mathinstruct", 640, 8), ("sharegpt", 720, 8)):  # (under max_length 96)
         d = root / "features" / f"{corpus}-train-x"
         d.mkdir(parents=True)
         d.joinpath("manifest.json").write_text(json.dumps(
             {"corpus": corpus, "part": "train", "tokens": tokens, "examples": ex, "seconds": 10.0}))
-    for name in ("eagle2-math", "eagle2-chat"):
-        d = root / "checkpoints" / name / "final"
+    for v in ("math", "chat"):
+        d = root / "checkpoints" / f"eagle2-{v}" / "final"
         d.mkdir(parents=True)
-        hist = [{"epoch": 0, "steps": 0}, {"epoch": 1, "epoch_seconds": 20.0, "train_tokens_per_s": 40.0}]
-        d.joinpath("config.json").write_text(json.dumps({"backbone": "eagle2", "training": {"history": hist}}))
-    rows = [{"strategy": "autoregressive", "benchmark": "gsm8k", "verifier_calls": 8, "new_tokens": 8,
-             "wall_time_s": 1.0, "generate_tokens": 8, "generate_wall_time_s": 2.0}] + \
-           [{"strategy": "single", "benchmark": "gsm8k", "verifier_calls": 4, "new_tokens": 8, "wall_time_s": 2.0,
-             "generate_tokens": None, "generate_wall_time_s": None}] * 3
-    d = root / "traces" / "prompts" / "backbone=eagle2"
-    d.mkdir(parents=True)
-    pl.DataFrame(rows).write_parquet(d / "a.parquet")
+        hist = [{"epoch": 0, "steps": 0}, {"epoch": 1, "epoch_seconds": 20.0, "train_tokens_per_s": 5.0}]
+        d.joinpath("config.json").write_text(json.dumps(
+            {"backbone": "eagle2", "training": {"variant": v, "history": hist}}))
     return root
 
 
 def test_measure_reads_a_run_by_hand(tmp_path):
+    """Smoke profile: n=8, 1 epoch, one trial at a time, 2 eval actors of 1 CPU, features on 2 CPUs."""
     r = rates.measure(_write_run(tmp_path))
-    assert r.measured and r.hardware == "box (2 CPUs)" and not r.notes
-    assert r.features_tokens_per_s == pytest.approx(2400 / 20.0)  # the caches' own seconds
-    assert r.tokens_per_example == {"mathinstruct": 100.0, "sharegpt": 200.0}
-    assert r.train_tokens_per_s == {"eagle2": pytest.approx(40.0)}
-    assert r.train_overhead_s == pytest.approx((100.0 - 40.0) / 2)  # one trial at a time: stage - loops
+    assert r.measured and r.hardware == "box (2 CPUs)" and r.device == "cpu" and not r.notes
+    assert r.features_tokens_per_s == pytest.approx(1360 / 20.0)  # the caches' own seconds
+    assert r.tokens_per_example == {"mathinstruct": 80.0, "sharegpt": 90.0}
+    # every token of both trials (8 x 80 + 8 x 90, one epoch) over their loops' 40 s: not the
+    # trainer's loss-token figure (5/s)
+    assert r.train_tokens_per_s == {"eagle2": pytest.approx(1360 / 40.0)}
+    # one trial at a time: the overhead is the stage's time less the loops, per trial
+    assert r.train_overhead_s == pytest.approx((100.0 - 40.0) / 2, rel=1e-6)
     assert r.eval_steps_per_s["single"] == pytest.approx(12 / 6.0) and r.eval_tau["single"] == pytest.approx(2.0)
     assert r.eval_steps_per_s["autoregressive"] == pytest.approx(8.0) and r.generate_tokens_per_s == pytest.approx(4.0)
-    assert r.eval_overhead_s == pytest.approx((40.0 * 2 - (7.0 + 2.0)) / 4)  # two actors' time less decoding
-    assert r.merge_s == pytest.approx(2.0) and r.report_s == pytest.approx(3.0) and r.max_new_tokens == 8
+    assert r.tokens_per_turn == {"gsm8k": 8.0} and r.max_new_tokens == 8
+    assert r.merge_s == pytest.approx(2.0) and r.report_s == pytest.approx(3.0)
+    # the fitted overheads give back each stage's wall time through the scheduler, for the
+    # profile's own cells (the stale trace file, 1000 s of decoding, is not read)
+    p = load_profile("smoke")
+    ts = rates.tasks(p, r)
+    for stage, want in (("train", 100.0), ("eval", 400.0), ("features", 50.0)):
+        sub = [dataclasses.replace(t, deps=()) for t in ts if t.stage == stage]
+        got = schedule(sub, rates.profile_devices(p), rates.caps(p), barriers=False)["makespan"]
+        assert got == pytest.approx(want, rel=1e-3), stage
+
+
+def test_a_stage_faster_than_its_modelled_decoding_gets_no_overhead_and_a_note(tmp_path):
+    run = _write_run(tmp_path)
+    man = json.loads((run / "manifest.json").read_text())
+    man["stages"]["eval"]["seconds"] = 1.0
+    (run / "manifest.json").write_text(json.dumps(man))
+    r = rates.measure(run)
+    assert r.eval_overhead_s == 0.0 and any("eval" in n and "exceeds" in n for n in r.notes), r.notes
+
+
+def test_the_overhead_fit_leaves_idle_slots_to_the_schedule(tmp_path):
+    """Three trials two at a time, each 8 s of loop (640 tokens at 80/s) and 7 s of overhead, take
+    30 s: the fit gives 7 s (stage x concurrency - loops, over trials, would say 12 and predict 40)."""
+    p = load_profile("smoke", ["train.variants=[math, chat, mixed_half]",
+                               "resources.train.max_concurrent_trials=2"])
+    r = _rates(train_overhead_s=0.0, tokens_per_example={"mathinstruct": 80.0, "sharegpt": 80.0},
+               train_tokens_per_s={"eagle2": 80.0}, tokens_per_turn={}, max_new_tokens=None)
+    assert rates._fit_overhead(p, r, "train", 30.0, "train_overhead_s") == pytest.approx(7.0, rel=1e-6)
 
 
 def test_measure_counts_every_worker_and_refuses_what_is_not_a_run(tmp_path):
     (tmp_path / "two").mkdir()
     r = rates.measure(_write_run(tmp_path / "two", workers=2))
-    assert r.train_tokens_per_s == {"eagle2": pytest.approx(80.0)}  # rank 0's 40 tokens/s, times 2 workers
+    assert r.train_tokens_per_s == {"eagle2": pytest.approx(1360 / 40.0)}  # the trial's tokens, both workers
+    assert r.train_devices == 2
     (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="not a run directory"):
         rates.measure(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(device="gpu"), "are GPU rates"),
+    (dict(train_tokens_per_s={"hass": 1.0}), "no training rate for backbone"),
+    (dict(features_tokens_per_s=None), "no features rate"),
+    (dict(generate_tokens_per_s=float("nan")), "no generate rate"),
+    (dict(eval_steps_per_s={"autoregressive": 1.0}, eval_tau={}), "no speculative strategy"),
+])
+def test_rates_that_cannot_time_a_profile_say_why(change, match):
+    with pytest.raises(ValueError, match=match):
+        rates.tasks(load_profile("demo"), _rates(**change))
