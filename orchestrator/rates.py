@@ -350,7 +350,7 @@ def measure(run: str | os.PathLike) -> Rates:
         st = _stage(man, stage, units)
         if st is None:
             notes.append(f"{stage} overhead not measured (no invocation ran the whole {stage} stage)")
-        elif stage != "features" or feat_rate:
+        elif stage != "features" or timed:  # (a features rate from the stage time has it already)
             fits[name] = _fit_overhead(p, r, stage, st["seconds"], name)
             if fits[name] == 0.0:
                 notes.append(f"{stage}: the modelled work alone exceeds the stage's {st['seconds']:.0f} s "
