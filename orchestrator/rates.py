@@ -149,7 +149,8 @@ def _tokens_per_turn(r: Rates, bench: str, max_new: int) -> float:
 def _check(p: Profile, r: Rates, need: dict) -> None:
     """Every refusal before any task is built, each one line (ValueError)."""
     if r.verifier != p.verifier:
-        raise ValueError(f"the rates were measured with verifier {r.verifier!r}; profile {p.name!r} uses {p.verifier!r}")
+        raise ValueError(f"the rates were measured with verifier {r.verifier!r}; "
+                         f"profile {p.name!r} uses {p.verifier!r}")
     if r.device != _device(p):
         raise ValueError(f"the rates are {r.device.upper()} rates ({r.hardware}); profile {p.name!r} runs on "
                          f"{_device(p).upper()}s")
@@ -177,13 +178,14 @@ def tasks(p: Profile, r: Rates) -> list[Task]:
            for c, t in ASSUMPTIONS["tokens_per_example"].items()}
     for c in [] if online else corpora(p):
         rate = r.features_tokens_per_s * need["features"] / r.features_devices
-        out.append(Task(f"features:{c}", "features", r.features_overhead_s + (p.data.n + p.data.heldout) * tpe[c] / rate,
-                        need["features"]))
+        seconds = r.features_overhead_s + (p.data.n + p.data.heldout) * tpe[c] / rate
+        out.append(Task(f"features:{c}", "features", seconds, need["features"]))
     for cell in train_cells(p):
         toks = trial_tokens(cell.variant, p.data.n, tpe) * p.train.epochs
         rate = r.train_tokens_per_s[cell.backbone] * need["train"] / r.train_devices
         deps = () if online else tuple(f"features:{c}" for c in CORPUS_OF[cell.variant])
-        out.append(Task(f"train:{cell.name}", "train", r.train_overhead_s + toks / rate, need["train"], deps, "train"))
+        seconds = r.train_overhead_s + toks / rate
+        out.append(Task(f"train:{cell.name}", "train", seconds, need["train"], deps, "train"))
     trained = {t.name for t in out}
     for m in merge_cells(p):
         deps = tuple(d for d in (f"train:{m.backbone}-math", f"train:{m.backbone}-chat") if d in trained)
@@ -335,7 +337,7 @@ def measure(run: str | os.PathLike) -> Rates:
         notes.append("generate not timed in this run: its rate is the project's autoregressive loop's")
     per_turn = {b: float(v) for b, v in rows.group_by("benchmark").agg(pl.col("new_tokens").mean()).iter_rows()}
     stages = man.get("stages", {})
-    machine = next((s["machine"] for s in stages.values() if s.get("machine")), man.get("machine", "unknown machine"))
+    machine = next((s["machine"] for s in stages.values() if s.get("machine")), "unknown machine")
     need = devices_per_task(p)
     r = Rates(
         hardware=machine, verifier=p.verifier, device=_device(p), measured=True,
@@ -345,7 +347,8 @@ def measure(run: str | os.PathLike) -> Rates:
         eval_devices=need["eval"], eval_overhead_s=0.0, tokens_per_example=tpe, tokens_per_turn=per_turn,
         max_new_tokens=p.eval.max_new_tokens, notes=notes)
     fits = {}
-    for stage, name, units in (("features", "features_overhead_s", 1), ("train", "train_overhead_s", done("train")),
+    for stage, name, units in (("features", "features_overhead_s", 1),
+                               ("train", "train_overhead_s", done("train")),
                                ("eval", "eval_overhead_s", done("eval"))):
         st = _stage(man, stage, units)
         if st is None:
