@@ -24,12 +24,10 @@ def estimate(p: Profile) -> dict:
     flops_verifier = 2 * v["params"]  # forward FLOPs per token
     per_token = {b: train_flops_per_token(v, b, p.train.hass_steps) for b in ("eagle2", "hass")}
     eff = a["gpu_peak_flops"] * a["mfu"]
-    tm, tc = tpe.get("mathinstruct", 0), tpe.get("sharegpt", 0)
-    variant_tokens = {"math": n * tm, "chat": n * tc, "mixed_half": n // 2 * (tm + tc), "mixed_full": n * (tm + tc)}
     online = p.data.feature_mode == "online"
     train_h = 0.0
     for c in train_cells(p):
-        toks = variant_tokens[c.variant] * p.train.epochs
+        toks = rates_mod.trial_tokens(c.variant, n, tpe) * p.train.epochs
         f = per_token[c.backbone] + (flops_verifier if online else 0)
         train_h += toks * f / eff / 3600
     feat_h = 0.0 if online else sum(corpus_tokens.values()) * flops_verifier / eff / 3600

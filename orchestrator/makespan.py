@@ -38,12 +38,8 @@ def _with_barriers(tasks: list[Task]) -> list[Task]:
     return out
 
 
-def _priorities(tasks: dict[str, Task]) -> dict[str, float]:
+def _priorities(tasks: dict[str, Task], children: dict[str, list[str]]) -> dict[str, float]:
     """Longest path from each task's start to the end of the graph (its own time included)."""
-    children: dict[str, list[str]] = {n: [] for n in tasks}
-    for t in tasks.values():
-        for d in t.deps:
-            children[d].append(t.name)
     memo: dict[str, float] = {}
     for name in reversed(_topological(tasks)):
         memo[name] = tasks[name].seconds + max((memo[c] for c in children[name]), default=0.0)
@@ -90,12 +86,12 @@ def schedule(tasks: list[Task], devices: int, caps: dict[str, int] | None = None
             raise ValueError(f"task {t.name!r} needs {t.need} devices; there are {devices}")
         if t.group is not None and caps.get(t.group, 1) < 1:
             raise ValueError(f"group {t.group!r} of task {t.name!r} has no slot (cap {caps[t.group]})")
-    prio = _priorities(by_name)
     waiting = {t.name: len(t.deps) for t in tasks}
     children: dict[str, list[str]] = {n: [] for n in by_name}
     for t in tasks:
         for d in t.deps:
             children[d].append(t.name)
+    prio = _priorities(by_name, children)
     # ready tasks in one heap per (need, group): within a class the top decides whether any fits
     ready: dict[tuple, list] = {}
 

@@ -75,21 +75,15 @@ def load(path: str | os.PathLike) -> Rates:
 
 
 def hardware() -> str:
-    """This machine in one line: the CPU model and count, and the GPU if torch sees one."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    out = f"{cpu} ({os.cpu_count()} CPUs)"
-    try:
-        import torch
+    """This machine in one line: the CPU model and count, and the GPU if torch sees one. (Imports
+    torch: the driver's call, never the dry run's.)"""
+    import torch
 
-        if torch.cuda.is_available():
-            out += f", {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    except ImportError:
-        pass
+    from decoding.cpu.kernel import cpuinfo
+
+    out = f"{cpuinfo('model name') or platform.processor() or platform.machine()} ({os.cpu_count()} CPUs)"
+    if torch.cuda.is_available():
+        out += f", {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
     return out
 
 
