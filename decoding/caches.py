@@ -2,8 +2,9 @@
 
 ``$TASKSPEC_CACHE`` (default ``~/.cache/taskspec``) holds ``cpu_matmul.json`` (the CPU matmul
 tuner's choice per weight shape and row count, decoding/cpu/matmul.py), ``verify_cost.json``
-(tree auto's verifier pass costs, decoding/autotree.py) and ``kernels/`` (the thin-GEMM kernel
-built for this CPU, decoding/cpu/kernel.py). Keys name the machine, the device type, the dtype
+(tree auto's verifier pass costs, decoding/autotree.py), ``kernels/`` (the thin-GEMM kernel
+built for this CPU, decoding/cpu/kernel.py) and ``verifiers/`` (a GGUF verifier's de-quantized
+copy, decoding/verifier_copy.py). Keys name the machine, the device type, the dtype
 and (for verify costs) the verifier. ``python -m decoding cache show|clear`` prints or removes them.
 """
 from __future__ import annotations
@@ -46,6 +47,9 @@ def show(root: Path | None = None) -> str:
         lines += [f"  {key}: {json.dumps(value, sort_keys=True)}" for key, value in sorted(data.items())]
     kernels = sorted((root / "kernels").glob("*.so")) if (root / "kernels").is_dir() else []
     lines.append(f"kernels/: {len(kernels)} built" + "".join(f"\n  {k.name}" for k in kernels))
+    copies = sorted(p for p in (root / "verifiers").iterdir() if p.is_dir()) if (root / "verifiers").is_dir() else []
+    lines.append(f"verifiers/: {len(copies)} de-quantized cop{'y' if len(copies) == 1 else 'ies'}"
+                 + "".join(f"\n  {c.name}" for c in copies))
     return "\n".join(lines)
 
 
@@ -57,7 +61,8 @@ def clear(root: Path | None = None) -> list[str]:
         if (root / name).exists():
             (root / name).unlink()
             gone.append(name)
-    if (root / "kernels").is_dir():
-        shutil.rmtree(root / "kernels")
-        gone.append("kernels/")
+    for sub in ("kernels", "verifiers"):
+        if (root / sub).is_dir():
+            shutil.rmtree(root / sub)
+            gone.append(f"{sub}/")
     return gone

