@@ -37,9 +37,11 @@ URI = f"s3://{BUCKET}/{RUN}"
 REGION = "us-east-1"
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}  # moto accepts any
 # every stage runs (features, both drafters, the merge, the report); evaluation keeps every
-# strategy on 3 prompts at T=0 (12 units): what crosses the store is the same, at half the cells
+# strategy on 3 prompts at T=0 (12 units): what crosses the store is the same, at half the cells;
+# every cell times generate next to its own prompts (eval.paired_baseline)
 PROMPTS = {"gsm8k": 2, "mt_bench": 1}  # one unit per prompt (the smoke profile's shard_size is 1)
-SMALL = ["eval.temperatures=[0.0]", "eval.tree_auto=[]", "eval.benchmarks={gsm8k: 2, mt_bench: 1}"]
+SMALL = ["eval.temperatures=[0.0]", "eval.tree_auto=[]", "eval.benchmarks={gsm8k: 2, mt_bench: 1}",
+         "eval.paired_baseline=true"]
 
 
 @pytest.fixture(scope="module")
@@ -164,6 +166,16 @@ def test_smoke_grid_runs_on_two_nodes_through_object_storage_only(cluster, s3, g
     for node in ("node-1", "node-2"):
         assert list((tmp / node / "cache").rglob("model.safetensors")), f"{node} decoded nothing"
     assert not (tmp / "head" / "cache").exists()  # the head ran no work
+
+
+def test_paired_baseline_cells_time_generate_next_to_each_prompt(cluster, s3, grid_run):
+    """eval.paired_baseline: every cell timed generate next to its own prompts, on its own node,
+    with the same T=0 output, and the speed table at the URI divides by those runs."""
+    _, s3fs = s3
+    prompts, _ = _check_traces(s3fs)
+    assert (prompts["generate_wall_time_s"] > 0).all() and prompts["generate_matches"].all()
+    speed = _table(s3fs, "report/tables/speed.parquet").filter(pl.col("method") != "generate (transformers)")
+    assert speed.height and speed["paired_baseline"].all() and (speed["outputs_equal_generate"] == 1.0).all()
 
 
 FAULTS = pytest.mark.skipif(os.environ.get("TASKSPEC_FAULT_TESTS") != "1",
