@@ -14,6 +14,7 @@ import json
 import os
 import random
 import shutil
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -364,8 +365,19 @@ class _Plain:
         self.opt.load_state_dict(torch.load(d / "optimizer.pt"))
 
 
+def _venv_ninja_first() -> None:
+    """Put the ninja installed next to this Python (pip's) first on PATH, so that every process
+    builds DeepSpeed's JIT ops (the CPU shm comm op) with the same ninja: a system ninja 1.11 and
+    pip's 1.13 hash commands differently, and each rebuilt the other's objects (about a minute of
+    both cores, at every switch between a shell's PATH and a Ray worker's)."""
+    here = Path(sys.executable).parent
+    if (here / "ninja").is_file() and os.environ.get("PATH", "").split(os.pathsep)[0] != str(here):
+        os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
 class _DeepSpeed:
     def __init__(self, model, opt, cfg, world):
+        _venv_ninja_first()
         import deepspeed
 
         self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=_deepspeed_config(cfg, world))

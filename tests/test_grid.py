@@ -289,15 +289,13 @@ def _scrape(port: int) -> set[str]:
 
 
 def _metrics_port(ray_tmp: str) -> int | None:
-    """The port where the head's metrics agent serves Prometheus (`ray start` picks one; the agent's
-    command line names it)."""
-    for p in _procs_with_env("TMPDIR", ray_tmp):
+    """The port where the head's metrics agent serves Prometheus: `ray start` picks one and
+    writes it to the session directory (metrics_export_port_<node id>)."""
+    for f in Path(ray_tmp).glob("ray/session_latest/metrics_export_port_*"):
         try:
-            m = re.search(r"--metrics-export-port=(\d+)", " ".join(p.cmdline()))
-        except psutil.Error:
-            continue
-        if m and int(m.group(1)) > 0:
-            return int(m.group(1))
+            return int(f.read_text().strip()) or None
+        except (OSError, ValueError):
+            pass
     return None
 
 
