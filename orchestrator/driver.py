@@ -30,7 +30,7 @@ from workers.tune_sweep import run_sweep
 
 from . import storage
 from .grid import EvalCell, cell_prompts, eval_cells, key_of, merge_cells, pool_sizes, train_cells
-from .eval_pool import EvalPool
+from .eval_pool import EvalPool, NoEvalActor
 from .grid import corpora as grid_corpora
 from .manifest import STAGES, Lease, Manifest
 from .preflight import check_cluster, check_train_resources, preflight
@@ -451,7 +451,14 @@ class Driver:
                 pool.submit(lambda a, cell=cell, shard=shard: a.run.options(name=f"eval:{cell.label}").remote(
                     dataclasses.asdict(cell), [ckpts[d] for d in cell.drafters], shard,
                     {**decode, "cell_key": cell.key}), item)
-            finished = pool.next()
+            try:
+                finished = pool.next()
+            except NoEvalActor as e:  # every actor failed to start, again and again: the rest fail with why
+                for (cell, shard, key), attempt in queue + [item for _, item in pool.running.values()]:
+                    self.manifest.record(key, "eval", cell.label, "failed", attempts=attempt, error=str(e))
+                    prog.step(f"{cell.label} FAILED: {str(e)[:200]}")
+                queue = []
+                break
             if finished is None:  # a probe answered: a slot is free again (or its actor was replaced)
                 continue
             ((cell, shard, key), attempt), result, e = finished

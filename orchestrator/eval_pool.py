@@ -4,7 +4,10 @@ Each slot runs one shard at a time. When a shard fails, its slot's actor is prob
 background (``pid()`` answers once a restarted actor has reloaded its verifier) while the other
 slots keep taking shards. An actor whose probe fails (it will not restart) or that has not
 answered after ``restart_s`` seconds (no node could take it) is killed and replaced by a new
-actor under a new, unique name.
+actor under a new, unique name. A slot whose actor fails to start ``max_starts`` times in a row
+(a constructor that always raises: a verifier that cannot load, a node type that cannot hold it)
+is retired; when every slot is retired the pool raises :class:`NoEvalActor`, naming the last
+error, instead of replacing actors forever while the queue waits.
 """
 from __future__ import annotations
 
@@ -15,15 +18,22 @@ from collections.abc import Callable
 import ray
 
 
+class NoEvalActor(RuntimeError):
+    """Every slot's actor failed to start ``max_starts`` times in a row."""
+
+
 class EvalPool:
-    def __init__(self, make: Callable[[str], object], n: int, restart_s: float = 600.0, log=print):
+    def __init__(self, make: Callable[[str], object], n: int, restart_s: float = 600.0, log=print,
+                 max_starts: int = 3):
         """``make(name)``: a new actor (a handle with ``pid`` and the methods ``submit`` calls)."""
-        self.make, self.restart_s, self.log = make, restart_s, log
+        self.make, self.restart_s, self.log, self.max_starts = make, restart_s, log, max_starts
         self.actors = [self._new(i) for i in range(n)]
         self.free = list(range(n))
         self.running: dict = {}  # ObjectRef -> (slot, item)
         self.probes: dict = {}  # ObjectRef of pid() -> (slot, deadline)
         self.replaced = 0
+        self.failed_starts = [0] * n  # per slot, in a row
+        self.retired: set[int] = set()
 
     def _new(self, slot: int):
         return self.make(f"eval-worker-{slot}-{uuid.uuid4().hex[:8]}")
@@ -34,7 +44,9 @@ class EvalPool:
         self.running[call(self.actors[slot])] = (slot, item)
 
     def _probe(self, slot: int) -> None:
-        self.probes[self.actors[slot].pid.remote()] = (slot, time.time() + self.restart_s)
+        # retried while the actor restarts (a call to a restarting actor fails at once with max_task_retries=0)
+        ref = self.actors[slot].pid.options(max_task_retries=-1).remote()
+        self.probes[ref] = (slot, time.time() + self.restart_s)
 
     def _replace(self, slot: int, why: str) -> None:
         ray.kill(self.actors[slot], no_restart=True)
@@ -60,9 +72,19 @@ class EvalPool:
             slot, _ = self.probes.pop(ref)
             try:
                 ray.get(ref)
+                self.failed_starts[slot] = 0
                 self.free.append(slot)
             except Exception as e:  # noqa: BLE001 - the actor will not come back
-                self._replace(slot, f"it did not restart: {type(e).__name__}")
+                self.failed_starts[slot] += 1
+                if self.failed_starts[slot] < self.max_starts:
+                    self._replace(slot, f"it did not restart: {type(e).__name__}")
+                    return None
+                self.retired.add(slot)
+                why = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}"
+                self.log(f"eval actor {slot} retired: it failed to start {self.max_starts} times in a row ({why})")
+                if len(self.retired) == len(self.actors):
+                    raise NoEvalActor(f"no evaluation actor could start ({len(self.actors)} slot(s), "
+                                      f"{self.max_starts} tries each); the last error: {why}") from e
             return None
         slot, item = self.running.pop(ref)
         try:
