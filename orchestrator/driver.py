@@ -457,7 +457,6 @@ class Driver:
                 for (cell, shard, key), attempt in queue + [item for _, item in pool.running.values()]:
                     self.manifest.record(key, "eval", cell.label, "failed", attempts=attempt, error=str(e))
                     prog.step(f"{cell.label} FAILED: {str(e)[:200]}")
-                queue = []
                 break
             if finished is None:  # a probe answered: a slot is free again (or its actor was replaced)
                 continue
