@@ -11,13 +11,11 @@ import random
 import warnings
 from dataclasses import dataclass
 
+from .corpora import CORPORA, variant_corpora
 from .data.sources import SourceOptions, load_corpus
 from .data.templating import tokenize_conversation
 from .distill import MODES, distilled
 from .features import FeatureStore, content_key, verifier_features
-
-VARIANTS = ("math", "chat", "mixed_half", "mixed_full")
-CORPUS_OF = {"math": "mathinstruct", "chat": "sharegpt"}
 
 
 @dataclass(frozen=True)
@@ -104,21 +102,21 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
 
 def variant_data(variant: str, root: str, caches: dict, n: int) -> list:
     """[[store_root, key, ids], ...] of a variant, from the per-corpus caches of ensure_features."""
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown data variant {variant!r}; choose one of {list(VARIANTS)}")
+    corpora = variant_corpora(variant)
+
     def entry(corpus, ids):
         c = caches[corpus]
         return ["online", corpus, ids] if c.get("online") else [root, c["train"], ids]
 
-    if variant in CORPUS_OF:
-        return [entry(CORPUS_OF[variant], None)]
+    if len(corpora) == 1:
+        return [entry(corpora[0], None)]
     take = n // 2 if variant == "mixed_half" else n
-    return [entry(c, caches[c]["train_ids"][:take]) for c in ("mathinstruct", "sharegpt")]
+    return [entry(c, caches[c]["train_ids"][:take]) for c in corpora]
 
 
 def heldout_data(root: str, caches: dict) -> list:
     return [["online-heldout", c, None] if caches[c].get("online") else [root, caches[c]["heldout"], None]
-            for c in ("mathinstruct", "sharegpt") if c in caches]
+            for c in CORPORA if c in caches]
 
 
 def build_vocab(tokenizer, eos_ids, corpora: list[str], spec: DataSpec, size: int, vocab_size: int,

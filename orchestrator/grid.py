@@ -8,6 +8,8 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, field, replace
 
+from drafters.corpora import CORPORA, variant_corpora
+
 from .profile import Profile
 
 
@@ -218,8 +220,8 @@ BENCHMARK_SIZES = {"mt_bench": 80, "gsm8k": 1319, "math500": 500, "svamp": 1000}
 
 def corpora(p: Profile) -> list[str]:
     """The corpora the trained variants read (math: mathinstruct; chat: sharegpt; mixed: both)."""
-    vs = set(p.train.variants)
-    return [c for c, need in (("mathinstruct", vs - {"chat"}), ("sharegpt", vs - {"math"})) if need]
+    need = {c for v in p.train.variants for c in variant_corpora(v)}
+    return [c for c in CORPORA if c in need]
 
 
 def plan_summary(p: Profile) -> dict:

@@ -18,6 +18,8 @@ from pathlib import Path
 
 import yaml
 
+from drafters.corpora import VARIANTS
+
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "experiments" / "profiles"
 STRATEGIES = ("autoregressive", "single", "confidence", "entropy", "merged", "switching", "depth_adaptive")
 STUDY_STRATEGIES = STRATEGIES[:5]  # the study's own; switching and depth_adaptive are its proposed next steps
@@ -27,7 +29,6 @@ STUDY_STRATEGIES = STRATEGIES[:5]  # the study's own; switching and depth_adapti
 ROUTERS = ("posthoc_confidence", "entropy_heads", "prompt_confidence")
 SWITCH_TO = ("specialist", "merged")
 BENCHMARKS = ("mt_bench", "gsm8k", "math500", "svamp")
-VARIANTS = ("math", "chat", "mixed_half", "mixed_full")
 BACKBONES = ("eagle2", "hass")
 MERGE_KINDS = ("linear", "task_arithmetic", "ties")
 GRANULARITIES = ("step", "turn", "prompt")

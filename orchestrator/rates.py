@@ -22,14 +22,14 @@ import platform
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from drafters.corpora import CORPUS_OF
+
 from .costs import ASSUMPTIONS, VERIFIERS, train_flops_per_token
 from .grid import BENCHMARK_SIZES, cell_prompts, corpora, eval_cells, merge_cells, train_cells
 from .makespan import Task, schedule
 from .profile import Profile
 
 TURNS = {"mt_bench": 2}  # turns per prompt (every other benchmark: 1)
-CORPUS_OF = {"math": ("mathinstruct",), "chat": ("sharegpt",), "mixed_half": ("mathinstruct", "sharegpt"),
-             "mixed_full": ("mathinstruct", "sharegpt")}
 
 
 @dataclass(frozen=True)

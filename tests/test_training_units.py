@@ -89,3 +89,32 @@ def test_ties_elects_signs_and_trims():
     out = ties(base, [t1, t2], density=0.5)["w"]
     # t1 keeps [-2, 3], t2 keeps [1, 1] at positions 0,1 ( ties at 1.0 kept) -> signs: pos0 +, pos1 -, pos3 +
     assert out[0] == 1.0 and out[1] == -2.0 and out[2] == 0.0 and out[3] == 3.0
+
+
+def test_each_variant_reads_its_corpora_and_the_mixed_ones_their_share():
+    """math / chat read one corpus whole; mixed_half the first n/2 of each corpus's selection,
+    mixed_full all n of each; online caches are named as such; the planner agrees."""
+    from drafters.corpora import variant_corpora
+    from drafters.variants import heldout_data, variant_data
+    from orchestrator.grid import corpora
+    from orchestrator.profile import load_profile
+
+    caches = {"mathinstruct": {"train": "km", "heldout": "hm", "train_ids": ["m1", "m2", "m3", "m4"]},
+              "sharegpt": {"train": "ks", "heldout": "hs", "train_ids": ["s1", "s2", "s3", "s4"]}}
+    assert variant_data("math", "R", caches, 4) == [["R", "km", None]]
+    assert variant_data("chat", "R", caches, 4) == [["R", "ks", None]]
+    assert variant_data("mixed_half", "R", caches, 4) == [["R", "km", ["m1", "m2"]], ["R", "ks", ["s1", "s2"]]]
+    assert variant_data("mixed_full", "R", caches, 4) == [["R", "km", ["m1", "m2", "m3", "m4"]],
+                                                           ["R", "ks", ["s1", "s2", "s3", "s4"]]]
+    assert heldout_data("R", caches) == [["R", "hm", None], ["R", "hs", None]]
+    online = {c: {"online": True, "train_ids": v["train_ids"]} for c, v in caches.items()}
+    assert variant_data("chat", "R", online, 4) == [["online", "sharegpt", None]]
+    assert heldout_data("R", online) == [["online-heldout", "mathinstruct", None], ["online-heldout", "sharegpt", None]]
+    with pytest.raises(ValueError, match="unknown data variant 'mixed'"):
+        variant_data("mixed", "R", caches, 4)
+    assert variant_corpora("mixed_half") == ("mathinstruct", "sharegpt")
+    for variants, want in (("[math]", ["mathinstruct"]), ("[chat]", ["sharegpt"]),
+                           ("[chat, mixed_half]", ["mathinstruct", "sharegpt"])):
+        p = load_profile("smoke", [f"train.variants={variants}", "eval.strategies=[autoregressive,single]",
+                                   "eval.routers=[]", "merge.kinds=[]"])
+        assert corpora(p) == want, variants
