@@ -35,7 +35,7 @@ from .grid import corpora as grid_corpora
 from .manifest import STAGES, Lease, Manifest
 from .preflight import check_cluster, check_train_resources, preflight
 from .profile import Profile, batch_plan, profile_dict
-from .progress import Progress
+from .progress import Progress, Relay, RelaySender, wait_relaying
 from .rates import hardware
 from .report.build import build_report, current_failures
 from .report.tables import KEYS as TABLE_KEYS
@@ -72,9 +72,10 @@ def _ray_init(p: Profile) -> None:
         ray.init(dashboard_host="127.0.0.1", include_dashboard=True, runtime_env={"env_vars": env}, **quiet, **extra)
 
 
-def _features_task(verifier, dtype, corpus, spec_dict, root, online=False):
+def _features_task(verifier, dtype, corpus, spec_dict, root, online=False, relay=None):
     """Extract one corpus's caches under ``root`` (a path or URI; with a URI the remote copy is
-    the truth: a cache is fetched if it is there, else extracted locally and published)."""
+    the truth: a cache is fetched if it is there, else extracted locally and published). Progress
+    goes to the worker log and, through ``relay``, to the driver log once a minute."""
     model, tok = load_verifier(verifier, dtype=dtype)
     if online:  # fix the selection here; features are computed later, inside training
         return online_selection(tok, eos_token_ids(model, tok), corpus, DataSpec(**spec_dict))
@@ -87,14 +88,16 @@ def _features_task(verifier, dtype, corpus, spec_dict, root, online=False):
             else:
                 shutil.rmtree(local / key, ignore_errors=True)
 
-    t0, started, last = time.time(), {}, [time.time()]
+    t0, started, last, sender = time.time(), {}, [time.time()], RelaySender(relay, corpus)
 
-    def progress(what: str, done: int, total: int) -> None:  # worker log (dashboard; the driver log when not quiet)
+    def progress(what: str, done: int, total: int) -> None:  # worker log (dashboard) and the driver log
         now = time.time()
         t = started.setdefault(what, last[0])  # a sub-stage starts when the one before it last reported
         last[0] = now
         eta = (now - t) / done * (total - done) if done else float("nan")
-        print(f"[features {corpus}] {what}: {done}/{total}, elapsed {now - t0:.0f}s, ETA {eta:.0f}s", flush=True)
+        line = f"{what}: {done}/{total}, elapsed {now - t0:.0f}s, ETA {eta:.0f}s"
+        print(f"[features {corpus}] {line}", flush=True)
+        sender.send(line)
 
     caches = ensure_features(model, tok, eos_token_ids(model, tok), resolve(verifier).name, corpus, DataSpec(**spec_dict),
                              str(local), prefetch=prefetch, progress=progress)
@@ -228,7 +231,7 @@ class Driver:
         corpora = grid_corpora(self.p)
         root = self.ref("features")
         prog = Progress("features", len(corpora))
-        caches, pending = {}, {}
+        caches, pending, relay = {}, {}, None
         for c in corpora:
             key = "features-" + key_of([self.verifier_name, c, self._data_spec()])
             rec = self.manifest.get(key)
@@ -242,13 +245,18 @@ class Driver:
                         storage.remove(storage.join(root, sub))
             r = self.p.resources.features
             task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(_features_task)
+            relay = relay or Relay.options(name=f"progress-relay:{os.getpid()}").remote()
+            online = self.p.data.feature_mode == "online"
             pending[c] = (key, task.options(name=f"features:{c}").remote(
-                self.p.verifier, self.p.verifier_dtype, c, self._data_spec(), root, self.p.data.feature_mode == "online"))
+                self.p.verifier, self.p.verifier_dtype, c, self._data_spec(), root, online, relay))
         for c, (key, ref) in pending.items():
-            caches[c] = ray.get(ref)
-            files = [] if caches[c].get("online") else [f"features/{caches[c][p]}/manifest.json" for p in ("train", "heldout")]
+            caches[c] = wait_relaying(ref, relay, prog)
+            files = [] if caches[c].get("online") else [
+                f"features/{caches[c][p]}/manifest.json" for p in ("train", "heldout")]
             self.manifest.record(key, "features", c, "done", files=files, caches=caches[c])
             prog.step(c)
+        if relay is not None:
+            ray.kill(relay)
         self.vocab = self._draft_vocab(corpora)
         return caches
 

@@ -265,6 +265,36 @@ def test_actors_that_never_start_end_the_pool_with_the_error_not_a_hang(local_ra
     pool.close()
 
 
+def _long_unit(relay, every):
+    from orchestrator.progress import RelaySender
+
+    sender = RelaySender(relay, "mathinstruct", every=every)
+    for i in range(1, 5):
+        sender.send(f"mathinstruct/train: {i}/4")
+        time.sleep(0.6)
+    return "caches"
+
+
+@pytest.mark.slow
+def test_a_long_units_own_progress_reaches_the_driver_log_and_a_dead_relay_loses_nothing(local_ray):
+    """A features task's done/total lines reach the driver's log while the driver waits for it
+    (through the Relay actor); with the relay killed the task and the wait still give the result."""
+    import io
+
+    from orchestrator.progress import Progress, Relay, wait_relaying
+
+    ray = local_ray[0]
+    task = ray.remote(num_cpus=0)(_long_unit)
+    out = io.StringIO()
+    prog = Progress("features", 1, stream=out, quiet=True)
+    relay = Relay.remote()
+    assert wait_relaying(task.remote(relay, 0.0), relay, prog, every=0.5) == "caches"
+    msgs = [x.split("] ", 2)[2] for x in out.getvalue().splitlines() if "[features] mathinstruct/train:" in x]
+    assert len(msgs) >= 2 and len(set(msgs)) == len(msgs), out.getvalue()  # each line once
+    ray.kill(relay)
+    assert wait_relaying(task.remote(relay, 0.0), relay, prog, every=0.5) == "caches"
+
+
 # ---------------------------------------------------------------- memory, tracking, guard rails
 def test_drafter_cache_drops_the_least_recently_used_within_its_budget():
     loads = []
