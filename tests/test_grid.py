@@ -139,7 +139,7 @@ def readme_run(tmp_path_factory):
     assert "RAY_AUTH_MODE=token" in block and "ray job submit" in block
     t = time.time()
     try:
-        r, seen, killed = _watch(["bash", "-euo", "pipefail", "-c", block], env, ray_tmp, out, tmp)
+        r, seen, killed, listening = _watch(["bash", "-euo", "pipefail", "-c", block], env, ray_tmp, out, tmp)
         assert r.returncode == 0 and "succeeded" in r.stdout.lower(), r.stdout[-3000:] + r.stderr[-3000:]
         # without the token the head refuses: authentication really is enforced
         refused = subprocess.run([ray_bin, "job", "list", "--address", "http://127.0.0.1:8265"], capture_output=True,
@@ -148,15 +148,17 @@ def readme_run(tmp_path_factory):
         _end(_procs_with_env("HOME", str(home)))  # the head and everything it started
         shutil.rmtree(ray_tmp, ignore_errors=True)
     print(f"README job (smoke grid through ray job submit, an eval worker SIGKILLed): {time.time() - t:.0f}s")
-    yield SimpleNamespace(run=out, home=home, refused=refused, metrics=seen, killed=killed, stdout=r.stdout)
+    yield SimpleNamespace(run=out, home=home, refused=refused, metrics=seen, killed=killed, stdout=r.stdout,
+                          listening=listening)
     shutil.rmtree(out, ignore_errors=True)
 
 
 def _watch(cmd: list[str], env: dict, ray_tmp: str, run: Path, tmp: Path):
     """Run the grid, scraping the head's Prometheus endpoint every 3 s and SIGKILLing one eval
-    worker once 3 eval units are done. Returns (completed process, metric samples seen, killed pid)."""
+    worker once 3 eval units are done. Returns (completed process, metric samples seen, killed pid,
+    {port: addresses} the head's processes listened on once the eval stage ran)."""
     out, err = tmp / "stdout.txt", tmp / "stderr.txt"
-    seen, killed, port, t, last_scrape = set(), None, None, time.time(), 0.0
+    seen, killed, port, t, last_scrape, listening = set(), None, None, time.time(), 0.0, {}
     with open(out, "w") as fo, open(err, "w") as fe:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=fo, stderr=fe, text=True, env=env)
         while proc.poll() is None and time.time() - t < 2400:
@@ -167,13 +169,27 @@ def _watch(cmd: list[str], env: dict, ray_tmp: str, run: Path, tmp: Path):
             if killed is None:
                 units = _eval_units(run) if (run / "manifest.json").is_file() else {}
                 if sum(u["status"] == "done" for u in units.values()) >= 3 and (victim := _eval_worker(ray_tmp)):
+                    listening = _listening(_procs_with_env("TMPDIR", ray_tmp))
                     killed = victim.pid
                     victim.kill()
             time.sleep(0.5)
         if proc.poll() is None:
             proc.kill()
         rc = proc.wait()
-    return subprocess.CompletedProcess(cmd, rc, out.read_text(), err.read_text()), seen, killed
+    return subprocess.CompletedProcess(cmd, rc, out.read_text(), err.read_text()), seen, killed, listening
+
+
+def _listening(procs: list[psutil.Process]) -> dict[int, set[str]]:
+    """{port: local addresses} of the TCP sockets these processes listen on."""
+    out: dict[int, set[str]] = {}
+    for p in procs:
+        try:
+            for c in p.net_connections(kind="inet"):
+                if c.status == psutil.CONN_LISTEN:
+                    out.setdefault(c.laddr.port, set()).add(c.laddr.ip)
+        except psutil.Error:
+            pass
+    return out
 
 
 def test_readme_job_block_runs_the_smoke_grid_with_token_auth(readme_run):
@@ -341,6 +357,15 @@ def test_sigkill_of_an_eval_worker_loses_and_duplicates_nothing(readme_run):
     assert readme_run.killed is not None, "no eval worker process was found to kill"
     assert "FAILED" not in readme_run.stdout.split("[eval]")[0]
     _check_traces(readme_run.run)
+
+
+def test_the_dashboard_and_job_api_listen_on_loopback_only(readme_run):
+    """README: the dashboard (and the job API it serves) binds 127.0.0.1; Ray 2.60's own gRPC
+    servers and the metrics agent listen on every interface, guarded by the token (README)."""
+    ports = readme_run.listening
+    assert ports, "no listening socket of the head was seen"
+    assert ports.get(8265) == {"127.0.0.1"}, ports.get(8265)
+    print("listening:", {k: sorted(v) for k, v in sorted(ports.items())})
 
 
 def test_ray_metrics_are_exported_under_the_documented_names(readme_run):
