@@ -363,3 +363,19 @@ def test_a_cell_that_timed_generate_itself_is_divided_by_its_own_runs(tmp_path):
     assert math["outputs_equal_generate"] == pytest.approx(0.9) and chat["outputs_equal_generate"] is None
     assert sp[("autoregressive", "gsm8k")]["outputs_equal_generate"] == 1.0
     assert "paired_baseline" in (run / "report/report_appendix.md").read_text()
+
+
+def test_the_depth_figure_leaves_out_depths_too_rarely_reached(tmp_path):
+    """Pooled over benchmarks, a depth reached fewer than MIN_REACHED times is left off the
+    figure (cpu-study: depth 4 reached twice read 0%), and the figure says how many were."""
+    from orchestrator.report.figures import MIN_REACHED, depth_points, fig_depth
+
+    rows = [("math", "gsm8k", 1, 0.6, 100), ("math", "svamp", 1, 0.4, 100), ("math", "gsm8k", 2, 0.5, 30),
+            ("math", "gsm8k", 4, 0.0, 2), ("chat", "gsm8k", 1, 0.5, MIN_REACHED - 1)]
+    dep = pl.DataFrame([dict(backbone="eagle2", method=m, benchmark=b, temperature=0.0, depth=d, accept_rate=r,
+                             reached=n) for m, b, d, r, n in rows])
+    pts, dropped = depth_points(dep, "eagle2", 0.0)
+    assert dropped == 2 and pts.select("method", "depth").rows() == [("math", 1), ("math", 2)]
+    assert pts["rate"].to_list() == pytest.approx([0.5, 0.5]) and pts["reached"].to_list() == [200, 30]
+    assert fig_depth(dep, "eagle2", 0.0, tmp_path / "f.png").is_file()
+    assert fig_depth(dep.filter(pl.col("reached") < 5), "eagle2", 0.0, tmp_path / "g.png") is None

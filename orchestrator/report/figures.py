@@ -82,26 +82,43 @@ def fig_entropy(ent: pl.DataFrame, backbone: str, temp: float, path: Path) -> Pa
     ax.set_xticks(list(x), e["method"].to_list(), rotation=30, ha="right")
     ax.set_ylabel("draft entropy (nats)")
     ax.set_title(f"{backbone}: rejected draft tokens carry higher draft entropy (T={temp:g})")
-    ax.legend()
+    top = max(e["draft_accepted"].max(), e["draft_rejected"].max())
+    ax.set_ylim(0, 1.3 * top)  # headroom: the legend sits above the bars
+    ax.legend(loc="upper center", ncol=2)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
 
 
-def fig_depth(depth: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path | None:
+MIN_REACHED = 20  # a depth reached fewer times (pooled over benchmarks) is left off the depth figure
+
+
+def depth_points(depth: pl.DataFrame, backbone: str, temp: float) -> tuple[pl.DataFrame, int]:
+    """(method, depth, rate, reached) pooled over benchmarks, the points reached fewer than
+    MIN_REACHED times left out (the table keeps them, with their counts), and how many those were."""
     d = depth.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)).group_by(["method", "depth"]).agg(
-        ((pl.col("accept_rate") * pl.col("reached")).sum() / pl.col("reached").sum()).alias("rate")).sort(["method", "depth"])
+        ((pl.col("accept_rate") * pl.col("reached")).sum() / pl.col("reached").sum()).alias("rate"),
+        pl.col("reached").sum()).sort(["method", "depth"])
+    keep = pl.col("reached") >= MIN_REACHED
+    return d.filter(keep), d.filter(~keep).height
+
+
+def fig_depth(depth: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path | None:
+    """Acceptance rate given the depth was reached (depth_points)."""
+    d, dropped = depth_points(depth, backbone, temp)
     if d.is_empty():
         return None
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for m in d["method"].unique().sort().to_list():
+    for i, m in enumerate(d["method"].unique().sort().to_list()):  # past the 10 colours: dashed, square marks
         s = d.filter(pl.col("method") == m)
-        ax.plot(s["depth"], 100 * s["rate"], "o-", label=m)
+        ax.plot(s["depth"], 100 * s["rate"], "o-" if i < 10 else "s--", label=m)
     ax.set_xlabel("draft depth")
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.set_ylabel("acceptance rate given depth reached (%)")
-    ax.set_title(f"{backbone}: acceptance rate by depth (T={temp:g})")
+    note = f"; {dropped} point(s) reached < {MIN_REACHED} times left out" if dropped else ""
+    ax.set_title(f"{backbone}: acceptance rate by depth (T={temp:g}{note})", fontsize=10 if note else None)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
