@@ -76,9 +76,9 @@ class RelaySender:
     def __init__(self, relay, unit: str, every: float = RELAY_EVERY_S):
         self.relay, self.unit, self.every, self.last = relay, unit, every, 0.0
 
-    def send(self, line: str, final: bool = False) -> None:
+    def send(self, line: str) -> None:
         now = time.time()
-        if self.relay is None or (now - self.last < self.every and not final):
+        if self.relay is None or now - self.last < self.every:
             return
         self.last = now
         try:

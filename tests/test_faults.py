@@ -269,8 +269,8 @@ def _long_unit(relay, every):
     from orchestrator.progress import RelaySender
 
     sender = RelaySender(relay, "mathinstruct", every=every)
-    for i in range(1, 5):
-        sender.send(f"mathinstruct/train: {i}/4")
+    for i in range(1, 9):  # ~5 s: lines keep coming on a loaded machine too
+        sender.send(f"mathinstruct/train: {i}/8")
         time.sleep(0.6)
     return "caches"
 
