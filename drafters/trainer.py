@@ -375,11 +375,25 @@ def _venv_ninja_first() -> None:
         os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
+def import_deepspeed():
+    """DeepSpeed without the MLflow import its autotuner attempts (``try: import mlflow``): with
+    mlflow installed (the tracking extra) that import is most of `import deepspeed`, 3-6 s of every
+    training process, for an autotuner nothing here runs. mlflow imports normally afterwards."""
+    _venv_ninja_first()
+    skip = "mlflow" not in sys.modules
+    if skip:
+        sys.modules["mlflow"] = None  # `import mlflow` raises ImportError while this is set
+    try:
+        import deepspeed
+    finally:
+        if skip and "mlflow" in sys.modules and sys.modules["mlflow"] is None:
+            del sys.modules["mlflow"]
+    return deepspeed
+
+
 class _DeepSpeed:
     def __init__(self, model, opt, cfg, world):
-        _venv_ninja_first()
-        import deepspeed
-
+        deepspeed = import_deepspeed()
         self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=_deepspeed_config(cfg, world))
         self.module = self.engine.module
 
@@ -416,7 +430,11 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
         clamp_grads_by_value(model, cfg.grad_clip)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
     total_steps = schedule_steps(cfg, world)  # optimizer steps x grad_accum, cached and online alike
+    t_init = time.perf_counter()
     runner = _DeepSpeed(model, opt, cfg, world) if cfg.deepspeed else _Plain(model, opt, cfg)
+    if rank == 0 and cfg.deepspeed:
+        print(f"[train {cfg.backbone}-{cfg.variant}] DeepSpeed engine ready in {time.perf_counter() - t_init:.1f}s",
+              flush=True)
     model = runner.module
     gen = torch.Generator().manual_seed(cfg.seed)
     start, history, pos = 0, [], None

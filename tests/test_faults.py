@@ -4,6 +4,7 @@ drafter LRU, tracker records at the output URI, cluster guard rails, Ray Train's
 checkpoint settings. The multi-node fault tests are in tests/test_multinode.py."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -176,7 +177,13 @@ def test_ray_train_restarts_after_a_crash_and_resumes_from_the_step_checkpoint_a
                                                                                         tmp_path, monkeypatch):
     """Two ZeRO-1 workers, a checkpoint every 3 optimizer steps, a crash after step 4 (fresh runs
     only): FailureConfig(max_failures=1) restarts the worker group, which fetches step-2-1 from the
-    file:// URI and finishes. Stale checkpoints are gone at the URI and on the node."""
+    file:// URI and finishes. Inputs, epochs (both ranks' optimizer shards) and the final checkpoint
+    move only through the URI; stale checkpoints are gone there and on the node. Then the node's
+    files are deleted, as if the next run landed on a new node, and a third epoch resumes from the
+    URI alone (its history starts with the first run's, timings included)."""
+    import shutil
+
+    from drafters.checkpoint import load_checkpoint
     from orchestrator import storage
     from workers.train_worker import run_training
 
@@ -200,6 +207,21 @@ def test_ray_train_restarts_after_a_crash_and_resumes_from_the_step_checkpoint_a
     monkeypatch.setenv("TASKSPEC_STAGING", local_ray[1])
     node = storage.node_cache(out_uri)  # where the workers kept their copies
     assert sorted(p.name for p in node.iterdir() if not p.name.startswith(".pointer")) == ["final"]
+    remote = tmp_path / "bucket/run/checkpoints/hass-math"
+    shards = sorted(p.name for p in (remote / "epoch-2/deepspeed/state").glob("*optim_states.pt"))
+    assert len(shards) == 2, shards  # one ZeRO-1 optimizer shard per rank
+    ray_train = tmp_path / "bucket/run/checkpoints/_ray_train"  # Ray Train's record: pointers, no second copy
+    assert list(ray_train.rglob("pointer.json")) and not list(ray_train.rglob("*.safetensors"))
+    first = hist["training"]["history"]
+
+    shutil.rmtree(local_ray[1])  # a new node: nothing local, everything comes from the URI
+    t1 = time.time()
+    final, result = run_training(dataclasses.replace(cfg, epochs=3), num_workers=2, max_failures=1)
+    print(f"Ray Train on a new node: epoch 3 resumed from epoch-2 at the URI in {time.time() - t1:.0f}s")
+    assert result.metrics["epoch"] == 3
+    history = load_checkpoint(str(storage.fetch(storage.join(out_uri, "final")))).config.training["history"]
+    assert history[: len(first)] == first and history[-1]["epoch"] == 3
+    assert storage.listdir(out_uri) == ["epoch-3", "final"]
 
 
 def _drain(pool, items, die_once):

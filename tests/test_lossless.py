@@ -47,8 +47,10 @@ def _breadth(cases, full):
 
 # routing (confidence, entropy) against generate by default: tests/test_strategies_next.py (node score
 # per prompt, entropy per turn over 4 drafters) and the smoke grid's T=0 cells (step, path score)
+# (the dedup union: the oracle and reduced-vocabulary tests below decode it by default)
 @pytest.mark.parametrize("strategy,n,granularity,dedup", _breadth(CASES, [c for c in CASES if c[2] == "prompt"
-                                                                          or c[0] in ("confidence", "entropy")]))
+                                                                          or c[0] in ("confidence", "entropy")]
+                                                                  + [("merged", 2, "step", True)]))
 def test_random_drafters_match_generate(verifier, eos, random_proposers, references, strategy, n, granularity, dedup):
     model, tok = verifier
     cfg = DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, routing_granularity=granularity, merge_dedup=dedup, tree=TREE)

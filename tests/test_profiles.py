@@ -60,7 +60,7 @@ def test_unwritable_output_dir_is_refused_before_work(tmp_path):
 
 
 def test_grid_includes_budget_matched_singles_and_both_granularities():
-    p = load_profile("demo")
+    p = load_profile("demo", ["eval.budget_matched=true"])
     cells = eval_cells(p)
     bm = [c for c in cells if c.budget_matched and c.strategy == "single"]
     assert bm and all(c.total_tokens == 2 * (p.eval.tree.total_tokens - 1) + 1 for c in bm)
@@ -164,11 +164,11 @@ def test_rq1_cells_read_more_prompts_and_the_others_a_subset_of_them():
     rq1 = [c for c in cells if c.prompts is not None]
     assert {(c.backbone, c.drafter, c.temperature, c.strategy, c.tree) for c in rq1} == {
         ("eagle2", d, 0.0, "single", "fixed") for d in ("math", "chat")}
-    assert len(rq1) == 8 and all(c.prompts == 20 and "[n=20]" in c.label for c in rq1)
-    assert pool_sizes(p) == {b: 20 for b in ("gsm8k", "math500", "svamp", "mt_bench")}
+    assert len(rq1) == 8 and all(c.prompts == 12 and "[n=12]" in c.label for c in rq1)
+    assert pool_sizes(p) == {b: 12 for b in ("gsm8k", "math500", "svamp", "mt_bench")}
     other = next(c for c in cells if c.prompts is None and c.strategy == "single" and c.benchmark == "mt_bench")
     assert cell_prompts(p, other) == 2
-    pool = subsample(list(range(80)), 20, p.eval.seed)  # the driver's draw, then each cell's from the pool
+    pool = subsample(list(range(80)), 12, p.eval.seed)  # the driver's draw, then each cell's from the pool
     assert set(subsample(pool, cell_prompts(p, other), p.eval.seed)) <= set(pool)
     assert plan_summary(p)["eval_prompt_runs"] == sum(cell_prompts(p, c) for c in cells)
 

@@ -74,7 +74,7 @@ def _rates(**kw) -> rates.Rates:
 
 
 def test_the_task_graph_follows_the_grid():
-    p = load_profile("demo")
+    p = load_profile("demo", ["train.backbones=[eagle2, hass]"])
     r = _rates()
     ts = rates.tasks(p, r)
     by = {t.name: t for t in ts}

@@ -93,7 +93,11 @@ def _sample(model, eos, table, ids, strategy, n_props):
     return [tuple(dec.generate(ids, seed_key=f"s{i}").output_token_ids[:2]) for i in range(N)]
 
 
-@pytest.mark.parametrize("strategy", ["single", "confidence", "entropy", "merged", "merged-dedup", "merged-budget"])
+# by default one tree of each kind: a chain (single), a router's pick (confidence), the union
+# (merged) and the union pruned to a budget; entropy routing and the dedup union in make test-full
+@pytest.mark.parametrize("strategy", ["single", "confidence", pytest.param("entropy", marks=pytest.mark.full),
+                                      "merged", pytest.param("merged-dedup", marks=pytest.mark.full),
+                                      "merged-budget"])
 def test_generate_samples_the_verifier_distribution(verifier, eos, joint, strategy):
     model, _ = verifier
     ids, pairs, table = joint

@@ -84,53 +84,6 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(verifier, caches, tmp_pat
     assert (out / "epoch-1" / "model.safetensors").is_file() and not (out / "epoch-2").exists()
 
 
-def test_two_zero_workers_train_and_resume_through_a_uri(caches, tmp_path):
-    """Inputs, epochs (with both ranks' ZeRO shards) and the final checkpoint move only through
-    a file:// URI; a second run whose workers start with an empty local cache resumes from it.
-    Both runs share one local Ray (its workers keep their node-local files under ``node``, not
-    ours); the node's files are deleted between them, as if the second ran on a new node."""
-    import shutil
-
-    import ray
-
-    from drafters.checkpoint import load_checkpoint
-    from orchestrator import storage
-    from workers.train_worker import run_training
-
-    root, c = caches
-    uri = f"file://{tmp_path / 'bucket' / 'run'}"
-    for corpus in c.values():  # the feature caches, published as the features stage does
-        for part in ("train", "heldout"):
-            storage.publish(f"{root}/{corpus[part]}", storage.join(uri, "features", corpus[part]))
-    out_uri = storage.join(uri, "checkpoints", "eagle2-math")
-    cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone="eagle2", variant="math", out_dir="unused", out_uri=out_uri,
-                      train_data=variant_data("math", storage.join(uri, "features"), c, N),
-                      heldout_data=heldout_data(storage.join(uri, "features"), c)[:1], lr=1e-3, batch_size=4,
-                      epochs=1, deepspeed=True, zero_stage=1)
-    node = tmp_path / "node"
-    ray.init(address="local", num_cpus=2, include_dashboard=False, ignore_reinit_error=True,  # a new instance
-             log_to_driver=False, runtime_env={"env_vars": {"TASKSPEC_STAGING": str(node), "TASKSPEC_TRAIN_THREADS": "1"}})
-    try:
-        run_training(cfg, num_workers=2)
-        remote = tmp_path / "bucket/run/checkpoints/eagle2-math"
-        shards = sorted(p.name for p in (remote / "epoch-1/deepspeed/state").glob("*optim_states.pt"))
-        assert len(shards) == 2, shards  # one ZeRO-1 optimizer shard per rank
-        assert (remote / "epoch-1/state.json").is_file() and (remote / "final/model.safetensors").is_file()
-        assert (node / "cache").is_dir()  # the workers' node-local copies
-        ray_train = tmp_path / "bucket/run/checkpoints/_ray_train"  # Ray Train's record: pointers, no second copy of weights
-        assert list(ray_train.rglob("pointer.json")) and not list(ray_train.rglob("*.safetensors"))
-        first = json.loads((remote / "epoch-1/state.json").read_text())["history"]
-
-        shutil.rmtree(node)  # a new node: nothing local, everything comes from the URI
-        final, result = run_training(dataclasses.replace(cfg, epochs=2), num_workers=2)
-    finally:
-        ray.shutdown()
-    assert result.metrics["epoch"] == 2
-    history = load_checkpoint(str(storage.fetch(storage.join(out_uri, "final")))).config.training["history"]
-    assert history[: len(first)] == first and history[-1]["epoch"] == 2  # epoch 1 (its timings too) came from the URI
-    assert (remote / "epoch-2/state.json").is_file()
-
-
 def test_online_mode_matches_the_cache_and_trains(verifier, caches, tmp_path):
     """`online` computes the same features inside the trainer (no cache) and trains on them."""
     from drafters.trainer import OnlineFeatures, iter_examples

@@ -1,6 +1,11 @@
 """Training objectives and merges on hand-made tensors (no verifier needed)."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -118,3 +123,17 @@ def test_each_variant_reads_its_corpora_and_the_mixed_ones_their_share():
         p = load_profile("smoke", [f"train.variants={variants}", "eval.strategies=[autoregressive,single]",
                                    "eval.routers=[]", "merge.kinds=[]"])
         assert corpora(p) == want, variants
+
+
+def test_deepspeed_imports_without_mlflow_and_mlflow_still_imports_after():
+    """DeepSpeed's autotuner tries `import mlflow` at import time; the trainer skips it (seconds
+    of every training process) and leaves mlflow importable afterwards (the driver's tracking)."""
+    code = ("import sys, importlib.util; from drafters.trainer import import_deepspeed; ds = import_deepspeed(); "
+            "from deepspeed.autotuning import autotuner; "
+            "print('mlflow' in sys.modules, autotuner.has_mlflow, ds.__name__); "
+            "has = importlib.util.find_spec('mlflow') is not None; "
+            "print(not has or __import__('mlflow').__name__ == 'mlflow')")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[1], env={**os.environ, "DS_ACCELERATOR": "cpu"})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-2:] == ["False False deepspeed", "True"], r.stdout

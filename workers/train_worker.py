@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from pathlib import Path
 
 
@@ -19,18 +20,29 @@ def _worker_env() -> None:
 
 def train_loop_per_worker(config: dict) -> None:
     """Runs in each Ray Train worker: load the frozen verifier, train, report each epoch."""
+    t0 = time.time()
     _worker_env()
+    import psutil
     import ray.train
 
     from decoding.verifiers import load_verifier
-    from drafters.trainer import TrainConfig, train
+    from drafters.trainer import TrainConfig, import_deepspeed, train
 
     from . import artifacts
 
     ctx = ray.train.get_context()
     rank, world, local_rank = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank()
+    t1 = time.time()
     cfg = artifacts.prepare(TrainConfig(**config["train"]), local_rank)  # with out_uri: inputs, last checkpoint
+    t2 = time.time()
     model, tok = load_verifier(cfg.verifier, device="cuda" if _cuda() else "cpu")
+    t3 = time.time()
+    if cfg.deepspeed:
+        import_deepspeed()
+    if rank == 0:  # where a trial's start-up goes (a short trial is mostly this)
+        print(f"[train {cfg.backbone}-{cfg.variant}] worker start-up: process {t0 - psutil.Process().create_time():.1f}s "
+              f"before the loop, imports {t1 - t0:.1f}s, inputs {t2 - t1:.1f}s, verifier {t3 - t2:.1f}s, "
+              f"DeepSpeed import {time.time() - t3:.1f}s", flush=True)
 
     def saved(ckpt_dir: Path) -> None:  # a step checkpoint: to the URI only (Ray Train: one report per epoch)
         artifacts.publish_checkpoint(cfg, ckpt_dir, rank, local_rank)
