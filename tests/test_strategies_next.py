@@ -366,7 +366,8 @@ T1_CASES = {
 }
 
 
-@pytest.mark.slow  # the two routers pick one drafter's tree, as confidence(step) does in tests/test_sampling_e2e.py
+# the two routers pick one drafter's tree, as confidence(step) does in tests/test_sampling_e2e.py
+@pytest.mark.slow
 @pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.full) if c != "depth_adaptive" else c
                                   for c in T1_CASES])
 def test_first_step_samples_the_verifier_distribution(verifier, eos, joint, case):

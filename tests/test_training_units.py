@@ -128,8 +128,8 @@ def test_each_variant_reads_its_corpora_and_the_mixed_ones_their_share():
 def test_deepspeed_imports_without_mlflow_and_mlflow_still_imports_after():
     """DeepSpeed's autotuner tries `import mlflow` at import time; the trainer skips it (seconds
     of every training process) and leaves mlflow importable afterwards (the driver's tracking)."""
-    code = ("import sys, importlib.util; from drafters.trainer import import_deepspeed; ds = import_deepspeed(); "
-            "from deepspeed.autotuning import autotuner; "
+    code = ("import sys, importlib.util; from drafters.trainer import import_deepspeed; "
+            "ds = import_deepspeed(); from deepspeed.autotuning import autotuner; "
             "print('mlflow' in sys.modules, autotuner.has_mlflow, ds.__name__); "
             "has = importlib.util.find_spec('mlflow') is not None; "
             "print(not has or __import__('mlflow').__name__ == 'mlflow')")

@@ -40,7 +40,8 @@ def train_loop_per_worker(config: dict) -> None:
     if cfg.deepspeed:
         import_deepspeed()
     if rank == 0:  # where a trial's start-up goes (a short trial is mostly this)
-        print(f"[train {cfg.backbone}-{cfg.variant}] worker start-up: process {t0 - psutil.Process().create_time():.1f}s "
+        age = t0 - psutil.Process().create_time()
+        print(f"[train {cfg.backbone}-{cfg.variant}] worker start-up: process {age:.1f}s "
               f"before the loop, imports {t1 - t0:.1f}s, inputs {t2 - t1:.1f}s, verifier {t3 - t2:.1f}s, "
               f"DeepSpeed import {time.time() - t3:.1f}s", flush=True)
 
