@@ -434,7 +434,8 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
     runner = _DeepSpeed(model, opt, cfg, world) if cfg.deepspeed else _Plain(model, opt, cfg)
     if rank == 0 and cfg.deepspeed:
         took = time.perf_counter() - t_init
-        print(f"[train {cfg.backbone}-{cfg.variant}] DeepSpeed engine ready in {took:.1f}s", flush=True)
+        print(f"[train {cfg.backbone}-{cfg.variant}] DeepSpeed imported and its engine ready in {took:.1f}s",
+              flush=True)
     model = runner.module
     gen = torch.Generator().manual_seed(cfg.seed)
     start, history, pos = 0, [], None

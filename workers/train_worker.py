@@ -26,7 +26,7 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train
 
     from decoding.verifiers import load_verifier
-    from drafters.trainer import TrainConfig, import_deepspeed, train
+    from drafters.trainer import TrainConfig, train
 
     from . import artifacts
 
@@ -36,14 +36,11 @@ def train_loop_per_worker(config: dict) -> None:
     cfg = artifacts.prepare(TrainConfig(**config["train"]), local_rank)  # with out_uri: inputs, last checkpoint
     t2 = time.time()
     model, tok = load_verifier(cfg.verifier, device="cuda" if _cuda() else "cpu")
-    t3 = time.time()
-    if cfg.deepspeed:
-        import_deepspeed()
-    if rank == 0:  # where a trial's start-up goes (a short trial is mostly this)
+    if rank == 0:  # where a trial's start-up goes (a short trial is mostly this; DeepSpeed: the trainer's line)
         age = t0 - psutil.Process().create_time()
         print(f"[train {cfg.backbone}-{cfg.variant}] worker start-up: process {age:.1f}s "
-              f"before the loop, imports {t1 - t0:.1f}s, inputs {t2 - t1:.1f}s, verifier {t3 - t2:.1f}s, "
-              f"DeepSpeed import {time.time() - t3:.1f}s", flush=True)
+              f"before the loop, imports {t1 - t0:.1f}s, inputs {t2 - t1:.1f}s, "
+              f"verifier {time.time() - t2:.1f}s", flush=True)
 
     def saved(ckpt_dir: Path) -> None:  # a step checkpoint: to the URI only (Ray Train: one report per epoch)
         artifacts.publish_checkpoint(cfg, ckpt_dir, rank, local_rank)
