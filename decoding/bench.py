@@ -197,7 +197,7 @@ def cmd_bench(args) -> int:
     name = resolve(args.verifier).name
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model, tok = load_verifier(args.verifier)
+        model, tok = load_verifier(args.verifier, dtype=args.dtype)
     eos = eos_token_ids(model, tok)
     drafters = list(args.drafter)
     if len(drafters) < 2:

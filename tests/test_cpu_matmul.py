@@ -36,6 +36,36 @@ def test_kernel_matches_float64_and_a_row_never_depends_on_its_batch(N, K):
         assert torch.equal(y, alone[:M]), M
 
 
+@pytest.mark.parametrize("N,K", [(1539, 576), (7, 37), (100, 1536)])
+def test_the_bf16_kernel_rounds_a_float32_sum_once_and_a_row_never_depends_on_its_batch(N, K):
+    """bf16 weights and activations, float32 multiply-adds, one rounding to bf16 per output: what
+    torch's bf16 linear computes, up to summation order (which moves a result by at most one bf16
+    step, and only where the float32 sum lies next to a rounding boundary)."""
+    assert cpu_kernel.available(), cpu_kernel.status()
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(N, K, generator=g).bfloat16()
+    x = torch.randn(cpu_kernel.MAX_ROWS, K, generator=g).bfloat16()
+    alone = torch.cat([cpu_kernel.matmul(x[m : m + 1], W) for m in range(x.shape[0])])
+    for M in (1, 2, 6, 12, 13, 32):
+        y = cpu_kernel.matmul(x[:M], W)
+        assert y.dtype == torch.bfloat16 and y.shape == (M, N)
+        exact = x[:M].double() @ W.double().T  # bf16 inputs are exact in float64
+        rounded = exact.float().bfloat16()
+        off = y != rounded
+        assert off.float().mean() < 2e-3, M  # a handful of boundary cases, not a systematic error
+        step = (rounded.float().abs() * 2**-7).clamp_min(1e-30)  # one bf16 step (8-bit significand)
+        assert ((y.float() - rounded.float()).abs() <= step * 1.01)[off].all(), M
+        torch.testing.assert_close(y, F.linear(x[:M], W), rtol=1.6e-2, atol=1e-2)
+        assert torch.equal(y, alone[:M]), M
+
+
+def test_the_bf16_kernel_keeps_nan_and_inf_and_rounds_to_nearest_even():
+    W = torch.tensor([[1.0, 2.0], [float("nan"), 1.0], [float("inf"), 0.0], [1.0, 2**-8], [1.0, 3 * 2**-8]])
+    y = cpu_kernel.matmul(torch.tensor([[1.0, 1.0]]).bfloat16(), W.bfloat16())[0].float()
+    assert y[0] == 3 and y[1].isnan() and y[2] == float("inf")
+    assert y[3] == 1.0 and y[4] == 1 + 2**-6  # ties to even: 1 + 2^-8 -> 1, 1 + 3 * 2^-8 -> 1 + 2^-6
+
+
 def test_the_packed_copy_follows_the_weight():
     assert cpu_kernel.available(), cpu_kernel.status()
     W, x = torch.randn(40, 24), torch.randn(3, 24)
@@ -52,8 +82,10 @@ def test_the_packed_copy_follows_the_weight():
 
 def test_kernel_refuses_what_it_does_not_compute():
     W = torch.randn(16, 32)
-    with pytest.raises(ValueError, match="float32"):
+    with pytest.raises(ValueError, match="both float32 or both bfloat16"):
         cpu_kernel.matmul(torch.randn(2, 32, dtype=torch.bfloat16), W)
+    with pytest.raises(ValueError, match="float16"):
+        cpu_kernel.matmul(torch.randn(2, 32).half(), W.half())
     with pytest.raises(ValueError, match="M<= 32"):
         cpu_kernel.matmul(torch.randn(33, 32), W)
     with pytest.raises(ValueError, match=r"\(16, 32\)"):

@@ -69,6 +69,9 @@ def test_the_kernel_built_for_the_x86_64_baseline_is_exact_and_chosen_by_measure
         x = torch.randn(rows, 96)
         ref = (x.double() @ W.double().T).float()
         torch.testing.assert_close(cpu_kernel.matmul(x, W), ref, rtol=1e-4, atol=1e-4)
+        xb, Wb = x.bfloat16(), W.bfloat16()  # the bf16 path: a 16-bit shift widens, no AVX512-BF16 needed
+        refb = (xb.double() @ Wb.double().T).float().bfloat16()
+        torch.testing.assert_close(cpu_kernel.matmul(xb, Wb), refb, rtol=1e-2, atol=1e-2)
     model = nn.Sequential(nn.Linear(96, 300))
     tables = cpu_matmul.install(model)
     assert set(next(iter(tables.values())).values()) <= set(cpu_matmul.FORMS)

@@ -1,8 +1,9 @@
 """A thin-GEMM kernel for CPU decoding, compiled on first use (``csrc/smallm.c``).
 
-``matmul(x, W)`` computes ``x @ W.T`` for 1-32 float32 rows, reading W once. It reads W from a
-repacked copy (panels of 32 output rows, k-major), made on first use and kept on the weight
-tensor until the weight changes: the kernel's weights take twice their memory. It is one of the
+``matmul(x, W)`` computes ``x @ W.T`` for 1-32 rows, reading W once, in float32 or in bfloat16
+(float32 accumulation, each output rounded once to bf16, as torch's bf16 linear). It reads W
+from a repacked copy (panels of 32 output rows, k-major), made on first use and kept on the
+weight tensor until the weight changes: the kernel's weights take twice their memory. It is one of the
 forms ``matmul.tune`` times per weight shape and row count, so it is used only where it wins
 on this machine. The shared library is built with the system C compiler (``$CC``, default
 ``gcc``) for this CPU (``-march=native``, or ``$TASKSPEC_CPU_MARCH``) and cached under
@@ -17,10 +18,10 @@ import hashlib
 import os
 import subprocess
 import tempfile
+import weakref
 from pathlib import Path
 
 import torch
-from torch.utils.weak import WeakTensorKeyDictionary
 
 from ..caches import cache_dir
 
@@ -28,7 +29,7 @@ SOURCE = Path(__file__).with_name("csrc") / "smallm.c"
 FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared"]
 MAX_ROWS = 32
 _STATE: dict = {}
-_PACKED = WeakTensorKeyDictionary()  # weight -> (stamp, packed copy)
+_PACKED: dict = {}  # id(weight) -> (weak reference to it, stamp, packed copy); dropped with the weight
 
 
 def cpuinfo(field: str) -> str:
@@ -81,11 +82,13 @@ def _load():
             if not path.exists():
                 build(path)
             lib = ctypes.CDLL(str(path))
-            fn = lib.smallm_f32
-            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
-            fn.restype = ctypes.c_int
-            lib.pack_f32.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3
-            lib.pack_f32.restype = ctypes.c_int
+            for name in ("smallm_f32", "smallm_bf16"):
+                getattr(lib, name).argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
+                getattr(lib, name).restype = ctypes.c_int
+            for name in ("pack_f32", "pack_bf16"):
+                getattr(lib, name).argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3
+                getattr(lib, name).restype = ctypes.c_int
+            fn = {torch.float32: lib.smallm_f32, torch.bfloat16: lib.smallm_bf16}
             lib.packed_size_f32.argtypes = [ctypes.c_int] * 2
             lib.packed_size_f32.restype = ctypes.c_longlong
             _STATE["lib"] = lib
@@ -107,35 +110,54 @@ def status() -> str:
 
 
 def packed(W: torch.Tensor) -> torch.Tensor:
-    """W's repacked copy for the kernel, made once and kept (in a registry keyed by W, freed with
-    W) until W is written to (its version counter moves) or its storage changes."""
-    stamp = (W.data_ptr(), W._version, tuple(W.shape))
-    hit = _PACKED.get(W)
-    if hit is not None and hit[0] == stamp:
-        return hit[1]
+    """W's repacked copy for the kernel, made once and kept (in a registry keyed by W's identity,
+    freed with W) until W is written to (its version counter moves) or its storage changes."""
+    hit = _PACKED.get(id(W))
+    if hit is not None and hit[0]() is W and hit[1] == (W.data_ptr(), W._version, W.shape):
+        return hit[2]
     if _load() is None:
         raise RuntimeError(status())
     lib = _STATE["lib"]
     N, K = W.shape
     Wc = W.detach().contiguous()
-    out = torch.empty(lib.packed_size_f32(N, K), dtype=torch.float32)
-    if lib.pack_f32(Wc.data_ptr(), out.data_ptr(), N, K, torch.get_num_threads()) != 0:
-        raise RuntimeError("pack_f32 refused its arguments")
-    _PACKED[W] = (stamp, out)
+    out = torch.empty(lib.packed_size_f32(N, K), dtype=W.dtype)
+    pack = lib.pack_bf16 if W.dtype == torch.bfloat16 else lib.pack_f32
+    if pack(Wc.data_ptr(), out.data_ptr(), N, K, torch.get_num_threads()) != 0:
+        raise RuntimeError(f"packing a {W.dtype} weight: the kernel refused its arguments")
+    key = id(W)
+    _PACKED[key] = (weakref.ref(W, lambda _, key=key: _drop(key)), (W.data_ptr(), W._version, W.shape), out)
     return out
 
 
+def _drop(key: int) -> None:
+    """A weight was freed: free its packed copy (unless a new tensor with the same id took the slot)."""
+    hit = _PACKED.get(key)
+    if hit is not None and hit[0]() is None:
+        del _PACKED[key]
+
+
+DTYPES = (torch.float32, torch.bfloat16)  # the weight formats the kernel takes
+
+
 def matmul(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """(M, K) @ (N, K).T -> (M, N) in float32 on CPU, M <= MAX_ROWS (callers check ``available()``)."""
+    """(M, K) @ (N, K).T -> (M, N) on CPU, M <= MAX_ROWS, x and W both float32 or both bfloat16
+    (callers check ``available()``)."""
+    M, K = x2.shape
+    if (x2.dtype != W.dtype or W.dtype not in DTYPES or W.shape[1] != K or not 1 <= M <= MAX_ROWS
+            or x2.device.type != "cpu" or W.device.type != "cpu"):
+        raise ValueError(f"cpu.kernel.matmul takes CPU (M<= {MAX_ROWS}, K) and (N, K), both float32 or both "
+                         f"bfloat16; got {tuple(x2.shape)} {x2.dtype} and {tuple(W.shape)} {W.dtype}")
+    return run(x2, W)
+
+
+def run(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """``matmul`` without its argument checks, for callers that have made them (matmul.apply: a
+    verifier pass makes ~200 of these calls, and each check costs microseconds)."""
     M, K = x2.shape
     N = W.shape[0]
-    if (x2.dtype != torch.float32 or W.dtype != torch.float32 or W.shape[1] != K or not 1 <= M <= MAX_ROWS
-            or x2.device.type != "cpu" or W.device.type != "cpu"):
-        raise ValueError(f"cpu.kernel.matmul takes float32 CPU (M<= {MAX_ROWS}, K) and (N, K); got "
-                         f"{tuple(x2.shape)} {x2.dtype} and {tuple(W.shape)} {W.dtype}")
-    fn = _load()
-    x2, Wp = x2.contiguous(), packed(W)
-    y = torch.empty(M, N, dtype=torch.float32)
-    if fn(x2.data_ptr(), Wp.data_ptr(), y.data_ptr(), M, K, N, torch.get_num_threads()) != 0:
-        raise RuntimeError("smallm_f32 refused its arguments")
+    if not x2.is_contiguous():
+        x2 = x2.contiguous()
+    y = torch.empty(M, N, dtype=W.dtype)
+    if _STATE["fn"][W.dtype](x2.data_ptr(), packed(W).data_ptr(), y.data_ptr(), M, K, N, torch.get_num_threads()):
+        raise RuntimeError(f"the kernel refused its arguments ({W.dtype}, M={M}, K={K}, N={N})")
     return y

@@ -95,7 +95,7 @@ def tune(W: torch.Tensor, reps: int = 3) -> tuple[dict[int, str], str | None]:
     from timing every form on cold weights (a model pass streams every weight from memory once; a
     hot loop over one small matrix would not). A form must beat F.linear by 5% to replace it."""
     copies = [W] + [W.clone() for _ in range(max(0, COLD_BYTES // (W.numel() * W.element_size()) - 1))]
-    forms = [f for f in FORMS if f != "kernel" or (W.dtype == torch.float32 and cpu_kernel.available())]
+    forms = [f for f in FORMS if f != "kernel" or (W.dtype in cpu_kernel.DTYPES and cpu_kernel.available())]
 
     def measure():
         out, spreads = {}, []
@@ -131,13 +131,23 @@ class disabled:
 
 
 class RowAwareLinear:
-    """The forward installed on an nn.Linear: picks the form by row count from a tuned table."""
+    """The forward installed on an nn.Linear: picks the form by row count from a tuned table (looked
+    up once per row count when the table is set: a pass calls this ~200 times, so microseconds
+    count)."""
 
     def __init__(self, module: nn.Linear, table: dict[int, str]):
         self.m, self.table = module, table
 
+    @property
+    def table(self) -> dict[int, str]:
+        return self._table
+
+    @table.setter
+    def table(self, table: dict[int, str]) -> None:
+        self._table, self._forms = table, [form_at(table, r) for r in range(BUCKETS[-1] + 1)]
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return apply(x, self.m.weight, self.m.bias, self.table)
+        return apply(x, self.m.weight, self.m.bias, self._table, self._forms)
 
 
 def form_at(table: dict[int, str], rows: int) -> str:
@@ -145,20 +155,26 @@ def form_at(table: dict[int, str], rows: int) -> str:
     return table[BUCKETS[max(0, bisect.bisect_right(BUCKETS, rows) - 1)]]
 
 
-def apply(x: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None, table: dict[int, str]) -> torch.Tensor:
-    """F.linear(x, W, bias) in the form ``table`` names for x's row count."""
-    rows = x.numel() // x.shape[-1]
-    if rows > BUCKETS[-1] or x.device.type != "cpu" or x.dtype != W.dtype or not _ON[0]:
+def apply(x: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None, table: dict[int, str],
+          forms: list[str] | None = None) -> torch.Tensor:
+    """F.linear(x, W, bias) in the form ``table`` names for x's row count (``forms``: the same
+    looked up per row count 0..BUCKETS[-1], as RowAwareLinear keeps it)."""
+    K = x.shape[-1]
+    rows = x.numel() // K
+    if rows > BUCKETS[-1] or not x.is_cpu or x.dtype != W.dtype or not _ON[0]:
         return F.linear(x, W, bias)
     if torch.is_grad_enabled() and (x.requires_grad or W.requires_grad or (bias is not None and bias.requires_grad)):
         return F.linear(x, W, bias)  # the kernel and W @ x.T here are inference forms: gradients take F.linear
-    form = form_at(table, rows)
+    form = forms[rows] if forms is not None else form_at(table, rows)
     if form == "linear":
         return F.linear(x, W, bias)
-    y = form_fn(form)(x.reshape(rows, x.shape[-1]), W)
+    x2 = x if x.dim() == 2 else x.reshape(rows, K)
+    # the kernel's argument checks hold here (CPU, same dtype, rows <= 32; the tuner offers it only
+    # for the dtypes it takes), so it runs unchecked
+    y = cpu_kernel.run(x2, W) if form == "kernel" else wxt(x2, W)
     if bias is not None:
         y = y + bias
-    return y.reshape(*x.shape[:-1], W.shape[0])
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], W.shape[0])
 
 
 def machine_key() -> str:

@@ -2,36 +2,88 @@
  *
  * A tree pass of the verifier multiplies 2-32 rows by every weight; one-row decoding multiplies
  * one. BLAS runs such thin GEMMs at a fraction of the machine's bandwidth or compute
- * (decoding/cpu_matmul.py has the numbers). Here W is first repacked (pack_f32) into panels of 32
+ * (decoding/cpu/matmul.py has the numbers). Here W is first repacked (pack_*) into panels of 32
  * output rows stored k-major: panel p holds W[32p .. 32p+31][k] contiguously for each k, zero-
  * padded past N. A pass reads each panel as one sequential stream; for every k it loads the
  * panel's 32 weights as two 16-lane vectors and adds weight * x[m][k] (x broadcast) into two
  * accumulators per activation row, so up to 12 rows share each weight load and the outputs need
  * no horizontal sums. Every output is the same chain of fused multiply-adds over k = 0..K-1,
  * whatever M and whatever rows are batched with it, so a row's result does not depend on its
- * batch. Compiled on first use with the machine's own instruction set (cpu_kernel.py); GCC vector
- * extensions, no intrinsics: AVX-512 where the CPU has it, two AVX2 halves otherwise. */
+ * batch.
+ *
+ * Two weight formats: float32, and bfloat16 (a bf16 verifier). A bf16 panel is half the bytes to
+ * stream; each weight is widened to float32 exactly (a 16-bit shift), multiplied and summed in
+ * float32, and each output rounded once to bf16 (round to nearest even, NaN kept), as torch's
+ * bf16 linear does (bf16 in, float32 accumulation, bf16 out). Compiled on first use with the
+ * machine's own instruction set (kernel.py); GCC vector extensions, no intrinsics: AVX-512 where
+ * the CPU has it, AVX2 halves or narrower vectors otherwise. */
 #include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
+typedef uint32_t u32x16 __attribute__((vector_size(64), aligned(4)));
 
-#define NP 32       /* output rows per panel: two 16-lane vectors */
-#define CMAX 12     /* activation rows per pass over a panel (24 accumulators in registers) */
-#define PFDIST 1024 /* software prefetch distance in floats (4 KiB) along the panel stream */
+#define NP 32      /* output rows per panel: two 16-lane vectors */
+#define CMAX 12    /* activation rows per pass over a panel (24 accumulators in registers) */
+#define PFBYTES 4096 /* software prefetch distance along the panel stream */
 
-/* outputs n0 .. n0+NP-1 (fewer at the end) for C activation rows; w: the panel */
-static inline __attribute__((always_inline)) void tile(const float *x, const float *w, float *y, int C, int K,
-                                                        int N, int n0, int prefetch) {
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+}
+
+/* float32 -> bf16, round to nearest even; a NaN stays a (quiet) NaN */
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t u;
+    __builtin_memcpy(&u, &f, 4);
+    if (f != f) return (uint16_t)((u >> 16) | 0x40);
+    return (uint16_t)((u + 0x7FFF + ((u >> 16) & 1)) >> 16);
+}
+
+/* the panel's 32 weights at one k as two float32 vectors (outputs 0-15, 16-31). A bf16 panel
+ * stores them interleaved (pack_bf16: output j in 16-bit slot 2j, output 16+j in slot 2j+1), so
+ * one 64-byte load holds both: the low halves shifted up are outputs 0-15, the high halves with
+ * the low bits cleared are outputs 16-31 (exact: a bf16 is the top half of its float32). */
+static inline __attribute__((always_inline)) void load32(const char *w, int bf16, v16 *w0, v16 *w1) {
+    if (bf16) {
+        u32x16 u;
+        __builtin_memcpy(&u, w, 64);
+        *w0 = (v16)(u << 16);
+        *w1 = (v16)(u & 0xFFFF0000u);
+    } else {
+        __builtin_memcpy(w0, w, 64);
+        __builtin_memcpy(w1, w + 64, 64);
+    }
+}
+
+static inline __attribute__((always_inline)) void store(void *y, size_t i, v16 v, int n, int bf16) {
+    if (bf16) {
+        uint16_t *o = (uint16_t *)y + i;
+        for (int j = 0; j < n; j++) o[j] = f32_to_bf16(v[j]);
+    } else if (n == 16) {
+        __builtin_memcpy((float *)y + i, &v, 64);
+    } else {
+        for (int j = 0; j < n; j++) ((float *)y)[i + j] = v[j];
+    }
+}
+
+/* outputs n0 .. n0+NP-1 (fewer at the end) for C activation rows x (float32); w: the panel,
+ * in float32 or (bf16 = 1) bfloat16; y in the weight's format */
+static inline __attribute__((always_inline)) void tile(const float *x, const char *w, void *y, int C, int K,
+                                                        int N, int n0, int prefetch, int bf16) {
+    const int step = NP * (bf16 ? 2 : 4);
     v16 acc[CMAX][2];
     for (int c = 0; c < C; c++) acc[c][0] = acc[c][1] = (v16){0};
-    for (int k = 0; k < K; k++, w += NP) {
+    for (int k = 0; k < K; k++, w += step) {
         if (prefetch) {
-            __builtin_prefetch(w + PFDIST, 0, 0);
-            __builtin_prefetch(w + PFDIST + 16, 0, 0);
+            __builtin_prefetch(w + PFBYTES, 0, 0);
+            if (!bf16) __builtin_prefetch(w + PFBYTES + 64, 0, 0);
         }
         v16 w0, w1;
-        __builtin_memcpy(&w0, w, 64);
-        __builtin_memcpy(&w1, w + 16, 64);
+        load32(w, bf16, &w0, &w1);
         for (int c = 0; c < C; c++) {
             float s = x[(size_t)c * K + k];
             v16 xb = {s, s, s, s, s, s, s, s, s, s, s, s, s, s, s, s};
@@ -39,57 +91,83 @@ static inline __attribute__((always_inline)) void tile(const float *x, const flo
             acc[c][1] += w1 * xb;
         }
     }
-    if (n0 + NP <= N) {
-        for (int c = 0; c < C; c++) {
-            __builtin_memcpy(y + (size_t)c * N + n0, &acc[c][0], 64);
-            __builtin_memcpy(y + (size_t)c * N + n0 + 16, &acc[c][1], 64);
-        }
-    } else {
-        for (int c = 0; c < C; c++)
-            for (int j = 0; j < N - n0; j++) y[(size_t)c * N + n0 + j] = acc[c][j / 16][j % 16];
+    int n = N - n0 < NP ? N - n0 : NP;
+    for (int c = 0; c < C; c++) {
+        size_t i = (size_t)c * N + n0;
+        store(y, i, acc[c][0], n < 16 ? n : 16, bf16);
+        if (n > 16) store(y, i + 16, acc[c][1], n - 16, bf16);
     }
 }
 
-typedef void (*tile_fn)(const float *, const float *, float *, int, int, int, int);
-#define TILE(C)                                                                            \
-    static void tile##C(const float *x, const float *w, float *y, int K, int N, int n0, int pf) { \
-        tile(x, w, y, C, K, N, n0, pf);                                                    \
+typedef void (*tile_fn)(const float *, const char *, void *, int, int, int, int);
+#define TILE(C)                                                                                   \
+    static void tile##C(const float *x, const char *w, void *y, int K, int N, int n0, int pf) {   \
+        tile(x, w, y, C, K, N, n0, pf, 0);                                                        \
+    }                                                                                             \
+    static void tileb##C(const float *x, const char *w, void *y, int K, int N, int n0, int pf) {  \
+        tile(x, w, y, C, K, N, n0, pf, 1);                                                        \
     }
 TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-static const tile_fn TILE_OF[CMAX + 1] = {0,      tile1, tile2, tile3, tile4,  tile5, tile6,
-                                          tile7,  tile8, tile9, tile10, tile11, tile12};
+static const tile_fn TILE_F32[CMAX + 1] = {0,      tile1, tile2, tile3, tile4,  tile5, tile6,
+                                           tile7,  tile8, tile9, tile10, tile11, tile12};
+static const tile_fn TILE_BF16[CMAX + 1] = {0,       tileb1, tileb2, tileb3,  tileb4,  tileb5, tileb6,
+                                            tileb7,  tileb8, tileb9, tileb10, tileb11, tileb12};
 
-/* The number of floats pack_f32 writes for an (N, K) weight. */
+/* The number of elements pack_* writes for an (N, K) weight (either format). */
 long long packed_size_f32(int N, int K) { return (long long)((N + NP - 1) / NP) * NP * K; }
 
-/* Wp (packed_size_f32 floats) = W (N, K) in panels of NP rows, k-major, zero-padded. */
-int pack_f32(const float *W, float *Wp, int N, int K, int threads) {
-    if (N < 1 || K < 1 || threads < 1) return -1;
-    int npan = (N + NP - 1) / NP;
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int p = 0; p < npan; p++)
-        for (int k = 0; k < K; k++)
-            for (int j = 0; j < NP; j++) {
-                int n = p * NP + j;
-                Wp[((size_t)p * K + k) * NP + j] = n < N ? W[(size_t)n * K + k] : 0.0f;
-            }
-    return 0;
-}
+/* Wp = W (N, K) in panels of NP rows, k-major, zero-padded. float32: output j of a panel at
+ * slot j; bf16 (raw 16 bits): output j at slot 2j and output 16+j at slot 2j+1 (see load32). */
+#define PACK(name, T, SLOT)                                                                  \
+    int name(const T *W, T *Wp, int N, int K, int threads) {                                 \
+        if (N < 1 || K < 1 || threads < 1) return -1;                                        \
+        int npan = (N + NP - 1) / NP;                                                        \
+        _Pragma("omp parallel for schedule(static) num_threads(threads)")                    \
+        for (int p = 0; p < npan; p++)                                                       \
+            for (int k = 0; k < K; k++)                                                      \
+                for (int j = 0; j < NP; j++) {                                               \
+                    int n = p * NP + j;                                                      \
+                    Wp[((size_t)p * K + k) * NP + SLOT(j)] = n < N ? W[(size_t)n * K + k] : (T)0; \
+                }                                                                            \
+        return 0;                                                                            \
+    }
+#define SLOT_F32(j) (j)
+#define SLOT_BF16(j) ((j) < 16 ? 2 * (j) : 2 * ((j) - 16) + 1)
+PACK(pack_f32, float, SLOT_F32)
+PACK(pack_bf16, uint16_t, SLOT_BF16)
 
-/* y = x @ W^T from the packed weight. Returns 0, or -1 for arguments it does not take.
- * threads: the caller's intra-op thread count. More than CMAX rows go in balanced chunks, each a
- * pass over the panel (the later passes read it from cache). */
-int smallm_f32(const float *x, const float *Wp, float *y, int M, int K, int N, int threads) {
-    if (M < 1 || K < 1 || N < 1 || threads < 1) return -1;
-    int npan = (N + NP - 1) / NP, nch = (M + CMAX - 1) / CMAX;
+/* every panel: rows in balanced chunks of at most CMAX, each a pass over the panel (the later
+ * passes read it from cache) */
+static void run(const float *x, const char *Wp, void *y, int M, int K, int N, int threads, int bf16) {
+    int npan = (N + NP - 1) / NP, nch = (M + CMAX - 1) / CMAX, es = bf16 ? 2 : 4;
+    const tile_fn *tiles = bf16 ? TILE_BF16 : TILE_F32;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int p = 0; p < npan; p++) {
-        const float *w = Wp + (size_t)p * NP * K;
+        const char *w = Wp + (size_t)p * NP * K * es;
         for (int c = 0, m0 = 0; c < nch; c++) {
             int mm = (M - m0 + (nch - c) - 1) / (nch - c);
-            TILE_OF[mm](x + (size_t)m0 * K, w, y + (size_t)m0 * N, K, N, p * NP, c == 0);
+            tiles[mm](x + (size_t)m0 * K, w, (char *)y + (size_t)m0 * N * es, K, N, p * NP, c == 0);
             m0 += mm;
         }
     }
+}
+
+/* y = x @ W^T from the packed float32 weight. Returns 0, or -1 for arguments it does not take.
+ * threads: the caller's intra-op thread count. */
+int smallm_f32(const float *x, const float *Wp, float *y, int M, int K, int N, int threads) {
+    if (M < 1 || K < 1 || N < 1 || threads < 1) return -1;
+    run(x, (const char *)Wp, y, M, K, N, threads, 0);
+    return 0;
+}
+
+/* The same for bf16 x, packed bf16 W and bf16 y (all as raw 16 bits). x is widened to float32
+ * once, exactly; -1 also when that scratch cannot be allocated. */
+int smallm_bf16(const uint16_t *x, const uint16_t *Wp, uint16_t *y, int M, int K, int N, int threads) {
+    if (M < 1 || K < 1 || N < 1 || threads < 1) return -1;
+    float *xf = malloc((size_t)M * K * sizeof(float));
+    if (!xf) return -1;
+    for (size_t i = 0; i < (size_t)M * K; i++) xf[i] = bf16_to_f32(x[i]);
+    run(xf, (const char *)Wp, y, M, K, N, threads, 1);
+    free(xf);
     return 0;
 }
