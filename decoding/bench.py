@@ -12,7 +12,10 @@ Every row is timed *paired*: before each prompt of a row, ``generate`` runs on t
 and the row's ratio is its tokens/s over those paired ``generate`` runs. A machine whose speed
 drifts between rows (a shared VM moves by ~10% within minutes) then moves both sides of a ratio
 together. ``--repeats R`` measures every row R times and prints the median ratio with its range.
-At T=0 the ``same`` column counts the prompts whose output equals ``generate``'s token for token.
+At T=0 the ``same`` column counts the prompts whose output equals ``generate``'s token for token;
+an output that parts from it is a near-tie when ``generate``'s top-2 logit gap where they part is
+within the dtype's rounding noise (``verifiers.TIE_GAP``: 0.01 in float32, 0.5 in bf16), and a
+MISMATCH (a bug) otherwise (``verifiers.compare_greedy``).
 """
 from __future__ import annotations
 
@@ -62,6 +65,8 @@ class Timing:
     gen_toks: int = 0
     gen_wall: float = 0.0
     same: int = 0
+    ties: int = 0  # outputs that part from generate's at a near-tie
+    mismatches: int = 0  # ... and anywhere else
     prompts: int = 0
     checked: bool = False  # T=0: outputs compared with generate's
 
@@ -71,9 +76,10 @@ class Timing:
         return (self.toks / self.wall) / (self.gen_toks / self.gen_wall)
 
 
-def time_row(make_decoder, inputs, baseline, refs=None) -> Timing:
+def time_row(make_decoder, inputs, baseline, refs=None, classify=None) -> Timing:
     """Per prompt: ``baseline(ids)`` (generate, timed), then ``make_decoder(pid, ids).generate``.
-    ``refs`` (T=0): generate's outputs, for the ``same`` count."""
+    ``refs`` (T=0): generate's outputs, for the ``same`` count; ``classify(ids, got, ref)`` names
+    an output that differs ("near-tie" or "MISMATCH"), after the clock stops."""
     t = Timing()
     for pid, ids in inputs:
         ref, gen_s = baseline(ids)
@@ -87,7 +93,12 @@ def time_row(make_decoder, inputs, baseline, refs=None) -> Timing:
         t.new += len(r.output_token_ids) - 1
         t.tree += sum(s["tree_size"] for s in r.steps)
         t.t_draft += sum(s["t_draft_s"] for s in r.steps)
-        t.same += refs is not None and r.output_token_ids == refs[pid]
+        if refs is not None and r.output_token_ids == refs[pid]:
+            t.same += 1
+        elif refs is not None and classify is not None:
+            kind = classify(ids, r.output_token_ids, refs[pid])
+            t.ties += kind == "near-tie"
+            t.mismatches += kind == "MISMATCH"
         t.prompts += 1
     t.checked = refs is not None
     return t
@@ -106,7 +117,19 @@ def summarise(runs: list[Timing]) -> tuple[Timing, float, float]:
 
 
 HEADER = (f"{'':<26}{'tok/s':>8}{'vs gen':>9}{'range':>13}{'gen tok/s':>11}"
-          f"{'tau':>7}{'tree':>7}{'draft%':>8}{'same':>6}")
+          f"{'tau':>7}{'tree':>7}{'draft%':>8}  same")
+
+
+def same_text(t: Timing) -> str:
+    """'6/6', or '4/6 +2 near-tie' and ', 1 MISMATCH' where outputs part from generate's."""
+    if not t.checked:
+        return "-"
+    out = f"{t.same}/{t.prompts}"
+    if t.ties:
+        out += f" +{t.ties} near-tie"
+    if t.mismatches:
+        out += f", {t.mismatches} MISMATCH"
+    return out
 
 
 def _row(label: str, runs: list[Timing]) -> Timing:
@@ -114,8 +137,7 @@ def _row(label: str, runs: list[Timing]) -> Timing:
     spread = f"{lo:.2f}-{hi:.2f}" if len(runs) > 1 else "-"
     c = max(t.calls, 1)
     print(f"{label:<26}{t.toks / t.wall:8.1f}{t.ratio:8.2f}x{spread:>13}{t.gen_toks / t.gen_wall:11.1f}"
-          f"{t.new / c:7.2f}{t.tree / c:7.1f}{100 * t.t_draft / t.wall:8.1f}"
-          f"{(f'{t.same}/{t.prompts}' if t.checked else '-'):>6}", flush=True)
+          f"{t.new / c:7.2f}{t.tree / c:7.1f}{100 * t.t_draft / t.wall:8.1f}  {same_text(t)}", flush=True)
     return t
 
 
@@ -189,7 +211,7 @@ def cmd_bench(args) -> int:
     from .engine import SpeculativeDecoder
     from .oracle import OracleChainProposer
     from .runner import default_threads, generate_baseline, load_proposers
-    from .verifiers import eos_token_ids, load_verifier, resolve
+    from .verifiers import TIE_GAP, compare_greedy, eos_token_ids, load_verifier, resolve
 
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
@@ -239,13 +261,21 @@ def cmd_bench(args) -> int:
         print(f"; with stock F.linear {_tps(stock):.1f} tok/s. Both share "
               f"the verifier's row-aware matmuls (decoding/cpu/, {cpu.status()}), so every ratio "
               f"below is kernel-neutral", end="")
+    gap = TIE_GAP[str(model.dtype).removeprefix("torch.")]
+
+    def classify(ids, got, ref):
+        return compare_greedy(model, ids, got, ref, gap)[0]
+
     repeats = f"; median of {args.repeats} repeats, 'range' their min-max" if args.repeats > 1 else ""
     print(".\nEvery row is paired: generate runs again before each of its prompts ('gen tok/s'), and 'vs gen' "
-          "is the row over those runs" + repeats + (". 'same': outputs equal to generate's" if T == 0 else "."))
+          "is the row over those runs" + repeats + (
+              f". 'same': outputs equal to generate's; 'near-tie': parts from it where generate's top-2 logit "
+              f"gap is <= {gap} ({model.dtype} noise); a MISMATCH is a bug" if T == 0 else "."))
     print(HEADER)
 
     def timed(make_decoder, label):
-        runs = [time_row(make_decoder, inputs, run_gen, refs if T == 0 else None) for _ in range(args.repeats)]
+        runs = [time_row(make_decoder, inputs, run_gen, refs if T == 0 else None, classify)
+                for _ in range(args.repeats)]
         _row(label, runs)
 
     cal_inputs = None

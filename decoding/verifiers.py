@@ -143,6 +143,11 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return sorted({int(i) for i in ids})
 
 
+# top-2 logit gaps within each dtype's rounding noise: where another kernel or summation order may
+# flip the greedy token (bf16 keeps 8 significant bits: its spacing is 0.125 at a logit of 16-32)
+TIE_GAP = {"float32": 0.01, "bfloat16": 0.5, "float16": 0.1}
+
+
 @torch.no_grad()
 def compare_greedy(model, ids: list[int], got: list[int], ref: list[int], gap: float) -> tuple[str, float | None]:
     """A greedy output ``got`` against a reference ``ref`` after the prompt ``ids``: "equal",

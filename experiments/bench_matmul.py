@@ -46,7 +46,7 @@ def chosen(tables, rows: int) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--verifier", default="smollm2-135m-instruct")
-    ap.add_argument("--rows", default="1,2,4,6,8,9,12,16,32")
+    ap.add_argument("--rows", default="1,2,4,6,8,9,12,16,32,96")
     ap.add_argument("--dtype", default="float32", choices=list(DTYPES))
     ap.add_argument("--repeats", type=int, default=7)
     a = ap.parse_args(argv)

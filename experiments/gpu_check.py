@@ -30,10 +30,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from decoding.verifiers import TIE_GAP  # noqa: E402
 from tests.accelerator import SyncCounter  # noqa: E402
 
 STRATEGIES = ("single", "confidence", "entropy", "merged", "merged-dedup", "merged-budget")
-TIE_GAP = {"float32": 0.01, "bfloat16": 0.5, "float16": 0.1}  # top-2 logit gaps within each dtype's noise
 
 
 def _sync(device: str) -> None:

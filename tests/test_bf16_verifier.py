@@ -19,6 +19,7 @@ from decoding.cpu import matmul as cpu_matmul
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import decode_prompt, load_proposers
 from decoding.tree import TreeConfig
+from decoding.verifiers import TIE_GAP as TIE_GAPS
 from decoding.verifiers import compare_greedy, eos_token_ids, load_verifier
 from drafters.data.templating import benchmark_prompt_ids
 from tests.conftest import VERIFIER
@@ -26,7 +27,7 @@ from tests.helpers import OracleProposer
 
 pytestmark = pytest.mark.slow
 MAX_NEW = 16
-TIE_GAP = 0.5  # bf16's top-2 logit gap within its noise (experiments/gpu_check.py)
+TIE_GAP = TIE_GAPS["bfloat16"]  # bf16: within its rounding noise (decoding.verifiers.TIE_GAP)
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ def test_kernel_matches_float64_and_a_row_never_depends_on_its_batch(N, K):
     W = torch.randn(N, K, generator=g)
     x = torch.randn(cpu_kernel.MAX_ROWS, K, generator=g)
     alone = torch.cat([cpu_kernel.matmul(x[m : m + 1], W) for m in range(x.shape[0])])
-    for M in (1, 2, 3, 5, 6, 7, 8, 9, 16, 17, 32):
+    for M in (1, 2, 3, 5, 6, 7, 8, 9, 16, 17, 32, 95, 256):
         y = cpu_kernel.matmul(x[:M], W)
         ref = (x[:M].double() @ W.double().T).float()
         assert y.shape == (M, N)
@@ -86,8 +86,8 @@ def test_kernel_refuses_what_it_does_not_compute():
         cpu_kernel.matmul(torch.randn(2, 32, dtype=torch.bfloat16), W)
     with pytest.raises(ValueError, match="float16"):
         cpu_kernel.matmul(torch.randn(2, 32).half(), W.half())
-    with pytest.raises(ValueError, match="M<= 32"):
-        cpu_kernel.matmul(torch.randn(33, 32), W)
+    with pytest.raises(ValueError, match=f"M<= {cpu_kernel.MAX_ROWS}"):
+        cpu_kernel.matmul(torch.randn(cpu_kernel.MAX_ROWS + 1, 32), W)
     with pytest.raises(ValueError, match=r"\(16, 32\)"):
         cpu_kernel.matmul(torch.randn(2, 31), W)
 

@@ -1,6 +1,6 @@
 """A thin-GEMM kernel for CPU decoding, compiled on first use (``csrc/smallm.c``).
 
-``matmul(x, W)`` computes ``x @ W.T`` for 1-32 rows, reading W once, in float32 or in bfloat16
+``matmul(x, W)`` computes ``x @ W.T`` for 1-256 rows (a tree pass, a prompt's prefill), reading W once, in float32 or in bfloat16
 (float32 accumulation, each output rounded once to bf16, as torch's bf16 linear). It reads W
 from a repacked copy (panels of 32 output rows, k-major), made on first use and kept on the
 weight tensor until the weight changes: the kernel's weights take twice their memory. It is one of the
@@ -27,7 +27,7 @@ from ..caches import cache_dir
 
 SOURCE = Path(__file__).with_name("csrc") / "smallm.c"
 FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared"]
-MAX_ROWS = 32
+MAX_ROWS = 256
 _STATE: dict = {}
 _PACKED: dict = {}  # id(weight) -> (weak reference to it, stamp, packed copy); dropped with the weight
 

@@ -8,9 +8,11 @@ of a few nodes paid 1.4-2x a one-token step for a reason that had nothing to do 
 
 Even ``W @ x.T`` runs 4-8 rows at 40-60% of the one-row speed, so ``kernel.py`` adds a
 third form, a thin-GEMM kernel compiled on first use that streams a repacked copy of the weights
-once for up to 32 rows. All of SmolLM2's 211 weights in pass order on the 2-core CPU
+once for up to 256 rows. All of SmolLM2's 211 weights in pass order on the 2-core CPU
 (``experiments/bench_matmul.py``): 16.6 ms at one row, 16.4 at 6, 16.9 at 9, 25.8 at 16; the
-previous kernel, which read the weights in place, took 19.4 / 23.9 / 28.2 / 38.4.
+previous kernel, which read the weights in place, took 19.4 / 23.9 / 28.2 / 38.4. A prompt's
+prefill (32-256 rows) is a GEMM that BLAS should win, yet on a 2-core AMD EPYC with AVX-512 the
+kernel ran 96 rows in 65 ms against F.linear's 176 ms, so those row counts are timed too.
 
 ``install(model)`` times every form for every distinct weight shape at a few row counts (a few
 seconds, cached per machine) and makes each ``nn.Linear`` use the fastest one for its row count;
@@ -41,7 +43,8 @@ from torch import nn
 from ..caches import cache_dir, load_json_cache, save_json_cache
 from . import kernel as cpu_kernel
 
-BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # row counts that are timed; larger ones use F.linear
+# row counts that are timed (a tree pass: 1-32; a prompt's prefill: 32-256); larger ones use F.linear
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 CACHE = cache_dir() / "cpu_matmul.json"
 MAX_SPREAD = 0.5  # (max - min) / median of a form's repeated timings beyond which a table is not cached
 MIN_CPU_SHARE = 0.6  # process CPU time / (wall time x threads) below which other processes held the cores
@@ -181,7 +184,7 @@ def machine_key() -> str:
     """The part of a cache key that names this machine: CPU model, threads, torch and kernel build."""
     cpu = cpu_kernel.cpuinfo("model name") or platform.processor() or platform.machine()
     kernel = cpu_kernel.library_path().name if cpu_kernel.available() else "no-kernel"
-    return f"v2|{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}|{kernel}"
+    return f"v3|{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}|{kernel}"
 
 
 def table_for(W: torch.Tensor, disk: dict | None = None, machine: str | None = None) -> tuple[str, dict[int, str]]:
