@@ -247,8 +247,8 @@ def cmd_bench(args) -> int:
           f"({args.benchmarks}); "
           f"max_new_tokens {base.max_new_tokens}; T={T}; tree top_k={base.tree.top_k} depth={base.tree.depth} "
           f"total_tokens={base.tree.total_tokens}; drafters {[p.name for p in proposers]}")
-    # warm-up (first calls allocate), then generate's reference outputs (the oracle proposes them,
-    # the `same` column compares with them)
+    # warm-up (first calls allocate), then generate's reference outputs (the `same` column compares
+    # with them)
     run_gen = generate_baseline(model, eos, base.max_new_tokens, T, args.seed)
     run_gen(inputs[0][1][:8])
     if cpu.installed(model):  # stock kernels, for reference; ratios are kernel-neutral
@@ -303,9 +303,14 @@ def cmd_bench(args) -> int:
     if args.oracle_depths and T == 0:
         from .tree import TreeConfig
 
+        # the oracle proposes the loop's own greedy continuation (untimed here): in float32 that is
+        # generate's (the `same` column), in bf16 it may part from it at a near-tie, after which
+        # generate's continuation would be a wrong guess at every step
+        own = SpeculativeDecoder(model, [], dataclasses.replace(base, strategy="autoregressive"), eos)
+        truth = {pid: own.generate(ids, seed_key=pid).output_token_ids for pid, ids in inputs}
         for depth in [int(d) for d in args.oracle_depths.split(",")]:
             cfg = dataclasses.replace(base, strategy="single", tree=TreeConfig(1, depth, depth + 1))
-            timed(lambda pid, ids, cfg=cfg: SpeculativeDecoder(model, [OracleChainProposer(len(ids), refs[pid])],
+            timed(lambda pid, ids, cfg=cfg: SpeculativeDecoder(model, [OracleChainProposer(len(ids), truth[pid])],
                                                                cfg, eos), f"oracle chain depth {depth}")
     if args.micro:
         micro(model, proposers, inputs[0][1], base.tree)
