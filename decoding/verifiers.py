@@ -88,17 +88,22 @@ def _dtype(name: str | None, source: VerifierSource, device: str) -> torch.dtype
     return _DTYPES[name]
 
 
-@functools.lru_cache(maxsize=4)
 def load_verifier(name: str = DEFAULT_VERIFIER, dtype: str | None = None, device: str = "cpu"):
-    """Load (model, tokenizer) once per process; the model is in eval mode with grads off."""
+    """Load (model, tokenizer) once per process per (verifier, dtype, device), however the call
+    spells them (``dtype=None`` and the dtype it defaults to are one model); the model is in eval
+    mode with grads off."""
+    source = resolve(name)
+    return _load_verifier(source, _dtype(dtype, source, device), device)
+
+
+@functools.lru_cache(maxsize=4)
+def _load_verifier(source: VerifierSource, torch_dtype: torch.dtype, device: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     if os.environ.get("TASKSPEC_VERBOSE") != "1":  # per-process loading bars off (--verbose brings them back)
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
-    source = resolve(name)
-    torch_dtype = _dtype(dtype, source, device)
     if source.gguf_file:  # parsed once per machine: later loads read the de-quantized copy
         copy = copy_dir(source.path, source.gguf_file, source.name)
         loaded = load_copy(copy, torch_dtype)
