@@ -310,8 +310,8 @@ def cmd_bench(args) -> int:
         truth = {pid: own.generate(ids, seed_key=pid).output_token_ids for pid, ids in inputs}
         for depth in [int(d) for d in args.oracle_depths.split(",")]:
             cfg = dataclasses.replace(base, strategy="single", tree=TreeConfig(1, depth, depth + 1))
-            timed(lambda pid, ids, cfg=cfg: SpeculativeDecoder(model, [OracleChainProposer(len(ids), truth[pid])],
-                                                               cfg, eos), f"oracle chain depth {depth}")
+            timed(lambda pid, ids, cfg=cfg: SpeculativeDecoder(
+                model, [OracleChainProposer(len(ids), truth[pid])], cfg, eos), f"oracle chain depth {depth}")
     if args.micro:
         micro(model, proposers, inputs[0][1], base.tree)
     return 0

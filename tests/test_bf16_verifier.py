@@ -43,7 +43,8 @@ def bf16():
 def every_row_count_in(model: nn.Module, form: str):
     """Every installed linear layer of ``model`` takes ``form`` at every row count ("tuned": as
     installed)."""
-    layers = [m.forward for m in model.modules() if isinstance(getattr(m, "forward", None), cpu_matmul.RowAwareLinear)]
+    layers = [m.forward for m in model.modules()
+              if isinstance(getattr(m, "forward", None), cpu_matmul.RowAwareLinear)]
     assert layers, "no row-aware linear layers installed"
     saved = [layer.table for layer in layers]
     if form != "tuned":
@@ -58,13 +59,15 @@ def every_row_count_in(model: nn.Module, form: str):
 
 def _greedy(model, ids: list[int]) -> list[int]:
     x = torch.tensor([ids])
-    return model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=MAX_NEW)[0, len(ids):].tolist()
+    out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=MAX_NEW)
+    return out[0, len(ids):].tolist()
 
 
 # the BLAS forms at every row count: make test-full (tuned mixes them with the kernel by default)
 @pytest.mark.parametrize("form", ["tuned", "kernel"] + [pytest.param(f, marks=pytest.mark.full)
                                                        for f in cpu_matmul.FORMS if f != "kernel"])
-def test_bf16_decoding_reproduces_bf16_generate_with_every_form(bf16, random_drafter_dirs, bench_prompts, form):
+def test_bf16_decoding_reproduces_bf16_generate_with_every_form(bf16, random_drafter_dirs, bench_prompts,
+                                                                 form):
     model, tok, eos = bf16
     if form == "kernel":  # the kernel's bf16 path must be what runs here, not a fallback
         from decoding.cpu import kernel as cpu_kernel
@@ -80,7 +83,8 @@ def test_bf16_decoding_reproduces_bf16_generate_with_every_form(bf16, random_dra
             ids = benchmark_prompt_ids(tok, prompt, 0, [])
             ref = _greedy(model, ids)
             decoders = {
-                "single": SpeculativeDecoder(model, proposers[:1], DecodeConfig(max_new_tokens=MAX_NEW, tree=tree), eos),
+                "single": SpeculativeDecoder(model, proposers[:1],
+                                             DecodeConfig(max_new_tokens=MAX_NEW, tree=tree), eos),
                 "merged dedup": SpeculativeDecoder(model, proposers, DecodeConfig(
                     strategy="merged", merge_dedup=True, max_new_tokens=MAX_NEW, tree=tree), eos),
                 "oracle depth 5": SpeculativeDecoder(model, [OracleProposer(len(ids), ref)], DecodeConfig(
@@ -90,7 +94,8 @@ def test_bf16_decoding_reproduces_bf16_generate_with_every_form(bf16, random_dra
                 got = dec.generate(ids, seed_key=prompt.id).output_token_ids
                 kind, gap = compare_greedy(model, ids, got, ref, TIE_GAP)
                 kinds.append(kind)
-                assert kind != "MISMATCH", f"{form}/{name} on {prompt.benchmark} {prompt.id}: top-2 gap {gap:.3f}"
+                assert kind != "MISMATCH", \
+                    f"{form}/{name} on {prompt.benchmark} {prompt.id}: top-2 gap {gap:.3f}"
     print(f"bf16, {form} at every row count: {kinds.count('equal')}/{len(kinds)} equal to generate, "
           f"{kinds.count('near-tie')} near-ties")
     assert kinds.count("equal") >= len(kinds) / 2, kinds  # a near-tie is the exception, not the rule

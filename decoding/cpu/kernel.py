@@ -1,10 +1,10 @@
 """A thin-GEMM kernel for CPU decoding, compiled on first use (``csrc/smallm.c``).
 
-``matmul(x, W)`` computes ``x @ W.T`` for 1-256 rows (a tree pass, a prompt's prefill), reading W once, in float32 or in bfloat16
-(float32 accumulation, each output rounded once to bf16, as torch's bf16 linear). It reads W
-from a repacked copy (panels of 32 output rows, k-major), made on first use and kept on the
-weight tensor until the weight changes: the kernel's weights take twice their memory. It is one of the
-forms ``matmul.tune`` times per weight shape and row count, so it is used only where it wins
+``matmul(x, W)`` computes ``x @ W.T`` for 1-256 rows (a tree pass, a prompt's prefill), reading W
+once, in float32 or in bfloat16 (float32 accumulation, each output rounded once to bf16, as
+torch's bf16 linear). It reads W from a repacked copy (panels of 32 output rows, k-major), made
+on first use and kept until the weight changes: the kernel's weights take twice their memory.
+It is one of the forms ``matmul.tune`` times per weight shape and row count, so it is used only where it wins
 on this machine. The shared library is built with the system C compiler (``$CC``, default
 ``gcc``) for this CPU (``-march=native``, or ``$TASKSPEC_CPU_MARCH``) and cached under
 ``$TASKSPEC_CACHE/kernels``, keyed by the source, the flags and the CPU's feature flags; it uses
@@ -158,6 +158,7 @@ def run(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     if not x2.is_contiguous():
         x2 = x2.contiguous()
     y = torch.empty(M, N, dtype=W.dtype)
-    if _STATE["fn"][W.dtype](x2.data_ptr(), packed(W).data_ptr(), y.data_ptr(), M, K, N, torch.get_num_threads()):
+    fn = _STATE["fn"][W.dtype]
+    if fn(x2.data_ptr(), packed(W).data_ptr(), y.data_ptr(), M, K, N, torch.get_num_threads()):
         raise RuntimeError(f"the kernel refused its arguments ({W.dtype}, M={M}, K={K}, N={N})")
     return y
