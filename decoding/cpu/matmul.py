@@ -12,7 +12,8 @@ once for up to 256 rows. All of SmolLM2's 211 weights in pass order on the 2-cor
 (``experiments/bench_matmul.py``): 16.6 ms at one row, 16.4 at 6, 16.9 at 9, 25.8 at 16; the
 previous kernel, which read the weights in place, took 19.4 / 23.9 / 28.2 / 38.4. A prompt's
 prefill (32-256 rows) is a GEMM that BLAS should win, yet on a 2-core AMD EPYC with AVX-512 the
-kernel ran 96 rows in 65 ms against F.linear's 176 ms, so those row counts are timed too.
+kernel ran all 211 weights at 96 rows in 79 ms against F.linear's 232 ms, so those row counts
+are timed too.
 
 ``install(model)`` times every form for every distinct weight shape at a few row counts (a few
 seconds, cached per machine) and makes each ``nn.Linear`` use the fastest one for its row count;
@@ -172,8 +173,8 @@ def apply(x: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None, table: di
     if form == "linear":
         return F.linear(x, W, bias)
     x2 = x if x.dim() == 2 else x.reshape(rows, K)
-    # the kernel's argument checks hold here (CPU, same dtype, rows <= 32; the tuner offers it only
-    # for the dtypes it takes), so it runs unchecked
+    # the kernel's argument checks hold here (CPU, same dtype, rows <= BUCKETS[-1] = kernel.MAX_ROWS;
+    # the tuner offers it only for the dtypes it takes), so it runs unchecked
     y = cpu_kernel.run(x2, W) if form == "kernel" else wxt(x2, W)
     if bias is not None:
         y = y + bias
