@@ -10,6 +10,7 @@ holds the data position and the noise generator too, so the resumed run takes th
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import random
@@ -365,21 +366,33 @@ class _Plain:
         self.opt.load_state_dict(torch.load(d / "optimizer.pt"))
 
 
-def _venv_ninja_first() -> None:
-    """Put the ninja installed next to this Python (pip's) first on PATH, so that every process
-    builds DeepSpeed's JIT ops (the CPU shm comm op) with the same ninja: a system ninja 1.11 and
-    pip's 1.13 hash commands differently, and each rebuilt the other's objects (about a minute of
-    both cores, at every switch between a shell's PATH and a Ray worker's)."""
+def _jit_build_setup() -> None:
+    """Build DeepSpeed's JIT ops (the CPU shm comm op) once per Python environment:
+    - pip's ninja, next to this Python, first on PATH: a system ninja 1.11 and pip's 1.13 hash
+      commands differently, and each rebuilt the other's objects (about a minute of both cores, at
+      every switch between a shell's PATH and a Ray worker's);
+    - one build directory per ``sys.prefix`` as this process sees it (unless TORCH_EXTENSIONS_DIR
+      is set): the build commands carry that path, so one venv reached by two paths (a worktree's
+      symlink to it) or two venvs would otherwise rebuild each other's objects at every switch."""
     here = Path(sys.executable).parent
     if (here / "ninja").is_file() and os.environ.get("PATH", "").split(os.pathsep)[0] != str(here):
         os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
+    if "TORCH_EXTENSIONS_DIR" not in os.environ:
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(jit_build_dir())
+
+
+def jit_build_dir() -> Path:
+    """~/.cache/torch_extensions/<python>-<hash of sys.prefix>: this environment's own build dir."""
+    tag = hashlib.sha256(sys.prefix.encode()).hexdigest()[:10]
+    base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "torch_extensions"
+    return base / f"py{sys.version_info.major}{sys.version_info.minor}-{tag}"
 
 
 def import_deepspeed():
     """DeepSpeed without the MLflow import its autotuner attempts (``try: import mlflow``): with
     mlflow installed (the tracking extra) that import is most of `import deepspeed`, 3-6 s of every
     training process, for an autotuner nothing here runs. mlflow imports normally afterwards."""
-    _venv_ninja_first()
+    _jit_build_setup()
     skip = "mlflow" not in sys.modules
     if skip:
         sys.modules["mlflow"] = None  # `import mlflow` raises ImportError while this is set

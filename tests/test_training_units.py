@@ -137,3 +137,26 @@ def test_deepspeed_imports_without_mlflow_and_mlflow_still_imports_after():
                        cwd=Path(__file__).resolve().parents[1], env={**os.environ, "DS_ACCELERATOR": "cpu"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-2:] == ["False False deepspeed", "True"], r.stdout
+
+
+def test_deepspeeds_jit_ops_build_once_per_python_environment(tmp_path):
+    """The JIT build directory follows sys.prefix as the process sees it (one venv reached through
+    a worktree's symlink used to rebuild the other path's objects, a minute of both cores); a
+    TORCH_EXTENSIONS_DIR the user set is kept."""
+    code = ("import os, sys; from drafters.trainer import _jit_build_setup, jit_build_dir; "
+            "_jit_build_setup(); print(os.environ['TORCH_EXTENSIONS_DIR']); "
+            "print(os.environ['PATH'].split(os.pathsep)[0]); sys.prefix = '/elsewhere/venv'; "
+            "print(jit_build_dir())")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}
+    env["XDG_CACHE_HOME"] = str(tmp_path)
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    own, first_on_path, other = r.stdout.strip().splitlines()
+    assert Path(own).parent == tmp_path / "torch_extensions" and Path(own).name.startswith("py3")
+    assert other != own and Path(other).parent == Path(own).parent  # another prefix, another dir
+    if (Path(sys.executable).parent / "ninja").is_file():
+        assert first_on_path == str(Path(sys.executable).parent)
+    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "mine")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    assert r.stdout.splitlines()[0] == str(tmp_path / "mine"), r.stderr[-2000:]
