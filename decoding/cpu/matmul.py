@@ -22,9 +22,10 @@ baseline) and the speculative loop run the same kernels. Results equal ``F.linea
 summation order (as any change of row count already does). CPU only; no-op on other devices,
 and never where gradients flow (``apply`` takes F.linear there).
 
-Timings are trusted only when they are repeatable: each form is timed ``reps`` times; a table whose
-winning form's timings spread by more than ``MAX_SPREAD`` of their median, or measured while this
-process got less than ``MIN_CPU_SHARE`` of its threads' CPU time (other processes held the cores),
+Timings are trusted only when they are repeatable: each form is timed ``reps`` times, and a row
+count whose timings spread by more than ``MAX_SPREAD`` of their median is timed once more (a
+single spike on a VM); a table where that second timing still spreads as much, or measured while
+this process got less than ``MIN_CPU_SHARE`` of its threads' CPU time (other processes held the cores),
 is used for this process but not cached, and the next process measures again.
 """
 from __future__ import annotations
@@ -101,15 +102,21 @@ def tune(W: torch.Tensor, reps: int = 3) -> tuple[dict[int, str], str | None]:
     copies = [W] + [W.clone() for _ in range(max(0, COLD_BYTES // (W.numel() * W.element_size()) - 1))]
     forms = [f for f in FORMS if f != "kernel" or (W.dtype in cpu_kernel.DTYPES and cpu_kernel.available())]
 
+    def bucket(x):
+        ts = {f: _time(lambda: [form_fn(f)(x, w) for w in copies], reps) for f in forms}
+        t = {f: statistics.median(v) for f, v in ts.items()}
+        t["linear"] /= 0.95
+        best = min(t, key=t.get)
+        return best, max(_spread(ts[best]), _spread(ts["linear"]))
+
     def measure():
         out, spreads = {}, []
         for m in BUCKETS:
             x = torch.randn(m, W.shape[1], dtype=W.dtype, device=W.device)
-            ts = {f: _time(lambda: [form_fn(f)(x, w) for w in copies], reps) for f in forms}
-            t = {f: statistics.median(v) for f, v in ts.items()}
-            t["linear"] /= 0.95
-            out[m] = min(t, key=t.get)
-            spreads.append(max(_spread(ts[out[m]]), _spread(ts["linear"])))
+            out[m], spread = bucket(x)
+            if spread > MAX_SPREAD:  # one spike (a VM's noise is one-sided): time this row count again
+                out[m], spread = bucket(x)
+            spreads.append(spread)
         return out, max(spreads)
 
     (table, spread), share = _cpu_share(measure)
