@@ -264,9 +264,13 @@ def test_the_budget_does_not_grow_with_the_tree_or_the_drafters(verifier, random
 
 
 @pytest.mark.slow
-def test_tree_auto_calibrates_and_decodes_on_the_device(verifier, random_drafter_dirs, mt_prompt):
+def test_tree_auto_calibrates_and_decodes_on_the_device(verifier, random_drafter_dirs, mt_prompt, monkeypatch):
+    from decoding import autotree
     from decoding.autotree import auto_tree, calibration_inputs
 
+    # the device path of timing passes, not the size grid: 5 sizes instead of 16 (most of this
+    # test's time, each pass slowed by the harness's per-op checks)
+    monkeypatch.setattr(autotree, "VERIFY_SIZES", (1, 2, 4, 8, 16))
     model, tok = verifier
     with FakeCuda() as acc:
         acc.place(model)
