@@ -379,3 +379,18 @@ def test_the_depth_figure_leaves_out_depths_too_rarely_reached(tmp_path):
     assert pts["rate"].to_list() == pytest.approx([0.5, 0.5]) and pts["reached"].to_list() == [200, 30]
     assert fig_depth(dep, "eagle2", 0.0, tmp_path / "f.png").is_file()
     assert fig_depth(dep.filter(pl.col("reached") < 5), "eagle2", 0.0, tmp_path / "g.png") is None
+
+
+def test_the_speed_figure_marks_the_post_hoc_router_as_not_deployable(tmp_path):
+    """The post hoc router decodes with both specialists before it chooses, so its bar is hatched
+    grey with a † and a legend line, not red beside the deployable methods."""
+    from orchestrator.report.figures import fig_speed, speed_bars
+    from orchestrator.report.routers import POSTHOC
+
+    sp = pl.DataFrame({"backbone": ["eagle2"] * 3, "method": ["math", POSTHOC, "merged"],
+                       "temperature": [0.0] * 3, "speedup": [1.3, 0.31, 0.8], "baseline": ["generate"] * 3})
+    s = sp.sort("speedup", descending=True)
+    bars = {label: (colour, hatch) for label, _, colour, hatch in speed_bars(s)}
+    assert bars == {"eagle2:math": ("tab:green", ""), "eagle2:merged": ("tab:red", ""),
+                    f"eagle2:{POSTHOC} †": ("lightgrey", "//")}
+    assert fig_speed(sp, 0.0, tmp_path / "speed.png").stat().st_size > 0

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import polars as pl
 
+from .routers import NOT_DEPLOYABLE, POSTHOC
+
 
 def _plt():
     import matplotlib
@@ -126,6 +128,19 @@ def fig_depth(depth: pl.DataFrame, backbone: str, temp: float, path: Path) -> Pa
     return path
 
 
+def speed_bars(s: pl.DataFrame) -> list[tuple[str, float, str, str]]:
+    """(label, speedup, colour, hatch) per bar: green at or above the baseline, red below, and the
+    post hoc router hatched grey with a † (it decodes with both specialists to choose one afterwards,
+    so its time is not a deployable method's)."""
+    out = []
+    for b, m, v in zip(s["backbone"], s["method"], s["speedup"]):
+        if m == POSTHOC:
+            out.append((f"{b}:{m} †", v, "lightgrey", "//"))
+        else:
+            out.append((f"{b}:{m}", v, "tab:green" if v >= 1 else "tab:red", ""))
+    return out
+
+
 def fig_speed(sp: pl.DataFrame, temp: float, path: Path) -> Path | None:
     base = sp["baseline"][0] if "baseline" in sp.columns and sp.height else "autoregressive"
     s = sp.filter((pl.col("temperature") == temp) & (pl.col("method") != base)).group_by(["backbone", "method"]).agg(
@@ -133,14 +148,18 @@ def fig_speed(sp: pl.DataFrame, temp: float, path: Path) -> Path | None:
     if s.is_empty():  # nothing timed against a baseline (e.g. a grid without the autoregressive cell)
         return None
     plt = _plt()
+    bars = speed_bars(s)
     fig, ax = plt.subplots(figsize=(max(7, 0.5 * s.height), 4.8))
-    labels = [f"{b}:{m}" for b, m in zip(s["backbone"], s["method"])]
-    ax.bar(range(s.height), s["speedup"], color=["tab:green" if v >= 1 else "tab:red" for v in s["speedup"]])
+    for i, (_, v, colour, hatch) in enumerate(bars):
+        ax.bar(i, v, color=colour, hatch=hatch, edgecolor="dimgrey" if hatch else colour)
     ax.axhline(1.0, color="black", lw=1, label=f"{base} (same run, same machine)")
-    ax.set_xticks(range(s.height), labels, rotation=40, ha="right")
+    if any(h for *_, h in bars):
+        ax.bar([], [], color="lightgrey", hatch="//", edgecolor="dimgrey",
+               label=f"† post hoc router: {NOT_DEPLOYABLE}")
+    ax.set_xticks(range(s.height), [b[0] for b in bars], rotation=40, ha="right")
     ax.set_ylabel(f"speedup over {base.split(' ')[0]} (×)")  # short: the legend names the baseline in full
     ax.set_title(f"Measured speedup, mean over benchmarks (T={temp:g})")
-    ax.legend()
+    ax.legend(fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
