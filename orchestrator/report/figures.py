@@ -152,14 +152,18 @@ def fig_speed(sp: pl.DataFrame, temp: float, path: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(max(7, 0.5 * s.height), 4.8))
     for i, (_, v, colour, hatch) in enumerate(bars):
         ax.bar(i, v, color=colour, hatch=hatch, edgecolor="dimgrey" if hatch else colour)
-    ax.axhline(1.0, color="black", lw=1, label=f"{base} (same run, same machine)")
+    line = ax.axhline(1.0, color="black", lw=1, label=f"{base} (same run, same machine)")
+    handles = [line]
     if any(h for *_, h in bars):
-        ax.bar([], [], color="lightgrey", hatch="//", edgecolor="dimgrey",
-               label=f"† post hoc router: {NOT_DEPLOYABLE}")
+        from matplotlib.patches import Patch
+
+        handles.append(Patch(facecolor="lightgrey", hatch="//", edgecolor="dimgrey",
+                             label=f"† post hoc router: {NOT_DEPLOYABLE}"))
     ax.set_xticks(range(s.height), [b[0] for b in bars], rotation=40, ha="right")
     ax.set_ylabel(f"speedup over {base.split(' ')[0]} (×)")  # short: the legend names the baseline in full
     ax.set_title(f"Measured speedup, mean over benchmarks (T={temp:g})")
-    ax.legend(fontsize=9)
+    ax.set_ylim(0, 1.3 * max(1.0, max(v for _, v, *_ in bars)))  # headroom: the legend sits above the bars
+    ax.legend(handles=handles, fontsize=9, loc="upper right")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
