@@ -98,51 +98,67 @@ def output_problem(local_output: bool, shared_mount: bool, nodes: int, max_nodes
             f"cluster.shared_mount: true")
 
 
-def train_problem(p: Profile, capacity: dict, source: str) -> str | None:
-    """resources.train against ``capacity`` (the most CPU/GPU the cluster can have)."""
+def train_problem(p: Profile, capacity: dict, source: str, shapes: list[dict] | None = None) -> str | None:
+    """resources.train against ``capacity`` (the most CPU/GPU the cluster can have) and, given the
+    node ``shapes`` the cluster has or can add, whether one worker (its CPUs and GPU on one node)
+    fits on any of them: otherwise Ray Train waits for a placement that never comes."""
     r = p.resources.train
-    need_cpu = r.num_workers * r.cpus_per_worker + 0.01  # + the Tune trial's own 0.01 CPU
+    need_cpu = r.num_workers * r.cpus_per_worker  # the Tune trial's own actor holds no CPU
     cpu, gpu = capacity.get("CPU", 0), capacity.get("GPU", 0)
-    if need_cpu <= cpu and (not r.use_gpu or r.num_workers <= gpu):
-        return None
-    return (f"resources.train asks for {r.num_workers} worker(s) x {r.cpus_per_worker} CPU"
-            f"{' + 1 GPU' if r.use_gpu else ''} but {source} is {cpu:g} CPU / {gpu:g} GPU: lower "
-            f"resources.train or add nodes")
+    worker = f"{r.cpus_per_worker} CPU{' + 1 GPU' if r.use_gpu else ''}"
+    if need_cpu > cpu or (r.use_gpu and r.num_workers > gpu):
+        return (f"resources.train asks for {r.num_workers} worker(s) x {worker} but {source} is "
+                f"{cpu:g} CPU / {gpu:g} GPU: lower resources.train or add nodes")
+    fits = [s for s in shapes or []
+            if s.get("CPU", 0) >= r.cpus_per_worker and (not r.use_gpu or s.get("GPU", 0) >= 1)]
+    if shapes and not fits:
+        largest = max(shapes, key=lambda s: (s.get("GPU", 0) if r.use_gpu else 0, s.get("CPU", 0)))
+        return (f"resources.train asks for workers of {worker} each on one node, but no node of this cluster "
+                f"(nor any the autoscaler can add) has that: the largest has {largest.get('CPU', 0):g} CPU / "
+                f"{largest.get('GPU', 0):g} GPU; lower resources.train.cpus_per_worker")
+    return None
 
 
-def cluster_capacity() -> tuple[dict, str, int, float | None]:
-    """(most CPU/GPU, where that number comes from, alive nodes, most nodes or None). The maximum
-    is the autoscaler's (Ray's own reading of the cluster config the autoscaler publishes in the
-    GCS, as Ray Train uses it); without an autoscaler it is the current size, and says so."""
+def cluster_capacity() -> tuple[dict, str, int, float | None, list[dict]]:
+    """(most CPU/GPU, where that number comes from, alive nodes, most nodes or None, node shapes).
+    The maximum is the autoscaler's (Ray's own reading of the cluster config the autoscaler
+    publishes in the GCS, as Ray Train uses it); without an autoscaler it is the current size, and
+    says so. The shapes are the alive nodes' resources and those of every node group the
+    autoscaler can add."""
     import ray
     from ray._private.state import state
 
-    now, nodes = ray.cluster_resources(), sum(n["Alive"] for n in ray.nodes())
+    alive = [n for n in ray.nodes() if n["Alive"]]
+    now, nodes = ray.cluster_resources(), len(alive)
+    shapes = [dict(n.get("Resources") or {}) for n in alive]
     try:
         most, config = state.get_max_resources_from_cluster_config(), state.get_cluster_config()
     except Exception:  # noqa: BLE001 - an older Ray or no GCS entry: the current size stands
         most, config = None, None
     if not most:
-        return now, "the Ray cluster's current size (no autoscaler config found)", nodes, None
-    groups = [g.max_count for g in config.node_group_configs] if config else []
-    max_nodes = float("inf") if -1 in groups else float(sum(groups)) if groups else None
+        return now, "the Ray cluster's current size (no autoscaler config found)", nodes, None, shapes
+    groups = list(config.node_group_configs) if config else []
+    counts = [g.max_count for g in groups]
+    max_nodes = float("inf") if -1 in counts else float(sum(counts)) if counts else None
+    shapes += [dict(g.resources) for g in groups if g.max_count != 0]
     merged = {k: max(now.get(k, 0), most.get(k, 0)) for k in ("CPU", "GPU")}
-    return merged, "the autoscaler's maximum for this cluster", nodes, max_nodes
+    return merged, "the autoscaler's maximum for this cluster", nodes, max_nodes, shapes
 
 
-def check_train_resources(p: Profile, capacity: dict, source: str) -> None:
-    problem = train_problem(p, capacity, source)
+def check_train_resources(p: Profile, capacity: dict, source: str, shapes: list[dict] | None = None) -> None:
+    problem = train_problem(p, capacity, source, shapes)
     if problem:
         raise PreflightError([problem])
 
 
-def check_cluster(p: Profile, local_output: bool) -> tuple[dict, str]:
+def check_cluster(p: Profile, local_output: bool) -> tuple[dict, str, list[dict]]:
     """Refuse (PreflightError) a local output on a multi-node cluster without ``cluster.shared_mount``;
-    print where the capacity comes from. Returns (capacity, source) for :func:`check_train_resources`."""
-    capacity, source, nodes, max_nodes = cluster_capacity()
+    print where the capacity comes from. Returns (capacity, source, node shapes) for
+    :func:`check_train_resources`."""
+    capacity, source, nodes, max_nodes, shapes = cluster_capacity()
     problem = output_problem(local_output, p.cluster.shared_mount, nodes, max_nodes)
     if problem:
         raise PreflightError([problem])
     print(f"cluster: {nodes} node(s); resources checked against {source}: {capacity.get('CPU', 0):g} CPU / "
           f"{capacity.get('GPU', 0):g} GPU", flush=True)
-    return capacity, source
+    return capacity, source, shapes

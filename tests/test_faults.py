@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -365,13 +366,56 @@ def test_training_resources_are_checked_against_the_autoscalers_maximum(monkeypa
 
     p = load_profile("smoke", ["resources.train.num_workers=4", "resources.train.use_gpu=true"])
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})  # the head only
-    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True}])
+    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 8.0}}])
+    group = SimpleNamespace(resources={"CPU": 8, "GPU": 1}, max_count=8)
+    gpu_nodes = SimpleNamespace(node_group_configs=[group])
     monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: {"CPU": 64, "GPU": 8})
-    monkeypatch.setattr(state, "get_cluster_config", lambda: None)
-    capacity, source = preflight.check_cluster(p, local_output=False)
+    monkeypatch.setattr(state, "get_cluster_config", lambda: gpu_nodes)
+    capacity, source, shapes = preflight.check_cluster(p, local_output=False)
     assert capacity == {"CPU": 64, "GPU": 8} and "autoscaler" in source
-    preflight.check_train_resources(p, capacity, source)  # 4 GPU workers fit the maximum
+    assert shapes == [{"CPU": 8.0}, {"CPU": 8, "GPU": 1}]  # the head now, the GPU nodes it can add
+    preflight.check_train_resources(p, capacity, source, shapes)  # 4 GPU workers fit the maximum
     monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: None)
-    capacity, source = preflight.check_cluster(p, local_output=False)
+    capacity, source, shapes = preflight.check_cluster(p, local_output=False)
     with pytest.raises(preflight.PreflightError, match="current size .* is 8 CPU / 0 GPU"):
-        preflight.check_train_resources(p, capacity, source)
+        preflight.check_train_resources(p, capacity, source, shapes)
+
+
+def test_a_worker_that_fits_on_no_node_is_refused_and_an_exact_fit_is_not():
+    """Totals are not enough: a worker's CPUs and GPU go on one node (Ray Train would wait for that
+    placement for ever). And a cluster exactly the workers' size fits: the Tune trial's own actor
+    holds no CPU."""
+    p = load_profile("smoke", ["resources.train.num_workers=4", "resources.train.cpus_per_worker=8",
+                               "resources.train.use_gpu=true"])
+    big = {"CPU": 64, "GPU": 8}
+    assert preflight.train_problem(p, big, "x", [{"CPU": 64, "GPU": 8}]) is None
+    line = preflight.train_problem(p, big, "x", [{"CPU": 4, "GPU": 1}] * 16 + [{"CPU": 16}])
+    assert "8 CPU + 1 GPU each on one node" in line and "largest has 4 CPU / 1 GPU" in line and "\n" not in line
+    exact = load_profile("smoke", ["resources.train.num_workers=2", "resources.train.cpus_per_worker=1"])
+    assert preflight.train_problem(exact, {"CPU": 2}, "x", [{"CPU": 1}, {"CPU": 1}]) is None
+    assert "2 worker(s) x 1 CPU" in preflight.train_problem(exact, {"CPU": 1.99}, "x", [{"CPU": 1.99}])
+
+
+def _trial_sees_cpus(config):
+    import ray
+    from ray import tune
+
+    time.sleep(1.5)  # both trials run at once
+    tune.report({"cpu_free": ray.available_resources().get("CPU", 0.0)})
+
+
+def test_concurrent_tune_trials_hold_no_cpu(local_ray, tmp_path):
+    """Two trials at once on the 2-CPU node, each with the sweep's trial resources: every CPU stays
+    free for the Train workers (with a 0.01 CPU sliver per trial, 1.98 were)."""
+    from ray import tune
+
+    from workers.tune_sweep import TRIAL_RESOURCES
+
+    ray, _ = local_ray
+    free = ray.available_resources().get("CPU", 0.0)  # 2, less any CPU an earlier test's actor holds
+    tuner = tune.Tuner(tune.with_resources(_trial_sees_cpus, TRIAL_RESOURCES),
+                       param_space={"x": tune.grid_search([1, 2])},
+                       tune_config=tune.TuneConfig(max_concurrent_trials=2),
+                       run_config=tune.RunConfig(storage_path=str(tmp_path), verbose=0))
+    results = tuner.fit()
+    assert free >= 1 and not results.errors and [r.metrics["cpu_free"] for r in results] == [free, free]

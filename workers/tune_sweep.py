@@ -36,6 +36,14 @@ def _trial(params: dict, configs: dict, resources: dict) -> None:
     tune.report(numeric(result.metrics or (epochs[-1] if epochs else {})) | {"final": 1})
 
 
+# A trial's own actor only starts its Ray Train run, whose workers hold the real resources. It holds
+# no CPU: Tune refuses an empty request, so it asks for 1 MiB of memory. With a CPU sliver (0.01)
+# per trial, concurrent trials took a sliver on nodes sized to whole workers, and a node that
+# lost one fits one worker fewer: two trials could each wait for a worker slot the other's sliver
+# held.
+TRIAL_RESOURCES = {"cpu": 0, "memory": 2**20}
+
+
 def sweep_id(configs: dict, resources: dict) -> str:
     """Identity of a sweep: its cells, their configs and resources (restore only the same sweep)."""
     import hashlib
@@ -59,7 +67,7 @@ def run_sweep(configs: dict, storage_path: str, resources: dict, max_concurrent:
     path = join(storage_path, name)
     cfgs = {k: dataclasses.asdict(v) for k, v in configs.items()}
     trainable = tune.with_resources(tune.with_parameters(_trial, configs=cfgs, resources=resources),
-                                    {"cpu": 0.01})  # the Train workers hold the real resources
+                                    TRIAL_RESOURCES)
     shown = {k: {f: v[f] for f in SHOWN} for k, v in cfgs.items()}
     param_space = {"cell": tune.grid_search(sorted(configs)),
                    "train": tune.sample_from(lambda config: shown[config["cell"]])}
