@@ -98,25 +98,35 @@ def output_problem(local_output: bool, shared_mount: bool, nodes: int, max_nodes
             f"cluster.shared_mount: true")
 
 
-def train_problem(p: Profile, capacity: dict, source: str, shapes: list[dict] | None = None) -> str | None:
-    """resources.train against ``capacity`` (the most CPU/GPU the cluster can have) and, given the
-    node ``shapes`` the cluster has or can add, whether one worker (its CPUs and GPU on one node)
-    fits on any of them: otherwise Ray Train waits for a placement that never comes."""
+def train_problem(p: Profile, capacity: dict, source: str) -> str | None:
+    """resources.train against ``capacity`` (the most CPU/GPU the cluster can have)."""
     r = p.resources.train
     need_cpu = r.num_workers * r.cpus_per_worker  # the Tune trial's own actor holds no CPU
     cpu, gpu = capacity.get("CPU", 0), capacity.get("GPU", 0)
-    worker = f"{r.cpus_per_worker} CPU{' + 1 GPU' if r.use_gpu else ''}"
-    if need_cpu > cpu or (r.use_gpu and r.num_workers > gpu):
-        return (f"resources.train asks for {r.num_workers} worker(s) x {worker} but {source} is "
-                f"{cpu:g} CPU / {gpu:g} GPU: lower resources.train or add nodes")
-    fits = [s for s in shapes or []
-            if s.get("CPU", 0) >= r.cpus_per_worker and (not r.use_gpu or s.get("GPU", 0) >= 1)]
-    if shapes and not fits:
-        largest = max(shapes, key=lambda s: (s.get("GPU", 0) if r.use_gpu else 0, s.get("CPU", 0)))
-        return (f"resources.train asks for workers of {worker} each on one node, but no node of this cluster "
-                f"(nor any the autoscaler can add) has that: the largest has {largest.get('CPU', 0):g} CPU / "
-                f"{largest.get('GPU', 0):g} GPU; lower resources.train.cpus_per_worker")
-    return None
+    if need_cpu <= cpu and (not r.use_gpu or r.num_workers <= gpu):
+        return None
+    return (f"resources.train asks for {r.num_workers} worker(s) x {r.cpus_per_worker} CPU"
+            f"{' + 1 GPU' if r.use_gpu else ''} but {source} is {cpu:g} CPU / {gpu:g} GPU: lower "
+            f"resources.train or add nodes")
+
+
+def placement_problems(p: Profile, shapes: list[dict]) -> list[str]:
+    """One line per stage whose unit (a features task, a training worker, an eval actor) fits on
+    no node ``shapes`` names (those the cluster has or its autoscaler can add): Ray would wait for
+    that placement for ever, whatever the cluster's totals."""
+    r = p.resources
+    units = {"resources.features": (r.features.num_cpus, r.features.num_gpus),
+             "resources.train": (r.train.cpus_per_worker, 1 if r.train.use_gpu else 0),
+             "resources.eval": (r.eval.num_cpus, r.eval.num_gpus)}
+    out = []
+    for key, (cpu, gpu) in units.items():
+        if not shapes or any(s.get("CPU", 0) >= cpu and s.get("GPU", 0) >= gpu for s in shapes):
+            continue
+        largest = max(shapes, key=lambda s: (s.get("GPU", 0) if gpu else 0, s.get("CPU", 0)))
+        out.append(f"{key} asks for {cpu:g} CPU{f' + {gpu:g} GPU' if gpu else ''} on one node, but no node "
+                   f"of this cluster (nor any the autoscaler can add) has that: the largest has "
+                   f"{largest.get('CPU', 0):g} CPU / {largest.get('GPU', 0):g} GPU")
+    return out
 
 
 def cluster_capacity() -> tuple[dict, str, int, float | None, list[dict]]:
@@ -145,20 +155,21 @@ def cluster_capacity() -> tuple[dict, str, int, float | None, list[dict]]:
     return merged, "the autoscaler's maximum for this cluster", nodes, max_nodes, shapes
 
 
-def check_train_resources(p: Profile, capacity: dict, source: str, shapes: list[dict] | None = None) -> None:
-    problem = train_problem(p, capacity, source, shapes)
+def check_train_resources(p: Profile, capacity: dict, source: str) -> None:
+    problem = train_problem(p, capacity, source)
     if problem:
         raise PreflightError([problem])
 
 
-def check_cluster(p: Profile, local_output: bool) -> tuple[dict, str, list[dict]]:
-    """Refuse (PreflightError) a local output on a multi-node cluster without ``cluster.shared_mount``;
-    print where the capacity comes from. Returns (capacity, source, node shapes) for
-    :func:`check_train_resources`."""
+def check_cluster(p: Profile, local_output: bool) -> tuple[dict, str]:
+    """Refuse (PreflightError) a local output on a multi-node cluster without ``cluster.shared_mount``,
+    and a stage whose unit fits on no node; print where the capacity comes from. Returns
+    (capacity, source) for :func:`check_train_resources`."""
     capacity, source, nodes, max_nodes, shapes = cluster_capacity()
-    problem = output_problem(local_output, p.cluster.shared_mount, nodes, max_nodes)
-    if problem:
-        raise PreflightError([problem])
+    problems = [output_problem(local_output, p.cluster.shared_mount, nodes, max_nodes)]
+    problems = [x for x in problems if x] + placement_problems(p, shapes)
+    if problems:
+        raise PreflightError(problems)
     print(f"cluster: {nodes} node(s); resources checked against {source}: {capacity.get('CPU', 0):g} CPU / "
           f"{capacity.get('GPU', 0):g} GPU", flush=True)
-    return capacity, source, shapes
+    return capacity, source

@@ -264,7 +264,8 @@ def test_the_budget_does_not_grow_with_the_tree_or_the_drafters(verifier, random
 
 
 @pytest.mark.slow
-def test_tree_auto_calibrates_and_decodes_on_the_device(verifier, random_drafter_dirs, mt_prompt, monkeypatch):
+def test_tree_auto_calibrates_and_decodes_on_the_device(verifier, random_drafter_dirs, mt_prompt,
+                                                        monkeypatch):
     from decoding import autotree
     from decoding.autotree import auto_tree, calibration_inputs
 

@@ -371,29 +371,35 @@ def test_training_resources_are_checked_against_the_autoscalers_maximum(monkeypa
     gpu_nodes = SimpleNamespace(node_group_configs=[group])
     monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: {"CPU": 64, "GPU": 8})
     monkeypatch.setattr(state, "get_cluster_config", lambda: gpu_nodes)
-    capacity, source, shapes = preflight.check_cluster(p, local_output=False)
+    capacity, source = preflight.check_cluster(p, local_output=False)  # a GPU worker fits a node it can add
     assert capacity == {"CPU": 64, "GPU": 8} and "autoscaler" in source
-    assert shapes == [{"CPU": 8.0}, {"CPU": 8, "GPU": 1}]  # the head now, the GPU nodes it can add
-    preflight.check_train_resources(p, capacity, source, shapes)  # 4 GPU workers fit the maximum
+    assert preflight.cluster_capacity()[4] == [{"CPU": 8.0}, {"CPU": 8, "GPU": 1}]  # the head, the GPU nodes
+    preflight.check_train_resources(p, capacity, source)  # 4 GPU workers fit the maximum
     monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: None)
-    capacity, source, shapes = preflight.check_cluster(p, local_output=False)
+    with pytest.raises(preflight.PreflightError, match="train asks for 1 CPU [+] 1 GPU on one node"):
+        preflight.check_cluster(p, local_output=False)  # the head alone, no GPU node to add
+    capacity, source = {"CPU": 8.0}, "the Ray cluster's current size (no autoscaler config found)"
     with pytest.raises(preflight.PreflightError, match="current size .* is 8 CPU / 0 GPU"):
-        preflight.check_train_resources(p, capacity, source, shapes)
+        preflight.check_train_resources(p, capacity, source)
 
 
-def test_a_worker_that_fits_on_no_node_is_refused_and_an_exact_fit_is_not():
-    """Totals are not enough: a worker's CPUs and GPU go on one node (Ray Train would wait for that
-    placement for ever). And a cluster exactly the workers' size fits: the Tune trial's own actor
-    holds no CPU."""
+def test_a_unit_that_fits_on_no_node_is_refused_and_an_exact_fit_is_not():
+    """Totals are not enough: a training worker's CPUs and GPU, an eval actor's, a features task's
+    go on one node (Ray would wait for that placement for ever), refused before any work. And a
+    cluster exactly the workers' size fits: the Tune trial's own actor holds no CPU."""
     p = load_profile("smoke", ["resources.train.num_workers=4", "resources.train.cpus_per_worker=8",
-                               "resources.train.use_gpu=true"])
-    big = {"CPU": 64, "GPU": 8}
-    assert preflight.train_problem(p, big, "x", [{"CPU": 64, "GPU": 8}]) is None
-    line = preflight.train_problem(p, big, "x", [{"CPU": 4, "GPU": 1}] * 16 + [{"CPU": 16}])
-    assert "8 CPU + 1 GPU each on one node" in line and "largest has 4 CPU / 1 GPU" in line and "\n" not in line
+                               "resources.train.use_gpu=true", "resources.eval.num_gpus=1"])
+    assert preflight.placement_problems(p, [{"CPU": 64, "GPU": 8}]) == []
+    lines = preflight.placement_problems(p, [{"CPU": 4, "GPU": 1}] * 16 + [{"CPU": 16}])
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert "resources.train asks for 8 CPU + 1 GPU on one node" in lines[0]
+    assert "largest has 4 CPU / 1 GPU" in lines[0]
+    lines = preflight.placement_problems(p, [{"CPU": 16}])  # no GPU anywhere: workers and eval actors
+    assert [x.split(" asks")[0] for x in lines] == ["resources.train", "resources.eval"]
+    assert preflight.placement_problems(p, []) == []  # nothing known: nothing refused
     exact = load_profile("smoke", ["resources.train.num_workers=2", "resources.train.cpus_per_worker=1"])
-    assert preflight.train_problem(exact, {"CPU": 2}, "x", [{"CPU": 1}, {"CPU": 1}]) is None
-    assert "2 worker(s) x 1 CPU" in preflight.train_problem(exact, {"CPU": 1.99}, "x", [{"CPU": 1.99}])
+    assert preflight.train_problem(exact, {"CPU": 2}, "x") is None
+    assert "2 worker(s) x 1 CPU" in preflight.train_problem(exact, {"CPU": 1.99}, "x")
 
 
 def _trial_sees_cpus(config):

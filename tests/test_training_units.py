@@ -150,7 +150,12 @@ def test_deepspeeds_jit_ops_build_once_per_python_environment(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TORCH_EXTENSIONS_DIR"}
     env["XDG_CACHE_HOME"] = str(tmp_path)
     root = Path(__file__).resolve().parents[1]
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root, env=env)
+
+    def run():
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              cwd=root, env=env)
+
+    r = run()
     assert r.returncode == 0, r.stderr[-2000:]
     own, first_on_path, other = r.stdout.strip().splitlines()
     assert Path(own).parent == tmp_path / "torch_extensions" and Path(own).name.startswith("py3")
@@ -158,5 +163,5 @@ def test_deepspeeds_jit_ops_build_once_per_python_environment(tmp_path):
     if (Path(sys.executable).parent / "ninja").is_file():
         assert first_on_path == str(Path(sys.executable).parent)
     env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "mine")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root, env=env)
+    r = run()
     assert r.stdout.splitlines()[0] == str(tmp_path / "mine"), r.stderr[-2000:]
