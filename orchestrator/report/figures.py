@@ -25,7 +25,8 @@ def fig_tau(t1: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path | 
     plt = _plt()
     methods = t.group_by("method").agg(pl.col("tau").mean()).sort("tau", descending=True)["method"].to_list()
     benches = sorted(t["benchmark"].unique().to_list())
-    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(methods) * len(benches) / 2), 5))
+    # ~0.25 inch per bar, capped: 16 methods x 4 benchmarks drew 29 x 5 inches, unreadable when shown
+    fig, ax = plt.subplots(figsize=(min(18, max(8, 0.25 * len(methods) * len(benches) + 2)), 6))
     w = 0.8 / len(benches)
     for j, b in enumerate(benches):
         sub = {r["method"]: r for r in t.filter(pl.col("benchmark") == b).iter_rows(named=True)}
