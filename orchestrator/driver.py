@@ -212,7 +212,7 @@ class Driver:
         if self.force:  # the forgotten units are forgotten at the URI too (a crash from here redoes them)
             self._sync()
         _ray_init(self.p)
-        self.capacity = check_cluster(self.p, local_output=self.uri is None)  # (PreflightError)
+        check_cluster(self.p, local_output=self.uri is None)  # (PreflightError)
         self.machine = _machine()
         caches = self._timed("features", self.stage_features)
         ckpts = self._timed("train", self.stage_train, caches)
@@ -324,7 +324,7 @@ class Driver:
             todo[cell.name] = self._train_config(cell, caches)
         if todo:
             r = self.p.resources.train
-            check_train_resources(self.p, *self.capacity)  # the autoscaler's maximum, not the current size
+            check_train_resources(self.p)  # the autoscaler's maximum, or the cluster as it is now
             if self.force in ("features", "train"):  # else Tune would restore the finished sweep
                 storage.remove(self.ref("ray_results"))
             prog.log(f"Tune sweep over {sorted(todo)}")

@@ -8,8 +8,11 @@ training, not when evaluation starts. Each problem is one line; all of them are 
 Checked on the driver's node: workers on other nodes resolve the same names on theirs.
 
 Once Ray is up, the cluster is checked too (:func:`check_cluster`): a local output directory on a
-multi-node cluster is refused unless ``cluster.shared_mount``, and training's resources are
-compared with the most the cluster can have (the autoscaler's maximum), not its current size.
+multi-node cluster is refused unless ``cluster.shared_mount``, and so is a stage whose unit (a
+features task, a training worker, an eval actor) fits on no node the autoscaler can have. At the
+training stage (:func:`check_train_resources`), training's resources are compared with the most
+the cluster can have (the autoscaler's maximum), or without an autoscaler with the cluster as it
+is then, not as it was at the start.
 """
 from __future__ import annotations
 
@@ -129,12 +132,12 @@ def placement_problems(p: Profile, shapes: list[dict]) -> list[str]:
     return out
 
 
-def cluster_capacity() -> tuple[dict, str, int, float | None, list[dict]]:
-    """(most CPU/GPU, where that number comes from, alive nodes, most nodes or None, node shapes).
-    The maximum is the autoscaler's (Ray's own reading of the cluster config the autoscaler
-    publishes in the GCS, as Ray Train uses it); without an autoscaler it is the current size, and
-    says so. The shapes are the alive nodes' resources and those of every node group the
-    autoscaler can add."""
+def cluster_capacity() -> tuple[dict, str, int, float | None, list[dict], bool]:
+    """(most CPU/GPU, where that number comes from, alive nodes, most nodes or None, node shapes,
+    whether the shapes are every kind of node there can be). The maximum is the autoscaler's (Ray's
+    own reading of the cluster config the autoscaler publishes in the GCS, as Ray Train uses it);
+    without an autoscaler it is the current size, and says so. The shapes are the alive nodes'
+    resources and those of every node group the autoscaler can add."""
     import ray
     from ray._private.state import state
 
@@ -146,30 +149,37 @@ def cluster_capacity() -> tuple[dict, str, int, float | None, list[dict]]:
     except Exception:  # noqa: BLE001 - an older Ray or no GCS entry: the current size stands
         most, config = None, None
     if not most:
-        return now, "the Ray cluster's current size (no autoscaler config found)", nodes, None, shapes
+        return now, "the Ray cluster's current size (no autoscaler config found)", nodes, None, shapes, False
     groups = list(config.node_group_configs) if config else []
     counts = [g.max_count for g in groups]
     max_nodes = float("inf") if -1 in counts else float(sum(counts)) if counts else None
     shapes += [dict(g.resources) for g in groups if g.max_count != 0]
     merged = {k: max(now.get(k, 0), most.get(k, 0)) for k in ("CPU", "GPU")}
-    return merged, "the autoscaler's maximum for this cluster", nodes, max_nodes, shapes
+    return merged, "the autoscaler's maximum for this cluster", nodes, max_nodes, shapes, True
 
 
-def check_train_resources(p: Profile, capacity: dict, source: str) -> None:
-    problem = train_problem(p, capacity, source)
-    if problem:
-        raise PreflightError([problem])
-
-
-def check_cluster(p: Profile, local_output: bool) -> tuple[dict, str]:
-    """Refuse (PreflightError) a local output on a multi-node cluster without ``cluster.shared_mount``,
-    and a stage whose unit fits on no node; print where the capacity comes from. Returns
-    (capacity, source) for :func:`check_train_resources`."""
-    capacity, source, nodes, max_nodes, shapes = cluster_capacity()
-    problems = [output_problem(local_output, p.cluster.shared_mount, nodes, max_nodes)]
-    problems = [x for x in problems if x] + placement_problems(p, shapes)
+def check_train_resources(p: Profile) -> None:
+    """At the training stage, against the cluster as it is then (nodes may have joined since the
+    start): the workers' total CPUs/GPUs, and one worker's placement on some node."""
+    capacity, source, _, _, shapes, _ = cluster_capacity()
+    problems = [train_problem(p, capacity, source)] + [
+        x for x in placement_problems(p, shapes) if x.startswith("resources.train ")]
+    problems = [x for x in problems if x]
     if problems:
-        raise PreflightError(problems)
+        raise PreflightError(problems[:1])
+
+
+def check_cluster(p: Profile, local_output: bool) -> None:
+    """Before any work: refuse (PreflightError) a local output on a multi-node cluster without
+    ``cluster.shared_mount``, and a stage whose unit fits on no node the autoscaler knows of. Without
+    an autoscaler config, the nodes now may not be all (pods still starting), so a unit that fits
+    none of them is one warning line here, and the training stage checks again."""
+    capacity, source, nodes, max_nodes, shapes, complete = cluster_capacity()
+    problem = output_problem(local_output, p.cluster.shared_mount, nodes, max_nodes)
+    placement = placement_problems(p, shapes)
+    if problem or (placement and complete):
+        raise PreflightError(([problem] if problem else []) + (placement if complete else []))
+    for line in placement:
+        print(f"warning: {line} now; its units wait until such a node joins", flush=True)
     print(f"cluster: {nodes} node(s); resources checked against {source}: {capacity.get('CPU', 0):g} CPU / "
           f"{capacity.get('GPU', 0):g} GPU", flush=True)
-    return capacity, source

@@ -358,29 +358,36 @@ def test_local_output_on_multi_node_is_refused_unless_shared():
         assert "cluster.shared_mount: true" in line and "\n" not in line
 
 
-def test_training_resources_are_checked_against_the_autoscalers_maximum(monkeypatch):
+def test_training_resources_are_checked_against_the_autoscalers_maximum(monkeypatch, capsys):
     """A resume with cached features starts training at once: a head-only cluster that can grow
-    is not refused (the autoscaler's maximum counts); without an autoscaler, the current size."""
+    is not refused (the autoscaler's maximum counts). Without an autoscaler config the start only
+    warns (worker pods may still be starting) and training checks the cluster as it is by then."""
     import ray
     from ray._private.state import state
 
     p = load_profile("smoke", ["resources.train.num_workers=4", "resources.train.use_gpu=true"])
-    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 8.0})  # the head only
-    monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": {"CPU": 8.0}}])
+    head = {"Alive": True, "Resources": {"CPU": 8.0}}
+    now = {"resources": {"CPU": 8.0}, "nodes": [head]}
+    monkeypatch.setattr(ray, "cluster_resources", lambda: now["resources"])
+    monkeypatch.setattr(ray, "nodes", lambda: now["nodes"])
     group = SimpleNamespace(resources={"CPU": 8, "GPU": 1}, max_count=8)
-    gpu_nodes = SimpleNamespace(node_group_configs=[group])
     monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: {"CPU": 64, "GPU": 8})
-    monkeypatch.setattr(state, "get_cluster_config", lambda: gpu_nodes)
-    capacity, source = preflight.check_cluster(p, local_output=False)  # a GPU worker fits a node it can add
-    assert capacity == {"CPU": 64, "GPU": 8} and "autoscaler" in source
+    monkeypatch.setattr(state, "get_cluster_config", lambda: SimpleNamespace(node_group_configs=[group]))
+    preflight.check_cluster(p, local_output=False)  # a GPU worker fits a node it can add
+    assert "autoscaler's maximum" in capsys.readouterr().out
     assert preflight.cluster_capacity()[4] == [{"CPU": 8.0}, {"CPU": 8, "GPU": 1}]  # the head, the GPU nodes
-    preflight.check_train_resources(p, capacity, source)  # 4 GPU workers fit the maximum
-    monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: None)
+    preflight.check_train_resources(p)  # 4 GPU workers fit the maximum
+    monkeypatch.setattr(state, "get_cluster_config", lambda: SimpleNamespace(node_group_configs=[]))
     with pytest.raises(preflight.PreflightError, match="train asks for 1 CPU [+] 1 GPU on one node"):
-        preflight.check_cluster(p, local_output=False)  # the head alone, no GPU node to add
-    capacity, source = {"CPU": 8.0}, "the Ray cluster's current size (no autoscaler config found)"
+        preflight.check_cluster(p, local_output=False)  # an autoscaler that can add no GPU node
+    monkeypatch.setattr(state, "get_max_resources_from_cluster_config", lambda: None)
+    preflight.check_cluster(p, local_output=False)  # no autoscaler: GPU nodes may still be joining
+    assert "warning: resources.train asks for 1 CPU + 1 GPU" in capsys.readouterr().out
     with pytest.raises(preflight.PreflightError, match="current size .* is 8 CPU / 0 GPU"):
-        preflight.check_train_resources(p, capacity, source)
+        preflight.check_train_resources(p)  # still the head alone at the training stage
+    now["nodes"] = [head] + [{"Alive": True, "Resources": {"CPU": 8.0, "GPU": 1.0}}] * 4
+    now["resources"] = {"CPU": 40.0, "GPU": 4.0}
+    preflight.check_train_resources(p)  # they joined meanwhile: the cluster as it is now
 
 
 def test_a_unit_that_fits_on_no_node_is_refused_and_an_exact_fit_is_not():
