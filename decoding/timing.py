@@ -8,9 +8,13 @@ tree auto's verify costs). On the CPU both are ``time.perf_counter()``.
 """
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
+
+MAX_SPREAD = 0.5  # (max - min) / median of repeated timings beyond which they are not cached
+MIN_CPU_SHARE = 0.6  # process CPU time / (wall time x threads) below which other processes held the cores
 
 
 def _is_cuda(device) -> bool:
@@ -56,3 +60,17 @@ class Clock:
         if not self.finished:
             raise RuntimeError("Clock.seconds before Clock.finish(): CUDA events are not complete")
         return a.elapsed_time(b) / 1000.0
+
+
+def spread(ts: list[float]) -> float:
+    """(max - min) / median of repeated timings of one thing."""
+    return (max(ts) - min(ts)) / max(statistics.median(ts), 1e-12)
+
+
+def cpu_share(fn):
+    """(fn's result, the share of its threads' CPU time this process got while it ran): well under
+    1 when other processes held the cores, so timings taken meanwhile describe a loaded machine."""
+    c0, t0 = time.process_time(), time.perf_counter()
+    out = fn()
+    wall = max(time.perf_counter() - t0, 1e-9)
+    return out, (time.process_time() - c0) / (wall * torch.get_num_threads())

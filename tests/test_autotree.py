@@ -106,3 +106,38 @@ def test_calibration_prompts_come_from_the_scored_task_and_are_never_scored(veri
     # a benchmark scored in full has nothing held out: its last prompts are used anyway
     everything = calibration_inputs(tok, 1, ("svamp",), exclude={p.id for p in svamp})
     assert [ids[tuple(c)] for c in everything] == [svamp[-1].id]
+
+
+def test_verify_costs_from_noisy_timings_serve_this_process_and_are_not_cached(verifier, tmp_path, monkeypatch,
+                                                                              capsys):
+    """Pass timings that alternate 1 and 3 ms (injected clock, real passes) are timed once more,
+    then used by this process only; quiet ones are cached. As the matmul tuner's tables."""
+    from decoding import autotree, timing
+    from decoding.autotree import calibration_inputs, measure_verify_costs
+
+    model, tok = verifier
+    monkeypatch.setattr(autotree, "CACHE", tmp_path / "verify_cost.json")
+    monkeypatch.setattr(autotree, "_SESSION", {})
+    monkeypatch.setattr(autotree, "VERIFY_SIZES", (1, 2))
+    monkeypatch.setattr(timing, "MIN_CPU_SHARE", 0.0)  # (whatever else this machine runs meanwhile)
+    state = {"t": 0.0, "calls": 0, "durations": None}
+
+    def clock(_dev):
+        state["calls"] += 1
+        if state["calls"] % 2 == 0:  # a pass's end
+            state["t"] += state["durations"][(state["calls"] // 2) % len(state["durations"])]
+        return state["t"]
+
+    monkeypatch.setattr(autotree, "synced_now", clock)
+    prompt = calibration_inputs(tok)[0]
+    state["durations"] = [0.001, 0.003]
+    noisy = measure_verify_costs(model, prompt)
+    assert state["calls"] == 2 * 2 * 6 * 2  # 2 sizes, each timed twice (6 passes, 2 clock reads each)
+    assert "verify costs not cached, timings spread" in capsys.readouterr().err
+    assert not autotree.CACHE.exists() and set(noisy) == {1, 2}
+    assert measure_verify_costs(model, prompt) == noisy and state["calls"] == 48  # this process: no re-timing
+    monkeypatch.setattr(autotree, "_SESSION", {})
+    state["durations"] = [0.002]
+    assert measure_verify_costs(model, prompt) == pytest.approx({1: 2.0, 2: 2.0})
+    assert state["calls"] == 48 + 2 * 6 * 2  # quiet: each size timed once
+    assert autotree.CACHE.exists() and "not cached" not in capsys.readouterr().err

@@ -42,14 +42,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .. import timing
 from ..caches import cache_dir, load_json_cache, save_json_cache
 from . import kernel as cpu_kernel
 
 # row counts that are timed (a tree pass: 1-32; a prompt's prefill: 32-256); larger ones use F.linear
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
 CACHE = cache_dir() / "cpu_matmul.json"
-MAX_SPREAD = 0.5  # (max - min) / median of a form's repeated timings beyond which a table is not cached
-MIN_CPU_SHARE = 0.6  # process CPU time / (wall time x threads) below which other processes held the cores
+MAX_SPREAD = timing.MAX_SPREAD  # a form's repeated timings spread beyond this: the table is not cached
+MIN_CPU_SHARE = timing.MIN_CPU_SHARE  # this process got less of its threads' CPU: not cached either
 _SESSION: dict[str, dict] = {}  # untrusted tables: used by this process only
 _INSTALLED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
 
@@ -70,18 +71,6 @@ def _time(fn, reps: int) -> list[float]:
         fn()
         ts.append(time.perf_counter() - t0)
     return ts
-
-
-def _spread(ts: list[float]) -> float:
-    return (max(ts) - min(ts)) / max(statistics.median(ts), 1e-12)
-
-
-def _cpu_share(fn):
-    """(fn's result, the share of its threads' CPU time this process got while it ran)."""
-    c0, t0 = time.process_time(), time.perf_counter()
-    out = fn()
-    wall = max(time.perf_counter() - t0, 1e-9)
-    return out, (time.process_time() - c0) / (wall * torch.get_num_threads())
 
 
 COLD_BYTES = 128 * 2**20  # weights cycled per timing: more than any last-level cache, as in a real pass
@@ -107,7 +96,7 @@ def tune(W: torch.Tensor, reps: int = 3) -> tuple[dict[int, str], str | None]:
         t = {f: statistics.median(v) for f, v in ts.items()}
         t["linear"] /= 0.95
         best = min(t, key=t.get)
-        return best, max(_spread(ts[best]), _spread(ts["linear"]))
+        return best, max(timing.spread(ts[best]), timing.spread(ts["linear"]))
 
     def measure():
         out, spreads = {}, []
@@ -119,7 +108,7 @@ def tune(W: torch.Tensor, reps: int = 3) -> tuple[dict[int, str], str | None]:
             spreads.append(spread)
         return out, max(spreads)
 
-    (table, spread), share = _cpu_share(measure)
+    (table, spread), share = timing.cpu_share(measure)
     why = None
     if spread > MAX_SPREAD:
         why = f"timings spread by {spread:.0%} of their median (limit {MAX_SPREAD:.0%})"
