@@ -113,16 +113,17 @@ def train_problem(p: Profile, capacity: dict, source: str) -> str | None:
             f"resources.train or add nodes")
 
 
-def placement_problems(p: Profile, shapes: list[dict]) -> list[str]:
-    """One line per stage whose unit (a features task, a training worker, an eval actor) fits on
-    no node ``shapes`` names (those the cluster has or its autoscaler can add): Ray would wait for
-    that placement for ever, whatever the cluster's totals."""
+def placement_problems(p: Profile, shapes: list[dict], stages=("features", "train", "eval")) -> list[str]:
+    """One line per stage of ``stages`` whose unit (a features task, a training worker, an eval
+    actor) fits on no node ``shapes`` names (those the cluster has or its autoscaler can add): Ray
+    would wait for that placement for ever, whatever the cluster's totals."""
     r = p.resources
-    units = {"resources.features": (r.features.num_cpus, r.features.num_gpus),
-             "resources.train": (r.train.cpus_per_worker, 1 if r.train.use_gpu else 0),
-             "resources.eval": (r.eval.num_cpus, r.eval.num_gpus)}
+    units = {"features": (r.features.num_cpus, r.features.num_gpus),
+             "train": (r.train.cpus_per_worker, 1 if r.train.use_gpu else 0),
+             "eval": (r.eval.num_cpus, r.eval.num_gpus)}
     out = []
-    for key, (cpu, gpu) in units.items():
+    for stage in stages:
+        key, (cpu, gpu) = f"resources.{stage}", units[stage]
         if not shapes or any(s.get("CPU", 0) >= cpu and s.get("GPU", 0) >= gpu for s in shapes):
             continue
         largest = max(shapes, key=lambda s: (s.get("GPU", 0) if gpu else 0, s.get("CPU", 0)))
@@ -162,9 +163,8 @@ def check_train_resources(p: Profile) -> None:
     """At the training stage, against the cluster as it is then (nodes may have joined since the
     start): the workers' total CPUs/GPUs, and one worker's placement on some node."""
     capacity, source, _, _, shapes, _ = cluster_capacity()
-    problems = [train_problem(p, capacity, source)] + [
-        x for x in placement_problems(p, shapes) if x.startswith("resources.train ")]
-    problems = [x for x in problems if x]
+    total = train_problem(p, capacity, source)
+    problems = ([total] if total else []) + placement_problems(p, shapes, ("train",))
     if problems:
         raise PreflightError(problems[:1])
 
