@@ -59,11 +59,11 @@ def main(argv=None) -> int:
     weights = [m.weight.detach() for m in linears]
     tables = {id(m): cpu_matmul.table_for(m.weight)[1] for m in linears}
     gb = sum(w.numel() * w.element_size() for w in weights) / 1e9
-    forms = [f for f in cpu_matmul.FORMS if f != "kernel" or cpu_kernel.available()]
+    forms = cpu_matmul.forms_for(weights[0])
     machine = record(weights)
     print(describe(machine))
     print(f"{a.verifier}: {len(weights)} weights, {gb * 1000:.0f} MB")
-    print(f"{'rows':>4}  " + "  ".join(f"{f:>8}" for f in forms)
+    print(f"{'rows':>4}  " + "  ".join(f"{f:>9}" for f in forms)
           + f"  {'tuned':>8}  {'sum':>8}  best GB/s  tuned/sum  tuned/1row  tuned forms")
     one_row = None
     for m in rows:
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         ms = {f: 1000 * statistics.median(t) for f, t in times.items()}
         bound = ms.pop("sum")
         one_row = ms["tuned"] if one_row is None else one_row
-        print(f"{m:>4}  " + "  ".join(f"{ms[f]:8.1f}" for f in [*forms, "tuned"]) + f"  {bound:8.1f}"
+        print(f"{m:>4}  " + "  ".join(f"{ms[f]:9.1f}" for f in forms) + f"  {ms['tuned']:8.1f}  {bound:8.1f}"
               + f"  {gb / (min(ms.values()) / 1000):9.1f}  {ms['tuned'] / bound:8.2f}x"
               + f"  {ms['tuned'] / one_row:9.2f}x  {chosen(tables.values(), m)}", flush=True)
     return 0

@@ -34,6 +34,8 @@ def test_kernel_matches_float64_and_a_row_never_depends_on_its_batch(N, K):
         torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-4)
         # same dot product in the same order for any M: bit-identical to the row computed alone
         assert torch.equal(y, alone[:M]), M
+        # the prefetch hint (the "kernel-l2" form) changes where the weights are cached, not a bit
+        assert torch.equal(cpu_kernel.matmul(x[:M], W, l2=True), y), M
 
 
 @pytest.mark.parametrize("N,K", [(1539, 576), (7, 37), (100, 1536)])
@@ -57,6 +59,7 @@ def test_the_bf16_kernel_rounds_a_float32_sum_once_and_a_row_never_depends_on_it
         assert ((y.float() - rounded.float()).abs() <= step * 1.01)[off].all(), M
         torch.testing.assert_close(y, F.linear(x[:M], W), rtol=1.6e-2, atol=1e-2)
         assert torch.equal(y, alone[:M]), M
+        assert torch.equal(cpu_kernel.matmul(x[:M], W, l2=True), y), M
 
 
 def test_the_bf16_kernel_keeps_nan_and_inf_and_rounds_to_nearest_even():
@@ -119,7 +122,8 @@ def test_without_a_compiler_the_kernel_says_why_and_install_keeps_the_blas_forms
     assert not cpu_kernel.available()
     assert "unavailable: cannot build or load smallm.c" in cpu_kernel.status()
     tables = cpu_matmul.install(nn.Linear(64, 48))
-    assert "kernel" not in set(tables["(48, 64)"].values())
+    assert not set(cpu_matmul.KERNEL_FORMS) & set(tables["(48, 64)"].values())
+    assert cpu_matmul.forms_for(torch.zeros(48, 64)) == ["linear", "wxt"]
 
 
 def test_a_kernel_that_does_not_compile_names_the_compiler_error(fresh_kernel, monkeypatch):
@@ -167,7 +171,7 @@ def test_noisy_timings_are_used_but_not_cached(fresh_kernel, monkeypatch, capsys
 def test_a_single_spike_is_timed_again_and_the_table_cached(fresh_kernel, monkeypatch, capsys):
     """One row count's first timings spread by 3x (a spike), its second are quiet: that row count
     is timed once more and the table is cached; every other row count is timed once."""
-    forms = 3 if cpu_matmul.cpu_kernel.available() else 2  # F.linear, W @ x.T, the kernel
+    forms = len(cpu_matmul.forms_for(torch.zeros(48, 64)))  # F.linear, W @ x.T, the kernel's two
     calls = []
 
     def timings(fn, reps):

@@ -69,6 +69,7 @@ def test_the_kernel_built_for_the_x86_64_baseline_is_exact_and_chosen_by_measure
         x = torch.randn(rows, 96)
         ref = (x.double() @ W.double().T).float()
         torch.testing.assert_close(cpu_kernel.matmul(x, W), ref, rtol=1e-4, atol=1e-4)
+        assert torch.equal(cpu_kernel.matmul(x, W, l2=True), cpu_kernel.matmul(x, W))
         xb, Wb = x.bfloat16(), W.bfloat16()  # the bf16 path: a 16-bit shift widens, no AVX512-BF16 needed
         refb = (xb.double() @ Wb.double().T).float().bfloat16()
         torch.testing.assert_close(cpu_kernel.matmul(xb, Wb), refb, rtol=1e-2, atol=1e-2)

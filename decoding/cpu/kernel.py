@@ -4,8 +4,9 @@
 once, in float32 or in bfloat16 (float32 accumulation, each output rounded once to bf16, as
 torch's bf16 linear). It reads W from a repacked copy (panels of 32 output rows, k-major), made
 on first use and kept until the weight changes: the kernel's weights take twice their memory.
-It is one of the forms ``matmul.tune`` times per weight shape and row count, so it is used only where it wins
-on this machine. The shared library is built with the system C compiler (``$CC``, default
+It is two of the forms ``matmul.tune`` times per weight shape and row count (``l2=False``: a
+non-temporal prefetch into L1, "kernel"; ``l2=True``: a prefetch into L2, "kernel-l2"; which one
+streams faster depends on the CPU), so it is used only where it wins on this machine. The shared library is built with the system C compiler (``$CC``, default
 ``gcc``) for this CPU (``-march=native``, or ``$TASKSPEC_CPU_MARCH``) and cached under
 ``$TASKSPEC_CACHE/kernels``, keyed by the source, the flags and the CPU's feature flags; it uses
 the OpenMP runtime torch has already loaded, with torch's intra-op thread count. Without a compiler (or with ``TASKSPEC_CPU_KERNEL=0``)
@@ -83,7 +84,7 @@ def _load():
                 build(path)
             lib = ctypes.CDLL(str(path))
             for name in ("smallm_f32", "smallm_bf16"):
-                getattr(lib, name).argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
+                getattr(lib, name).argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 5
                 getattr(lib, name).restype = ctypes.c_int
             for name in ("pack_f32", "pack_bf16"):
                 getattr(lib, name).argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int] * 3
@@ -139,18 +140,19 @@ def _drop(key: int) -> None:
 DTYPES = (torch.float32, torch.bfloat16)  # the weight formats the kernel takes
 
 
-def matmul(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+def matmul(x2: torch.Tensor, W: torch.Tensor, l2: bool = False) -> torch.Tensor:
     """(M, K) @ (N, K).T -> (M, N) on CPU, M <= MAX_ROWS, x and W both float32 or both bfloat16
-    (callers check ``available()``)."""
+    (callers check ``available()``); ``l2``: prefetch the weights into L2 rather than
+    non-temporally into L1 (the same result)."""
     M, K = x2.shape
     if (x2.dtype != W.dtype or W.dtype not in DTYPES or W.shape[1] != K or not 1 <= M <= MAX_ROWS
             or x2.device.type != "cpu" or W.device.type != "cpu"):
         raise ValueError(f"cpu.kernel.matmul takes CPU (M<= {MAX_ROWS}, K) and (N, K), both float32 or both "
                          f"bfloat16; got {tuple(x2.shape)} {x2.dtype} and {tuple(W.shape)} {W.dtype}")
-    return run(x2, W)
+    return run(x2, W, l2)
 
 
-def run(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+def run(x2: torch.Tensor, W: torch.Tensor, l2: bool = False) -> torch.Tensor:
     """``matmul`` without its argument checks, for callers that have made them (matmul.apply: a
     verifier pass makes ~200 of these calls, and each check costs microseconds)."""
     M, K = x2.shape
@@ -159,6 +161,6 @@ def run(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
         x2 = x2.contiguous()
     y = torch.empty(M, N, dtype=W.dtype)
     fn = _STATE["fn"][W.dtype]
-    if fn(x2.data_ptr(), packed(W).data_ptr(), y.data_ptr(), M, K, N, torch.get_num_threads()):
+    if fn(x2.data_ptr(), packed(W).data_ptr(), y.data_ptr(), M, K, N, torch.get_num_threads(), int(l2)):
         raise RuntimeError(f"the kernel refused its arguments ({W.dtype}, M={M}, K={K}, N={N})")
     return y

@@ -76,11 +76,23 @@ def _time(fn, reps: int) -> list[float]:
 COLD_BYTES = 128 * 2**20  # weights cycled per timing: more than any last-level cache, as in a real pass
 
 
-FORMS = ("linear", "wxt", "kernel")  # F.linear; (W @ x.T).T; the thin-GEMM kernel (kernel.py)
+# F.linear; (W @ x.T).T; the thin-GEMM kernel (kernel.py) with its two prefetch hints
+FORMS = ("linear", "wxt", "kernel", "kernel-l2")
+KERNEL_FORMS = {"kernel": False, "kernel-l2": True}  # form -> kernel.run's l2
+
+
+def kernel_l2(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    return cpu_kernel.matmul(x2, W, l2=True)
 
 
 def form_fn(form: str):
-    return {"linear": F.linear, "wxt": wxt, "kernel": cpu_kernel.matmul}[form]
+    return {"linear": F.linear, "wxt": wxt, "kernel": cpu_kernel.matmul, "kernel-l2": kernel_l2}[form]
+
+
+def forms_for(W: torch.Tensor) -> list[str]:
+    """The forms that can run this weight here (the kernel's only for its dtypes, once built)."""
+    kernel = W.dtype in cpu_kernel.DTYPES and cpu_kernel.available()
+    return [f for f in FORMS if f not in KERNEL_FORMS or kernel]
 
 
 @torch.no_grad()
@@ -89,7 +101,7 @@ def tune(W: torch.Tensor, reps: int = 3) -> tuple[dict[int, str], str | None]:
     from timing every form on cold weights (a model pass streams every weight from memory once; a
     hot loop over one small matrix would not). A form must beat F.linear by 5% to replace it."""
     copies = [W] + [W.clone() for _ in range(max(0, COLD_BYTES // (W.numel() * W.element_size()) - 1))]
-    forms = [f for f in FORMS if f != "kernel" or (W.dtype in cpu_kernel.DTYPES and cpu_kernel.available())]
+    forms = forms_for(W)
 
     def bucket(x):
         ts = {f: _time(lambda: [form_fn(f)(x, w) for w in copies], reps) for f in forms}
@@ -171,7 +183,7 @@ def apply(x: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None, table: di
     x2 = x if x.dim() == 2 else x.reshape(rows, K)
     # the kernel's argument checks hold here (CPU, same dtype, rows <= BUCKETS[-1] = kernel.MAX_ROWS;
     # the tuner offers it only for the dtypes it takes), so it runs unchecked
-    y = cpu_kernel.run(x2, W) if form == "kernel" else wxt(x2, W)
+    y = cpu_kernel.run(x2, W, KERNEL_FORMS[form]) if form in KERNEL_FORMS else wxt(x2, W)
     if bias is not None:
         y = y + bias
     return y if x.dim() == 2 else y.view(*x.shape[:-1], W.shape[0])

@@ -11,6 +11,12 @@
  * whatever M and whatever rows are batched with it, so a row's result does not depend on its
  * batch.
  *
+ * Two prefetch hints, one per form the tuner times (matmul.py: "kernel", "kernel-l2"): a
+ * non-temporal prefetch 4 KB ahead into L1 (the stream then leaves the caches alone; best on the AMD
+ * EPYCs measured), or a prefetch 8 KB ahead into L2 (on an Intel Xeon with AVX-512/AMX the non-
+ * temporal one held a one-row pass to 40% of the machine's bandwidth: 50 ms against a 20 ms plain
+ * sum of the weights; into L2 the same pass takes 18 ms). Results do not depend on the hint.
+ *
  * Two weight formats: float32, and bfloat16 (a bf16 verifier). A bf16 panel is half the bytes to
  * stream; each weight is widened to float32 exactly (a 16-bit shift), multiplied and summed in
  * float32, and each output rounded once to bf16 (round to nearest even, NaN kept), as torch's
@@ -23,10 +29,16 @@
 
 typedef float v16 __attribute__((vector_size(64), aligned(4)));
 typedef uint32_t u32x16 __attribute__((vector_size(64), aligned(4)));
+/* what a panel is read through: direct loads keep the weights and the accumulators in registers
+ * (copying them with memcpy made GCC 12 keep every accumulator on the stack: a load and a store
+ * per fused multiply-add, which Intel's cores pay for and AMD's hid) */
+typedef float v16_in __attribute__((vector_size(64), aligned(4), may_alias));
+typedef uint32_t u32x16_in __attribute__((vector_size(64), aligned(4), may_alias));
 
 #define NP 32      /* output rows per panel: two 16-lane vectors */
 #define CMAX 12    /* activation rows per pass over a panel (24 accumulators in registers) */
-#define PFBYTES 4096 /* software prefetch distance along the panel stream */
+#define PF_NTA 4096 /* prefetch distance along the panel stream, hint 0: non-temporal, into L1 */
+#define PF_L2 8192   /* hint 1: into L2 */
 
 static inline float bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
@@ -49,13 +61,12 @@ static inline uint16_t f32_to_bf16(float f) {
  * the low bits cleared are outputs 16-31 (exact: a bf16 is the top half of its float32). */
 static inline __attribute__((always_inline)) void load32(const char *w, int bf16, v16 *w0, v16 *w1) {
     if (bf16) {
-        u32x16 u;
-        __builtin_memcpy(&u, w, 64);
+        u32x16 u = *(const u32x16_in *)w;
         *w0 = (v16)(u << 16);
         *w1 = (v16)(u & 0xFFFF0000u);
     } else {
-        __builtin_memcpy(w0, w, 64);
-        __builtin_memcpy(w1, w + 64, 64);
+        *w0 = *(const v16_in *)w;
+        *w1 = *(const v16_in *)(w + 64);
     }
 }
 
@@ -70,18 +81,27 @@ static inline __attribute__((always_inline)) void store(void *y, size_t i, v16 v
     }
 }
 
+/* the panel's stream ahead of w: hint 0 non-temporal into L1, hint 1 into L2 */
+static inline __attribute__((always_inline)) void prefetch(const char *w, int hint, int bf16) {
+    if (hint) {
+        __builtin_prefetch(w + PF_L2, 0, 2);
+        if (!bf16) __builtin_prefetch(w + PF_L2 + 64, 0, 2);
+    } else {
+        __builtin_prefetch(w + PF_NTA, 0, 0);
+        if (!bf16) __builtin_prefetch(w + PF_NTA + 64, 0, 0);
+    }
+}
+
 /* outputs n0 .. n0+NP-1 (fewer at the end) for C activation rows x (float32); w: the panel,
- * in float32 or (bf16 = 1) bfloat16; y in the weight's format */
+ * in float32 or (bf16 = 1) bfloat16; y in the weight's format; pf: prefetch (the first pass over
+ * a panel) with this hint, or -1: none (later passes read it from cache) */
 static inline __attribute__((always_inline)) void tile(const float *x, const char *w, void *y, int C, int K,
-                                                        int N, int n0, int prefetch, int bf16) {
+                                                        int N, int n0, int pf, int hint, int bf16) {
     const int step = NP * (bf16 ? 2 : 4);
     v16 acc[CMAX][2];
     for (int c = 0; c < C; c++) acc[c][0] = acc[c][1] = (v16){0};
     for (int k = 0; k < K; k++, w += step) {
-        if (prefetch) {
-            __builtin_prefetch(w + PFBYTES, 0, 0);
-            if (!bf16) __builtin_prefetch(w + PFBYTES + 64, 0, 0);
-        }
+        if (pf) prefetch(w, hint, bf16);
         v16 w0, w1;
         load32(w, bf16, &w0, &w1);
         for (int c = 0; c < C; c++) {
@@ -102,16 +122,20 @@ static inline __attribute__((always_inline)) void tile(const float *x, const cha
 typedef void (*tile_fn)(const float *, const char *, void *, int, int, int, int);
 #define TILE(C)                                                                                   \
     static void tile##C(const float *x, const char *w, void *y, int K, int N, int n0, int pf) {   \
-        tile(x, w, y, C, K, N, n0, pf, 0);                                                        \
+        tile(x, w, y, C, K, N, n0, pf, 0, 0);                                                     \
+    }                                                                                             \
+    static void tilel##C(const float *x, const char *w, void *y, int K, int N, int n0, int pf) {  \
+        tile(x, w, y, C, K, N, n0, pf, 1, 0);                                                     \
     }                                                                                             \
     static void tileb##C(const float *x, const char *w, void *y, int K, int N, int n0, int pf) {  \
-        tile(x, w, y, C, K, N, n0, pf, 1);                                                        \
+        tile(x, w, y, C, K, N, n0, pf, 0, 1);                                                     \
+    }                                                                                             \
+    static void tilebl##C(const float *x, const char *w, void *y, int K, int N, int n0, int pf) { \
+        tile(x, w, y, C, K, N, n0, pf, 1, 1);                                                     \
     }
 TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) TILE(8) TILE(9) TILE(10) TILE(11) TILE(12)
-static const tile_fn TILE_F32[CMAX + 1] = {0,      tile1, tile2, tile3, tile4,  tile5, tile6,
-                                           tile7,  tile8, tile9, tile10, tile11, tile12};
-static const tile_fn TILE_BF16[CMAX + 1] = {0,       tileb1, tileb2, tileb3,  tileb4,  tileb5, tileb6,
-                                            tileb7,  tileb8, tileb9, tileb10, tileb11, tileb12};
+#define TILES(p) {0, p##1, p##2, p##3, p##4, p##5, p##6, p##7, p##8, p##9, p##10, p##11, p##12}
+static const tile_fn TILES_BY[2][2][CMAX + 1] = {{TILES(tile), TILES(tilel)}, {TILES(tileb), TILES(tilebl)}};
 
 /* The number of elements pack_* writes for an (N, K) weight (either format). */
 long long packed_size_f32(int N, int K) { return (long long)((N + NP - 1) / NP) * NP * K; }
@@ -138,9 +162,10 @@ PACK(pack_bf16, uint16_t, SLOT_BF16)
 
 /* every panel: rows in balanced chunks of at most CMAX, each a pass over the panel (the later
  * passes read it from cache) */
-static void run(const float *x, const char *Wp, void *y, int M, int K, int N, int threads, int bf16) {
+static void run(const float *x, const char *Wp, void *y, int M, int K, int N, int threads, int hint,
+                int bf16) {
     int npan = (N + NP - 1) / NP, nch = (M + CMAX - 1) / CMAX, es = bf16 ? 2 : 4;
-    const tile_fn *tiles = bf16 ? TILE_BF16 : TILE_F32;
+    const tile_fn *tiles = TILES_BY[bf16][hint];
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int p = 0; p < npan; p++) {
         const char *w = Wp + (size_t)p * NP * K * es;
@@ -153,21 +178,22 @@ static void run(const float *x, const char *Wp, void *y, int M, int K, int N, in
 }
 
 /* y = x @ W^T from the packed float32 weight. Returns 0, or -1 for arguments it does not take.
- * threads: the caller's intra-op thread count. */
-int smallm_f32(const float *x, const float *Wp, float *y, int M, int K, int N, int threads) {
-    if (M < 1 || K < 1 || N < 1 || threads < 1) return -1;
-    run(x, (const char *)Wp, y, M, K, N, threads, 0);
+ * threads: the caller's intra-op thread count; hint: the prefetch (0 non-temporal into L1, 1 L2). */
+int smallm_f32(const float *x, const float *Wp, float *y, int M, int K, int N, int threads, int hint) {
+    if (M < 1 || K < 1 || N < 1 || threads < 1 || (hint != 0 && hint != 1)) return -1;
+    run(x, (const char *)Wp, y, M, K, N, threads, hint, 0);
     return 0;
 }
 
 /* The same for bf16 x, packed bf16 W and bf16 y (all as raw 16 bits). x is widened to float32
  * once, exactly; -1 also when that scratch cannot be allocated. */
-int smallm_bf16(const uint16_t *x, const uint16_t *Wp, uint16_t *y, int M, int K, int N, int threads) {
-    if (M < 1 || K < 1 || N < 1 || threads < 1) return -1;
+int smallm_bf16(const uint16_t *x, const uint16_t *Wp, uint16_t *y, int M, int K, int N, int threads,
+                int hint) {
+    if (M < 1 || K < 1 || N < 1 || threads < 1 || (hint != 0 && hint != 1)) return -1;
     float *xf = malloc((size_t)M * K * sizeof(float));
     if (!xf) return -1;
     for (size_t i = 0; i < (size_t)M * K; i++) xf[i] = bf16_to_f32(x[i]);
-    run(xf, (const char *)Wp, y, M, K, N, threads, 1);
+    run(xf, (const char *)Wp, y, M, K, N, threads, hint, 1);
     free(xf);
     return 0;
 }
