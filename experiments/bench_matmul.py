@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from decoding.cpu import kernel as cpu_kernel  # noqa: E402
 from decoding.cpu import matmul as cpu_matmul  # noqa: E402
-from decoding.cpu.machine import describe, record  # noqa: E402
+from decoding.cpu.machine import describe, record, stream  # noqa: E402
 from decoding.runner import default_threads  # noqa: E402
 from drafters.model import DTYPES  # noqa: E402
 from decoding.verifiers import load_verifier  # noqa: E402
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
 
         def run(form):
             if form == "sum":
-                return lambda: [w.sum() for w in weights]
+                return lambda: [stream(w) for w in weights]
             if form == "tuned":
                 return lambda: [cpu_matmul.apply(xs[w.shape[1]], w, None, tables[id(lin)])
                                 for lin, w in zip(linears, weights)]

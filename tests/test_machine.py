@@ -93,3 +93,13 @@ def test_bench_matmul_prints_the_machine_and_the_bound_per_row_count():
         ratios = [x for x in row if x.endswith("x") and x[:-1].replace(".", "").isdigit()]
         assert len(ratios) == 2 and any(f in row for f in cpu_matmul.FORMS), row
     assert "1.00x" in rows[0]  # the one-row pass against itself
+
+
+def test_the_bound_reads_a_bf16_weights_bytes_once_as_float32_words():
+    """The plain sum behind the bound reads every byte once; a bf16 weight through a float32 view
+    of its bytes (torch's bf16 sum widens each element and measured compute, not memory)."""
+    w = torch.randn(64, 96).bfloat16()
+    assert machine.stream(w).dtype == torch.float32  # the view: 64 x 48 float32 words
+    assert machine.stream(w[:, :95].contiguous()).dtype == torch.bfloat16  # odd rows: a plain sum
+    assert machine.stream(w.float()).item() == pytest.approx(w.float().sum().item())
+    assert machine.weights_sum_ms([w], repeats=1) > 0

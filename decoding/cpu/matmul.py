@@ -13,7 +13,10 @@ once for up to 256 rows. All of SmolLM2's 211 weights in pass order on the 2-cor
 previous kernel, which read the weights in place, took 19.4 / 23.9 / 28.2 / 38.4. A prompt's
 prefill (32-256 rows) is a GEMM that BLAS should win, yet on a 2-core AMD EPYC with AVX-512 the
 kernel ran all 211 weights at 96 rows in 79 ms against F.linear's 232 ms, so those row counts
-are timed too.
+are timed too. The kernel is offered as two forms that differ only in where it prefetches the
+weights ("kernel": non-temporally into L1; "kernel-l2": into L2): on an Intel Xeon with AVX-512/AMX
+the first streamed at 40% of the machine's bandwidth and the second at the bound, so which one a
+CPU gets is measured like the rest.
 
 ``install(model)`` times every form for every distinct weight shape at a few row counts (a few
 seconds, cached per machine) and makes each ``nn.Linear`` use the fastest one for its row count;
