@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from decoding.cpu import kernel as cpu_kernel
+from decoding.cpu import onednn
 from decoding.cpu import matmul as cpu_matmul
 
 
@@ -123,7 +124,7 @@ def test_without_a_compiler_the_kernel_says_why_and_install_keeps_the_blas_forms
     assert "unavailable: cannot build or load smallm.c" in cpu_kernel.status()
     tables = cpu_matmul.install(nn.Linear(64, 48))
     assert not set(cpu_matmul.KERNEL_FORMS) & set(tables["(48, 64)"].values())
-    assert cpu_matmul.forms_for(torch.zeros(48, 64)) == ["linear", "wxt"]
+    assert not set(cpu_matmul.KERNEL_FORMS) & set(cpu_matmul.forms_for(torch.zeros(48, 64)))
 
 
 def test_a_kernel_that_does_not_compile_names_the_compiler_error(fresh_kernel, monkeypatch):
@@ -239,3 +240,32 @@ def test_the_caches_can_be_shown_and_cleared(fresh_kernel, monkeypatch):
     assert main(["cache", "show"]) == 0
     assert main(["cache", "clear"]) == 0
     assert not cpu_matmul.CACHE.exists() and "cpu_matmul.json: 0 entries" in caches.show()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_onednns_prepacked_linear_computes_the_product_and_packs_once(dtype):
+    """The "onednn" form: oneDNN's linear on a copy packed once per weight, the product up to
+    summation order (a bf16 F.linear runs the same oneDNN primitive; a float32 one runs BLAS)."""
+    if not onednn.available(dtype):
+        pytest.skip(f"this torch build runs no oneDNN {dtype} linear here")
+    assert "onednn" in cpu_matmul.forms_for(torch.zeros(8, 8, dtype=dtype))
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(1539, 576, generator=g).to(dtype)
+    tol = {"rtol": 1e-5, "atol": 1e-4} if dtype == torch.float32 else {"rtol": 1.6e-2, "atol": 1e-2}
+    for M in (1, 2, 6, 16, 96):
+        x = torch.randn(M, 576, generator=g).to(dtype)
+        y = onednn.matmul(x, W)
+        assert y.dtype == dtype and y.shape == (M, 1539)
+        torch.testing.assert_close(y.double(), x.double() @ W.double().T, **tol)
+    first = onednn.packed(W)
+    assert onednn.packed(W) is first
+    with torch.no_grad():
+        W.mul_(2)  # written to: packed again, and the product follows
+    assert onednn.packed(W) is not first
+    x = torch.randn(3, 576, generator=g).to(dtype)
+    torch.testing.assert_close(onednn.matmul(x, W).double(), x.double() @ W.double().T, **tol)
+
+
+def test_a_torch_without_onednn_is_not_offered_the_form(monkeypatch):
+    monkeypatch.setitem(onednn._OK, torch.float32, False)
+    assert "onednn" not in cpu_matmul.forms_for(torch.zeros(8, 8))

@@ -19,18 +19,17 @@ import hashlib
 import os
 import subprocess
 import tempfile
-import weakref
 from pathlib import Path
 
 import torch
 
 from ..caches import cache_dir
+from .packed import PackedCopies
 
 SOURCE = Path(__file__).with_name("csrc") / "smallm.c"
 FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared"]
 MAX_ROWS = 256
 _STATE: dict = {}
-_PACKED: dict = {}  # id(weight) -> (weak reference to it, stamp, packed copy); dropped with the weight
 
 
 def cpuinfo(field: str) -> str:
@@ -110,12 +109,7 @@ def status() -> str:
     return f"thin-GEMM kernel {library_path().name}" if available() else f"thin-GEMM kernel unavailable: {_STATE['why']}"
 
 
-def packed(W: torch.Tensor) -> torch.Tensor:
-    """W's repacked copy for the kernel, made once and kept (in a registry keyed by W's identity,
-    freed with W) until W is written to (its version counter moves) or its storage changes."""
-    hit = _PACKED.get(id(W))
-    if hit is not None and hit[0]() is W and hit[1] == (W.data_ptr(), W._version, W.shape):
-        return hit[2]
+def _pack(W: torch.Tensor) -> torch.Tensor:
     if _load() is None:
         raise RuntimeError(status())
     lib = _STATE["lib"]
@@ -125,16 +119,12 @@ def packed(W: torch.Tensor) -> torch.Tensor:
     pack = lib.pack_bf16 if W.dtype == torch.bfloat16 else lib.pack_f32
     if pack(Wc.data_ptr(), out.data_ptr(), N, K, torch.get_num_threads()) != 0:
         raise RuntimeError(f"packing a {W.dtype} weight: the kernel refused its arguments")
-    key = id(W)
-    _PACKED[key] = (weakref.ref(W, lambda _, key=key: _drop(key)), (W.data_ptr(), W._version, W.shape), out)
     return out
 
 
-def _drop(key: int) -> None:
-    """A weight was freed: free its packed copy (unless a new tensor with the same id took the slot)."""
-    hit = _PACKED.get(key)
-    if hit is not None and hit[0]() is None:
-        del _PACKED[key]
+# W's repacked copy for the kernel, made once and kept (freed with W) until W is written to (its
+# version counter moves) or its storage changes
+packed = PackedCopies(_pack)
 
 
 DTYPES = (torch.float32, torch.bfloat16)  # the weight formats the kernel takes

@@ -16,7 +16,8 @@ kernel ran all 211 weights at 96 rows in 79 ms against F.linear's 232 ms, so tho
 are timed too. The kernel is offered as two forms that differ only in where it prefetches the
 weights ("kernel": non-temporally into L1; "kernel-l2": into L2): on an Intel Xeon with AVX-512/AMX
 the first streamed at 40% of the machine's bandwidth and the second at the bound, so which one a
-CPU gets is measured like the rest.
+CPU gets is measured like the rest. A fifth form, oneDNN's prepacked linear (``onednn.py``), is
+what a bf16 verifier's multi-row passes want on a CPU with AMX.
 
 ``install(model)`` times every form for every distinct weight shape at a few row counts (a few
 seconds, cached per machine) and makes each ``nn.Linear`` use the fastest one for its row count;
@@ -48,6 +49,7 @@ from torch import nn
 from .. import timing
 from ..caches import cache_dir, load_json_cache, save_json_cache
 from . import kernel as cpu_kernel
+from . import onednn
 
 # row counts that are timed (a tree pass: 1-32; a prompt's prefill: 32-256); larger ones use F.linear
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)
@@ -79,8 +81,9 @@ def _time(fn, reps: int) -> list[float]:
 COLD_BYTES = 128 * 2**20  # weights cycled per timing: more than any last-level cache, as in a real pass
 
 
-# F.linear; (W @ x.T).T; the thin-GEMM kernel (kernel.py) with its two prefetch hints
-FORMS = ("linear", "wxt", "kernel", "kernel-l2")
+# F.linear; (W @ x.T).T; the thin-GEMM kernel (kernel.py) with its two prefetch hints; oneDNN's
+# prepacked linear (onednn.py)
+FORMS = ("linear", "wxt", "kernel", "kernel-l2", "onednn")
 KERNEL_FORMS = {"kernel": False, "kernel-l2": True}  # form -> kernel.run's l2
 
 
@@ -89,13 +92,16 @@ def kernel_l2(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
 
 
 def form_fn(form: str):
-    return {"linear": F.linear, "wxt": wxt, "kernel": cpu_kernel.matmul, "kernel-l2": kernel_l2}[form]
+    return {"linear": F.linear, "wxt": wxt, "kernel": cpu_kernel.matmul, "kernel-l2": kernel_l2,
+            "onednn": onednn.matmul}[form]
 
 
 def forms_for(W: torch.Tensor) -> list[str]:
-    """The forms that can run this weight here (the kernel's only for its dtypes, once built)."""
+    """The forms that can run this weight here (the kernel's only for its dtypes, once built;
+    oneDNN's only where this torch build runs it for the weight's dtype)."""
     kernel = W.dtype in cpu_kernel.DTYPES and cpu_kernel.available()
-    return [f for f in FORMS if f not in KERNEL_FORMS or kernel]
+    return [f for f in FORMS
+            if (f not in KERNEL_FORMS or kernel) and (f != "onednn" or onednn.available(W.dtype))]
 
 
 @torch.no_grad()
@@ -186,17 +192,21 @@ def apply(x: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None, table: di
     x2 = x if x.dim() == 2 else x.reshape(rows, K)
     # the kernel's argument checks hold here (CPU, same dtype, rows <= BUCKETS[-1] = kernel.MAX_ROWS;
     # the tuner offers it only for the dtypes it takes), so it runs unchecked
-    y = cpu_kernel.run(x2, W, KERNEL_FORMS[form]) if form in KERNEL_FORMS else wxt(x2, W)
+    if form in KERNEL_FORMS:
+        y = cpu_kernel.run(x2, W, KERNEL_FORMS[form])
+    else:
+        y = onednn.matmul(x2, W) if form == "onednn" else wxt(x2, W)
     if bias is not None:
         y = y + bias
     return y if x.dim() == 2 else y.view(*x.shape[:-1], W.shape[0])
 
 
 def machine_key() -> str:
-    """The part of a cache key that names this machine: CPU model, threads, torch and kernel build."""
+    """The part of a cache key that names this machine: CPU model, threads, torch, kernel build and
+    the forms timed (a table timed before a form existed never saw it)."""
     cpu = cpu_kernel.cpuinfo("model name") or platform.processor() or platform.machine()
     kernel = cpu_kernel.library_path().name if cpu_kernel.available() else "no-kernel"
-    return f"v3|{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}|{kernel}"
+    return f"v3|{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}|{kernel}|{','.join(FORMS)}"
 
 
 def table_for(W: torch.Tensor, disk: dict | None = None, machine: str | None = None) -> tuple[str, dict[int, str]]:

@@ -1,0 +1,45 @@
+"""oneDNN's prepacked linear through torch (``torch.ops.mkldnn``), one of the forms the tuner times.
+
+``F.linear`` on a CPU reorders its weight into oneDNN's blocked layout on every call. Packing the
+weight once (``_reorder_linear_weight``) and calling ``_linear_pointwise`` on the packed copy runs
+the same oneDNN primitive without that cost, and on a CPU with AMX its bf16 primitive uses the
+tiles: on a 2-core Intel Xeon with AMX, 60 bf16 weights of 1536 x 576 took 6.2 ms at one row,
+6.4 at 6 and 7.0 at 16 rows (`F.linear`: 9.4 / 10.3 / 10.3; the thin-GEMM kernel's bf16 path grows
+2x from 1 to 16 rows there). The product is exact up to summation order (a bf16 ``F.linear`` runs
+the same primitive and gave the same bits there; a float32 one runs BLAS); a row's result may
+depend on the row count, as with ``F.linear``. The packed copy is kept per weight (``packed.py``):
+it doubles the memory of the weights that take this form.
+
+``available(dtype)`` tries the two ops once per dtype (a torch build without oneDNN, or a CPU whose
+oneDNN has no bf16 path, says no), so the tuner offers the form only where it runs.
+"""
+from __future__ import annotations
+
+import torch
+
+from .packed import PackedCopies
+
+_OK: dict = {}
+
+
+def available(dtype: torch.dtype) -> bool:
+    if dtype not in _OK:
+        try:
+            W, x = torch.ones(8, 16, dtype=dtype), torch.ones(2, 16, dtype=dtype)
+            y = _run(x, torch.ops.mkldnn._reorder_linear_weight(W))
+            _OK[dtype] = bool(torch.backends.mkldnn.is_available() and torch.equal(y, torch.full_like(y, 16)))
+        except (AttributeError, RuntimeError, NotImplementedError):
+            _OK[dtype] = False
+    return _OK[dtype]
+
+
+def _run(x2: torch.Tensor, Wp: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x2, Wp, None, "none", [], "")
+
+
+packed = PackedCopies(lambda W: torch.ops.mkldnn._reorder_linear_weight(W.detach().contiguous()))
+
+
+def matmul(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """(M, K) @ (N, K).T -> (M, N) on CPU through W's packed copy (callers check ``available``)."""
+    return _run(x2 if x2.is_contiguous() else x2.contiguous(), packed(W))
