@@ -6,10 +6,11 @@ torch's bf16 linear). It reads W from a repacked copy (panels of 32 output rows,
 on first use and kept until the weight changes: the kernel's weights take twice their memory.
 It is two of the forms ``matmul.tune`` times per weight shape and row count (``l2=False``: a
 non-temporal prefetch into L1, "kernel"; ``l2=True``: a prefetch into L2, "kernel-l2"; which one
-streams faster depends on the CPU), so it is used only where it wins on this machine. The shared library is built with the system C compiler (``$CC``, default
-``gcc``) for this CPU (``-march=native``, or ``$TASKSPEC_CPU_MARCH``) and cached under
-``$TASKSPEC_CACHE/kernels``, keyed by the source, the flags and the CPU's feature flags; it uses
-the OpenMP runtime torch has already loaded, with torch's intra-op thread count. Without a compiler (or with ``TASKSPEC_CPU_KERNEL=0``)
+streams faster depends on the CPU), so it is used only where it wins on this machine. The shared
+library is built with the system C compiler (``$CC``, default ``gcc``) for this CPU
+(``-march=native``, or ``$TASKSPEC_CPU_MARCH``) and cached under ``$TASKSPEC_CACHE/kernels``, keyed
+by the source, the flags and the CPU's feature flags; it uses the OpenMP runtime torch has already
+loaded, with torch's intra-op thread count. Without a compiler (or with ``TASKSPEC_CPU_KERNEL=0``)
 it is unavailable, ``status()`` says why, and the BLAS forms remain.
 """
 from __future__ import annotations
