@@ -4,8 +4,9 @@
                                        [--rows 1,2,4,6,8,9,12,16,32]
 
 For each row count, runs every nn.Linear weight of the verifier once, in model order (so each weight
-comes from memory, as in a real pass), as F.linear, (W @ x.T).T, the thin-GEMM kernel, and the form
-the tuned table installs, and a plain sum of the same weights (the bound: one read of every byte);
+comes from memory, as in a real pass), as F.linear, (W @ x.T).T, the thin-GEMM kernel with either
+prefetch hint, oneDNN's prepacked linear (where this torch runs it), and the form the tuned table
+installs, and a plain sum of the same weights (the bound: one read of every byte);
 prints the median ms over interleaved repeats (the bound among them, so a noisy machine moves
 both alike), the weight bytes streamed per second, the tuned pass against the bound and against
 the tuned one-row pass, and which form the tuner chose how often. First it prints the machine
