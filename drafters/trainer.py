@@ -479,7 +479,7 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
             use_topk = step >= cfg.topk_from * total_steps
             loss, parts = compute_loss(cfg, model, embed, head, batch, gen, use_topk=use_topk)
             if not torch.isfinite(loss):
-                raise TrainingDiverged(f"non-finite loss {float(loss)} at epoch {epoch} step "
+                raise TrainingDiverged(f"non-finite loss {float(loss.detach())} at epoch {epoch} step "
                                        f"{sums['batches']}; last good checkpoint kept in {out}")
             runner.backward(loss)
             runner.step()
