@@ -81,7 +81,8 @@ static inline __attribute__((always_inline)) void store(void *y, size_t i, v16 v
     }
 }
 
-/* the panel's stream ahead of w: hint 0 non-temporal into L1, hint 1 into L2 */
+/* the panel's stream ahead of w: hint 0 non-temporal into L1 (prefetchnta), hint 1 into L2
+ * (prefetcht1: locality 2) */
 static inline __attribute__((always_inline)) void prefetch(const char *w, int hint, int bf16) {
     if (hint) {
         __builtin_prefetch(w + PF_L2, 0, 2);
@@ -93,8 +94,8 @@ static inline __attribute__((always_inline)) void prefetch(const char *w, int hi
 }
 
 /* outputs n0 .. n0+NP-1 (fewer at the end) for C activation rows x (float32); w: the panel,
- * in float32 or (bf16 = 1) bfloat16; y in the weight's format; pf: prefetch (the first pass over
- * a panel) with this hint, or -1: none (later passes read it from cache) */
+ * in float32 or (bf16 = 1) bfloat16; y in the weight's format; pf: 1 on the first pass over a
+ * panel (prefetch with this hint), 0 on later passes (they read the panel from cache) */
 static inline __attribute__((always_inline)) void tile(const float *x, const char *w, void *y, int C, int K,
                                                         int N, int n0, int pf, int hint, int bf16) {
     const int step = NP * (bf16 ? 2 : 4);
