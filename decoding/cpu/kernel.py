@@ -150,7 +150,7 @@ def run(x2: torch.Tensor, W: torch.Tensor, l2: bool = False) -> torch.Tensor:
     N = W.shape[0]
     if not x2.is_contiguous():
         x2 = x2.contiguous()
-    y = torch.empty(M, N, dtype=W.dtype)
+    y = torch.empty(M, N, dtype=W.dtype, device="cpu")  # the kernel runs on the host only
     fn = _STATE["fn"][W.dtype]
     if fn(x2.data_ptr(), packed(W).data_ptr(), y.data_ptr(), M, K, N, torch.get_num_threads(), int(l2)):
         raise RuntimeError(f"the kernel refused its arguments ({W.dtype}, M={M}, K={K}, N={N})")

@@ -24,12 +24,14 @@ _OK: dict = {}
 
 def available(dtype: torch.dtype) -> bool:
     if dtype not in _OK:
-        try:
-            W, x = torch.ones(8, 16, dtype=dtype), torch.ones(2, 16, dtype=dtype)
-            y = _run(x, torch.ops.mkldnn._reorder_linear_weight(W))
-            _OK[dtype] = bool(torch.backends.mkldnn.is_available() and torch.equal(y, torch.full_like(y, 16)))
-        except (AttributeError, RuntimeError, NotImplementedError):
-            _OK[dtype] = False
+        _OK[dtype] = False
+        if torch.backends.mkldnn.is_available():
+            try:  # a host-only form: its trial tensors are on the CPU on purpose
+                W = torch.ones(8, 16, dtype=dtype, device="cpu")
+                y = _run(torch.ones(2, 16, dtype=dtype, device="cpu"), torch.ops.mkldnn._reorder_linear_weight(W))
+                _OK[dtype] = torch.equal(y, torch.full_like(y, 16))
+            except (AttributeError, RuntimeError, NotImplementedError):
+                pass
     return _OK[dtype]
 
 
