@@ -35,7 +35,7 @@ def _train(args) -> None:
         verifier=name, backbone=args.backbone, variant=args.variant, out_dir=str(Path(args.out).resolve()), draft_vocab=vocab,
         train_data=variant_data(args.variant, features, caches, args.n), heldout_data=heldout_data(features, caches),
         epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed, deepspeed=not args.no_deepspeed,
-        zero_stage=args.zero_stage, loss_mask=args.loss_mask,
+        zero_stage=args.zero_stage, loss_mask=args.loss_mask, precision=args.precision,
     )
     if args.no_ray:
         from .trainer import train
@@ -76,13 +76,15 @@ def add_subcommands(sub) -> None:
     t.add_argument("--batch-size", type=int, default=8)
     t.add_argument("--seed", type=int, default=0, help="drafter init seed (shared by all variants)")
     t.add_argument("--data-seed", type=int, default=42)
-    t.add_argument("--zero-stage", type=int, default=1)
+    t.add_argument("--zero-stage", type=int, choices=[0, 1, 2], default=1)
     t.add_argument("--draft-vocab", type=int, default=None,
                    help="reduced draft vocabulary size (from both corpora's training data; default: full vocabulary)")
     t.add_argument("--self-distill", choices=["greedy", "sample"], default=None,
                    help="train on the verifier's own answers to the training prompts (cached; held-out stays original)")
     t.add_argument("--loss-mask", choices=["next", "reference"], default="next",
                    help="loss positions: next = the input token is the assistant's (decode-time); reference = EAGLE/HASS's")
+    t.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: DeepSpeed's bf16 engine (float32 master weights), or autocast with --no-deepspeed")
     t.add_argument("--no-deepspeed", action="store_true")
     t.add_argument("--no-ray", action="store_true", help="train in this process (no Ray Train)")
     t.add_argument("--num-workers", type=int, default=1)

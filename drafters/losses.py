@@ -29,9 +29,12 @@ class AlignedBatch:
     mask: torch.Tensor  # (B, T) bool: loss positions (assistant token at t+1, not padding)
     lengths: torch.Tensor  # (B,) each example's own token count L (the aligned rows are L-1)
 
-    def to(self, device) -> "AlignedBatch":
-        """The batch on ``device`` (collate builds it on the host; the drafter may live on a GPU)."""
-        return AlignedBatch(*(getattr(self, f.name).to(device) for f in dataclasses.fields(self)))
+    def to(self, device, dtype: torch.dtype | None = None) -> "AlignedBatch":
+        """The batch on ``device`` (collate builds it on the host; the drafter may live on a GPU),
+        its features and targets in ``dtype`` (the training precision) when given."""
+        cast = ("features", "target") if dtype is not None else ()
+        return AlignedBatch(*(getattr(self, f.name).to(device, **({"dtype": dtype} if f.name in cast else {}))
+                              for f in dataclasses.fields(self)))
 
 
 MASK_MODES = ("next", "reference")
@@ -74,7 +77,7 @@ def collate(examples: list, dtype=torch.float32, mask_mode: str = "next") -> Ali
 def noise(features: torch.Tensor, generator: torch.Generator | None, lengths: torch.Tensor, scale: float = 0.2) -> torch.Tensor:
     """EAGLE's uniform input-feature augmentation: (U[0,1) - 0.5) * 0.2 * 512 / L, with L each
     example's own length (B,), not the padded batch length (EAGLE trains unpadded sequences)."""
-    u = torch.rand(features.shape, generator=generator, dtype=torch.float32).to(features)
+    u = torch.rand(features.shape, generator=generator, dtype=torch.float32, device=features.device).to(features)
     per = scale * 512 / lengths.clamp_min(1).to(features.dtype)  # (B,)
     return features + (u - 0.5) * per[:, None, None]
 
@@ -92,8 +95,8 @@ def eagle_losses(pred: torch.Tensor, target: torch.Tensor, head, mask: torch.Ten
     are dropped). Only masked positions go through the head.
     """
     sel = mask.nonzero(as_tuple=True)
-    p_feat, t_feat = pred[sel], target[sel]  # (M, H)
-    vloss = F.smooth_l1_loss(p_feat, t_feat.to(p_feat.dtype), reduction="none").mean(-1).mean() if p_feat.numel() else pred.sum() * 0
+    p_feat, t_feat = pred[sel].float(), target[sel].float()  # (M, H); every loss in float32 (bf16 training too)
+    vloss = F.smooth_l1_loss(p_feat, t_feat, reduction="none").mean(-1).mean() if p_feat.numel() else pred.sum() * 0
     logp = head(p_feat).float().log_softmax(-1)  # (M, N) drafter log-probs over the draft vocabulary
     with torch.no_grad():
         q = head(t_feat.to(p_feat.dtype)).float().softmax(-1)  # (M, N) verifier distribution (renormalised)
@@ -132,8 +135,8 @@ def aligned_passes(drafter, embed, batch: AlignedBatch, steps: int, input_featur
     """
     B, T, _ = batch.features.shape
     pos = torch.arange(T, device=batch.features.device)
-    emb = embed(batch.tokens)  # (B, T, H)
     feats = batch.features if input_features is None else input_features
+    emb = embed(batch.tokens).to(feats.dtype)  # (B, T, H); the verifier's dtype -> the training precision
     kv_k, kv_v, preds = [], [], []
     for m in range(1, steps + 1):
         if m > 1:

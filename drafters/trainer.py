@@ -9,6 +9,7 @@ holds the data position and the noise generator too, so the resumed run takes th
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -30,6 +31,8 @@ from .losses import MASK_MODES, aligned_passes, collate, eagle_losses, noise, st
 from .variants import DataSpec
 from .vocab import DraftHead, load_vocab
 
+# train.precision -> the dtype the drafter computes in (DeepSpeed's bf16 engine, or autocast without it)
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ONLINE_ROOTS = ("online", "online-heldout")  # data entries whose features the verifier computes in the worker
 SUMS = ("loss", "base", "batches", "tokens", "rows", "seconds")  # an epoch's running totals (checkpointed)
 
@@ -66,6 +69,7 @@ class TrainConfig:
     loss_mask: str = "next"  # next: token t+1 is the assistant's (decode-time positions); reference: EAGLE/HASS's
     deepspeed: bool = True
     zero_stage: int = 1
+    precision: str = "fp32"  # fp32 | bf16: the drafter's weights (DeepSpeed) or compute (autocast), and its inputs
     eval_depths: int = 3
     crash_after_epoch: int | None = None  # fault-injection for tests: raise after saving this epoch
     crash_at_step: int | None = None  # fault-injection for tests: raise after this optimizer step (fresh runs)
@@ -82,8 +86,11 @@ class TrainConfig:
             raise ValueError("epochs, batch_size and grad_accum must be >= 1")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage must be 0-3, got {self.zero_stage}")
+        if self.zero_stage not in (0, 1, 2):
+            raise ValueError(f"zero_stage must be 0, 1 or 2, got {self.zero_stage} (ZeRO-3 is refused: held-out "
+                             "evaluation and saving run on rank 0, which under ZeRO-3 holds a shard of each weight)")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {list(PRECISIONS)}, got {self.precision!r}")
         if not self.train_data:
             raise ValueError("train_data is empty")
         if self.lr_schedule not in ("linear", "constant"):
@@ -211,7 +218,9 @@ def batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket
     """Collated batches of rank ``rank`` of ``world``: batch i of the plan goes to rank i % world
     (the same assignment in cached and online mode), and online features are computed for that
     rank's batches only. ``skip``: the rank's first ``skip`` batches are passed over unbuilt (a
-    resume inside an epoch)."""
+    resume inside an epoch). With a plan of N batches the first N % world ranks get one more than
+    the others; the training loop drops that remainder (every rank steps N // world times, see
+    ``train``), since a rank that steps alone waits forever in its gradient all-reduce."""
     for i, group in enumerate(plan_batches(data, batch_size, seed, online, bucket, pool)):
         if i % world != rank:
             continue
@@ -246,10 +255,11 @@ def count_examples(data: list, online_spec: dict | None = None) -> int:
 
 def schedule_steps(cfg: TrainConfig, world: int) -> int:
     """Micro-batches each rank's schedule spans (optimizer steps x grad_accum): epochs x
-    ceil(ceil(examples / batch_size) / world). From counts alone, so warmup, linear decay and
-    HASS's two-stage switch are the same in cached and online mode."""
+    ceil(examples / batch_size) with one rank, epochs x (that // world) with more (the remainder
+    is dropped, see ``batches``). From counts alone, so warmup, linear decay and HASS's two-stage
+    switch are the same in cached and online mode."""
     n_batches = -(-count_examples(cfg.train_data, cfg.online_spec) // cfg.batch_size)
-    return cfg.epochs * -(-n_batches // world)
+    return cfg.epochs * max(1, n_batches // world)
 
 
 def lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
@@ -271,7 +281,7 @@ def clamp_grads_by_value(model: torch.nn.Module, clip: float) -> list:
 def compute_loss(cfg: TrainConfig, model, embed, head, batch, generator, use_topk: bool = True):
     """The backbone's objective. EAGLE-2: 1.0 SmoothL1 + 0.1 soft CE. HASS: + 1.0 top-K (once
     ``use_topk``: the second stage of its schedule), summed over ``hass_steps`` alignment passes."""
-    batch = batch.to(embed.weight.device)  # host-built batch -> the drafter's device (no-op on the CPU)
+    batch = batch.to(embed.weight.device, PRECISIONS[cfg.precision])  # host-built -> the drafter's device
     feats = noise(batch.features, generator, batch.lengths) if cfg.feature_noise else batch.features
     steps = cfg.hass_steps if cfg.backbone == "hass" else 1
     preds = aligned_passes(model, embed, batch, steps, input_features=feats)
@@ -292,23 +302,26 @@ def compute_loss(cfg: TrainConfig, model, embed, head, batch, generator, use_top
 def heldout_metrics(model, embed, head, cfg, online=None) -> dict:
     """Agreement on all held-out sets pooled (``top1_depth{j}``) and on each one
     (``top1_depth{j}_<corpus>``): a specialist is judged on its own domain's held-out set."""
-    out = evaluate(model, embed, head, cfg.heldout_data, cfg.eval_depths, online=online)
+    dtype = PRECISIONS[cfg.precision]
+    out = evaluate(model, embed, head, cfg.heldout_data, cfg.eval_depths, online=online, dtype=dtype)
     if len(cfg.heldout_data) > 1:
         for entry in cfg.heldout_data:
             corpus = entry[1] if str(entry[0]).startswith("online") else str(entry[1]).split("-")[0]
-            per = evaluate(model, embed, head, [entry], cfg.eval_depths, online=online)
+            per = evaluate(model, embed, head, [entry], cfg.eval_depths, online=online, dtype=dtype)
             out.update({f"{k}_{corpus}": v for k, v in per.items()})
     return out
 
 
-def evaluate(model, embed, head, data, depths: int = 3, batch_size: int = 8, online=None) -> dict:
+def evaluate(model, embed, head, data, depths: int = 3, batch_size: int = 8, online=None, dtype=None) -> dict:
     """Top-1 agreement with the verifier's next token at depth 1 (teacher-forced) and depths 2..D
     (rolled out on the drafter's own features), on assistant positions of held-out examples.
-    With a reduced draft vocabulary a verifier token outside it counts as a miss."""
+    With a reduced draft vocabulary a verifier token outside it counts as a miss. ``dtype``: the
+    features' (the training precision; None: the drafter's own weights' dtype)."""
     hits, counts = [0] * depths, [0] * depths
+    dtype = dtype or next(model.parameters()).dtype
     model.eval()
     for batch in batches(data, batch_size, None, online):
-        batch = batch.to(embed.weight.device)
+        batch = batch.to(embed.weight.device, dtype)
         preds = aligned_passes(model, embed, batch, depths)
         for j, pred in enumerate(preds):
             m = step_mask(batch.mask, j + 1)
@@ -336,16 +349,22 @@ def _deepspeed_config(cfg: TrainConfig, world: int) -> dict:
         "train_batch_size": cfg.batch_size * cfg.grad_accum * world,
         "gradient_clipping": cfg.grad_clip if cfg.grad_clip_mode == "norm" else 0.0,  # value: hooks
         "zero_optimization": {"stage": cfg.zero_stage},
-        "bf16": {"enabled": torch.cuda.is_available()},
+        "bf16": {"enabled": cfg.precision == "bf16"},  # the engine casts the module; fp32 master weights
         "steps_per_print": 10**9,
     }
 
 
 class _Plain:
-    """The non-DeepSpeed path (same interface): AdamW + clipping + grad accumulation."""
+    """The non-DeepSpeed path (same interface): AdamW + clipping + grad accumulation, one rank.
+    bf16: float32 weights (the master copy) under autocast, so the matmuls run in bf16 as under
+    DeepSpeed's bf16 engine, whose module holds bf16 weights beside float32 master ones."""
 
     def __init__(self, model, opt, cfg):
         self.module, self.opt, self.cfg, self.micro = model, opt, cfg, 0
+
+    def autocast(self):
+        device = next(self.module.parameters()).device.type
+        return torch.autocast(device, dtype=torch.bfloat16, enabled=self.cfg.precision == "bf16")
 
     def backward(self, loss):
         (loss / self.cfg.grad_accum).backward()
@@ -410,6 +429,9 @@ class _DeepSpeed:
         self.engine, self.opt, _, _ = deepspeed.initialize(model=model, optimizer=opt, config=_deepspeed_config(cfg, world))
         self.module = self.engine.module
 
+    def autocast(self):
+        return contextlib.nullcontext()  # the engine's module is in the training precision already
+
     def backward(self, loss):
         self.engine.backward(loss)
 
@@ -429,6 +451,9 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
     Every rank calls ``report(metrics, dir)`` after each epoch's checkpoint and ``saved(dir)``
     after each step checkpoint. A resume restores weights, optimizer, each rank's noise generator
     and the data position, so it takes the steps the uninterrupted run takes (same worker count)."""
+    if world > 1 and not cfg.deepspeed and _distributed():  # (a simulated rank without a process group: tests)
+        raise ValueError(f"deepspeed: false trains without gradient synchronisation; {world} ranks would each "
+                         "train their own drafter. Set deepspeed: true (ZeRO 0-2) or use one worker")
     online = OnlineFeatures(verifier_model, tokenizer, cfg.online_spec) if cfg.online_spec else None
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -438,7 +463,8 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
     head = DraftHead(verifier_model.lm_head, ids)
     dcfg = DrafterConfig.for_verifier(verifier_model, cfg.verifier, cfg.backbone, seed=cfg.seed,
                                       draft_vocab_size=None if ids is None else int(ids.shape[0]))
-    model = init_drafter(dcfg, ids)  # every variant of a backbone starts from the same init (merging)
+    device = embed.weight.device  # the rank's device: the verifier's
+    model = init_drafter(dcfg, ids).to(device)  # every variant of a backbone starts from the same init (merging)
     if cfg.grad_clip_mode == "value":
         clamp_grads_by_value(model, cfg.grad_clip)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
@@ -450,7 +476,7 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
         print(f"[train {cfg.backbone}-{cfg.variant}] DeepSpeed imported and its engine ready in {took:.1f}s",
               flush=True)
     model = runner.module
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = torch.Generator(device=device).manual_seed(cfg.seed)  # feature noise, drawn where the batch is
     start, history, pos = 0, [], None
     latest = _latest(out)
     if latest is not None:  # resume after a crash from the latest epoch or step checkpoint
@@ -465,19 +491,31 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
             gen.set_state(rngs[rank])
     step = sum(h["steps"] for h in history) + (pos["sums"]["batches"] if pos else 0)  # micro-batches
     if latest is None and rank == 0:
-        history.append({"epoch": 0, "steps": 0, **heldout_metrics(model, embed, head, cfg, online)})
+        with runner.autocast():
+            history.append({"epoch": 0, "steps": 0, **heldout_metrics(model, embed, head, cfg, online)})
     every = (cfg.checkpoint_every or 0) * cfg.grad_accum  # micro-batches between step checkpoints
-    save = functools.partial(_save, out, model, dcfg, cfg, runner, rank, world, gen)  # (name, history, state)
+    save = functools.partial(_save, out, model, dcfg, cfg, runner, rank, world, gen)  # (name, history, state, step)
     for epoch in range(start + 1, cfg.epochs + 1):
         sums = dict(pos["sums"]) if pos else dict.fromkeys(SUMS, 0)  # this epoch so far
-        pos, t0 = None, time.perf_counter() - sums["seconds"]
-        for batch in batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch, online, cfg.bucket,
-                             mask_mode=cfg.loss_mask, rank=rank, world=world, skip=sums["batches"]):
+        pos, t0, ran = None, time.perf_counter() - sums["seconds"], 0
+        it = batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch, online, cfg.bucket,
+                     mask_mode=cfg.loss_mask, rank=rank, world=world, skip=sums["batches"])
+        while True:
+            batch = next(it, None)
+            # one decision for all ranks: stop when any rank is out of batches (the plan's remainder
+            # is dropped) or when rank 0's clock passes max_seconds (after at least one step)
+            late = bool(cfg.max_seconds) and ran > 0 and time.perf_counter() - t0 > cfg.max_seconds
+            if not _all_ranks(batch is not None and not (rank == 0 and late), world):
+                if batch is not None and not late:
+                    print(f"[train {cfg.backbone}-{cfg.variant}] rank {rank}: the epoch's last batch dropped "
+                          f"(the plan's batch count is not a multiple of {world} ranks)", flush=True)
+                break
             for g in opt.param_groups:
                 g["lr"] = cfg.lr * lr_factor(step // cfg.grad_accum, total_steps // cfg.grad_accum,
                                              cfg.warmup_steps, cfg.lr_schedule)
             use_topk = step >= cfg.topk_from * total_steps
-            loss, parts = compute_loss(cfg, model, embed, head, batch, gen, use_topk=use_topk)
+            with runner.autocast():
+                loss, parts = compute_loss(cfg, model, embed, head, batch, gen, use_topk=use_topk)
             if not torch.isfinite(loss):
                 raise TrainingDiverged(f"non-finite loss {float(loss.detach())} at epoch {epoch} step "
                                        f"{sums['batches']}; last good checkpoint kept in {out}")
@@ -490,26 +528,25 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
             sums["tokens"] += int(batch.mask.sum())
             sums["rows"] += int(batch.mask.numel())
             sums["batches"] += 1
-            step += 1
+            step, ran = step + 1, ran + 1
             if every and step % every == 0:
                 sums["seconds"] = time.perf_counter() - t0
                 state = {"epoch": epoch - 1, "position": {"sums": sums}}
-                d = save(f"step-{epoch}-{sums['batches']}", history, state)
+                d = save(f"step-{epoch}-{sums['batches']}", history, state, step)
                 if saved is not None:
                     saved(d)
             if cfg.crash_at_step and latest is None and step == cfg.crash_at_step * cfg.grad_accum:
                 raise RuntimeError(f"injected crash after optimizer step {cfg.crash_at_step}")
-            if cfg.max_seconds and time.perf_counter() - t0 > cfg.max_seconds:
-                break
         wall, n = time.perf_counter() - t0, max(sums["batches"], 1)
         metrics = {"epoch": epoch, "steps": sums["batches"], "train_loss": sums["loss"] / n,
                    "train_base_loss": sums["base"] / n, "epoch_seconds": wall,
                    "train_tokens_per_s": sums["tokens"] / wall if wall else 0.0,
                    "loss_token_fraction": sums["tokens"] / max(sums["rows"], 1)}  # loss / padded positions
         if rank == 0:
-            metrics.update(heldout_metrics(model, embed, head, cfg, online))
+            with runner.autocast():
+                metrics.update(heldout_metrics(model, embed, head, cfg, online))
         history.append(metrics)
-        d = save(f"epoch-{epoch}", history, {"epoch": epoch})
+        d = save(f"epoch-{epoch}", history, {"epoch": epoch}, step)
         if report is not None:
             report(metrics, d)
         if cfg.crash_after_epoch == epoch:
@@ -525,6 +562,23 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
     return final
 
 
+def _distributed() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _all_ranks(go: bool, world: int) -> bool:
+    """True iff ``go`` on every rank (one all-reduce of a flag; with one rank, ``go``)."""
+    import torch.distributed as dist
+
+    if world == 1 or not _distributed():
+        return go
+    flag = torch.tensor([int(go)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
+    return bool(flag.item())
+
+
 def _gather(obj, world: int) -> list:
     """``obj`` of every rank, in rank order (a collective when torch.distributed is up)."""
     import torch.distributed as dist
@@ -536,12 +590,28 @@ def _gather(obj, world: int) -> list:
     return out
 
 
-def _save(out, model, dcfg, cfg, runner, rank, world, gen, name: str, history: list, state: dict) -> Path:
+def weights_digest(state: dict) -> str:
+    """A short SHA-256 of a state dict's names, dtypes and bytes (what two ranks must agree on)."""
+    h = hashlib.sha256()
+    for k in sorted(state):
+        v = state[k].detach().to("cpu").contiguous()
+        h.update(f"{k}:{v.dtype}:{tuple(v.shape)}".encode())
+        h.update(v.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _save(out, model, dcfg, cfg, runner, rank, world, gen, name: str, history: list, state: dict,
+          step: int) -> Path:
     """Checkpoint ``name``: weights, every rank's optimizer shard and noise generator, then
-    state.json (``state`` + history + config); renamed into place whole, on rank 0, which then
-    drops the checkpoints this one makes stale."""
+    state.json (``state`` + history + config + each rank's micro-batch count and weights digest);
+    renamed into place whole, on rank 0, which then drops the checkpoints this one makes stale.
+    Ranks that ran different step counts or hold different weights stop the run here."""
     d, tmp = out / name, out / f".{name}.tmp"
-    rngs = _gather(gen.get_state(), world)  # every rank, before rank 0 touches tmp
+    mine = {"rng": gen.get_state(), "micro_batches": step, "weights": weights_digest(model.state_dict())}
+    every = _gather(mine, world)  # every rank, before rank 0 touches tmp
+    rngs, ranks = [e.pop("rng") for e in every], every
+    if len({(r["micro_batches"], r["weights"]) for r in ranks}) > 1:
+        raise RuntimeError(f"ranks diverged before checkpoint {name}: {ranks}")
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         training = {"variant": cfg.variant, "epoch": state["epoch"], "lr": cfg.lr,
@@ -551,7 +621,7 @@ def _save(out, model, dcfg, cfg, runner, rank, world, gen, name: str, history: l
         torch.save(rngs, tmp / "rng.pt")
     runner.save_state(tmp)  # every rank writes its optimizer shard (ZeRO)
     if rank == 0:
-        text = json.dumps({**state, "history": history, "config": asdict(cfg)}, default=str)
+        text = json.dumps({**state, "history": history, "config": asdict(cfg), "ranks": ranks}, default=str)
         (tmp / "state.json").write_text(text)
         shutil.rmtree(d, ignore_errors=True)
         os.replace(tmp, d)  # the checkpoint exists only once complete

@@ -103,7 +103,7 @@ class DraftHead(nn.Module):
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.ids is None:
-            return self.full(h)
+            return self.full(h.to(self.full.weight.dtype))  # e.g. float32 loss features, a bf16 verifier
         if self.matmul is not None and not h.requires_grad and h.dtype == self.weight.dtype:
             return self.matmul(h)  # a decoder's row-count-aware form (decoding/cpu/), set on CPU
         return h @ self.weight.to(h.dtype).T

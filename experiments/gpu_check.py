@@ -133,7 +133,8 @@ def check_training(args) -> dict:
     t_features = time.perf_counter() - t0
     cfg = TrainConfig(verifier=name, backbone="hass", variant="math", out_dir=tempfile.mkdtemp(prefix="gpu-check-train-"),
                       train_data=variant_data("math", root, caches, spec.n), heldout_data=heldout_data(root, caches),
-                      epochs=1, lr=1e-3, batch_size=8, deepspeed=True, zero_stage=1)
+                      epochs=1, lr=1e-3, batch_size=8, deepspeed=True, zero_stage=1,
+                      precision="bf16" if args.device.startswith("cuda") else "fp32")  # as the paper profile
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     try:
         gpu = args.device.startswith("cuda")
@@ -142,7 +143,8 @@ def check_training(args) -> dict:
         ray.shutdown()
     m = result.metrics or {}
     tps = f"{m.get('train_tokens_per_s', 0):.0f}"
-    return dict(model=name, dtype="float32", check="train (ZeRO-1)", **{"tok/s": tps},
+    return dict(model=name, dtype="bfloat16" if cfg.precision == "bf16" else "float32", check="train (ZeRO-1)",
+                **{"tok/s": tps},
                 note=f"features {spec.n} ex in {t_features:.0f}s; {m.get('steps')} steps, loss "
                      f"{m.get('train_loss', 0):.3f}, held-out top-1 {m.get('top1_depth1', 0):.3f} "
                      "(tok/s: loss tokens)")

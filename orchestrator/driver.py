@@ -292,7 +292,7 @@ class Driver:
             train_data=variant_data(cell.variant, root, caches, self.p.data.n),
             heldout_data=heldout_data(root, caches), epochs=t.epochs, lr=t.lr, batch_size=bp.per_worker,
             grad_accum=bp.grad_accum, warmup_steps=t.warmup_steps, seed=t.init_seed, hass_steps=t.hass_steps,
-            deepspeed=t.deepspeed, zero_stage=t.zero_stage, max_seconds=t.max_seconds, draft_vocab=self.vocab,
+            deepspeed=t.deepspeed, zero_stage=t.zero_stage, precision=t.precision, max_seconds=t.max_seconds, draft_vocab=self.vocab,
             lr_schedule=t.lr_schedule, grad_clip_mode=t.grad_clip_mode, topk_from=t.topk_from, bucket=t.bucket,
             loss_mask=t.loss_mask, checkpoint_every=t.checkpoint_every, keep_checkpoints=t.keep_checkpoints,
             online_spec=self._data_spec() if self.p.data.feature_mode == "online" else None,
@@ -309,6 +309,8 @@ class Driver:
             tcfg.pop("loss_mask")
         if tcfg["global_batch"] is None:  # added later: at its default earlier runs' keys stay valid
             tcfg.pop("global_batch")
+        if tcfg["precision"] == "fp32":  # added later: at its default earlier runs' keys stay valid
+            tcfg.pop("precision")
         print(batch_plan(self.p).describe(), flush=True)
         for cell in cells:
             key = "train-" + key_of([self.verifier_name, self._data_spec(), tcfg, cell.backbone, cell.variant])

@@ -184,7 +184,10 @@ class TrainCfg:
     global_batch: int | None = None
     warmup_steps: int = 0
     deepspeed: bool = True
-    zero_stage: int = 1
+    zero_stage: int = 1  # 0-2; ZeRO-3 is refused (rank 0 evaluates and saves, and would hold a shard)
+    # fp32 | bf16: what the drafter trains in (DeepSpeed's bf16 engine, or autocast without DeepSpeed); its
+    # inputs follow it and the losses stay float32. GPU profiles: bf16; the CPU profiles: fp32
+    precision: str = "fp32"
     hass_steps: int = 3
     max_seconds: float | None = None
     init_seed: int = 0
@@ -203,7 +206,8 @@ class TrainCfg:
     RULES = {"backbones": subset(BACKBONES), "variants": subset(VARIANTS), "epochs": integer(1),
              "lr": number(0, lo_open=True), "batch_size": integer(1), "grad_accum": integer(1),
              "global_batch": optional(integer(1)),
-             "warmup_steps": integer(0), "deepspeed": BOOL, "zero_stage": integer(0, 3),
+             "warmup_steps": integer(0), "deepspeed": BOOL, "zero_stage": integer(0, 2),
+             "precision": one_of("fp32", "bf16"),
              "hass_steps": integer(1),
              "max_seconds": optional(number(0, lo_open=True)), "init_seed": integer(0),
              "draft_vocab": optional(integer(16)), "lr_schedule": one_of("linear", "constant"),
@@ -420,6 +424,10 @@ class Profile:
             _need({"math", "chat"} <= set(self.train.variants),
                   "merge kind 'linear' averages the math and chat drafters: train.variants must include both",
                   "train.variants")
+        _need(self.train.deepspeed or self.resources.train.num_workers == 1,
+              f"train.deepspeed: false trains without gradient synchronisation, so "
+              f"resources.train.num_workers {self.resources.train.num_workers} would train that many separate "
+              "drafters; set train.deepspeed: true or num_workers: 1", "train.deepspeed")
         batch_plan(self)  # refuses a global batch the workers cannot split
         return self
 

@@ -52,7 +52,13 @@ FILES = [
      "train.lr must be a number > 0, got '3e-5' "
      "(a string: YAML 1.1 reads a float without a dot as text; write 3.0e-5, not 3e-5)"),
     ("ZeRO stage out of range", "train: {zero_stage: 4}\n",
-     "train.zero_stage must be an integer in [0, 3], got 4"),
+     "train.zero_stage must be an integer in [0, 2], got 4"),
+    ("ZeRO-3 (rank 0 would evaluate a shard)", "train: {zero_stage: 3}\n",
+     "train.zero_stage must be an integer in [0, 2], got 3"),
+    ("unknown precision", "train: {precision: fp16}\n", "train.precision must be fp32 or bf16, got 'fp16'"),
+    ("two unsynchronised ranks", "train: {deepspeed: false}\nresources: {train: {num_workers: 2}}\n",
+     "train.deepspeed: false trains without gradient synchronisation, so resources.train.num_workers 2 would "
+     "train that many separate drafters; set train.deepspeed: true or num_workers: 1"),
     ("fraction out of range", "train: {topk_from: 1.5}\n",
      "train.topk_from must be a number in [0, 1], got 1.5"),
     ("unknown choice", "data: {feature_mode: streaming}\n",
