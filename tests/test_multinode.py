@@ -11,6 +11,7 @@ doubled, and it prints its figures (work redone, seconds to recover)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -23,10 +24,13 @@ import boto3
 import polars as pl
 import pyarrow.dataset as ds
 import pytest
+import safetensors.torch
+import torch
 from moto.server import ThreadedMotoServer
 from pyarrow import fs
 from ray.cluster_utils import Cluster
 
+from drafters.trainer import weights_digest
 from orchestrator.grid import eval_cells
 from orchestrator.profile import load_profile
 
@@ -38,10 +42,13 @@ REGION = "us-east-1"
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}  # moto accepts any
 # every stage runs (features, both drafters, the merge, the report); evaluation keeps every
 # strategy on 3 prompts at T=0 (12 units): what crosses the store is the same, at half the cells;
-# every cell times generate next to its own prompts (eval.paired_baseline)
+# every cell times generate next to its own prompts (eval.paired_baseline). Each drafter trains as
+# on a GPU cluster: one Ray Train worker on each node (gloo), DeepSpeed in bf16, and a batch count
+# the two ranks cannot split evenly (8 examples in batches of 3)
 PROMPTS = {"gsm8k": 2, "mt_bench": 1}  # one unit per prompt (the smoke profile's shard_size is 1)
 SMALL = ["eval.temperatures=[0.0]", "eval.tree_auto=[]", "eval.benchmarks={gsm8k: 2, mt_bench: 1}",
-         "eval.paired_baseline=true"]
+         "eval.paired_baseline=true", "resources.train.num_workers=2", "train.precision=bf16",
+         "train.batch_size=3"]
 
 
 @pytest.fixture(scope="module")
@@ -61,16 +68,17 @@ def s3():
 
 @pytest.fixture(scope="module")
 def cluster(s3, tmp_path_factory):
-    """Head (0 CPUs: runs no work) + two 1-CPU worker nodes, each with its own staging dir. The
-    nodes get credentials (as an instance profile would give them) but not the endpoint: the
-    driver forwards that (storage.ENDPOINT_VARS)."""
+    """Head (0 CPUs: runs no work but Ray Train's controller) + two 1-CPU worker nodes, each with its own
+    staging dir. The nodes get credentials (as an instance profile would give them) but not the
+    endpoint: the driver forwards that (storage.ENDPOINT_VARS)."""
     tmp = tmp_path_factory.mktemp("multinode")
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
     os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")  # as tests/test_grid.py
     with socket.socket() as sock:  # the head's dashboard on a free port: 8265 belongs to tests/test_grid.py
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    head = {"num_cpus": 0, "env_vars": {"TASKSPEC_STAGING": str(tmp / "head")}, "dashboard_port": port}
+    # credentials on every node, the head too (Ray Train's controller may run there)
+    head = {"num_cpus": 0, "env_vars": {"TASKSPEC_STAGING": str(tmp / "head"), **CREDS}, "dashboard_port": port}
     c = Cluster(initialize_head=True, head_node_args=head)
     c.tmp, c.n_added = tmp, 0
     for _ in range(2):
@@ -156,6 +164,16 @@ def test_smoke_grid_runs_on_two_nodes_through_object_storage_only(cluster, s3, g
     rel = {i.path[len(f"{BUCKET}/{RUN}/"):] for i in s3fs.get_file_info(sel) if i.type == fs.FileType.File}
     assert "report/report.md" in rel and "manifest.json" in rel
     assert {p for p in rel if p.endswith("final/model.safetensors")}, sorted(rel)[:40]
+    # two ranks, one per node, in bf16: the same steps (the odd batch dropped) and the same weights as saved
+    finals = sorted(p[: -len("/state.json")] for p in rel if p.endswith("final/state.json"))
+    assert len(finals) == 2, finals  # the math and chat drafters
+    for final in finals:
+        ranks = _read_json(s3fs, f"{final}/state.json")["ranks"]
+        with s3fs.open_input_stream(f"{BUCKET}/{RUN}/{final}/model.safetensors") as f:
+            saved = safetensors.torch.load(f.read())
+        assert len(ranks) == 2 and ranks[0] == ranks[1] and ranks[0]["micro_batches"] >= 1, (final, ranks)
+        assert weights_digest(saved) == ranks[0]["weights"], final
+        assert {v.dtype for v in saved.values() if v.is_floating_point()} == {torch.bfloat16}, final
     assert {p for p in rel if p.startswith("features/") and p.endswith("manifest.json")}
     # nothing crossed a local path: the driver's staging holds only its own files plus what it fetched
     # (the two specialists of the merge); both worker nodes fetched checkpoints for their eval actor
@@ -282,3 +300,44 @@ def test_driver_killed_then_a_node_removed_while_the_same_command_resumes(cluste
     assert skipped == at_uri and figures["lost"] == 0 and figures["duplicated"] == 0
     assert removed_at is not None, "evaluation finished before a node could be removed"
     assert len(cluster.worker_nodes) == 2
+
+
+def test_training_on_two_nodes_with_an_odd_batch_count_in_bf16(cluster, s3, tmp_path):
+    """One Ray Train run with a worker on each node (gloo), DeepSpeed ZeRO-1 in bf16 (what a GPU
+    trains in), 5 batches for 2 ranks, a crash after step 3 restarted from the step checkpoint at
+    s3:// (tests/two_node_training.py, in a process bounded by a timeout: a hang fails the test).
+    Both ranks take the same steps (the fifth batch dropped), hold the same weights as the saved
+    drafter, the loss is finite and falls, and the checkpoint drafts exactly what generate says."""
+    from safetensors.torch import load_file
+
+    from drafters.trainer import weights_digest
+
+    endpoint, s3fs = s3
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_"))}
+    env.update(RAY_ADDRESS=cluster.address, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               TASKSPEC_STAGING=str(cluster.tmp / "train-driver"), AWS_ENDPOINT_URL_S3=endpoint,
+               AWS_DEFAULT_REGION=REGION, **CREDS)
+    cmd = [sys.executable, str(ROOT / "tests/two_node_training.py"), f"s3://{BUCKET}/two-node-train", str(tmp_path)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-6000:]
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    hist, ranks = s["history"], s["ranks"]
+    print(f"two-node training (bf16, ZeRO-1, 2 ranks, 5 batches): {s['seconds']}s with one restart; "
+          f"steps per epoch {[h['steps'] for h in hist[1:]]}, base loss "
+          f"{[round(h['train_base_loss'], 3) for h in hist[1:]]}, ranks {ranks}")
+    assert "injected crash after optimizer step 3" in log  # the first attempt crashed; the restart finished
+    assert "the epoch's last batch dropped" in log
+    assert [h["epoch"] for h in hist] == [0, 1, 2] and s["epoch"] == 2
+    assert [h["steps"] for h in hist[1:]] == [2, 2], hist  # 5 batches // 2 ranks
+    assert all(math.isfinite(h["train_loss"]) for h in hist[1:])
+    assert hist[2]["train_base_loss"] < hist[1]["train_base_loss"], hist
+    assert len(ranks) == 2 and ranks[0] == ranks[1] and ranks[0]["micro_batches"] == 4, ranks
+    saved = load_file(str(Path(s["final"]) / "model.safetensors"))
+    assert weights_digest(saved) == ranks[0]["weights"]  # the saved drafter is what every rank holds
+    assert all(v.dtype == torch.bfloat16 for v in saved.values() if v.is_floating_point())
+    assert s["at_uri"] == ["epoch-2", "final"]
+    assert s["decoded_equals_generate"] and s["decoded_tokens"] > 0
+    # the workers ran on both nodes: each node's own staging dir holds the checkpoints it fetched or wrote
+    used = [d.name for d in cluster.tmp.glob("node-*") if list(d.rglob("two-node-train/checkpoints/hass-math"))]
+    assert len(used) >= 2, used

@@ -31,7 +31,8 @@ def train_loop_per_worker(config: dict) -> None:
     from . import artifacts
 
     ctx = ray.train.get_context()
-    rank, world, local_rank = ctx.get_world_rank(), ctx.get_world_size(), ctx.get_local_rank()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    local_rank = node_local_rank(rank, world)
     t1 = time.time()
     cfg = artifacts.prepare(TrainConfig(**config["train"]), local_rank)  # with out_uri: inputs, last checkpoint
     t2 = time.time()
@@ -57,6 +58,22 @@ def train_loop_per_worker(config: dict) -> None:
 
     final = train(cfg, model, rank=rank, world=world, report=report, tokenizer=tok, saved=saved)
     artifacts.publish_final(cfg, final, rank)
+
+
+def node_local_rank(rank: int, world: int) -> int:
+    """This rank's index among the ranks on its Ray node (0: the one that fetches and uploads the
+    node's files). Ray Train's local rank counts ranks per IP address; two Ray nodes can share one
+    (several raylets on a host, as in ray.cluster_utils.Cluster), each with its own node-local staging
+    dir, and then a local rank 1 would skip the fetch that its own node needs."""
+    import ray
+    import torch.distributed as dist
+
+    node = ray.get_runtime_context().get_node_id()
+    if world == 1 or not (dist.is_available() and dist.is_initialized()):
+        return 0
+    nodes = [None] * world
+    dist.all_gather_object(nodes, node)
+    return nodes[:rank].count(node)
 
 
 def _cuda() -> bool:
