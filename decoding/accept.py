@@ -98,9 +98,11 @@ def accept_greedy(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Ten
     anc = ancestor_matrix(parents)  # (N+1, N+1)
     ok = greedy_match(tokens, parents, target, anc)  # (N,)
     depth_ok = torch.where(ok, depths, torch.zeros_like(depths))  # (N,)
+    # (1,), not 0-dim: indexing with a 0-dim device tensor reads it on the host (a sync per step)
     leaf = torch.where(depth_ok.max() > 0, depth_ok.argmax() + 1, torch.zeros((), dtype=torch.long, device=dev))
+    leaf = leaf.reshape(1)
     d = max_depth if max_depth is not None else n
-    path = _path_slots(anc[leaf, 1:] & (leaf > 0), parents, d)  # the root -> leaf path
+    path = _path_slots(anc.index_select(0, leaf)[0, 1:] & (leaf > 0), parents, d)  # the root -> leaf path
     rejected = _first(parents + 1 == leaf)  # the first child of the last accepted node
     return _host(path, target[leaf], torch.where(rejected >= 0, rejected + 1, rejected), tokens)
 

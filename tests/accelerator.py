@@ -11,11 +11,18 @@ What raises (with CUDA's own wording where it has one):
 - an op whose tensor arguments mix host and accelerator, except 0-dim host tensors (CUDA accepts
   those as scalars) and host index tensors into an accelerator tensor (CUDA copies them over);
 - indexing a host tensor with accelerator indices; ``.numpy()`` of an accelerator tensor;
-- a factory on the accelerator drawing from a host ``torch.Generator``.
+- a factory on the accelerator drawing from a host ``torch.Generator``, and any random op on an
+  accelerator tensor given one (``multinomial``, ``uniform_``, ...);
+- ``index_select``, ``gather``, ``take`` and the scatters with host index tensors (only ``x[idx]``
+  copies host indices over);
+- stacking or concatenating host and accelerator tensors, 0-dim ones included.
 
 What is counted (``counts``): ``sync`` for every device-to-host read (``.item()``, ``.tolist()``,
-``bool()``, ``int()``, ``float()``, ``.cpu()``, ``.to("cpu")``, printing, an explicit
-``torch.cuda.synchronize()``), ``h2d`` for every host-to-device copy (``.to("cuda")`` of a host
+``bool()``, ``int()``, ``float()``, ``.cpu()``, ``.to("cpu")``, ``host.copy_(device)``, printing, an
+explicit ``torch.cuda.synchronize()``, and the reads CUDA makes in C++: indexing with a 0-dim
+accelerator integer tensor or with an accelerator boolean mask, ``nonzero`` and the ops built on it
+(``masked_select``, one-argument ``where``, ``unique``, ``repeat_interleave`` without
+``output_size``), one per accelerator tensor in the data of ``torch.tensor([...])``), ``h2d`` for every host-to-device copy (``.to("cuda")`` of a host
 tensor, ``torch.tensor(..., device="cuda")``, host indices into an accelerator tensor, host values
 written into one). ``where[kind]`` keeps the caller's file:line of each event, so a test that
 fails on a budget names the lines that spent it.
@@ -38,7 +45,12 @@ T = torch.Tensor
 _GETTERS = {"device": T.device, "is_cuda": T.is_cuda, "is_cpu": T.is_cpu}
 _SYNC_METHODS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__repr__", "__format__",
                  "__array__"}
-_INDEXING = {"__getitem__", "index_select", "index", "take", "gather"}
+_INDEXING = {"__getitem__", "index_select", "index", "take", "gather", "take_along_dim", "scatter", "scatter_",
+             "scatter_add", "scatter_add_", "index_add", "index_add_", "index_copy", "index_copy_", "index_put",
+             "index_put_"}
+_COPIES_HOST_INDICES = {"__getitem__", "__setitem__", "index", "index_put", "index_put_"}  # x[idx]: CUDA copies
+_DATA_DEPENDENT = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "nonzero_static"}
+_JOINS = {"cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack", "column_stack"}
 _METADATA = {"_has_compatible_shallow_copy_type", "is_floating_point", "is_complex", "dim", "size", "numel",
              "__len__", "data_ptr", "element_size", "stride", "is_contiguous", "requires_grad_", "__hash__",
              "untyped_storage", "storage_offset", "get_device", "__get__", "__set__"}
@@ -141,6 +153,7 @@ class FakeCuda(TorchFunctionMode):
         self._patches.enter_context(_patch(torch.cuda, "synchronize", self._synchronize))
         self._patches.enter_context(_patch(torch.cuda, "current_device", lambda: 0))
         self._patches.enter_context(_patch(torch.cuda, "Event", self._event_class()))
+        self._patches.enter_context(_patch(torch, "Generator", _DeviceGenerator))
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -219,11 +232,16 @@ class FakeCuda(TorchFunctionMode):
         if name in _SYNC_METHODS and args and on_device(args[0]):
             self._note("sync")
             return func(*args, **kwargs)
+        if name in _FACTORY_COPY and any(on_device(t) for t in _tensors(args[:1], [])):
+            for _ in [t for t in _tensors(args[:1], []) if on_device(t)]:
+                self._note("sync")  # torch.tensor([dev_a, dev_b]): each element read on the host
+            args = (_untag_copy(args[0]),) + tuple(args[1:])
         if "device" in kwargs:  # factories: torch.arange(..., device=dev), new_empty(..., device=dev)
+            gen = kwargs.get("generator")
+            if gen is not None and _gen_on_device(gen) != _is_cuda(kwargs["device"]):
+                where = ("cuda", "cpu") if _is_cuda(kwargs["device"]) else ("cpu", "cuda")
+                raise RuntimeError(f"Expected a '{where[0]}' device type for generator but found '{where[1]}'")
             if _is_cuda(kwargs["device"]):
-                gen = kwargs.get("generator")
-                if gen is not None and gen.device.type != "cuda":
-                    raise RuntimeError("Expected a 'cuda' device type for generator but found 'cpu'")
                 kwargs = {**kwargs, "device": "cpu"}
                 out = func(*args, **kwargs)
                 if name in _FACTORY_COPY and out.numel():  # host data copied over (empty: nothing)
@@ -234,19 +252,42 @@ class FakeCuda(TorchFunctionMode):
         tensors = _tensors(args, []) + _tensors(kwargs, [])
         dev = [t for t in tensors if on_device(t)]
         if not dev:
+            if any(_gen_on_device(g) for g in (*args, *kwargs.values()) if isinstance(g, torch._C.Generator)):
+                raise RuntimeError(f"{name}: Expected a 'cpu' device type for generator but found 'cuda'")
             out = func(*args, **kwargs)
             if name.startswith("new_") and args and on_device(args[0]):
                 _tag(out)
             return out
         host = [t for t in tensors if not on_device(t)]
+        self._check_generator(name, args, kwargs)
+        if name in _JOINS and host:
+            self._mismatch(f"{name}: a host tensor of shape {tuple(host[0].shape)} joined to accelerator ones")
         if host:
             self._check_mix(name, args, host)
+        self._count_hidden_syncs(name, args, kwargs)
         out = func(*args, **kwargs)
         if name == "__setitem__" or name.endswith("_") and not name.startswith("__"):
             return out  # in place: the target keeps its device
         if name.startswith("new_") and args and not on_device(args[0]):
             return out
         return _tag(out)
+
+    def _check_generator(self, name: str, args, kwargs) -> None:
+        gens = [g for g in (*args, *kwargs.values()) if isinstance(g, torch._C.Generator)]
+        if any(not _gen_on_device(g) for g in gens):
+            raise RuntimeError(f"{name}: Expected a 'cuda' device type for generator but found 'cpu'")
+
+    def _count_hidden_syncs(self, name: str, args, kwargs) -> None:
+        """Device -> host reads that CUDA makes inside an op (C++), which no Python call shows."""
+        if name in ("__getitem__", "__setitem__", "index_put", "index_put_") and len(args) > 1:
+            for t in _tensors(args[1], []):
+                if on_device(t) and (t.dtype in (torch.bool, torch.uint8) or (t.dim() == 0 and not t.is_floating_point())):
+                    self._note("sync")  # a mask's nonzero, or a 0-dim index read as a Python int
+        elif name in _DATA_DEPENDENT or (name == "where" and len(args) + len(kwargs) == 1):
+            self._note("sync")
+        elif name == "repeat_interleave" and "output_size" not in kwargs and any(
+                on_device(t) and t.dim() > 0 for t in _tensors(args[1:2], []) + _tensors(kwargs.get("repeats"), [])):
+            self._note("sync")
 
     def _check_mix(self, name: str, args, host: list) -> None:
         self_t = args[0] if args and isinstance(args[0], torch.Tensor) else None
@@ -257,12 +298,14 @@ class FakeCuda(TorchFunctionMode):
                     return
                 return self._fail("indices should be either on cpu or on the same device as the indexed "
                                   "tensor (cpu)")
+            if name not in _COPIES_HOST_INDICES and [t for t in host if t.dim() > 0]:
+                return self._mismatch(f"{name}: host index tensor on an accelerator tensor")
             for t in host:
                 if t.dim() > 0:
                     self._note("h2d")  # host indices / values copied to the device
             return
         if name in ("copy_",):
-            self._note("h2d")
+            self._note("h2d" if on_device(self_t) else "sync")  # host.copy_(device) waits for the device
             return
         big = [t for t in host if t.dim() > 0]
         if big:
@@ -296,6 +339,36 @@ class FakeCuda(TorchFunctionMode):
         rest, kw = _host_args(args, kwargs)
         out = T.to(t, *rest, **kw) if (rest or kw) else t
         return out.clone() if out is t else out
+
+
+class _DeviceGenerator(torch._C.Generator):
+    """``torch.Generator`` inside the stand-in: ``device="cuda"`` gives a CPU generator that counts
+    as the accelerator's (the same stream of numbers a CPU generator with that seed gives)."""
+
+    def __new__(cls, device="cpu"):
+        g = super().__new__(cls, "cpu")
+        g.on_accelerator = _is_cuda(device)
+        return g
+
+    def __init__(self, device="cpu"):
+        pass  # (the C type is set up by __new__)
+
+    @property
+    def device(self):
+        return CUDA if self.on_accelerator else torch.device("cpu")
+
+
+def _gen_on_device(g) -> bool:
+    return bool(getattr(g, "on_accelerator", False))
+
+
+def _untag_copy(data):
+    """``torch.tensor``'s data with accelerator tensors replaced by their values (already counted)."""
+    if isinstance(data, torch.Tensor):
+        return data.detach().clone() if on_device(data) else data
+    if isinstance(data, (list, tuple)):
+        return type(data)(_untag_copy(x) for x in data)
+    return data
 
 
 @contextlib.contextmanager

@@ -59,6 +59,51 @@ def test_host_device_mixes_raise_as_on_cuda():
             lin(h)
 
 
+# (what a GPU does, the call) for each read or refusal CUDA makes that no Python call shows
+HIDDEN = [
+    ("sync", "indexing with a 0-dim device integer", lambda d, h: d[d.argmax()]),
+    ("sync", "indexing a row with a 0-dim device integer", lambda d, h: d.reshape(1, 4)[0, d.argmax()]),
+    ("sync", "boolean-mask indexing", lambda d, h: d[d > 1]),
+    ("sync", "boolean-mask assignment", lambda d, h: d.clone().__setitem__(d > 1, 0.0)),
+    ("sync", "nonzero", lambda d, h: (d > 1).nonzero()),
+    ("sync", "one-argument where", lambda d, h: torch.where(d > 1)),
+    ("sync", "masked_select", lambda d, h: d.masked_select(d > 1)),
+    ("sync", "unique", lambda d, h: d.unique()),
+    ("sync", "repeat_interleave by device counts", lambda d, h: d.repeat_interleave(d.long())),
+    ("sync", "torch.tensor of device scalars", lambda d, h: torch.tensor([d[0], d[1]])),
+    ("sync", "host.copy_(device)", lambda d, h: h.copy_(d)),
+    ("h2d", "device.copy_(host)", lambda d, h: d.clone().copy_(h)),
+    ("raise", "index_select with host indices", lambda d, h: d.index_select(0, torch.tensor([0, 1]))),
+    ("raise", "gather with host indices", lambda d, h: d.gather(0, torch.tensor([0, 1]))),
+    ("raise", "take with host indices", lambda d, h: d.take(torch.tensor([0, 1]))),
+    ("raise", "stacking a 0-dim host tensor with device ones", lambda d, h: torch.stack([d[0], h[0]])),
+    ("raise", "multinomial with a host generator", lambda d, h: torch.multinomial(d, 1, generator=torch.Generator())),
+    ("raise", "uniform_ with a host generator", lambda d, h: d.clone().uniform_(generator=torch.Generator())),
+    ("raise", "host numbers from a device generator", lambda d, h: torch.rand(2, generator=torch.Generator("cuda"))),
+]
+
+
+@pytest.mark.parametrize("kind,call", [(k, c) for k, _, c in HIDDEN], ids=[n for _, n, _ in HIDDEN])
+def test_the_stand_in_sees_what_cuda_does_in_cpp(kind, call):
+    """Each call costs a GPU a device -> host read (or a copy, or refuses to run); the stand-in
+    counts it (or raises), so a decode loop that uses one shows it in its budget."""
+    with FakeCuda() as acc:
+        d = torch.tensor([0.5, 1.5, 2.5, 3.5], device="cuda")
+        h = torch.zeros(4)
+        acc.reset()
+        if kind == "raise":
+            with pytest.raises((DeviceMismatch, RuntimeError)):
+                call(d, h)
+            return
+        call(d, h)
+        assert acc.counts[kind] >= 1, dict(acc.counts)
+        # the sync-free forms of the same work cost nothing
+        acc.reset()
+        i = d.argmax().reshape(1)
+        d.index_select(0, i), d[i], torch.where(d > 1, d, torch.zeros_like(d)), torch.stack([d[0], d[1]])
+        assert not acc.counts, dict(acc.counts)
+
+
 def test_timers_must_close_on_a_sync():
     with FakeCuda():
         clock = Clock(torch.device("cuda"))
@@ -170,9 +215,9 @@ def _case_id(c) -> str:
     return f"{c[0]}-{c[2]}{'-dedup' if c[3] else ''}{'-budget' if c[4] else ''}"
 
 
-# every case at T=0; at T=1 (the sampling acceptance's syncs) single, routing and the dedup merge by
-# default, the rest in make test-full (tests/conftest.py)
-T1_DEFAULT = {"single-step", "confidence-step", "merged-step-dedup"}
+# every case at T=0; at T=1 (the sampling acceptance's syncs) the dedup merge here, per-turn entropy
+# routing and the paper's merged tree in the settings test below; the rest in make test-full
+T1_DEFAULT = {"merged-step-dedup"}  # (and the T=1 cases of the settings test below)
 DEVICE_CASES = [pytest.param(c, t, id=f"{_case_id(c)}-{t}",
                              marks=[pytest.mark.full] if t == 1.0 and _case_id(c) not in T1_DEFAULT else [])
                 for t in (0.0, 1.0) for c in CASES]
@@ -247,6 +292,34 @@ def test_new_strategies_run_on_the_device_within_the_step_budget(verifier, rando
     assert worst["sync"] <= SYNC_BUDGET and worst["h2d"] <= COPY_BUDGET, (name, temperature, worst, acc.where)
 
 
+OTHER = {  # the settings the cases above leave at their defaults: (case, temperature, tree, DecodeConfig fields)
+    "confidence-turn-node-score-paper-tree": (("confidence", 2, "turn", False, False), 0.0, TreeConfig(10, 6, 60),
+                                              {"route_score": "node"}),
+    "entropy-turn-top-k-top-p": (("entropy", 2, "turn", False, False), 1.0, TreeConfig(3, 3, 10),
+                                 {"top_k_sampling": 20, "top_p": 0.9}),
+    "merged-paper-tree-top-p": (("merged", 2, "step", False, False), 1.0, TreeConfig(10, 6, 60), {"top_p": 0.8}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", list(OTHER))
+def test_turn_routing_node_scores_top_k_top_p_and_the_papers_tree_hold_the_budget(verifier, random_drafter_dirs,
+                                                                                   mt_prompt, greedy, name):
+    """The study's tree (total 60, depth 6, top-k 10), per-turn routing, the node score and the
+    verifier's top-k/top-p filters: same output as off the stand-in, within the same step budget."""
+    model, tok = verifier
+    case, temperature, tree, fields = OTHER[name]
+    snaps: list[dict] = []
+    with FakeCuda() as acc:
+        acc.place(model)
+        props = load_proposers(model, random_drafter_dirs, VERIFIER)
+        got = _decode(model, tok, props, mt_prompt, case, temperature, tree, snaps, acc, **fields)
+    want = _off_harness(model, tok, random_drafter_dirs, mt_prompt, case, temperature, tree, greedy, got, **fields)
+    assert got == want, f"{name}: the device path changed the output"
+    worst = {k: max(s[k] for s in _per_step(snaps)) for k in ("sync", "h2d")}
+    assert worst["sync"] <= SYNC_BUDGET and worst["h2d"] <= COPY_BUDGET, (name, worst, acc.where)
+
+
 @pytest.mark.slow
 def test_the_budget_does_not_grow_with_the_tree_or_the_drafters(verifier, random_drafter_dirs, mt_prompt):
     """Merged trees of 3 drafters x 24 nodes and of 2 x 6 nodes cost the same syncs and copies."""
@@ -313,7 +386,7 @@ def test_features_training_steps_and_merges_run_on_the_device(verifier, bench_pr
             tcfg = TrainConfig(verifier=VERIFIER, backbone=backbone, variant="math", out_dir="unused",
                                train_data=[["unused", "unused", None]], heldout_data=[])
             loss, parts = compute_loss(tcfg, drafter, model.get_input_embeddings(), head, batch,
-                                       torch.Generator().manual_seed(0))
+                                       torch.Generator(device=model.device).manual_seed(0))  # as train's
             assert on_device(loss) and torch.isfinite(loss.detach().cpu())
             loss.backward()
             assert all(on_device(p.grad) for p in drafter.parameters() if p.grad is not None)
