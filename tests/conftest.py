@@ -56,6 +56,22 @@ def bench_prompts():
         return {b: load_benchmark(b)[0][:2] for b in ("gsm8k", "math500", "svamp", "mt_bench")}
 
 
+# the feature caches every in-process training test shares (tests/test_training.py, test_faults.py):
+# built once per run; DataSpec's fields
+TRAIN_SPEC = {"n": 16, "heldout": 4, "max_length": 96, "seed": 42}
+
+
+@pytest.fixture(scope="session")
+def train_features(verifier, eos, tmp_path_factory):
+    """(root, {corpus: cache}) for both training corpora at TRAIN_SPEC."""
+    from drafters.variants import DataSpec, ensure_features
+
+    model, tok = verifier
+    root = str(tmp_path_factory.mktemp("features"))
+    spec = DataSpec(**TRAIN_SPEC)
+    return root, {c: ensure_features(model, tok, eos, VERIFIER, c, spec, root) for c in ("mathinstruct", "sharegpt")}
+
+
 FULL_ENV = "TASKSPEC_FULL_TESTS"
 
 
@@ -71,3 +87,35 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "full" in item.keywords:
             item.add_marker(skip)
+
+
+_STARTED = {}
+
+
+def pytest_sessionstart(session):
+    import time
+
+    _STARTED["t"] = time.time()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """The suite's budget, checked where it is spent: wall time and the machine class (docs/testing.md
+    records the figure per class), printed at the end of every run."""
+    import os
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from decoding.cpu.machine import machine_class
+
+    if "t" not in _STARTED:
+        return
+    wall = time.time() - _STARTED["t"]
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                                cwd=Path(__file__).resolve().parents[1]).stdout.strip() or "?"
+    except (OSError, subprocess.SubprocessError):
+        commit = "?"
+    suite = "make test-full" if os.environ.get(FULL_ENV) == "1" else "make test"
+    terminalreporter.write_line(f"suite time: {wall:.0f} s ({wall / 60:.1f} min) wall, {suite} at {commit}, "
+                                f"on {machine_class()}")

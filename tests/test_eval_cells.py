@@ -45,7 +45,7 @@ def test_new_cells_decode_losslessly_and_carry_their_options(heads):
     w = EvalWorker(VERIFIER)
     rows = []
     for c in cells:
-        decode = {"top_k": 3, "depth": 4, "max_new_tokens": 12, "seed": 42, "cell_key": c.key}
+        decode = {"top_k": 3, "depth": 4, "max_new_tokens": 6, "seed": 42, "cell_key": c.key}
         got, _ = w.run(dataclasses.asdict(c), [heads[d] for d in c.drafters], prompts, decode)
         rows += [r | {"label": c.label} for r in got]
     df = pl.DataFrame(rows, infer_schema_length=None)

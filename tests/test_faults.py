@@ -19,24 +19,22 @@ import torch
 from safetensors.torch import load_file
 
 from drafters.trainer import TrainConfig, train
-from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
+from drafters.variants import DataSpec, heldout_data, variant_data
 from orchestrator import preflight
 from orchestrator.manifest import Lease, LeaseHeld
 from orchestrator.profile import load_profile
+from tests.conftest import TRAIN_SPEC
 from workers.eval_worker import DrafterCache
 
 ROOT = Path(__file__).resolve().parents[1]
-SPEC = DataSpec(n=16, heldout=4, max_length=96, seed=42)
+SPEC = DataSpec(**TRAIN_SPEC)
 TIMING = ("epoch_seconds", "train_tokens_per_s")  # the only history fields a resume may change
 
 
 # ---------------------------------------------------------------- step checkpoints
 @pytest.fixture(scope="module")
-def features(verifier, eos, tmp_path_factory):
-    model, tok = verifier
-    root = str(tmp_path_factory.mktemp("features"))
-    return root, {c: ensure_features(model, tok, eos, "smollm2-135m-instruct", c, SPEC, root)
-                  for c in ("mathinstruct", "sharegpt")}
+def features(train_features):
+    return train_features  # built once per run (tests/conftest.py), shared with tests/test_training.py
 
 
 def _cfg(features, out, **kw) -> TrainConfig:
@@ -174,6 +172,7 @@ def local_ray(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.full  # the default suite's Ray Train restart: tests/test_multinode.py, on two nodes, in bf16
 def test_ray_train_restarts_after_a_crash_and_resumes_from_the_step_checkpoint_at_the_uri(features, local_ray,
                                                                                         tmp_path, monkeypatch):
     """Two ZeRO-1 workers, a checkpoint every 3 optimizer steps, a crash after step 4 (fresh runs

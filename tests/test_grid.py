@@ -376,11 +376,13 @@ def test_ray_metrics_are_exported_under_the_documented_names(readme_run):
     assert all(f"`{n}{{" in readme for n in ("ray_taskspec_units_done_total", "ray_taskspec_acceptance_length"))
 
 
+@pytest.mark.full  # breadth: make test-full (the forced run costs a second grid run)
 def test_force_train_retrains_rather_than_restoring_the_finished_sweep(forced_run):
     assert "Tune sweep" in forced_run.stdout and forced_run.retrained
     _check_traces(forced_run.run, FORCED)
 
 
+@pytest.mark.full  # breadth: make test-full (the forced run costs a second grid run)
 def test_console_output_is_short_and_ends_with_the_summary(forced_run):
     """No per-process loading bars or Tune tables by default: a few hundred lines, summary last."""
     lines, err = forced_run.stdout.splitlines(), forced_run.stderr.splitlines()
@@ -390,6 +392,7 @@ def test_console_output_is_short_and_ends_with_the_summary(forced_run):
     assert "summary:" in tail and "best tau" in tail and lines[-1].startswith("done: results in"), tail
 
 
+@pytest.mark.full  # breadth: make test-full (the forced run costs a second grid run)
 def test_mlflow_store_has_the_training_curves_and_the_summary(forced_run):
     """--tracking mlflow: a real local MLflow file store under the output dir, written through
     Ray Tune's MLflow callback (one run per training cell, one step per epoch) and the summary run."""

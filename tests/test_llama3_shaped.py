@@ -21,7 +21,8 @@ from drafters.trainer import TrainConfig, train
 from drafters.variants import DataSpec, build_vocab, ensure_features, heldout_data, variant_data
 from drafters.vocab import save_vocab
 
-pytestmark = pytest.mark.slow
+# breadth (make test-full): building and tuning a 128k-vocabulary model costs ~2-3 minutes of the suite
+pytestmark = [pytest.mark.slow, pytest.mark.full]
 ROOT = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("llama3_shaped", ROOT / "experiments/llama3_shaped.py")
 llama3_shaped = importlib.util.module_from_spec(_spec)

@@ -9,19 +9,16 @@ import torch
 
 from drafters.trainer import TrainConfig, TrainingDiverged, train
 from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
+from tests.conftest import TRAIN_SPEC
 
 pytestmark = pytest.mark.slow
-N = 24
-SPEC = DataSpec(n=N, heldout=8, max_length=160, seed=42)
+SPEC = DataSpec(**TRAIN_SPEC)
+N = SPEC.n
 
 
 @pytest.fixture(scope="module")
-def caches(verifier, eos, tmp_path_factory):
-    model, tok = verifier
-    root = str(tmp_path_factory.mktemp("features"))
-    c = {corpus: ensure_features(model, tok, eos, "smollm2-135m-instruct", corpus, SPEC, root)
-         for corpus in ("mathinstruct", "sharegpt")}
-    return root, c
+def caches(train_features):
+    return train_features  # built once per run (tests/conftest.py), shared with tests/test_faults.py
 
 
 def _cfg(root, caches, out, backbone, **kw):
@@ -51,7 +48,8 @@ def test_mixed_variants_reference_single_domain_caches(caches):
     assert set(half[0][2]) <= set(c["mathinstruct"]["train_ids"])
 
 
-@pytest.mark.parametrize("backbone", ["eagle2", "hass"])
+# HASS's objective trains by default in tests/test_multinode.py (two ranks, bf16) and tests/test_faults.py
+@pytest.mark.parametrize("backbone", ["eagle2", pytest.param("hass", marks=pytest.mark.full)])
 def test_short_training_lowers_loss_and_raises_agreement(verifier, caches, tmp_path, backbone):
     root, c = caches
     final = train(_cfg(root, c, tmp_path / backbone, backbone, epochs=3), verifier[0])
@@ -61,6 +59,7 @@ def test_short_training_lowers_loss_and_raises_agreement(verifier, caches, tmp_p
     assert hist[-1]["top1_depth1"] > hist[0]["top1_depth1"] + 0.03, hist
 
 
+@pytest.mark.full  # the default suite resumes inside an epoch: tests/test_faults.py (bit-equal weights)
 def test_resume_after_crash_restores_optimizer_state(verifier, caches, tmp_path):
     root, c = caches
     out = tmp_path / "crash"
@@ -84,6 +83,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(verifier, caches, tmp_pat
     assert (out / "epoch-1" / "model.safetensors").is_file() and not (out / "epoch-2").exists()
 
 
+@pytest.mark.full  # breadth: online features (tests/test_online_training.py checks its plumbing by default)
 def test_online_mode_matches_the_cache_and_trains(verifier, caches, tmp_path):
     """`online` computes the same features inside the trainer (no cache) and trains on them."""
     from drafters.trainer import OnlineFeatures, iter_examples

@@ -9,9 +9,11 @@ one-row verifier pass can at best reach). ``describe`` prints it in two lines fo
 """
 from __future__ import annotations
 
+import os
 import platform
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -33,6 +35,45 @@ def isa_class(flags: set[str]) -> str:
     if "asimd" in flags or platform.machine() in ("arm64", "aarch64"):
         return "ARM NEON"
     return "other"
+
+
+def _cpu_fields() -> dict[str, str]:
+    """/proc/cpuinfo's first block as {key: value} ({} where there is none)."""
+    out: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().split("\n\n", 1)[0].splitlines():
+            if ":" in line:
+                k, v = line.split(":", 1)
+                out.setdefault(k.strip(), v.strip())
+    except OSError:
+        pass
+    return out
+
+
+def microarchitecture(vendor: str, family: int, model: int) -> str:
+    """AMD's core generation from the CPUID family/model ("" where unknown): the classes the suite
+    and the benches are compared across (Zen 3 with AVX2 only, Zen 4 and Zen 5 with AVX-512)."""
+    if vendor != "AuthenticAMD":
+        return ""
+    if family == 0x1A:
+        return "Zen 5"
+    if family == 0x19:
+        return "Zen 4" if 0x10 <= model <= 0x1F or 0x60 <= model <= 0xAF else "Zen 3"
+    if family == 0x17:
+        return "Zen 2" if model >= 0x30 else "Zen/Zen+"
+    return ""
+
+
+def machine_class() -> str:
+    """One line naming this machine's class, e.g. "AMD EPYC, Zen 4 (x86 AVX-512), 2 cores"."""
+    f = _cpu_fields()
+    flags = set(f.get("flags", "").split()) | set(f.get("Features", "").split())
+    name = f.get("model name") or platform.processor() or platform.machine()
+    try:
+        arch = microarchitecture(f.get("vendor_id", ""), int(f.get("cpu family", "")), int(f.get("model", "")))
+    except ValueError:
+        arch = ""
+    return f"{name}, {arch + ' ' if arch else ''}({isa_class(flags)}), {os.cpu_count()} cores"
 
 
 def stream(w: torch.Tensor) -> torch.Tensor:
