@@ -297,7 +297,7 @@ OTHER = {  # the settings the cases above leave at their defaults: (case, temper
                                               {"route_score": "node"}),
     "entropy-turn-top-k-top-p": (("entropy", 2, "turn", False, False), 1.0, TreeConfig(3, 3, 10),
                                  {"top_k_sampling": 20, "top_p": 0.9}),
-    "merged-paper-tree-top-p": (("merged", 2, "step", False, False), 1.0, TreeConfig(10, 6, 60), {"top_p": 0.8}),
+    "merged-top-p": (("merged", 2, "step", False, False), 1.0, TreeConfig(3, 3, 10), {"top_p": 0.8}),
 }
 
 

@@ -7,8 +7,9 @@ The verifier computes a feature cache here (20 training examples: 5 batches of 4
 2 ranks) and publishes it to OUTPUT_URI; two workers train a HASS drafter in bf16 through DeepSpeed
 (ZeRO-1, gloo) from the URI, with a step checkpoint after every optimizer step and a crash injected
 after step 3 (epoch 2, step 1: a fresh run only), which Ray Train's FailureConfig restarts from the
-step checkpoint at the URI. The final checkpoint, fetched back from the URI, then drafts for the
-verifier on a real GSM8K prompt at T=0. The last stdout line is a JSON summary for the test.
+step checkpoint at the URI. The last stdout line is a JSON summary for the test. (Checkpoints
+trained this way decode exactly: the multi-node grid of tests/test_multinode.py trains its drafters
+so, in bf16 on two ranks, and every strategy's T=0 output there equals the autoregressive one.)
 """
 from __future__ import annotations
 
@@ -21,14 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, for Ray's workers too
 
 import ray  # noqa: E402
-import torch  # noqa: E402
 
-from decoding.engine import DecodeConfig, SpeculativeDecoder
-from decoding.runner import decode_prompt, load_proposers
-from decoding.tree import TreeConfig
-from decoding.verifiers import eos_token_ids, load_verifier
-from drafters.data.sources import load_benchmark
-from drafters.data.templating import benchmark_prompt_ids
+from decoding.verifiers import eos_token_ids, load_verifier  # noqa: E402
 from drafters.trainer import TrainConfig
 from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
 from orchestrator import storage
@@ -64,18 +59,8 @@ def main(uri: str, work: str) -> dict:
     took = time.time() - t0
     final = storage.fetch(storage.join(out_uri, "final"))
     state = json.loads(storage.read_text(storage.join(out_uri, "epoch-2", "state.json")))
-
-    prompt = load_benchmark("gsm8k")[0][0]
-    ids = benchmark_prompt_ids(tok, prompt, 0, [])
-    x = torch.tensor([ids])
-    ref = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=24)[0, len(ids):]
-    dec = SpeculativeDecoder(model, load_proposers(model, [str(final)], VERIFIER),
-                             DecodeConfig(strategy="single", max_new_tokens=24,
-                                          tree=TreeConfig(top_k=3, depth=3, total_tokens=10)), eos)
-    got = [res.output_token_ids for _, res, _ in decode_prompt(dec, tok, prompt)][0]
     return {"seconds": round(took, 1), "final": str(final), "epoch": result.metrics.get("epoch"),
-            "history": state["history"], "ranks": state["ranks"], "at_uri": storage.listdir(out_uri),
-            "decoded_equals_generate": got == ref.tolist(), "decoded_tokens": len(got)}
+            "history": state["history"], "ranks": state["ranks"], "at_uri": storage.listdir(out_uri)}
 
 
 if __name__ == "__main__":
