@@ -59,6 +59,20 @@ class KVCache:
             self.k, self.v = self.k[..., :n, :], self.v[..., :n, :]
 
 
+def grouped_attention(q, k, v, mask):
+    """SDPA of (B, nh, T, hd) queries over (B, nkv, S, hd) keys/values with a (T, S) boolean mask,
+    query head h reading key/value head h // (nh / nkv), as ``enable_gqa`` does. The heads of a group
+    are folded into the query length, (B, nkv, g*T, hd) with the mask repeated per head, so no key or
+    value head is copied and no ``enable_gqa`` is passed: with an explicit mask that flag sends CUDA's
+    SDPA to its math kernel, while this form keeps the memory-efficient kernel eligible."""
+    b, nh, t, hd = q.shape
+    g = nh // k.shape[1]
+    if g == 1 or mask is None or mask.dim() != 2:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=g != 1)
+    out = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], g * t, hd), k, v, attn_mask=mask.repeat(g, 1))
+    return out.reshape(b, nh, t, hd)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -90,7 +104,7 @@ class DecoderLayer(nn.Module):
             k, v = cache.append(k, v)
         elif extra_kv is not None:
             k, v = torch.cat([extra_kv[0], k], dim=-2), torch.cat([extra_kv[1], v], dim=-2)
-        attn = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.nkv != self.nh)
+        attn = grouped_attention(q, k, v, mask)
         attn = attn.transpose(1, 2).reshape(b, t, self.nh * self.hd)  # (B, T, H)
         x = x + self.o_proj(attn)  # no input layernorm (EAGLE)
         y = self.post_attention_layernorm(x)
