@@ -276,20 +276,24 @@ NEXT = {  # the study's proposed next experiments: (case, DecodeConfig fields)
                  else [pytest.mark.full]) for t in (0.0, 1.0) for n in NEXT])
 def test_new_strategies_run_on_the_device_within_the_step_budget(verifier, random_drafter_dirs, mt_prompt, greedy,
                                                                  name, temperature):
-    model, tok = verifier
     case, fields = NEXT[name]
     dirs = random_drafter_dirs + random_drafter_dirs[:1]  # three drafters
-    tree = TreeConfig(3, 3, 10)
+    _device_run_within_budget(verifier, dirs, mt_prompt, greedy, case, temperature, TreeConfig(3, 3, 10), fields,
+                              f"{name} T={temperature}")
+
+
+def _device_run_within_budget(verifier, dirs, prompt, greedy, case, temperature, tree, fields, name):
+    """Decode on the stand-in: the same output as off it, and every step within the budget."""
+    model, tok = verifier
     snaps: list[dict] = []
     with FakeCuda() as acc:
         acc.place(model)
         props = load_proposers(model, dirs, VERIFIER)
-        got = _decode(model, tok, props, mt_prompt, case, temperature, tree, snaps, acc, **fields)
-    want = _off_harness(model, tok, dirs, mt_prompt, case, temperature, tree, greedy, got, **fields)
-    assert got == want, f"{name} T={temperature}: the device path changed the output"
-    steps = _per_step(snaps)
-    worst = {k: max(s[k] for s in steps) for k in ("sync", "h2d")}
-    assert worst["sync"] <= SYNC_BUDGET and worst["h2d"] <= COPY_BUDGET, (name, temperature, worst, acc.where)
+        got = _decode(model, tok, props, prompt, case, temperature, tree, snaps, acc, **fields)
+    want = _off_harness(model, tok, dirs, prompt, case, temperature, tree, greedy, got, **fields)
+    assert got == want, f"{name}: the device path changed the output"
+    worst = {k: max(s[k] for s in _per_step(snaps)) for k in ("sync", "h2d")}
+    assert worst["sync"] <= SYNC_BUDGET and worst["h2d"] <= COPY_BUDGET, (name, worst, acc.where)
 
 
 OTHER = {  # the settings the cases above leave at their defaults: (case, temperature, tree, DecodeConfig fields)
@@ -307,17 +311,8 @@ def test_turn_routing_node_scores_top_k_top_p_and_the_papers_tree_hold_the_budge
                                                                                    mt_prompt, greedy, name):
     """The study's tree (total 60, depth 6, top-k 10), per-turn routing, the node score and the
     verifier's top-k/top-p filters: same output as off the stand-in, within the same step budget."""
-    model, tok = verifier
     case, temperature, tree, fields = OTHER[name]
-    snaps: list[dict] = []
-    with FakeCuda() as acc:
-        acc.place(model)
-        props = load_proposers(model, random_drafter_dirs, VERIFIER)
-        got = _decode(model, tok, props, mt_prompt, case, temperature, tree, snaps, acc, **fields)
-    want = _off_harness(model, tok, random_drafter_dirs, mt_prompt, case, temperature, tree, greedy, got, **fields)
-    assert got == want, f"{name}: the device path changed the output"
-    worst = {k: max(s[k] for s in _per_step(snaps)) for k in ("sync", "h2d")}
-    assert worst["sync"] <= SYNC_BUDGET and worst["h2d"] <= COPY_BUDGET, (name, worst, acc.where)
+    _device_run_within_budget(verifier, random_drafter_dirs, mt_prompt, greedy, case, temperature, tree, fields, name)
 
 
 @pytest.mark.slow
