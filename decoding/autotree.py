@@ -138,10 +138,21 @@ def choose(cal: Calibration, verify_ms: dict[int, float], merged: bool, n_drafte
     return Choice(TreeConfig(k, depth, total), tps, ar, tau, pays, table)
 
 
+def _device_key(device: torch.device) -> str:
+    """The machine part of the key: on a CPU the matmul machinery's (CPU model, threads, kernel build);
+    elsewhere the accelerator's name and torch, so a GPU worker never builds the CPU kernel."""
+    if device.type == "cpu":
+        return cpu.machine_key()
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)}|torch={torch.__version__}"
+    return f"{device.type}|torch={torch.__version__}"
+
+
 def _cache_key(model) -> str:
     """Verifier, dtype, device, machine and matmul kernel, and which pass runs (lean or transformers')."""
     lean = "lean" if cpu.use_lean(model) else "hf"
-    return f"{getattr(model, 'verifier_name', type(model).__name__)}|{model.dtype}|{model.device}|{cpu.machine_key()}|{lean}"
+    name = getattr(model, "verifier_name", type(model).__name__)
+    return f"{name}|{model.dtype}|{model.device}|{_device_key(model.device)}|{lean}"
 
 
 @torch.no_grad()

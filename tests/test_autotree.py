@@ -141,3 +141,20 @@ def test_verify_costs_from_noisy_timings_serve_this_process_and_are_not_cached(v
     assert measure_verify_costs(model, prompt) == pytest.approx({1: 2.0, 2: 2.0})
     assert state["calls"] == 48 + 2 * 6 * 2  # quiet: each size timed once
     assert autotree.CACHE.exists() and "not cached" not in capsys.readouterr().err
+
+
+def test_the_cost_cache_key_of_a_non_cpu_model_builds_no_cpu_kernel(monkeypatch):
+    """A GPU worker's tree auto keys its costs by the accelerator, never by the CPU matmul machine
+    (whose key builds the C kernel): a model on the meta device must not reach the kernel."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    def no_build(*a, **k):
+        raise AssertionError("the CPU kernel was asked for on a non-CPU model")
+
+    monkeypatch.setattr(cpu.kernel, "available", no_build)
+    monkeypatch.setattr(cpu.matmul, "machine_key", no_build)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=4, num_key_value_heads=2))
+    key = _cache_key(model)
+    assert "|meta|" in key and "torch=" in key
