@@ -118,7 +118,8 @@ def _load_verifier(source: VerifierSource, torch_dtype: torch.dtype, device: str
         token = os.environ.get("HF_TOKEN")  # gated hub models (Llama-3); never read from a file
         kwargs = {"token": token} if token else {}
         tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype, **kwargs)
+        # straight to its device: an 8B verifier never passes through host memory (16 GB per actor)
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype, device_map=device, **kwargs)
     model.to(device).eval().requires_grad_(False)
     model.verifier_name = source.name  # recorded in drafter checkpoints and traces
     if device == "cpu":  # row-count-aware matmuls (decoding/cpu/); generate uses them too

@@ -73,3 +73,31 @@ def test_truncation_keeps_mask_aligned(verifier, eos):
     convs, _ = load_corpus("mathinstruct")
     ex = tokenize_conversation(tok, convs[0], max_length=64, eos_ids=eos)
     assert len(ex.input_ids) == len(ex.loss_mask) == 64
+
+
+def test_a_local_verifier_loads_straight_to_its_device(tmp_path, monkeypatch):
+    """from_pretrained gets ``device_map=<device>``: the weights are materialized where they run (an 8B
+    verifier on a GPU never passes through 16 GB of host memory), not loaded on the host and moved."""
+    from tokenizers import Tokenizer, models
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    from decoding.verifiers import load_verifier
+
+    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    vocab = {f"t{i}": i for i in range(32)}
+    PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")),
+                            eos_token="t1").save_pretrained(tmp_path)
+    seen = []
+    real = AutoModelForCausalLM.from_pretrained
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("device_map"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    monkeypatch.setenv("TASKSPEC_CPU_SPEED", "0")  # no matmul tuning: the load is what is tested
+    model, _ = load_verifier(str(tmp_path), dtype="bfloat16", device="cpu")
+    assert seen == ["cpu"]
+    assert model.dtype == torch.bfloat16 and model.device.type == "cpu"
