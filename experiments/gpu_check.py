@@ -15,7 +15,7 @@
 ``python experiments/gpu_check.py [--verifier NAME|DIR] [--drafter CKPT ...] [--llama3-shaped on|off]``
 (random drafters when none are given: exactness and overhead are still measured; acceptance then
 is ~1; on CUDA the same rows also run on a random model with Llama-3-8B's shape). Everything is
-printed as ONE markdown table at the end, ready for the README.
+printed as ONE markdown table at the end, ready for docs/cluster.md.
 ``--device cpu`` runs the same checks on a CPU (used by the test suite to keep this script working).
 """
 from __future__ import annotations
@@ -151,7 +151,7 @@ def check_training(args) -> dict:
 
 
 def print_table(rows: list[dict]) -> None:
-    """Every check in one markdown table (paste it into the README as it is)."""
+    """Every check in one markdown table (paste it into docs/cluster.md as it is)."""
     cells = [[str(r.get(c, "")) for c in COLUMNS] for r in rows]
     width = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(COLUMNS)]
     line = lambda xs: "| " + " | ".join(x.ljust(w) for x, w in zip(xs, width)) + " |"  # noqa: E731

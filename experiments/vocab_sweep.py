@@ -6,7 +6,7 @@ For each size (0 = the full vocabulary) one HASS math drafter is trained on the 
 budget (same init seed, epochs, lr), then measured: held-out top-1 agreement at depths 1-3 (a
 verifier token outside the vocabulary counts as a miss), the vocabulary's coverage of assistant
 tokens, tau on GSM8K at T=0 (single drafter, tree 4/4/16), draft ms per level, and training
-loss tokens/s. Prints a markdown table (the README's vocabulary sweep).
+loss tokens/s. Prints a markdown table (docs/study.md's vocabulary sweep).
 """
 from __future__ import annotations
 

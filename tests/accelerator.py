@@ -128,7 +128,7 @@ class FakeCuda(TorchFunctionMode):
 
     def __init__(self, strict_numpy: bool = True, strict: bool = True):
         """``strict=False`` counts each host/device mix (``counts["mix"]``) instead of raising: used
-        to measure code that would fail on CUDA (the old decode loop's syncs, for the README)."""
+        to measure code that would fail on CUDA (the old decode loop's syncs, for docs/cluster.md)."""
         super().__init__()
         self.strict = strict
         self.counts = collections.Counter()

@@ -1,7 +1,7 @@
 """Bad input is refused up front with one line naming the file, the key and what is allowed.
 
 Profiles (file and --set), data sets and the verifier (the preflight), and trace files that do not
-read back (the manifest). Fast: no verifier weights, no Ray. README "Bad input" lists these cases.
+read back (the manifest). Fast: no verifier weights, no Ray. docs/bad-input.md lists these cases.
 """
 from __future__ import annotations
 

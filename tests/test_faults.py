@@ -272,7 +272,7 @@ def test_a_dead_eval_actor_restarts_in_the_background_and_the_others_go_on(local
 
 @pytest.mark.slow
 def test_actors_that_never_start_end_the_pool_with_the_error_not_a_hang(local_ray):
-    """A constructor that always raises (in session 12 a test module Ray could not import did
+    """A constructor that always raises (on 2026-12-01 a test module Ray could not import did
     this, and the pool replaced actors forever): each slot is retired after 3 failed starts in a
     row and the pool raises NoEvalActor naming the error, within seconds."""
     from orchestrator.eval_pool import EvalPool, NoEvalActor

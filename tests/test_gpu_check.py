@@ -1,5 +1,5 @@
 """experiments/gpu_check.py stays runnable: its exactness and speed checks on the CPU (the GPU run
-is done by hand on a GPU machine; its output goes in the README)."""
+is done by hand on a GPU machine; its output goes in docs/cluster.md)."""
 from __future__ import annotations
 
 import importlib.util

@@ -25,7 +25,7 @@ FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "am
 
 
 def isa_class(flags: set[str]) -> str:
-    """The class the README's machine rows are grouped by."""
+    """The class docs/performance.md groups its measurements by."""
     if "amx_tile" in flags:
         return "x86 AVX-512 + AMX"
     if "avx512f" in flags:

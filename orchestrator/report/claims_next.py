@@ -1,5 +1,5 @@
 """Checks of the study's proposed next experiments: acceptance-history switching and depth-adaptive
-composition (README, "Decoding"). Both start from the study's text's router (``BASE``: once per
+composition (docs/decoding.md). Both start from the study's text's router (``BASE``: once per
 prompt, mean node confidence c(v)), so "beats confidence routing" compares with that router on the
 same prompts. Every interval is a paired bootstrap over prompts; ``row`` is claims._row (passed in,
 as in claims_depth, to keep this module free of an import cycle)."""
