@@ -507,3 +507,28 @@ def test_the_paper_profiles_units_fit_the_rayjobs_gpu_nodes_and_both_trials_fit_
     r = p.resources.train
     slots = min(node["CPU"] // r.cpus_per_worker, node["GPU"])  # training workers one node holds
     assert TRIAL_RESOURCES.get("cpu", 0) == 0 and slots >= r.max_concurrent_trials * r.num_workers
+
+
+def _gib(quantity: str) -> float:
+    """A Kubernetes quantity in Gi or G, or a plain number of bytes, in GiB."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Gi|G|Ti)?", str(quantity))
+    scale = {"Gi": 1, "G": 1e9 / 2**30, "Ti": 1024, None: 1 / 2**30}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def test_the_paper_profiles_fetched_checkpoints_fit_well_inside_each_nodes_staging_disk():
+    """resources.eval.checkpoint_disk_gb (what a node keeps of fetched checkpoints) is at most a
+    quarter of the staging volume on a GPU node, in both deploy files: the rest holds the training
+    epochs and the checkpoints in use, and a pod past its emptyDir's sizeLimit is evicted."""
+    from orchestrator.profile import load_profile
+
+    budget = load_profile("paper").resources.eval.checkpoint_disk_gb
+    job, _ = load_rayjob()
+    worker = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    staging = {e["name"]: e.get("value") for e in worker["containers"][0]["env"]}["TASKSPEC_STAGING"]
+    [mount] = [m for m in worker["containers"][0]["volumeMounts"] if _inside(staging, [m["mountPath"]])]
+    [volume] = [v for v in worker["volumes"] if v["name"] == mount["name"]]
+    assert budget <= _gib(volume["emptyDir"]["sizeLimit"]) / 4
+    launcher = yaml.safe_load(LAUNCHER.read_text())
+    [disk] = launcher["available_node_types"]["gpu_worker"]["node_config"]["BlockDeviceMappings"]
+    assert budget <= disk["Ebs"]["VolumeSize"] * 1e9 / 2**30 / 4
