@@ -27,10 +27,15 @@ from . import storage
 
 
 def tree_bytes(path: Path) -> int:
-    """Bytes of the files under ``path`` (0 when it does not exist)."""
-    if path.is_file():
-        return path.stat().st_size
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+    """Bytes of the files under ``path`` (0 when it does not exist). A file that goes while it is
+    counted (a fetch's temp file renamed, a prune on another actor) counts 0."""
+    total = 0
+    for p in [path, *(path.rglob("*") if path.is_dir() else [])]:
+        try:
+            total += p.stat().st_size if p.is_file() else 0
+        except FileNotFoundError:
+            pass
+    return total
 
 
 class FetchCache:
@@ -71,8 +76,12 @@ class FetchCache:
             key = ref_file.stem
             local = storage.node_cache(ref_file.read_text())
             size = tree_bytes(local)
+            try:
+                used = (self.dir / f"{key}.lock").stat().st_mtime
+            except FileNotFoundError:  # its first user has not opened the lock yet: it is about to be used
+                continue
             if size:
-                out.append(((self.dir / f"{key}.lock").stat().st_mtime, key, local, size))
+                out.append((used, key, local, size))
         return sorted(out)
 
     def nbytes(self) -> int:
