@@ -449,7 +449,8 @@ class Driver:
         r = self.p.resources.eval
         actor_cls = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=-1, max_task_retries=0)(EvalWorker)
         n_act = max(1, min(self.p.resources.eval_actors, len(todo)))
-        args = (self.p.verifier, self.p.verifier_dtype, max(1, int(r.num_cpus)), r.drafter_cache_gb)
+        args = (self.p.verifier, self.p.verifier_dtype, max(1, int(r.num_cpus)), r.drafter_cache_gb,
+                r.checkpoint_disk_gb)
         pool = EvalPool(lambda name: actor_cls.options(name=name).remote(*args), n_act, log=prog.log)
         decode = {"top_k": self.p.eval.tree.top_k, "depth": self.p.eval.tree.depth, "max_new_tokens": self.p.eval.max_new_tokens,
                   "seed": self.p.eval.seed, "routing_decide_steps": self.p.eval.routing_decide_steps,

@@ -348,8 +348,12 @@ class StageResources:
 @dataclass(frozen=True)
 class EvalResources(StageResources):
     drafter_cache_gb: float = 4.0  # drafters each eval actor keeps loaded (least recently used go first)
+    # fetched checkpoint files one node keeps on disk for its eval actors (least recently used go first;
+    # a checkpoint being fetched or loaded stays): keep it well under the node's staging volume
+    checkpoint_disk_gb: float = 20.0
 
-    RULES = {**StageResources.RULES, "drafter_cache_gb": number(0, lo_open=True)}
+    RULES = {**StageResources.RULES, "drafter_cache_gb": number(0, lo_open=True),
+             "checkpoint_disk_gb": number(0, lo_open=True)}
 
 
 @dataclass(frozen=True)

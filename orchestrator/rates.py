@@ -27,7 +27,7 @@ from drafters.corpora import CORPUS_OF
 from .costs import ASSUMPTIONS, VERIFIERS, train_flops_per_token
 from .grid import BENCHMARK_SIZES, cell_prompts, corpora, eval_cells, merge_cells, train_cells
 from .makespan import Task, schedule
-from .profile import Profile
+from .profile import Profile, batch_plan
 
 TURNS = {"mt_bench": 2}  # turns per prompt (every other benchmark: 1)
 
@@ -203,6 +203,20 @@ def tasks(p: Profile, r: Rates) -> list[Task]:
                             need["eval"], deps, "eval"))
     out.append(Task("report", "report", r.report_s, 0, tuple(t.name for t in out if t.stage == "eval")))
     return out
+
+
+def optimizer_step_seconds(p: Profile, r: Rates) -> dict:
+    """Seconds one optimizer step of a training trial takes at ``r``, per (backbone, corpus): the
+    global batch's tokens (tokens per example of the corpus, capped by data.max_length) over the
+    trial's rate, scaled to its devices as :func:`tasks` scales it. What ``train.checkpoint_every``
+    is sized by (a lost node costs the steps since the last checkpoint)."""
+    need = devices_per_task(p)
+    plan = batch_plan(p)
+    examples = plan.workers * plan.per_worker * plan.grad_accum
+    tpe = {c: min(r.tokens_per_example.get(c, t), p.data.max_length)
+           for c, t in ASSUMPTIONS["tokens_per_example"].items()}
+    return {(b, c): examples * tpe[c] / (r.train_tokens_per_s[b] * need["train"] / r.train_devices)
+            for b in p.train.backbones for c in tpe}
 
 
 def trial_tokens(variant: str, n: int, tpe: dict) -> float:

@@ -48,6 +48,11 @@ def _base() -> Path:
     return Path(os.environ.get("TASKSPEC_STAGING", Path(tempfile.gettempdir()) / "taskspec-staging"))
 
 
+def node_dir(*parts: str) -> Path:
+    """A directory of this node's own bookkeeping under its staging root (e.g. node_dir("fetched"))."""
+    return _base().joinpath(*parts)
+
+
 def staging_dir(uri: str) -> Path:
     """The driver's working directory for a run whose output is ``uri``."""
     return _base() / "driver" / hashlib.sha256(uri.encode()).hexdigest()[:16]

@@ -1,5 +1,6 @@
 """Cluster configs and the GPU image: parse, validate against the launcher's schema and KubeRay's
-RayJob fields, authenticate, expose the dashboard only inside the cluster, agree with each other, lint."""
+RayJob fields, authenticate, expose the dashboard only inside the cluster, reach object storage from
+every node, keep caches on volumes, agree with each other, lint."""
 from __future__ import annotations
 
 import copy
@@ -26,6 +27,81 @@ LAUNCHER_SCHEMA = Path(importlib.util.find_spec("ray").origin).parent / "autosca
 MIN_RAY_FOR_TOKEN_AUTH = (2, 52, 0)  # KubeRay refuses authOptions.mode: token below this rayVersion
 NODE_SIDE_VARIABLES = {"RAY_HEAD_IP"}  # the only variable the launcher sets where it runs commands
 DASHBOARD_PORT = 8265
+DOCKERFILE = ROOT / "docker/Dockerfile"
+IMAGE_HF_HOME = re.search(r"HF_HOME=(\S+)", DOCKERFILE.read_text()).group(1)  # the image's model cache
+DEFAULT_STAGING = "/tmp/taskspec-staging"  # TASKSPEC_STAGING unset (orchestrator.storage, in a container)
+GPU_INSTANCE = re.compile(r"^[pg]\d")  # AWS's GPU instance families (P and G: p4d, p5, g5, g6e...)
+ACCOUNT = r"(\d{12}|ACCOUNT_ID)"  # an AWS account, or the placeholder users replace
+INSTANCE_PROFILE_ARN = re.compile(rf"^arn:aws:iam::{ACCOUNT}:instance-profile/[\w+=,.@/-]+$")
+# ServiceAccount annotations that give a pod cloud credentials (EKS IRSA, GKE Workload Identity)
+WORKLOAD_IDENTITY = {"eks.amazonaws.com/role-arn": re.compile(rf"^arn:aws:iam::{ACCOUNT}:role/[\w+=,.@/-]+$"),
+                     "iam.gke.io/gcp-service-account": re.compile(r"^[a-z][-a-z0-9]*@[-a-z0-9.]+\.iam\.gserviceaccount\.com$")}
+# core/v1 ServiceAccount, the fields deploy/rayjob.yaml uses (names as the API server accepts them)
+SERVICE_ACCOUNT_SCHEMA = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata"], "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "v1"}, "kind": {"const": "ServiceAccount"},
+        "automountServiceAccountToken": {"type": "boolean"}, "imagePullSecrets": {"type": "array"},
+        "secrets": {"type": "array"},
+        "metadata": {"type": "object", "required": ["name"], "additionalProperties": False, "properties": {
+            "name": json.loads(RAYJOB_SCHEMA.read_text())["$defs"]["dnsSubdomain"],
+            "namespace": {"type": "string"},
+            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            "annotations": {"type": "object", "additionalProperties": {"type": "string"}}}}}}
+
+
+def load_rayjob(text: str | None = None) -> tuple[dict, dict]:
+    """deploy/rayjob.yaml's RayJob and its ServiceAccounts by name; ServiceAccounts must come first
+    (`kubectl apply` creates them in file order, and a pod naming a missing one is refused)."""
+    docs = [d for d in yaml.safe_load_all(text if text is not None else RAYJOB.read_text()) if d]
+    [i] = [i for i, d in enumerate(docs) if d.get("kind") == "RayJob"]
+    accounts = {d["metadata"]["name"]: d for d in docs[:i] if d.get("kind") == "ServiceAccount"}
+    assert len(accounts) + 1 == len(docs), "rayjob.yaml holds ServiceAccounts, then one RayJob, nothing else"
+    return docs[i], accounts
+
+
+def _inside(path: str, mounts) -> bool:
+    return any(os.path.normpath(path) == os.path.normpath(m) or os.path.normpath(path).startswith(os.path.normpath(m) + "/")
+               for m in mounts)
+
+
+def node_run_options(cfg: dict, node_type: str) -> list[str]:
+    """The docker run options a node type's container starts with, merged as Ray merges them:
+    docker.run_options, then the head's docker.head_run_options, or for a worker the
+    worker_run_options of its node type's docker section laid over the global one."""
+    docker = cfg.get("docker", {})
+    if node_type == cfg.get("head_node_type"):
+        extra = docker.get("head_run_options", [])
+    else:
+        extra = {**docker, **cfg["available_node_types"][node_type].get("docker", {})}.get("worker_run_options", [])
+    return list(docker.get("run_options", [])) + list(extra)
+
+
+def _has_gpu(node: dict) -> bool:
+    return node.get("resources", {}).get("GPU", 0) > 0 or bool(GPU_INSTANCE.match(node["node_config"].get("InstanceType", "")))
+
+
+def node_type_problems(cfg: dict) -> list[str]:
+    """Per node type: an instance profile (S3 from every node), --gpus exactly on the GPU types,
+    and the model cache and staging directory on a docker volume (not the container's layer)."""
+    problems = []
+    for name, node in cfg.get("available_node_types", {}).items():
+        profile = node["node_config"].get("IamInstanceProfile", {})
+        if not (INSTANCE_PROFILE_ARN.match(str(profile.get("Arn", ""))) or profile.get("Name")):
+            problems.append(f"node type {name}: no IamInstanceProfile (Arn or Name), so S3 refuses its reads and writes")
+        opts = node_run_options(cfg, name)
+        gpus = any(o.split()[0].startswith("--gpus") for o in opts)
+        if gpus and not _has_gpu(node):
+            problems.append(f"node type {name} has no GPU, but its docker run options pass --gpus (docker run fails)")
+        if _has_gpu(node) and not gpus:
+            problems.append(f"node type {name} has GPUs, but its docker run options do not pass --gpus")
+        env = dict(re.match(r"-e\s+(\w+)=(\S*)$", o).groups() for o in opts if re.match(r"-e\s+\w+=", o))
+        volumes = [m.group(1) for o in opts for m in [re.match(r"(?:-v|--volume)[ =]\S+?:(/[^:\s]*)", o)] if m]
+        for what, path in (("the Hugging Face cache (HF_HOME)", env.get("HF_HOME", IMAGE_HF_HOME)),
+                           ("TASKSPEC_STAGING", env.get("TASKSPEC_STAGING", DEFAULT_STAGING))):
+            if not _inside(path, volumes):
+                problems.append(f"node type {name}: {what} {path} is in the container's writable layer (no volume)")
+    return problems
 
 
 def _schema_problems(validator_cls, schema: dict, doc) -> list[str]:
@@ -78,16 +154,19 @@ def launcher_problems(cfg: dict) -> list[str]:
     host = re.search(r"--dashboard-host[= ](\S+)", heads)
     if not host or host.group(1) not in ("127.0.0.1", "localhost"):
         problems.append("the head's dashboard must stay on loopback (`ray dashboard` forwards it over SSH)")
-    return problems
+    return problems + node_type_problems(cfg)
 
 
 def _version(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
 
 
-def rayjob_problems(job: dict) -> list[str]:
-    """What keeps KubeRay from accepting this RayJob, submitting it, or keeping it private; [] when nothing."""
+def rayjob_problems(job: dict, accounts: dict) -> list[str]:
+    """What keeps KubeRay from accepting this RayJob, submitting it, keeping it private, or its pods
+    from reaching object storage (``accounts``: the file's ServiceAccounts by name); [] when nothing."""
     problems = _schema_problems(jsonschema.Draft202012Validator, json.loads(RAYJOB_SCHEMA.read_text()), job)
+    for account in accounts.values():
+        problems += _schema_problems(jsonschema.Draft202012Validator, SERVICE_ACCOUNT_SCHEMA, account)
     if problems:
         return problems
     cluster = job["spec"].get("rayClusterSpec", {})
@@ -110,6 +189,25 @@ def rayjob_problems(job: dict) -> list[str]:
                 problems.append(f"container {c['name']}: HF_TOKEN must come from a secretKeyRef")
             if any(e["name"].startswith("RAY_AUTH") for e in c.get("env", [])):
                 problems.append(f"container {c['name']}: RAY_AUTH_* is set by KubeRay from authOptions")
+            env = {e["name"]: e.get("value") for e in c.get("env", [])}
+            mounts = [m["mountPath"] for m in c.get("volumeMounts", [])]
+            for what, path in (("the Hugging Face cache (HF_HOME)", env.get("HF_HOME") or IMAGE_HF_HOME),
+                               ("TASKSPEC_STAGING", env.get("TASKSPEC_STAGING") or DEFAULT_STAGING)):
+                if not _inside(path, mounts):
+                    problems.append(f"container {c['name']}: {what} {path} is in the container's writable layer (no volume)")
+        spec = group["template"]["spec"]
+        who = f"{group.get('groupName', 'head')} pods"
+        sa = spec.get("serviceAccountName")
+        annotations = accounts.get(sa, {}).get("metadata", {}).get("annotations", {})
+        if sa is None:
+            problems.append(f"{who}: no serviceAccountName, so nothing gives them object-storage credentials")
+        elif sa not in accounts:
+            problems.append(f"{who}: ServiceAccount {sa!r} is not defined before the RayJob in the file")
+        elif not any(p.match(annotations.get(k, "")) for k, p in WORKLOAD_IDENTITY.items()):
+            problems.append(f"ServiceAccount {sa!r}: no workload-identity annotation ({', '.join(WORKLOAD_IDENTITY)}), "
+                            "so its pods get no object-storage credentials")
+        if spec.get("automountServiceAccountToken") is False:
+            problems.append(f"{who}: automountServiceAccountToken false (the head's autoscaler needs the token)")
     return problems
 
 
@@ -120,9 +218,34 @@ def test_launcher_config_passes_the_ray_schema_and_ray_ups_checks():
 
 
 def test_rayjob_passes_kuberays_rayjob_fields_and_starts_private_and_authenticated():
-    job = yaml.safe_load(RAYJOB.read_text())
+    job, accounts = load_rayjob()
     jsonschema.validate(job, json.loads(RAYJOB_SCHEMA.read_text()))
-    assert rayjob_problems(job) == []
+    assert rayjob_problems(job, accounts) == []
+
+
+def test_every_pod_of_the_rayjob_runs_as_a_service_account_with_object_storage_access():
+    """Head and worker pods name a ServiceAccount that the file defines before the RayJob, and it
+    carries an IRSA role (kubectl applies it first; with none, nothing on Kubernetes reaches S3)."""
+    job, accounts = load_rayjob()
+    cluster = job["spec"]["rayClusterSpec"]
+    names = {g["template"]["spec"].get("serviceAccountName")
+             for g in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]}
+    assert len(names) == 1 and None not in names and names <= set(accounts), (names, sorted(accounts))
+    [arn] = [accounts[n]["metadata"]["annotations"]["eks.amazonaws.com/role-arn"] for n in names]
+    assert WORKLOAD_IDENTITY["eks.amazonaws.com/role-arn"].match(arn), arn
+    jsonschema.validate(accounts[names.pop()], SERVICE_ACCOUNT_SCHEMA)
+
+
+def test_every_node_type_has_an_instance_profile_and_only_gpu_types_get_gpus():
+    """The launcher: every node type (the head and each worker type) an IAM instance profile; the
+    head (no GPU) starts without --gpus, each GPU worker type with it, from its own run options."""
+    cfg = yaml.safe_load(LAUNCHER.read_text())
+    assert node_type_problems(cfg) == []
+    assert not any("--gpus" in o for o in cfg["docker"]["run_options"] + cfg["docker"].get("head_run_options", []))
+    nodes = cfg["available_node_types"]
+    gpu_types = [n for n, node in nodes.items() if _has_gpu(node)]
+    assert gpu_types == ["gpu_worker"] and "--gpus all" in nodes["gpu_worker"]["docker"]["worker_run_options"]
+    assert all(INSTANCE_PROFILE_ARN.match(node["node_config"]["IamInstanceProfile"]["Arn"]) for node in nodes.values())
 
 
 def _set(doc: dict, path: str, value) -> dict:
@@ -175,9 +298,48 @@ _HEAD_ENV = f"{_HEAD}.template.spec.containers.0.env"
 def test_rayjob_checks_catch_each_problem(mutate, expected):
     """Each problem the old file had (dashboard on 127.0.0.1, no authentication) and each kind of
     slip the CRD refuses (a misspelled field, a wrong type, a value outside an enum) is reported."""
-    job = yaml.safe_load(RAYJOB.read_text())
-    problems = rayjob_problems(mutate(job))
+    job, accounts = load_rayjob()
+    problems = rayjob_problems(mutate(job), accounts)
     assert any(expected in p for p in problems), problems
+
+
+_HEAD_POD = f"{_HEAD}.template.spec"
+_WORKER_POD = "spec.rayClusterSpec.workerGroupSpecs.0.template.spec"
+_SA = "taskspec-paper"
+
+
+@pytest.mark.parametrize("mutate, expected", [
+    (lambda j, a: (_set(j, f"{_WORKER_POD}.serviceAccountName", _DELETE), a), "gpu pods: no serviceAccountName"),
+    (lambda j, a: (_set(j, f"{_HEAD_POD}.serviceAccountName", _DELETE), a), "head pods: no serviceAccountName"),
+    (lambda j, a: (j, {}), "ServiceAccount 'taskspec-paper' is not defined before the RayJob"),
+    (lambda j, a: (j, {_SA: _set(a[_SA], "metadata.annotations", {})}), "no workload-identity annotation"),
+    (lambda j, a: (j, {_SA: _set(a[_SA], "metadata.annotations", {"eks.amazonaws.com/role-arn": "taskspec-s3"})}),
+     "no workload-identity annotation"),
+    (lambda j, a: (_set(j, f"{_HEAD_POD}.serviceAccountName", "Taskspec_S3"), a), "'Taskspec_S3' does not match"),
+    (lambda j, a: (_rename(j, f"{_WORKER_POD}.serviceAccountName", "serviceAcountName"), a),
+     "'serviceAcountName' was unexpected"),
+    (lambda j, a: (j, {_SA: _rename(a[_SA], "metadata.annotations", "annotation")}), "'annotation' was unexpected"),
+    (lambda j, a: (_set(j, f"{_HEAD_POD}.automountServiceAccountToken", False), a), "automountServiceAccountToken"),
+    (lambda j, a: (_set(j, f"{_WORKER_POD}.containers.0.volumeMounts.1", _DELETE), a),
+     "ray-worker: the Hugging Face cache (HF_HOME) /home/ray/.cache/huggingface is in the container's writable layer"),
+    (lambda j, a: (_set(j, f"{_HEAD_POD}.containers.0.volumeMounts.0", _DELETE), a),
+     "ray-head: TASKSPEC_STAGING /scratch/taskspec is in the container's writable layer"),
+], ids=["worker-no-service-account", "head-no-service-account", "service-account-not-defined", "no-irsa-annotation",
+        "irsa-not-an-arn", "service-account-name-invalid", "misspelled-serviceAccountName", "misspelled-annotations",
+        "no-token-for-autoscaler", "hf-cache-in-layer", "staging-in-layer"])
+def test_rayjob_object_storage_and_volume_checks_catch_each_problem(mutate, expected):
+    job, accounts = mutate(*load_rayjob())
+    problems = rayjob_problems(job, accounts)
+    assert any(expected in p for p in problems), problems
+
+
+def test_a_service_account_after_the_rayjob_is_refused():
+    """kubectl applies a file's objects in order: a ServiceAccount after the RayJob does not exist
+    yet when KubeRay creates the head pod."""
+    text = RAYJOB.read_text()
+    sa, job = text.split("\n---\n")
+    with pytest.raises(AssertionError, match="ServiceAccounts, then one RayJob"):
+        load_rayjob(job + "\n---\n" + sa)
 
 
 _HEAD_START = "head_start_ray_commands.1"
@@ -200,9 +362,28 @@ _HEAD_START = "head_start_ray_commands.1"
     (lambda c: _rename(c, "docker.run_options", "run_option"), "'run_option' was unexpected"),
     (lambda c: _set(c, "available_node_types.gpu_worker.min_workers", "0"), "'0' is not of type 'integer'"),
     (lambda c: _set(c, "head_node_type", "cpu_head"), "`head_node_type` must be one of `available_node_types`"),
+    (lambda c: _set(c, "available_node_types.head.node_config.IamInstanceProfile", _DELETE),
+     "node type head: no IamInstanceProfile"),
+    (lambda c: _set(c, "available_node_types.gpu_worker.node_config.IamInstanceProfile", _DELETE),
+     "node type gpu_worker: no IamInstanceProfile"),
+    (lambda c: _set(c, "available_node_types.gpu_worker.node_config.IamInstanceProfile", {"Arn": "taskspec-worker"}),
+     "node type gpu_worker: no IamInstanceProfile"),
+    (lambda c: _set(c, "docker.run_options", ["--gpus all", *c["docker"]["run_options"]]),
+     "node type head has no GPU, but its docker run options pass --gpus"),
+    (lambda c: _set(c, "docker.head_run_options", ["--gpus all"]), "node type head has no GPU, but"),
+    (lambda c: _set(c, "available_node_types.gpu_worker.docker", _DELETE),
+     "node type gpu_worker has GPUs, but its docker run options do not pass --gpus"),
+    (lambda c: _set(c, "docker.run_options", [o for o in c["docker"]["run_options"] if not o.startswith("-v ")]),
+     "node type head: the Hugging Face cache (HF_HOME) /home/ray/.cache/huggingface is in the container's writable layer"),
+    (lambda c: _set(c, "docker.run_options", [o for o in c["docker"]["run_options"] if "TASKSPEC_STAGING" not in o]),
+     "node type gpu_worker: TASKSPEC_STAGING /tmp/taskspec-staging is in the container's writable layer"),
+    (lambda c: _rename(c, "available_node_types.gpu_worker.docker.worker_run_options", "run_options"),
+     "'run_options' was unexpected"),
 ], ids=["hf-token-expanded-on-node", "no-auth-mode", "no-token-path", "no-file-mounts", "secrets-in-repo",
         "no-hf-env-file", "dashboard-public", "misspelled-top-level", "misspelled-docker-field", "wrong-type",
-        "unknown-head-type"])
+        "unknown-head-type", "head-no-instance-profile", "worker-no-instance-profile", "instance-profile-not-an-arn",
+        "gpus-shared-with-head", "gpus-on-head", "gpu-worker-without-gpus", "hf-cache-in-layer", "staging-in-layer",
+        "per-type-docker-misspelled"])
 def test_launcher_checks_catch_each_problem(mutate, expected):
     cfg = yaml.safe_load(LAUNCHER.read_text())
     problems = launcher_problems(mutate(cfg))
@@ -230,7 +411,7 @@ def test_network_policy_admits_only_the_cluster_its_submitter_and_the_operator()
     """The head's NetworkPolicy selects the pods deploy/rayjob.yaml makes, lets them talk to each
     other on every port, and lets in from outside only the dashboard port, only for this RayJob's
     submitter pod and the KubeRay operator (labels as KubeRay v1.7 sets them)."""
-    job = yaml.safe_load(RAYJOB.read_text())
+    job, _ = load_rayjob()
     policies = {p["metadata"]["name"]: p for p in yaml.safe_load_all(NETWORK_POLICY.read_text())}
     assert all(p["apiVersion"] == "networking.k8s.io/v1" and p["kind"] == "NetworkPolicy" for p in policies.values())
     cluster = job["spec"]["rayClusterSpec"]
@@ -255,7 +436,7 @@ def test_network_policy_admits_only_the_cluster_its_submitter_and_the_operator()
 
 def test_cluster_configs_reference_the_same_image_entry_point_and_profile():
     launcher = yaml.safe_load((ROOT / "deploy/ray-cluster.yaml").read_text())
-    job = yaml.safe_load((ROOT / "deploy/rayjob.yaml").read_text())
+    job, _ = load_rayjob()
     image = launcher["docker"]["image"]
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     workers = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
@@ -317,7 +498,7 @@ def test_the_paper_profiles_units_fit_the_rayjobs_gpu_nodes_and_both_trials_fit_
     from orchestrator.profile import load_profile
     from workers.tune_sweep import TRIAL_RESOURCES
 
-    job = yaml.safe_load(RAYJOB.read_text())["spec"]["rayClusterSpec"]
+    job = load_rayjob()[0]["spec"]["rayClusterSpec"]
     assert job["headGroupSpec"]["rayStartParams"]["num-cpus"] == "0"
     limits = job["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]
     node = {"CPU": float(limits["cpu"]), "GPU": float(limits["nvidia.com/gpu"])}
@@ -326,3 +507,28 @@ def test_the_paper_profiles_units_fit_the_rayjobs_gpu_nodes_and_both_trials_fit_
     r = p.resources.train
     slots = min(node["CPU"] // r.cpus_per_worker, node["GPU"])  # training workers one node holds
     assert TRIAL_RESOURCES.get("cpu", 0) == 0 and slots >= r.max_concurrent_trials * r.num_workers
+
+
+def _gib(quantity: str) -> float:
+    """A Kubernetes quantity in Gi or G, or a plain number of bytes, in GiB."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)(Gi|G|Ti)?", str(quantity))
+    scale = {"Gi": 1, "G": 1e9 / 2**30, "Ti": 1024, None: 1 / 2**30}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def test_the_paper_profiles_fetched_checkpoints_fit_well_inside_each_nodes_staging_disk():
+    """resources.eval.checkpoint_disk_gb (what a node keeps of fetched checkpoints) is at most a
+    quarter of the staging volume on a GPU node, in both deploy files: the rest holds the training
+    epochs and the checkpoints in use, and a pod past its emptyDir's sizeLimit is evicted."""
+    from orchestrator.profile import load_profile
+
+    budget = load_profile("paper").resources.eval.checkpoint_disk_gb
+    job, _ = load_rayjob()
+    worker = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    staging = {e["name"]: e.get("value") for e in worker["containers"][0]["env"]}["TASKSPEC_STAGING"]
+    [mount] = [m for m in worker["containers"][0]["volumeMounts"] if _inside(staging, [m["mountPath"]])]
+    [volume] = [v for v in worker["volumes"] if v["name"] == mount["name"]]
+    assert budget <= _gib(volume["emptyDir"]["sizeLimit"]) / 4
+    launcher = yaml.safe_load(LAUNCHER.read_text())
+    [disk] = launcher["available_node_types"]["gpu_worker"]["node_config"]["BlockDeviceMappings"]
+    assert budget <= disk["Ebs"]["VolumeSize"] * 1e9 / 2**30 / 4

@@ -1,4 +1,5 @@
-"""Evaluation actor: loads the verifier once, keeps recently used drafters, decodes shards of prompts."""
+"""Evaluation actor: loads the verifier once, keeps recently used drafters (in memory, and their
+fetched files on the node's disk, each within a budget), decodes shards of prompts."""
 from __future__ import annotations
 
 import dataclasses
@@ -40,10 +41,12 @@ def _drafter_bytes(proposer) -> int:
 class EvalWorker:
     """Wrapped with ray.remote by the driver (resources come from the profile)."""
 
-    def __init__(self, verifier: str, dtype: str | None = None, threads: int = 1, drafter_cache_gb: float = 4.0):
+    def __init__(self, verifier: str, dtype: str | None = None, threads: int = 1, drafter_cache_gb: float = 4.0,
+                 checkpoint_disk_gb: float = 20.0):
         import torch
 
         from decoding.verifiers import eos_token_ids, load_verifier, resolve
+        from orchestrator.fetch_cache import FetchCache
 
         torch.set_num_threads(max(1, threads))
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -51,6 +54,7 @@ class EvalWorker:
         self.name = resolve(verifier).name
         self.eos = eos_token_ids(self.model, self.tok)
         self._proposers = DrafterCache(drafter_cache_gb * 2**30, _drafter_bytes)
+        self._fetched = FetchCache(checkpoint_disk_gb * 2**30)  # shared by the node's actors
         self._auto: dict[tuple, object] = {}  # (checkpoints, strategy, dedup, granularity) -> tree auto choice
 
     def pid(self) -> int:
@@ -59,10 +63,9 @@ class EvalWorker:
     def _proposer(self, path: str, index: int, keep: set):
         from decoding.runner import load_proposers
 
-        from orchestrator.storage import fetch
-
-        def load():  # a URI is copied to this node first
-            p = load_proposers(self.model, [str(fetch(path))], self.name)[0]
+        def load():  # a URI is copied to this node first; its files may go once it is loaded
+            with self._fetched.use(path) as local:
+                p = load_proposers(self.model, [str(local)], self.name)[0]
             p.index, p.name = index, path.rstrip("/").split("/")[-2 if path.rstrip("/").endswith("final") else -1]
             return p
 

@@ -75,12 +75,23 @@ def run_sweep(configs: dict, storage_path: str, resources: dict, max_concurrent:
     if tune.Tuner.can_restore(path):  # the same sweep was interrupted: Tune's own restore
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_errored=True, param_space=param_space)
     else:
-        verbose = 2 if os.environ.get("TASKSPEC_VERBOSE") == "1" else 0  # quiet: one line per finished trial
         tuner = tune.Tuner(trainable, param_space=param_space,
                            tune_config=tune.TuneConfig(max_concurrent_trials=max_concurrent),
-                           run_config=tune.RunConfig(name=name, storage_path=storage_path, verbose=verbose,
-                                                     callbacks=[_TrialLines(len(configs)), *callbacks]))
+                           run_config=sweep_run_config(name, storage_path, resources,
+                                                       [_TrialLines(len(configs)), *callbacks]))
     return tuner.fit()
+
+
+def sweep_run_config(name: str, storage_path: str, resources: dict, callbacks=()):
+    """The sweep's Tune RunConfig. Its FailureConfig retries a trial whose own actor died (its node
+    lost: Ray Train's FailureConfig restarts only the worker group) up to ``resources["max_failures"]``
+    times (the profile's ``retries``); a retried trial starts Ray Train again, which resumes from the
+    drafter's latest checkpoint at the output (epoch or train.checkpoint_every steps)."""
+    from ray import tune
+
+    verbose = 2 if os.environ.get("TASKSPEC_VERBOSE") == "1" else 0  # quiet: one line per finished trial
+    return tune.RunConfig(name=name, storage_path=storage_path, verbose=verbose, callbacks=list(callbacks),
+                          failure_config=tune.FailureConfig(max_failures=resources.get("max_failures", 1)))
 
 
 def _trial_lines_class():
