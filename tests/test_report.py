@@ -202,7 +202,8 @@ def test_study_numbers_are_data_beside_ours():
     t1 = pl.DataFrame([{"backbone": "hass", "temperature": 0.0, "method": "math", "benchmark": "gsm8k", "tau": 1.7}])
     cmp = study_comparison(t1)
     row = cmp.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k") & (pl.col("backbone") == "hass")).row(0, named=True)
-    assert row["study_tau"] == 5.02 and row["source"] == "Table 1" and row["our_tau"] == pytest.approx(1.7)
+    assert row["study_tau"] == 5.02 and row["source"] == "paper Table 1 and TAPS README"
+    assert row["our_tau"] == pytest.approx(1.7)
     assert cmp.height == len(STUDY_NUMBERS)
 
 

@@ -11,6 +11,7 @@ from drafters.atomic import atomic_file, write_text_atomic
 
 from . import figures
 from .claims import ROUTED, SPEED_ROUTED, check_claims, study_comparison
+from .claims_study import comparison_note
 from .routers import NOT_DEPLOYABLE, POSTHOC, describe, is_router, table2, with_posthoc
 from .tables import (GENERATE, depth_table, depth_table_deeper, entropy_table, per_prompt, scan, speed, table1, table1_wide,
                      trace_files)
@@ -151,7 +152,10 @@ def build_report(run_dir) -> Path:
            _md(cl.select("claim", "wording").unique("claim", maintain_order=True) if not cl.is_empty() else cl),
            "## The study's numbers beside ours (acceptance length)\n",
            "The study's verifier is Llama-3-8B-Instruct with 70k examples per domain; `our_tau` is this run's "
-           "(mean over the benchmarks present for `average`). Source: arXiv 2603.27027.\n",
+           "(mean over the benchmarks present for `average`). Source: arXiv 2603.27027 and TAPS's README, every "
+           "cell in `orchestrator/report/study_tables.csv` (where the two disagree, one row per source; "
+           "docs/study.md lists them); all of them in `tables/study_vs_ours.csv`. "
+           + comparison_note(t1) + "\n",
            _md(study.filter(pl.col("our_tau").is_not_null()) if study.filter(pl.col("our_tau").is_not_null()).height
                else study.head(0)),
            "## Table 2 — routing decisions per prompt, every router by name\n", TABLE2_NOTE, _md(rt),
@@ -180,8 +184,8 @@ CLAIMS_NOTE = ("`p_value`: two-sided percentile-bootstrap p of a zero difference
                "of resamples on either side of 0)). `p_holm` / `verdict_holm`: Holm-Bonferroni step-down over "
                "every test of this run (rows with a p-value and enough prompts), family-wise 5%; a conclusive "
                "verdict whose p_holm is above 0.05 reads `inconclusive (Holm)`. `study`: the study's own numbers "
-               "for the row's backbone, temperature and benchmark (STUDY.md); `study_consistent`: whether they "
-               "agree with the claim's wording (false: the study contradicts its own claim there; empty: no "
+               "for the row's backbone, temperature and benchmark (`orchestrator/report/study_tables.csv`); "
+               "`study_consistent`: whether they agree with the claim's wording (false: the study contradicts its own claim there; empty: no "
                "number for that cell).\n")
 SPEED_NOTE = ("`speedup` is tokens/s over transformers' `generate` (greedy at T=0, sampling at T>0) on the same "
               "inputs in the same actor: timed by the cell itself next to each of its inputs where `paired_baseline` "
