@@ -36,14 +36,17 @@ WORDING = {
     "RQ3a": "merged trees beat confidence routing (Table 1, average)",
     "RQ3b": "confidence routing beats the best single checkpoint (Table 1, average)",
     "RQ3c": "the weight-averaged checkpoint is the weakest (Table 1)",
+    "RQ3c-cells": "the weight-averaged checkpoint is the worst in every cell (Table 1: each benchmark)",
     "Fig6": "no lambda of the averaging sweep recovers specialist-level acceptance (Figure 6)",
     "merged-best": "merged trees are the best method overall (Table 1, average)",
-    "backbones": "the methods keep the same ordering on both backbones (Table 1, average)",
+    "backbones": "the methods keep the same ordering on both backbones (Table 1, average): the same order",
     "RQ4": "confidence routing separates the domains, entropy routing does not (Table 2)",
     "entropy": "rejected draft tokens carry higher draft entropy than accepted ones (Tables 3-4)",
-    "RQ5": "acceptance falls with depth (Tables 5-8)",
+    "verifier-entropy": "verifier entropy shows the same direction: higher at rejected tokens (Tables 3-4)",
+    "RQ5": "acceptance rate falls with depth for every variant (Tables 5-8)",
     "depth-slope": "the matched specialist declines more slowly with depth than the mismatched (Tables 5-8)",
     "depth-shallow": "the mixed drafter leads the matched specialist at shallow depth 1-2 (Tables 5-8)",
+    "depth-deep": "the matched specialist beats the mixed drafter at depths 4-5 (Tables 5-8)",
     "speed": "confidence routing costs less speed than merged trees (Section 7 estimate)",
     # the study's proposed next experiments (no numbers in the study): checks of this project's strategies
     "switching": "acceptance-history switching beats confidence routing (proposed next experiment)",
@@ -53,6 +56,8 @@ WORDING = {
     "depth-adaptive-routing": "depth-adaptive composition beats confidence routing at equal node budget "
                               "(proposed next experiment)",
 }
+STUDY_CLAIMS = tuple(c for c in WORDING if c not in ("switching", "switching-early", "switching-speed",
+                                                     "depth-adaptive-merged", "depth-adaptive-routing"))
 NEXT = ("switching", "switching-early", "switching-speed", "depth-adaptive-merged", "depth-adaptive-routing")
 
 NAMES = {"math": "MathInstruct 70k", "chat": "ShareGPT 70k", "mixed_half": "Mixed 35k+35k",
@@ -197,11 +202,47 @@ def entropy(backbone: str, temp: float, method: str, bench: str) -> dict:
     return none_for("entropy", backbone, temp, f"{method} on {bench}")
 
 
-def depth(claim: str, backbone: str, temp: float) -> dict:
-    """Tables 5-8 numbers (EAGLE-2 T=0 MATH-500) for the depth claims."""
-    r = {(m, d): other_of(f"accept_rate_d{d}", backbone, temp, m, "math500") for m in ("math", "chat")
-         for d in (1, 5)}
-    if None in r.values():
+def verifier_entropy(backbone: str, temp: float) -> dict:
+    return evidence("verifier-entropy", "Tables 3-4: 'verifier entropy shows the same direction' (the study's "
+                                        f"text; no verifier-entropy number for {backbone}, {_t(temp)} in the data)")
+
+
+def rq3c_cell(backbone: str, temp: float, bench: str, rivals) -> dict:
+    """The averaged checkpoint against the lowest other Table 1 row of this cell."""
+    mine = tau_of(backbone, temp, "avg0.5", bench)[0]
+    vals = {m: tau_of(backbone, temp, m, bench)[0] for m in rivals}
+    vals = {m: v for m, v in vals.items() if v is not None}
+    if mine is None or not vals:
+        return none_for("RQ3c-cells", backbone, temp, bench)
+    return pair("RQ3c-cells", backbone, temp, "avg0.5", min(vals, key=vals.get), bench, a_better=False)
+
+
+def rq3c_all(backbone: str, temp: float) -> dict:
+    """The averaged checkpoint against every other Table 1 row, each benchmark of the study."""
+    rivals = [m for m in NAMES if m != "avg0.5"]
+    evs = [rq3c_cell(backbone, temp, bn, rivals) for bn in FOUR]
+    known = [e for e in evs if e["study_consistent"] is not None]
+    if not known:
+        return none_for("RQ3c-cells", backbone, temp, "every benchmark")
+    bad = [e for e in known if e["study_consistent"] is False]
+    if bad:
+        return evidence("RQ3c-cells", "; ".join(e["study"] for e in bad), False, bad[0]["study_note"])
+    return evidence("RQ3c-cells", f"Table 1 ({backbone}, {_t(temp)}): Averaged is the lowest row on all "
+                                  f"{len(known)} benchmarks", True)
+
+
+def depth(claim: str, backbone: str, temp: float, method: str | None = None) -> dict:
+    """Tables 5-8 numbers (EAGLE-2 T=0 MATH-500) for the depth claims; ``method``: RQ5's variant."""
+    r = {(m, d): other_of(f"accept_rate_d{d}", backbone, temp, m, "math500") for m in ("math", "chat", "avg0.5")
+         for d in (1, 3, 5)}
+    if method is not None and claim == "RQ5":
+        deep = max((d for d in (3, 5) if r[method, d] is not None), default=None) if (method, 1) in r else None
+        if deep is None or r[method, 1] is None:
+            return none_for(claim, backbone, temp, f"acceptance by depth of {method}")
+        return evidence(claim, f"Tables 5-8 ({backbone}, {_t(temp)}, math500): {NAMES.get(method, method)} "
+                               f"{r[method, 1]:.1%} at depth 1 -> {r[method, deep]:.1%} at {deep}",
+                        r[method, 1] > r[method, deep])
+    if None in (r["math", 1], r["math", 5], r["chat", 1], r["chat", 5]):
         return none_for(claim, backbone, temp, "acceptance by depth")
     text = (f"Tables 5-8 ({backbone}, {_t(temp)}, math500): MathInstruct {r['math', 1]:.1%} at depth 1 -> "
             f"{r['math', 5]:.1%} at 5; ShareGPT {r['chat', 1]:.1%} -> {r['chat', 5]:.1%}")
@@ -210,6 +251,9 @@ def depth(claim: str, backbone: str, temp: float) -> dict:
     if claim == "depth-slope":
         fall_m, fall_c = r["math", 1] - r["math", 5], r["chat", 1] - r["chat", 5]
         return evidence(claim, text, fall_m < fall_c)
+    if claim == "depth-deep":
+        return evidence(claim, text + "; no number for the mixed drafters by depth (Figure 8 only)", None,
+                        "the study's text: 'the matched specialist dominates at depths 4-5'")
     return evidence(claim, text + "; no number for the mixed drafters by depth", None,
                     "the study's text says 'competitive at depths 1-2', weaker than 'leads'")
 
