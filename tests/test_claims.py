@@ -396,3 +396,15 @@ def test_holm_families_are_fixed_by_the_grid_and_keep_exploratory_tests_apart():
     assert holm([0.01, float("nan")], m=3)[0] == pytest.approx(0.03)
     with pytest.raises(ValueError, match="family of 1 cannot hold 2 tests"):
         holm([0.01, 0.02], m=1)
+
+
+def test_the_grid_comes_from_the_profile_and_refuses_an_empty_axis():
+    pp = _pp(SPEC)
+    prof = {"train": {"backbones": ["eagle2", "hass"]}, "merge": {"lambdas": [0.0, 0.5, 1.0]},
+            "eval": {"benchmarks": {"gsm8k": 10, "mt_bench": None, "svamp": 300}, "temperatures": [0.0, 1.0]}}
+    g = Grid.from_profile(prof, pp)
+    assert g == Grid(("eagle2", "hass"), (0.0, 1.0), ("gsm8k", "mt_bench", "svamp"), (0.0, 0.5, 1.0))
+    assert Grid.from_profile({}, pp) == Grid(("hass",), (0.0,), ("gsm8k", "mt_bench"))  # what the traces hold
+    assert Grid.from_profile({}, pp.with_columns(pl.lit("none").alias("backbone"))).backbones == ("none",)
+    with pytest.raises(ValueError, match="claims grid: benchmarks is empty"):
+        Grid(("hass",), (0.0,), ())

@@ -47,7 +47,7 @@ class Grid:
         and ``merge.lambdas``; a key the profile lacks falls back to what the traces hold."""
         ev, tr, mg = prof.get("eval", {}), prof.get("train", {}), prof.get("merge", {})
         benches = ev.get("benchmarks") or sorted(pp["benchmark"].unique().to_list())
-        backbones = tr.get("backbones") or sorted(set(pp["backbone"].unique().to_list()) - {"none"})
+        backbones = tr.get("backbones") or sorted(set(pp["backbone"].unique().to_list()) - {"none"}) or ["none"]
         temps = ev.get("temperatures") or sorted(pp["temperature"].unique().to_list())
         return cls(tuple(backbones), tuple(float(t) for t in temps), tuple(benches),
                    tuple(float(x) for x in mg.get("lambdas", ())))
