@@ -220,6 +220,9 @@ def test_report_opens_with_a_one_screen_summary_and_an_appendix(tmp_path):
     # the shared baseline row sits in the backbone's column, ours beside the study's convention (bonus excluded)
     assert "| autoregressive | 1.0 (0.0) |" in summary
     assert "τ (ours) = tokens committed" in md and "accepted draft tokens per pass" in md
+    # svamp failed: its rows have 0 prompts under the prompt rule, which is named as the project's
+    assert "were paired on a benchmark (the project's rule, not the study's" in summary
+    assert "(the study's rule)" not in md
     assert "Holm-Bonferroni, study family" in summary and "Not checked (no cells in this run" in summary
     assert "† RQ3b: the study's own numbers contradict" in summary  # HASS T=0: Mixed 70k+70k 5.18 > 4.80
     assert summary.count("| RQ1-math |") == 1 and "| claim | hass T=0 |" in summary  # one row per claim
