@@ -87,7 +87,7 @@ def family_size(grid: Grid, cl: pl.DataFrame | None = None) -> int:
     return size + sum(n for k, n in rows.items() if k not in set(grid_keys))
 
 
-def family_of(claim: str, comparison: str = "") -> str:
+def family_of(claim: str) -> str:
     return STUDY if claim in STUDY_CLAIMS else EXPLORATORY
 
 
