@@ -10,7 +10,9 @@ import polars as pl
 from drafters.atomic import atomic_file, write_text_atomic
 
 from . import figures
-from .claims import ROUTED, SPEED_ROUTED, check_claims, study_comparison
+from .claims import MIN_PROMPTS, ROUTED, SPEED_ROUTED, check_claims, study_comparison
+from .claims_family import STUDY, Grid
+from .claims_study import comparison_note
 from .routers import NOT_DEPLOYABLE, POSTHOC, describe, is_router, table2, with_posthoc
 from .tables import (GENERATE, depth_table, depth_table_deeper, entropy_table, per_prompt, scan, speed, table1, table1_wide,
                      trace_files)
@@ -104,7 +106,7 @@ def build_report(run_dir) -> Path:
     ent = entropy_table(steps) if steps is not None else pl.DataFrame()
     dep = depth_table(steps) if steps is not None else pl.DataFrame()
     dep_deep = depth_table_deeper(steps) if steps is not None else pl.DataFrame()
-    cl = check_claims(pp, steps_df, dep if not dep.is_empty() else None, pair)
+    cl = check_claims(pp, steps_df, dep if not dep.is_empty() else None, pair, Grid.from_profile(prof, pp))
     study = study_comparison(t1)
     for name, df in (("table1_acceptance", t1), ("speed", sp), ("table2_routing", rt), ("table3_4_entropy", ent),
                      ("table5_8_depth", dep), ("table5_8_depth_deeper", dep_deep), ("claims", cl),
@@ -144,14 +146,18 @@ def build_report(run_dir) -> Path:
     app = [f"# Appendix to the report for `{run.name}`\n",
            "## Claims of the study, checked on this run (every comparison)\n",
            CLAIMS_NOTE,
-           _md(cl.select("claim", "backbone", "temperature", "comparison", "prompts", "estimate", "ci_lo", "ci_hi",
-                         "p_value", "verdict", "p_holm", "verdict_holm", "study", "study_consistent", "study_note")
+           _md(_p_text(cl.select("claim", "family", "backbone", "temperature", "comparison", "prompts", "estimate",
+                                 "ci_lo", "ci_hi", "p_value", "verdict", "p_holm", "verdict_holm", "study",
+                                 "study_consistent", "study_note"))
                if not cl.is_empty() else cl),
            "## Each claim as the study words it\n",
            _md(cl.select("claim", "wording").unique("claim", maintain_order=True) if not cl.is_empty() else cl),
            "## The study's numbers beside ours (acceptance length)\n",
            "The study's verifier is Llama-3-8B-Instruct with 70k examples per domain; `our_tau` is this run's "
-           "(mean over the benchmarks present for `average`). Source: arXiv 2603.27027.\n",
+           "(mean over the benchmarks present for `average`). Source: arXiv 2603.27027 and TAPS's README, every "
+           "cell in `orchestrator/report/study_tables.csv` (where the two disagree, one row per source; "
+           "docs/study.md lists them); all of them in `tables/study_vs_ours.csv`. "
+           + comparison_note(t1) + "\n",
            _md(study.filter(pl.col("our_tau").is_not_null()) if study.filter(pl.col("our_tau").is_not_null()).height
                else study.head(0)),
            "## Table 2 — routing decisions per prompt, every router by name\n", TABLE2_NOTE, _md(rt),
@@ -177,11 +183,13 @@ TAU_NOTE = ("τ (ours) = tokens committed by tree-verification passes (accepted 
             "`tables/table1_acceptance.csv` = the mean over prompts of each prompt's tokens per pass, minus the "
             "bonus token; `tau_prompt_mean` keeps the bonus token); the headline table gives both.")
 CLAIMS_NOTE = ("`p_value`: two-sided percentile-bootstrap p of a zero difference (min(1, 2 x the smaller share "
-               "of resamples on either side of 0)). `p_holm` / `verdict_holm`: Holm-Bonferroni step-down over "
-               "every test of this run (rows with a p-value and enough prompts), family-wise 5%; a conclusive "
+               "of 10,000 resamples on either side of 0), never below 1/(B+1)). `p_holm` / `verdict_holm`: "
+               "Holm-Bonferroni step-down within the row's `family`: `study` (the study's claims; its size is fixed "
+               "by the profile's grid, and a hypothesis without data counts as untested, p = 1) or `exploratory` "
+               "(the proposed next experiments and the project's own routers), family-wise 5%; a conclusive "
                "verdict whose p_holm is above 0.05 reads `inconclusive (Holm)`. `study`: the study's own numbers "
-               "for the row's backbone, temperature and benchmark (STUDY.md); `study_consistent`: whether they "
-               "agree with the claim's wording (false: the study contradicts its own claim there; empty: no "
+               "for the row's backbone, temperature and benchmark (`orchestrator/report/study_tables.csv`); "
+               "`study_consistent`: whether they agree with the claim's wording (false: the study contradicts its own claim there; empty: no "
                "number for that cell).\n")
 SPEED_NOTE = ("`speedup` is tokens/s over transformers' `generate` (greedy at T=0, sampling at T>0) on the same "
               "inputs in the same actor: timed by the cell itself next to each of its inputs where `paired_baseline` "
@@ -221,6 +229,12 @@ def routers_section(pp: pl.DataFrame) -> list[str]:
             out.append(f"{n} near-tie prompt(s) of `{POSTHOC}` had no mixed-checkpoint run and took the higher "
                        "specialist.\n")
     return out
+
+
+def _p_text(df: pl.DataFrame) -> pl.DataFrame:
+    """p-values as text with two significant digits, so that a small one never rounds to 0."""
+    return df.with_columns(pl.col(c).map_elements(lambda p: "" if p != p else f"{p:.2g}", return_dtype=pl.String)
+                           for c in ("p_value", "p_holm") if c in df.columns)
 
 
 def _verdict_word(v: str) -> str:
@@ -272,11 +286,18 @@ def _claims_footer(cl: pl.DataFrame) -> list[str]:
     """The family-wise line and, per claim the study's own numbers contradict, one line saying where."""
     out = []
     if "verdict_holm" in cl.columns:
-        tests = int(cl["p_holm"].is_not_nan().sum())
-        raw = sum(_verdict_word(v) in ("holds", "does not hold") for v in cl["verdict"])
-        kept = sum(_verdict_word(v) in ("holds", "does not hold") for v in cl["verdict_holm"])
-        out.append(f"Holm-Bonferroni over this run's {tests} tests (bootstrap p-values, family-wise 5%): "
-                   f"{kept} of {raw} conclusive verdicts stay conclusive (`verdict_holm` in `tables/claims.csv`).\n")
+        fam = cl["family"] if "family" in cl.columns else pl.Series([STUDY] * cl.height)
+        for name in dict.fromkeys(fam.to_list()):
+            g = cl.filter(fam == name)
+            tests = int(g["p_holm"].is_not_nan().sum())
+            if name != STUDY and not tests:
+                continue
+            raw = sum(_verdict_word(v) in ("holds", "does not hold") for v in g["verdict"])
+            kept = sum(_verdict_word(v) in ("holds", "does not hold") for v in g["verdict_holm"])
+            size = (f" in a family of {g['family_size'][0]} (fixed by the profile's grid; the untested count as "
+                    "p = 1)") if name == STUDY and "family_size" in g.columns else ""
+            out.append(f"Holm-Bonferroni, {name} family: {tests} tests{size}, family-wise 5%: {kept} of {raw} "
+                       "conclusive verdicts stay conclusive (`verdict_holm` in `tables/claims.csv`).\n")
     if "study_consistent" in cl.columns:
         bad = cl.filter(pl.col("study_consistent") == False)  # noqa: E712 - polars expression
         for claim, g in bad.group_by("claim", maintain_order=True):
@@ -327,10 +348,11 @@ def summary_section(t1: pl.DataFrame, sp: pl.DataFrame, cl: pl.DataFrame, miss: 
             md.append(f"Not checked (no cells in this run; `tables/claims.csv` says what each needs): "
                       f"{', '.join(idle)}.\n")
         md += _claims_footer(cl)
-        few = sum("< 10 prompts" in v for v in cl["verdict"].to_list())
+        few = sum(f"< {MIN_PROMPTS} prompts" in v for v in cl["verdict"].to_list())
         if few:
-            md.append(f"{few} of {cl.height} comparisons are inconclusive because fewer than 10 prompts were paired "
-                      "(the study's rule), whatever their interval says.\n")
+            md.append(f"{few} of {cl.height} comparisons are inconclusive because fewer than {MIN_PROMPTS} prompts "
+                      "were paired on a benchmark (the project's rule, not the study's; a benchmark without rows "
+                      "has 0), whatever their interval says.\n")
     own = sp.filter(pl.col("method") != GENERATE)
     if not own.is_empty() and own["speedup"].null_count() < own.height:
         base = sp["baseline"][0]

@@ -1,11 +1,14 @@
 """Check each of the study's claims on this run: holds / does not hold / inconclusive (95% CI).
 
 Every interval is a bootstrap whose unit is the prompt (paired: methods compared on the same
-prompts); a verdict needs at least MIN_PROMPTS prompts on every benchmark it uses. Every row
-carries the claim as the study words it, the study's own numbers for the row's cell and whether
-they agree with that wording (claims_study), a bootstrap p-value, and ``verdict_holm``: the verdict
-after a Holm-Bonferroni adjustment over every test of the run (family-wise 5%). A claim the run
-has no cells for gets one inconclusive row per backbone and temperature saying what it needs."""
+prompts); a verdict needs at least MIN_PROMPTS prompts (the project's rule, not the study's) on every
+benchmark it uses, and a benchmark the profile asks for without rows has 0. Every row carries the
+claim as the study words it, the study's own numbers for the row's cell and whether they agree with
+that wording (claims_study), a bootstrap p-value (never below 1/(B+1)), its Holm family (``study``:
+the study's claims, a family fixed by the profile's grid; ``exploratory``: the rest, see
+claims_family) and ``verdict_holm``: the verdict after Holm-Bonferroni within its family
+(family-wise 5%). A claim the run has no cells for gets one inconclusive row per backbone and
+temperature saying what it needs."""
 from __future__ import annotations
 
 import re
@@ -14,12 +17,13 @@ import numpy as np
 import polars as pl
 
 from . import claims_study as cs
+from .claims_family import EXPLORATORY, Grid, family_of, family_size, holm_by_family
 from .claims_depth import depth_claims, ordering_claim
 from .claims_next import BASE as NEXT_BASE
 from .claims_next import next_claims
 from .claims_study import STUDY_NUMBERS, WORDING, study_comparison  # noqa: F401 - re-exported
 from .routers import HEADS, POSTHOC, PROMPT_NODE, chosen_name, matched_expr
-from .stats import holm, mean_diff_ci, paired_avg_diff_ci, paired_diff_ci, verdict
+from .stats import mean_diff_ci, paired_avg_diff_ci, paired_diff_ci, verdict
 from .tables import MATH_BENCH, aligned
 
 # The headline routing (RQ3a, RQ3b, RQ4): the study's Table 1 "confidence routed" numbers are its code's
@@ -27,7 +31,7 @@ from .tables import MATH_BENCH, aligned
 # generations), so the speed claim times the study's text's deployable per-prompt router instead.
 ROUTED = POSTHOC
 SPEED_ROUTED = PROMPT_NODE
-MIN_PROMPTS = 10  # a bootstrap over fewer prompts per benchmark gives intervals too narrow to trust
+MIN_PROMPTS = 10  # the project's rule: a bootstrap over fewer prompts per benchmark is too narrow to trust
 ALPHA = 0.05
 SINGLES = ("math", "chat", "mixed_half", "mixed_full")
 
@@ -37,13 +41,15 @@ NEEDS = {  # what a claim needs from the run; shown when it is missing
     "RQ2": "a mixed drafter and both specialists", "RQ2-home": "a mixed drafter and both specialists",
     "RQ2-reversal": "mixed_half and mixed_full at this temperature (T=0 and T=1 for the reversal)",
     "RQ3a": f"merged and {ROUTED}", "RQ3b": f"{ROUTED} and a single drafter",
-    "RQ3c": "avg0.5 and a single drafter",
+    "RQ3c": "avg0.5 and a single drafter", "RQ3c-cells": "avg0.5 and another Table 1 variant",
     "Fig6": "a lambda sweep (>= 2 averaged checkpoints, 0 < lambda < 1) and both specialists",
     "merged-best": "merged and another method", "backbones": "both backbones with >= 3 methods in common",
     "RQ4": f"{ROUTED} and {HEADS} (or confidence and entropy routing at one granularity)",
-    "entropy": "step traces of single drafters", "RQ5": "step traces of single drafters reaching two depths",
+    "entropy": "step traces of single drafters", "verifier-entropy": "step traces of single drafters",
+    "RQ5": "step traces of single drafters reaching two depths",
     "depth-slope": "step traces of both specialists",
     "depth-shallow": "step traces of a mixed drafter and a specialist",
+    "depth-deep": "step traces of a mixed drafter and a specialist reaching depth 4",
     "speed": f"{SPEED_ROUTED} and merged with wall-clock times",
     "switching": f"switching and {NEXT_BASE}", "switching-early": f"switching and the step traces of {NEXT_BASE}",
     "switching-speed": f"switching and {NEXT_BASE} with wall-clock times",
@@ -53,34 +59,57 @@ NEEDS = {  # what a claim needs from the run; shown when it is missing
 ORDER = list(WORDING)
 
 
-def _row(claim, backbone, temp, what, est, lo, hi, v, n=None, p=None, ev=None):
+def _row(claim, backbone, temp, what, est, lo, hi, v, n=None, p=None, ev=None, bench=None, family=None):
     if n is not None and n < MIN_PROMPTS and v != "inconclusive" and not v.startswith("inconclusive ("):
         v = f"inconclusive (n={n} < {MIN_PROMPTS} prompts)"
     ev = ev or cs.evidence(claim)
-    return {"claim": claim, "backbone": backbone, "temperature": temp, "comparison": what, "prompts": n,
+    return {"claim": claim, "family": family or family_of(claim), "backbone": backbone, "temperature": temp,
+            "benchmark": bench, "comparison": what, "prompts": n,
             "estimate": est, "ci_lo": lo, "ci_hi": hi, "p_value": float("nan") if p is None else p, "verdict": v,
             "wording": ev["wording"], "study": ev["study"], "study_consistent": ev["study_consistent"],
             "study_note": ev["study_note"]}
 
 
-def _test(claim, bb, temp, what, res, n, ev, expected_positive=True):
+def _test(claim, bb, temp, what, res, n, ev, expected_positive=True, bench=None, family=None):
     est, lo, hi, p = res
-    return _row(claim, bb, temp, what, est, lo, hi, verdict(lo, hi, expected_positive), n, p, ev)
+    return _row(claim, bb, temp, what, est, lo, hi, verdict(lo, hi, expected_positive), n, p, ev, bench, family)
 
 
-def add_holm(cl: pl.DataFrame, alpha: float = ALPHA) -> pl.DataFrame:
-    """``p_holm`` and ``verdict_holm``: Holm-Bonferroni over every test of the run. The family is
-    every row with a bootstrap p-value that passed the prompt rule (rows that cannot conclude, and
-    rows the run has no cells for, are not tests). A raw conclusive verdict stays when p_holm <= alpha,
-    else it reads inconclusive; Holm never makes an inconclusive verdict conclusive."""
+def add_holm(cl: pl.DataFrame, alpha: float = ALPHA, study_size: int | None = None) -> pl.DataFrame:
+    """``p_holm`` and ``verdict_holm``: Holm-Bonferroni within each family (claims_family): the study
+    family over ``study_size`` hypotheses (claims_family.family_size; untested ones count as p = 1;
+    None: the family's rows), the exploratory family over its tests. A test is a row with a bootstrap
+    p-value that passed the prompt rule. A raw conclusive verdict stays when p_holm <= alpha, else it
+    reads inconclusive; Holm never makes an inconclusive verdict conclusive."""
     if cl.is_empty():
         return cl
-    tested = [np.isfinite(p) and (n is None or n >= MIN_PROMPTS) for p, n in zip(cl["p_value"], cl["prompts"])]
-    p_holm = holm([p if t else np.nan for p, t in zip(cl["p_value"], tested)])
+    if "family" not in cl.columns:
+        cl = cl.with_columns(pl.col("claim").map_elements(family_of, return_dtype=pl.String).alias("family"))
+    tested = np.array([np.isfinite(p) and (n is None or n >= MIN_PROMPTS)
+                       for p, n in zip(cl["p_value"], cl["prompts"])], bool)
+    p_holm, sizes = holm_by_family(cl["p_value"].to_numpy().astype(float), tested, cl["family"].to_list(),
+                                   study_size)
     conclusive = ("holds", "does not hold")
     vh = [v if v not in conclusive or (np.isfinite(ph) and ph <= alpha) else "inconclusive (Holm)"
           for v, ph in zip(cl["verdict"], p_holm)]
-    return cl.with_columns(pl.Series("p_holm", p_holm), pl.Series("verdict_holm", vh))
+    return cl.with_columns(pl.Series("p_holm", p_holm), pl.Series("verdict_holm", vh),
+                           pl.col("family").replace_strict(sizes, default=0, return_dtype=pl.Int64)
+                           .alias("family_size"))
+
+
+def _no_rows(rows: list[dict], missing: list[str]) -> list[dict]:
+    """The prompt rule for benchmarks the profile asks for without rows: a row on such a benchmark,
+    or spanning benchmarks, had 0 prompts there (its test does not count)."""
+    if not missing:
+        return rows
+    out = []
+    for r in rows:
+        gone = [r["benchmark"]] if r["benchmark"] in missing else ([] if r["benchmark"] else missing)
+        if gone and "not in this run" not in r["verdict"]:
+            r = r | {"prompts": 0, "p_value": float("nan"),
+                     "verdict": f"inconclusive (n=0 < {MIN_PROMPTS} prompts: no rows on {', '.join(gone)})"}
+        out.append(r)
+    return out
 
 
 def _mean_tau(pp, bb, temp, m, benches) -> float:
@@ -94,14 +123,19 @@ def _mean_tau(pp, bb, temp, m, benches) -> float:
 
 
 def check_claims(pp: pl.DataFrame, steps: pl.DataFrame | None, depth: pl.DataFrame | None,
-                 route_pair: tuple = ("math", "chat")) -> pl.DataFrame:
+                 route_pair: tuple = ("math", "chat"), grid: Grid | None = None) -> pl.DataFrame:
     """Each claim compares what the study compared: RQ3a/RQ3b use ``ROUTED``, RQ4 maps routing
     choices to drafters by the profile's ``route_pair``, the entropy claim uses the math drafter on
-    GSM8K where present; then the family-wise view (add_holm) and rows for claims without cells."""
+    GSM8K where present; then rows for claims without cells and the family-wise view (add_holm).
+    ``grid``: what the profile asks for (claims_family.Grid.from_profile; default: what the traces
+    hold); it fixes the study family and names the benchmarks the prompt rule counts."""
     rows = []
-    benches = sorted(pp["benchmark"].unique().to_list())
+    present = sorted(pp["benchmark"].unique().to_list())
     backbones = sorted(set(pp["backbone"].unique().to_list()) - {"none"})
     temps = sorted(pp["temperature"].unique().to_list())
+    if grid is None:
+        grid = Grid(tuple(backbones) or ("none",), tuple(temps), tuple(present))
+    benches = list(grid.benchmarks) + [b for b in present if b not in grid.benchmarks]
     for backbone in backbones:
         methods = set(pp.filter(pl.col("backbone") == backbone)["method"].unique().to_list())
         for temp in temps:
@@ -110,18 +144,21 @@ def check_claims(pp: pl.DataFrame, steps: pl.DataFrame | None, depth: pl.DataFra
             rows += _rq4(pp, backbone, temp, route_pair)
             if steps is not None:
                 rows += _entropy_claim(steps, backbone, temp)
+                rows += _entropy_claim(steps, backbone, temp, "verifier")
                 rows += depth_claims(steps, backbone, temp, _row)
             rows += _speed_claim(pp, backbone, temp, benches, methods & have)
             rows += next_claims(pp, steps, backbone, temp, benches, methods & have, _row)
     for temp in temps:
         rows += ordering_claim(pp, temp, backbones, _row)
-    rows += _missing(rows, backbones, temps)
+    rows = _no_rows(rows, [b for b in grid.benchmarks if b not in present])
+    rows += _missing(rows, sorted(set(grid.backbones) | set(backbones)),
+                     sorted(set(grid.temperatures) | set(temps)))
     if not rows:
         return pl.DataFrame()
     cl = pl.DataFrame(rows, infer_schema_length=None)
     cl = cl.with_columns(pl.col("claim").replace_strict({c: i for i, c in enumerate(ORDER)}, default=99)
                          .alias("_o")).sort("_o", "backbone", "temperature", maintain_order=True).drop("_o")
-    return add_holm(cl)
+    return add_holm(cl, study_size=family_size(grid, cl))
 
 
 def _tau_claims(pp, backbone, temp, benches, methods) -> list[dict]:
@@ -133,10 +170,10 @@ def _tau_claims(pp, backbone, temp, benches, methods) -> list[dict]:
     def n_min(a, b):
         return min(len(aligned(pp, backbone, temp, bn, a, b)[0]) for bn in benches)
 
-    def per_bench(claim, a, b, bn):
+    def per_bench(claim, a, b, bn, ev=None, expected_positive=True):
         arrays = aligned(pp, backbone, temp, bn, a, b)
         return _test(claim, backbone, temp, f"{a} - {b} on {bn} (tau)", paired_diff_ci(*arrays, p=True),
-                     len(arrays[0]), cs.pair(claim, backbone, temp, a, b, bn))
+                     len(arrays[0]), ev or cs.pair(claim, backbone, temp, a, b, bn), expected_positive, bn)
 
     if {"math", "chat"} <= methods:
         for bn in benches:
@@ -172,6 +209,12 @@ def _tau_claims(pp, backbone, temp, benches, methods) -> list[dict]:
         worst = min(singles, key=lambda m: _mean_tau(pp, backbone, temp, m, benches))
         rows.append(_test("RQ3c", backbone, temp, f"averaged - worst specialist ({worst}), average",
                           avg("avg0.5", worst), n_min("avg0.5", worst), cs.rq3c(backbone, temp), False))
+    rivals = [m for m in (*SINGLES, ROUTED, "merged") if m in methods and m != "avg0.5"]
+    if "avg0.5" in methods and rivals:  # "worst in every cell": each benchmark, against its lowest rival
+        for bn in benches:
+            worst = min(rivals, key=lambda m: _mean_tau(pp, backbone, temp, m, [bn]))
+            r = per_bench("RQ3c-cells", "avg0.5", worst, bn, cs.rq3c_cell(backbone, temp, bn, rivals), False)
+            rows.append(r | {"comparison": f"averaged - lowest other variant ({worst}) on {bn} (tau)"})
     lams = sorted((float(m[3:]), m) for m in methods if re.fullmatch(r"avg[0-9.]+", m) and 0 < float(m[3:]) < 1)
     if len(lams) >= 2 and {"math", "chat"} <= methods:
         spec = max(("math", "chat"), key=lambda m: _mean_tau(pp, backbone, temp, m, benches))
@@ -239,33 +282,40 @@ def _rq4(pp, backbone, temp, route_pair=("math", "chat")):
             continue
         n = int(w.group_by("benchmark").len()["len"].min())
         out.append(_test("RQ4", backbone, temp, f"{c} - {e}: share routed to the matched specialist",
-                         mean_diff_ci((w[c] - w[e]).to_numpy(), p=True), n, cs.rq4(backbone, temp, gran)))
+                         mean_diff_ci((w[c] - w[e]).to_numpy(), p=True), n, cs.rq4(backbone, temp, gran),
+                         family=None if c == ROUTED else EXPLORATORY))
     return out
 
 
-def _entropy_claim(steps, backbone, temp):
-    """Rejected minus accepted draft entropy, one value per prompt, for the study's cell (the math
-    drafter on GSM8K) where present, else the mean over single drafters per (benchmark, prompt)
-    (labelled as such). Prompts without both numbers are dropped before they are counted."""
+def _entropy_claim(steps, backbone, temp, kind: str = "draft"):
+    """Rejected minus accepted ``kind`` (draft or verifier) entropy, one value per prompt, for the
+    study's cell (the math drafter on GSM8K) where present, else the mean over single drafters per
+    (benchmark, prompt) (labelled as such). Prompts without both numbers are dropped before they are
+    counted."""
+    claim = "entropy" if kind == "draft" else "verifier-entropy"
     s = steps.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)
                      & (pl.col("strategy") == "single"))
+    if f"accepted_{kind}_entropy" not in s.columns:
+        return []
     cell = s.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k"))
-    what = "rejected - accepted draft entropy (nats), math drafter on gsm8k"
-    ev = cs.entropy(backbone, temp, "math", "gsm8k")
+    what, bench = f"rejected - accepted {kind} entropy (nats), math drafter on gsm8k", "gsm8k"
+    ev = cs.entropy(backbone, temp, "math", "gsm8k") if kind == "draft" else cs.verifier_entropy(backbone, temp)
     if cell.is_empty():
-        cell, what = s, "rejected - accepted draft entropy (nats), mean over single drafters per prompt"
-        ev = cs.none_for("entropy", backbone, temp, "pooled single drafters")
+        cell, bench = s, None
+        what = f"rejected - accepted {kind} entropy (nats), mean over single drafters per prompt"
+        ev = (cs.none_for(claim, backbone, temp, "pooled single drafters") if kind == "draft"
+              else cs.verifier_entropy(backbone, temp))
     if cell.is_empty():
         return []
-    acc = pl.col("accepted_draft_entropy").list.eval(pl.element().fill_nan(None)).list.mean()
-    per = (cell.with_columns(acc.alias("acc"), pl.col("rejected_draft_entropy").fill_nan(None).alias("rej"))
+    acc = pl.col(f"accepted_{kind}_entropy").list.eval(pl.element().fill_nan(None)).list.mean()
+    per = (cell.with_columns(acc.alias("acc"), pl.col(f"rejected_{kind}_entropy").fill_nan(None).alias("rej"))
            .group_by(["method", "benchmark", "prompt_id"]).agg(pl.col("acc").mean(), pl.col("rej").mean())
            .with_columns((pl.col("rej") - pl.col("acc")).alias("diff")).drop_nulls("diff")
            .group_by("benchmark", "prompt_id").agg(pl.col("diff").mean()).sort("benchmark", "prompt_id"))
     if per.is_empty():
         return []
     n = int(per.group_by("benchmark").len()["len"].min())
-    return [_test("entropy", backbone, temp, what, mean_diff_ci(per["diff"].to_numpy(), p=True), n, ev)]
+    return [_test(claim, backbone, temp, what, mean_diff_ci(per["diff"].to_numpy(), p=True), n, ev, bench=bench)]
 
 
 def _depth_claim(steps, backbone, temp, min_reached: int = 20):
@@ -283,6 +333,9 @@ def _default_ev(claim, bb, temp) -> dict:
          "RQ3b": lambda: cs.rq3b(bb, temp, ROUTED), "RQ3c": lambda: cs.rq3c(bb, temp),
          "Fig6": lambda: cs.fig6(bb, temp), "merged-best": lambda: cs.merged_best(bb, temp),
          "RQ4": lambda: cs.rq4(bb, temp, "prompt"), "entropy": lambda: cs.entropy(bb, temp, "math", "gsm8k"),
+         "verifier-entropy": lambda: cs.verifier_entropy(bb, temp),
+         "RQ3c-cells": lambda: cs.rq3c_all(bb, temp),
+         "depth-deep": lambda: cs.depth(claim, bb, temp),
          **{c: (lambda c=c: cs.proposed(c)) for c in cs.NEXT},
          "RQ5": lambda: cs.depth(claim, bb, temp), "depth-slope": lambda: cs.depth(claim, bb, temp),
          "depth-shallow": lambda: cs.depth(claim, bb, temp), "speed": cs.speed,

@@ -9,11 +9,13 @@ import numpy as np
 import polars as pl
 
 from . import claims_study as cs
-from .stats import B, boot_p, kendall_tau_b, mean_diff_ci, verdict
+from .stats import B_TEST, kendall_tau_b, mean_diff_ci, verdict
 from .tables import MATH_BENCH
 
 STUDY_DEPTH = 5  # the study's tables stop at depth 5
 SHALLOW = (1, 2)  # "competitive at depths 1-2"
+DEEP = (4, 5)  # "the matched specialist dominates at depths 4-5"
+CHUNK = 1000  # bootstrap draws per block in ordering_claim (memory: 2 x methods x CHUNK x prompts)
 
 
 def _rates(steps: pl.DataFrame, backbone: str, temp: float) -> pl.DataFrame:
@@ -40,6 +42,27 @@ def _test(row, claim, bb, temp, what, values, n, ev):
     return row(claim, bb, temp, what, est, lo, hi, verdict(lo, hi), n, p, ev)
 
 
+def _rq5(r, backbone, temp, row, min_reached) -> list[dict]:
+    """RQ5 for every variant: per prompt, its acceptance rate at depth 1 minus at the deepest depth
+    (<= 5) that variant reached >= min_reached times."""
+    out = []
+    for method in sorted(r["method"].unique().to_list()):
+        rm = r.filter(pl.col("method") == method)
+        reached = rm.group_by("depth").agg(pl.col("reached").sum()).filter(
+            (pl.col("reached") >= min_reached) & (pl.col("depth") <= STUDY_DEPTH))
+        if reached.height < 2 or 1 not in reached["depth"].to_list():
+            continue
+        deep = int(reached["depth"].max())
+        per = (rm.filter(pl.col("depth").is_in([1, deep]))
+               .pivot(on="depth", index=["benchmark", "prompt_id"], values="rate").drop_nulls()
+               .select("benchmark", "prompt_id", (pl.col("1") - pl.col(str(deep))).alias("diff")))
+        vals, n = _per_prompt([per])
+        if n:
+            what = f"{method}: accept rate depth 1 - depth {deep}, per prompt"
+            out.append(_test(row, "RQ5", backbone, temp, what, vals, n, cs.depth("RQ5", backbone, temp, method)))
+    return out
+
+
 def _at(r: pl.DataFrame, method: str, bench: str, d: int, name: str) -> pl.DataFrame:
     return (r.filter((pl.col("method") == method) & (pl.col("benchmark") == bench) & (pl.col("depth") == d))
             .select("prompt_id", pl.col("rate").alias(name)))
@@ -49,19 +72,7 @@ def depth_claims(steps, backbone, temp, row, min_reached: int = 20) -> list[dict
     r = _rates(steps, backbone, temp)
     if r.is_empty():
         return []
-    out = []
-    # RQ5: depth 1 minus the deepest depth (<= 5) reached >= min_reached times, mean over drafters per prompt
-    reached = r.group_by("depth").agg(pl.col("reached").sum()).filter(
-        (pl.col("reached") >= min_reached) & (pl.col("depth") <= STUDY_DEPTH))
-    if reached.height >= 2:
-        deep = int(reached["depth"].max())
-        per = (r.filter(pl.col("depth").is_in([1, deep]))
-               .pivot(on="depth", index=["method", "benchmark", "prompt_id"], values="rate").drop_nulls()
-               .group_by("benchmark", "prompt_id").agg((pl.col("1") - pl.col(str(deep))).mean().alias("diff")))
-        vals, n = _per_prompt([per])
-        if n:
-            out.append(_test(row, "RQ5", backbone, temp, f"accept rate depth 1 - depth {deep}, per prompt "
-                             "(single drafters)", vals, n, cs.depth("RQ5", backbone, temp)))
+    out = _rq5(r, backbone, temp, row, min_reached)
     methods = set(r["method"].unique().to_list())
     benches = sorted(r["benchmark"].unique().to_list())
     if {"math", "chat"} <= methods:
@@ -69,6 +80,7 @@ def depth_claims(steps, backbone, temp, row, min_reached: int = 20) -> list[dict
     for mixed in ("mixed_half", "mixed_full"):
         if mixed in methods and ({"math", "chat"} & methods):
             out += _shallow(r, backbone, temp, benches, mixed, row)
+            out += _deep(r, backbone, temp, benches, mixed, row)
     return out
 
 
@@ -118,6 +130,25 @@ def _shallow(r, backbone, temp, benches, mixed, row) -> list[dict]:
     return [_test(row, "depth-shallow", backbone, temp, what, vals, n, cs.depth("depth-shallow", backbone, temp))]
 
 
+def _deep(r, backbone, temp, benches, mixed, row) -> list[dict]:
+    """Per prompt: matched specialist minus mixed acceptance rate, mean over the depths 4-5 both reached."""
+    frames = []
+    for bn in benches:
+        match = "math" if bn in MATH_BENCH else "chat"
+        a = r.filter((pl.col("method") == match) & (pl.col("benchmark") == bn) & pl.col("depth").is_in(DEEP))
+        b = r.filter((pl.col("method") == mixed) & (pl.col("benchmark") == bn) & pl.col("depth").is_in(DEEP))
+        j = a.join(b, on=["prompt_id", "depth"], suffix="_x")
+        if j.is_empty():
+            continue
+        frames.append(j.group_by("prompt_id").agg((pl.col("rate") - pl.col("rate_x")).mean().alias("diff"))
+                      .select(pl.lit(bn).alias("benchmark"), "prompt_id", "diff").drop_nulls("diff"))
+    vals, n = _per_prompt(frames)
+    if not n:
+        return []
+    what = f"matched specialist - {mixed}, accept rate at depths 4-5, per prompt"
+    return [_test(row, "depth-deep", backbone, temp, what, vals, n, cs.depth("depth-deep", backbone, temp))]
+
+
 def ordering_claim(pp: pl.DataFrame, temp: float, backbones: list[str], row, seed: int = 0) -> list[dict]:
     """Kendall tau_b between the two backbones' orderings of the methods both ran (mean tau over
     benchmarks); bootstrap over prompts, the same resampled prompts for every cell of a benchmark."""
@@ -145,17 +176,32 @@ def ordering_claim(pp: pl.DataFrame, temp: float, backbones: list[str], row, see
         return []
     rng = np.random.default_rng(seed)
     point = np.mean([nu.sum(-1) / de.sum(-1) for nu, de in zip(nums, dens)], axis=0)  # (2, M)
-    boot = np.zeros((2, len(methods), B))
-    for nu, de in zip(nums, dens):
-        idx = rng.integers(0, nu.shape[-1], size=(B, nu.shape[-1]))  # (B, n)
-        boot += nu[:, :, idx].sum(-1) / np.maximum(de[:, :, idx].sum(-1), 1e-12)  # (2, M, B)
-    boot /= len(nums)
-    est = float(kendall_tau_b(point[0][None], point[1][None])[0])
-    draws = kendall_tau_b(boot[0].T, boot[1].T)  # (B,)
     n = min(nu.shape[-1] for nu in nums)
+    taus, same = [], []
+    for size in [CHUNK] * (B_TEST // CHUNK) + ([B_TEST % CHUNK] if B_TEST % CHUNK else []):
+        boot = np.zeros((2, len(methods), size))
+        for nu, de in zip(nums, dens):
+            idx = rng.integers(0, nu.shape[-1], size=(size, nu.shape[-1]))  # (size, n)
+            boot += nu[:, :, idx].sum(-1) / np.maximum(de[:, :, idx].sum(-1), 1e-12)  # (2, M, size)
+        boot /= len(nums)
+        taus.append(kendall_tau_b(boot[0].T, boot[1].T))
+        same.append(same_order(boot[0].T, boot[1].T))
+    draws, same = np.concatenate(taus), np.concatenate(same)  # (B_TEST,)
+    est = float(kendall_tau_b(point[0][None], point[1][None])[0])
+    point_same = bool(same_order(point[0][None], point[1][None])[0])
+    share = float(same.mean())
     lo, hi = (np.percentile(draws[np.isfinite(draws)], [2.5, 97.5]) if n > 1 and np.isfinite(draws).any()
               else (np.nan, np.nan))
-    p = boot_p(draws) if n > 1 else float("nan")
-    what = f"Kendall tau_b of {len(methods)} methods' mean tau, {pair[0]} vs {pair[1]} (1 = same ordering)"
-    return [row("backbones", "+".join(pair), temp, what, est, float(lo), float(hi), verdict(lo, hi), n, p,
-                cs.backbones(temp))]
+    p = max(1 / (len(same) + 1), min(1.0, 2 * min(share, 1 - share))) if n > 1 else float("nan")
+    v = ("inconclusive" if n < 2 else "holds" if point_same and share >= 0.975
+         else "does not hold" if not point_same and share <= 0.025 else "inconclusive")
+    what = (f"the same order of {len(methods)} methods' mean tau, {pair[0]} vs {pair[1]}: "
+            f"{'the same' if point_same else 'a different'} order here, in {share:.1%} of resamples; "
+            "estimate = Kendall tau_b (1 = same order)")
+    return [row("backbones", "+".join(pair), temp, what, est, float(lo), float(hi), v, n, p, cs.backbones(temp))]
+
+
+def same_order(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Whether the rows of x and y, both (R, M), order their M entries identically (ties included)."""
+    i, j = np.triu_indices(x.shape[1], k=1)
+    return (np.sign(x[:, i] - x[:, j]) == np.sign(y[:, i] - y[:, j])).all(1)

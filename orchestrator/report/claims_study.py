@@ -1,72 +1,30 @@
-"""The study's own numbers (arXiv 2603.27027, as ../shared/STUDY.md restates them), as data, and
-what they say about each claim's wording before any of our traces is read.
+"""The study's own numbers (study_tables.csv: the paper's text as ../shared/STUDY.md restates it and
+TAPS's README tables), and what they say about each claim's wording before any of our traces is read.
 
 Every claim row of the report carries the study's numbers for its own backbone, temperature and
 benchmark (``evidence``), and whether those numbers agree with the claim as worded
-(``study_consistent``: True, False where the study contradicts itself, None where STUDY.md gives
-no number for that cell)."""
+(``study_consistent``: True, False where the study contradicts itself, None where the study gives
+no number for that cell). Where the paper's text and TAPS's README give a cell differently, the
+paper's number is used here and both are in the CSV and in the comparison table."""
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
+from . import study_tables as st
 from .routers import POSTHOC
+from .stats import kendall_tau_b
 
 # The study's "confidence routed" numbers are its code's post hoc router's (routers.POSTHOC).
-# (backbone, temperature, method, benchmark or "average", acceptance length, source)
-STUDY_NUMBERS = [
-    ("hass", 0.0, "math", "gsm8k", 5.02, "Table 1"), ("hass", 0.0, "math", "math500", 5.35, "Table 1"),
-    ("hass", 0.0, "math", "mt_bench", 2.90, "Table 1"), ("hass", 0.0, "chat", "gsm8k", 4.09, "Table 1"),
-    ("hass", 0.0, "chat", "math500", 3.98, "Table 1"), ("hass", 0.0, "chat", "mt_bench", 3.98, "Table 1"),
-    ("hass", 0.0, "mixed_full", "average", 5.18, "Table 1"),
-    ("hass", 0.0, "mixed_full", "mt_bench", 4.13, "Table 1"),
-    ("hass", 0.0, "mixed_half", "mt_bench", 3.92, "Table 1"),
-    ("hass", 0.0, "mixed_half", "math500", 5.02, "Table 1"),
-    ("hass", 0.0, "avg0.5", "average", 2.59, "Table 1"),
-    ("hass", 0.0, POSTHOC, "average", 4.80, "Table 1"),
-    ("hass", 0.0, POSTHOC, "mt_bench", 3.93, "Table 1"),
-    ("hass", 0.0, POSTHOC, "gsm8k", 5.01, "Table 1"),
-    ("hass", 0.0, "merged", "average", 5.11, "Table 1"), ("hass", 0.0, "merged", "mt_bench", 4.05, "Table 1"),
-    ("eagle2", 0.0, "math", "gsm8k", 5.04, "Table 1"), ("eagle2", 0.0, "math", "math500", 5.28, "Table 1"),
-    ("eagle2", 0.0, "math", "svamp", 4.81, "Table 1"), ("eagle2", 0.0, "math", "mt_bench", 2.54, "Table 1"),
-    ("eagle2", 0.0, "chat", "gsm8k", 3.72, "Table 1"), ("eagle2", 0.0, "chat", "math500", 3.81, "Table 1"),
-    ("eagle2", 0.0, "chat", "svamp", 3.71, "Table 1"), ("eagle2", 0.0, "chat", "mt_bench", 3.57, "Table 1"),
-    ("eagle2", 0.0, "mixed_full", "average", 4.48, "Table 1"),
-    ("eagle2", 0.0, "mixed_half", "average", 4.02, "Table 1"),
-    ("eagle2", 0.0, "avg0.5", "average", 2.42, "Table 1"),
-    ("eagle2", 0.0, POSTHOC, "average", 4.63, "Table 1"),
-    ("eagle2", 0.0, "merged", "average", 5.03, "Table 1"), ("hass", 1.0, "merged", "average", 4.75, "Table 1"),
-    ("eagle2", 1.0, "merged", "average", 4.57, "Table 1"),
-    ("hass", 1.0, "mixed_half", "average", 4.29, "Table 1"),
-    ("hass", 1.0, "mixed_full", "average", 3.69, "Table 1"),
-    ("eagle2", 1.0, "mixed_half", "average", 3.81, "Table 1"),
-    ("eagle2", 1.0, "mixed_full", "average", 3.26, "Table 1"),
-]
-
+# (backbone, temperature, method, benchmark or "average", acceptance length, source): every τ cell
+STUDY_NUMBERS = [(c.backbone, c.temperature, c.method, c.benchmark, c.value, c.source)
+                 for c in st.cells() if c.quantity == "tau"]
 # Numbers that are not acceptance lengths: (quantity, backbone, temperature, method, benchmark, value, source).
 # matched_share: share of prompts routed to the matched specialist (math on math benchmarks, chat on MT-Bench).
-STUDY_OTHER = [
-    ("matched_share", "eagle2", 0.0, "confidence", "gsm8k", 0.908, "Table 2"),
-    ("matched_share", "eagle2", 0.0, "confidence", "math500", 0.970, "Table 2"),
-    ("matched_share", "eagle2", 0.0, "confidence", "svamp", 0.930, "Table 2"),
-    ("matched_share", "eagle2", 0.0, "confidence", "mt_bench", 0.812, "Table 2"),
-    ("matched_share", "eagle2", 0.0, "entropy", "gsm8k", 0.546, "Table 2"),
-    ("matched_share", "eagle2", 0.0, "entropy", "math500", 0.624, "Table 2"),
-    ("matched_share", "eagle2", 0.0, "entropy", "svamp", 0.530, "Table 2"),
-    ("matched_share", "eagle2", 0.0, "entropy", "mt_bench", 0.475, "Table 2"),
-    ("draft_entropy_accepted", "eagle2", 0.0, "math", "gsm8k", 0.528, "Tables 3-4"),
-    ("draft_entropy_rejected", "eagle2", 0.0, "math", "gsm8k", 1.076, "Tables 3-4"),
-    ("accept_rate_d1", "eagle2", 0.0, "math", "math500", 0.979, "Tables 5-8"),
-    ("accept_rate_d5", "eagle2", 0.0, "math", "math500", 0.815, "Tables 5-8"),
-    ("accept_rate_d1", "eagle2", 0.0, "chat", "math500", 0.906, "Tables 5-8"),
-    ("accept_rate_d5", "eagle2", 0.0, "chat", "math500", 0.655, "Tables 5-8"),
-    ("accept_rate_d1", "eagle2", 0.0, "avg0.5", "math500", 0.893, "Tables 5-8"),
-    ("accept_rate_d3", "eagle2", 0.0, "avg0.5", "math500", 0.301, "Tables 5-8"),
-    # Section 7's coarse estimate (no wall clock): share of the best single checkpoint's speedup lost
-    ("speedup_lost_min", "any", None, "confidence", "any", 0.32, "Section 7 (estimate)"),
-    ("speedup_lost_max", "any", None, "confidence", "any", 0.47, "Section 7 (estimate)"),
-    ("speedup_lost_min", "any", None, "merged", "any", 0.59, "Section 7 (estimate)"),
-    ("speedup_lost_max", "any", None, "merged", "any", 0.78, "Section 7 (estimate)"),
-]
+STUDY_OTHER = [(c.quantity, c.backbone, c.temperature, c.method, c.benchmark, c.value, c.source)
+               for c in st.cells() if c.quantity != "tau"]
+TAU_CONVENTION = ("the study's τ is TAPS's compute_tau.py: total new tokens (bonus tokens included) / total "
+                  "loop indices counted from 0; compare it with `tau_taps`")
 
 # Each claim as the study words it (the report's `wording` column).
 WORDING = {
@@ -78,14 +36,17 @@ WORDING = {
     "RQ3a": "merged trees beat confidence routing (Table 1, average)",
     "RQ3b": "confidence routing beats the best single checkpoint (Table 1, average)",
     "RQ3c": "the weight-averaged checkpoint is the weakest (Table 1)",
+    "RQ3c-cells": "the weight-averaged checkpoint is the worst in every cell (Table 1: each benchmark)",
     "Fig6": "no lambda of the averaging sweep recovers specialist-level acceptance (Figure 6)",
     "merged-best": "merged trees are the best method overall (Table 1, average)",
-    "backbones": "the methods keep the same ordering on both backbones (Table 1, average)",
+    "backbones": "the methods keep the same ordering on both backbones (Table 1, average): the same order",
     "RQ4": "confidence routing separates the domains, entropy routing does not (Table 2)",
     "entropy": "rejected draft tokens carry higher draft entropy than accepted ones (Tables 3-4)",
-    "RQ5": "acceptance falls with depth (Tables 5-8)",
+    "verifier-entropy": "verifier entropy shows the same direction: higher at rejected tokens (Tables 3-4)",
+    "RQ5": "acceptance rate falls with depth for every variant (Tables 5-8)",
     "depth-slope": "the matched specialist declines more slowly with depth than the mismatched (Tables 5-8)",
     "depth-shallow": "the mixed drafter leads the matched specialist at shallow depth 1-2 (Tables 5-8)",
+    "depth-deep": "the matched specialist beats the mixed drafter at depths 4-5 (Tables 5-8)",
     "speed": "confidence routing costs less speed than merged trees (Section 7 estimate)",
     # the study's proposed next experiments (no numbers in the study): checks of this project's strategies
     "switching": "acceptance-history switching beats confidence routing (proposed next experiment)",
@@ -95,6 +56,8 @@ WORDING = {
     "depth-adaptive-routing": "depth-adaptive composition beats confidence routing at equal node budget "
                               "(proposed next experiment)",
 }
+STUDY_CLAIMS = tuple(c for c in WORDING if c not in ("switching", "switching-early", "switching-speed",
+                                                     "depth-adaptive-merged", "depth-adaptive-routing"))
 NEXT = ("switching", "switching-early", "switching-speed", "depth-adaptive-merged", "depth-adaptive-routing")
 
 NAMES = {"math": "MathInstruct 70k", "chat": "ShareGPT 70k", "mixed_half": "Mixed 35k+35k",
@@ -107,10 +70,15 @@ def _t(temp) -> str:
     return f"T={temp:g}"
 
 
+def _paper_last(rows, source_at: int):
+    """Rows ordered so that a paper row comes after (and so overrides) a README row of the same cell."""
+    return sorted(rows, key=lambda r: r[source_at].startswith(st.PAPER))
+
+
 def tau_of(backbone: str, temp: float, method: str, bench: str) -> tuple[float | None, str]:
-    """The study's τ for one cell; for "average" its own average, else the mean of the per-benchmark
-    numbers STUDY.md gives (labelled with how many), else None."""
-    hit = {b: v for bb, t, m, b, v, _ in STUDY_NUMBERS if (bb, t, m) == (backbone, temp, method)}
+    """The study's τ for one cell (the paper's number where the paper and TAPS's README differ); for
+    "average" its own average, else the mean of the per-benchmark numbers given (labelled), else None."""
+    hit = {b: v for bb, t, m, b, v, _ in _paper_last(STUDY_NUMBERS, 5) if (bb, t, m) == (backbone, temp, method)}
     if bench in hit:
         return hit[bench], f"{hit[bench]:.2f}"
     if bench == "average":
@@ -122,10 +90,11 @@ def tau_of(backbone: str, temp: float, method: str, bench: str) -> tuple[float |
 
 
 def other_of(quantity: str, backbone: str, temp, method: str, bench: str) -> float | None:
-    for q, bb, t, m, b, v, _ in STUDY_OTHER:
+    hit = None
+    for q, bb, t, m, b, v, _ in _paper_last(STUDY_OTHER, 6):
         if (q, bb, t, m, b) == (quantity, backbone, temp, method, bench):
-            return v
-    return None
+            hit = v
+    return hit
 
 
 def evidence(claim: str, text: str = "", consistent: bool | None = None, note: str = "") -> dict:
@@ -134,7 +103,7 @@ def evidence(claim: str, text: str = "", consistent: bool | None = None, note: s
 
 def none_for(claim: str, backbone: str, temp, bench: str = "average") -> dict:
     where = f"{backbone}, {_t(temp) if temp is not None else 'any T'}, {bench}"
-    return evidence(claim, f"STUDY.md gives no number for this cell ({where})")
+    return evidence(claim, f"the study gives no number for this cell ({where})")
 
 
 def pair(claim: str, backbone: str, temp: float, a: str, b: str, bench: str, a_better: bool = True,
@@ -190,7 +159,7 @@ def rq3c(backbone: str, temp: float) -> dict:
 def fig6(backbone: str, temp: float) -> dict:
     best, _ = best_single(backbone, temp, ("math", "chat"))
     if best is None or tau_of(backbone, temp, "avg0.5", "average")[0] is None:
-        return evidence("Fig6", "Figure 6: no λ of the sweep recovers (STUDY.md gives the sweep as a figure "
+        return evidence("Fig6", "Figure 6: no λ of the sweep recovers (the study gives the sweep as a figure "
                                 f"only; no λ=0.5 number for {backbone}, {_t(temp)})")
     ev = pair("Fig6", backbone, temp, "avg0.5", best, "average", a_better=False)
     return ev | {"study": "Figure 6: no λ of the sweep recovers; λ=0.5 in " + ev["study"]}
@@ -223,17 +192,57 @@ def rq4(backbone: str, temp: float, granularity: str) -> dict:
 def entropy(backbone: str, temp: float, method: str, bench: str) -> dict:
     acc = other_of("draft_entropy_accepted", backbone, temp, method, bench)
     rej = other_of("draft_entropy_rejected", backbone, temp, method, bench)
-    if acc is None or rej is None:
-        return none_for("entropy", backbone, temp, f"{method} on {bench}")
-    return evidence("entropy", f"Tables 3-4 ({backbone}, {_t(temp)}, {NAMES[method]} on {bench}): "
-                               f"rejected {rej:.3f} vs accepted {acc:.3f} nats", rej > acc)
+    gap = other_of("draft_entropy_gap", backbone, temp, method, bench)
+    if acc is not None and rej is not None:
+        return evidence("entropy", f"Tables 3-4 ({backbone}, {_t(temp)}, {NAMES[method]} on {bench}): "
+                                   f"rejected {rej:.3f} vs accepted {acc:.3f} nats", rej > acc)
+    if gap is not None:
+        return evidence("entropy", f"Figure 7 ({backbone}, {_t(temp)}, {NAMES[method]} on {bench}): rejected - "
+                                   f"accepted draft entropy {gap:+.2f} nats (TAPS README)", gap > 0)
+    return none_for("entropy", backbone, temp, f"{method} on {bench}")
 
 
-def depth(claim: str, backbone: str, temp: float) -> dict:
-    """Tables 5-8 numbers (EAGLE-2 T=0 MATH-500) for the depth claims."""
-    r = {(m, d): other_of(f"accept_rate_d{d}", backbone, temp, m, "math500") for m in ("math", "chat")
-         for d in (1, 5)}
-    if None in r.values():
+def verifier_entropy(backbone: str, temp: float) -> dict:
+    return evidence("verifier-entropy", "Tables 3-4: 'verifier entropy shows the same direction' (the study's "
+                                        f"text; no verifier-entropy number for {backbone}, {_t(temp)} in the data)")
+
+
+def rq3c_cell(backbone: str, temp: float, bench: str, rivals) -> dict:
+    """The averaged checkpoint against the lowest other Table 1 row of this cell."""
+    mine = tau_of(backbone, temp, "avg0.5", bench)[0]
+    vals = {m: tau_of(backbone, temp, m, bench)[0] for m in rivals}
+    vals = {m: v for m, v in vals.items() if v is not None}
+    if mine is None or not vals:
+        return none_for("RQ3c-cells", backbone, temp, bench)
+    return pair("RQ3c-cells", backbone, temp, "avg0.5", min(vals, key=vals.get), bench, a_better=False)
+
+
+def rq3c_all(backbone: str, temp: float) -> dict:
+    """The averaged checkpoint against every other Table 1 row, each benchmark of the study."""
+    rivals = [m for m in NAMES if m != "avg0.5"]
+    evs = [rq3c_cell(backbone, temp, bn, rivals) for bn in FOUR]
+    known = [e for e in evs if e["study_consistent"] is not None]
+    if not known:
+        return none_for("RQ3c-cells", backbone, temp, "every benchmark")
+    bad = [e for e in known if e["study_consistent"] is False]
+    if bad:
+        return evidence("RQ3c-cells", "; ".join(e["study"] for e in bad), False, bad[0]["study_note"])
+    return evidence("RQ3c-cells", f"Table 1 ({backbone}, {_t(temp)}): Averaged is the lowest row on all "
+                                  f"{len(known)} benchmarks", True)
+
+
+def depth(claim: str, backbone: str, temp: float, method: str | None = None) -> dict:
+    """Tables 5-8 numbers (EAGLE-2 T=0 MATH-500) for the depth claims; ``method``: RQ5's variant."""
+    r = {(m, d): other_of(f"accept_rate_d{d}", backbone, temp, m, "math500") for m in ("math", "chat", "avg0.5")
+         for d in (1, 3, 5)}
+    if method is not None and claim == "RQ5":
+        deep = max((d for d in (3, 5) if r[method, d] is not None), default=None) if (method, 1) in r else None
+        if deep is None or r[method, 1] is None:
+            return none_for(claim, backbone, temp, f"acceptance by depth of {method}")
+        return evidence(claim, f"Tables 5-8 ({backbone}, {_t(temp)}, math500): {NAMES.get(method, method)} "
+                               f"{r[method, 1]:.1%} at depth 1 -> {r[method, deep]:.1%} at {deep}",
+                        r[method, 1] > r[method, deep])
+    if None in (r["math", 1], r["math", 5], r["chat", 1], r["chat", 5]):
         return none_for(claim, backbone, temp, "acceptance by depth")
     text = (f"Tables 5-8 ({backbone}, {_t(temp)}, math500): MathInstruct {r['math', 1]:.1%} at depth 1 -> "
             f"{r['math', 5]:.1%} at 5; ShareGPT {r['chat', 1]:.1%} -> {r['chat', 5]:.1%}")
@@ -242,6 +251,9 @@ def depth(claim: str, backbone: str, temp: float) -> dict:
     if claim == "depth-slope":
         fall_m, fall_c = r["math", 1] - r["math", 5], r["chat", 1] - r["chat", 5]
         return evidence(claim, text, fall_m < fall_c)
+    if claim == "depth-deep":
+        return evidence(claim, text + "; no number for the mixed drafters by depth (Figure 8 only)", None,
+                        "the study's text: 'the matched specialist dominates at depths 4-5'")
     return evidence(claim, text + "; no number for the mixed drafters by depth", None,
                     "the study's text says 'competitive at depths 1-2', weaker than 'leads'")
 
@@ -263,38 +275,50 @@ def proposed(claim: str) -> dict:
 
 
 def backbones(temp: float) -> dict:
-    """Kendall τ_b between the two backbones' orderings of the methods whose average both report."""
-    from .stats import kendall_tau_b
-
-    avg = {bb: {m: v for b2, t, m, bn, v, _ in STUDY_NUMBERS if (b2, t, bn) == (bb, temp, "average")}
-           for bb in ("hass", "eagle2")}
-    common = sorted(set(avg["hass"]) & set(avg["eagle2"]))
+    """Whether the study's own averages order the methods identically on both backbones (its claim),
+    with Kendall τ_b as the supporting number."""
+    avg = {bb: {m: tau_of(bb, temp, m, "average")[0] for m in NAMES} for bb in ("hass", "eagle2")}
+    common = sorted(m for m in NAMES if avg["hass"][m] is not None and avg["eagle2"][m] is not None)
     if len(common) < 3:
         return none_for("backbones", "hass+eagle2", temp)
 
     def order(bb):
-        return " > ".join(NAMES.get(m, m) for m in sorted(common, key=lambda m: -avg[bb][m]))
-
-    import numpy as np
+        return [m for m in sorted(common, key=lambda m: -avg[bb][m])]
 
     k = float(kendall_tau_b(np.array([[avg["hass"][m] for m in common]]),
                             np.array([[avg["eagle2"][m] for m in common]]))[0])
-    return evidence("backbones", f"Table 1 ({_t(temp)}, averages given for both): hass {order('hass')}; "
-                                 f"eagle2 {order('eagle2')} (Kendall τ_b {k:.2f})", k == 1.0,
-                    "" if k == 1.0 else "the study's own averages order the methods differently on the backbones")
+    same = order("hass") == order("eagle2")
+    text = (f"Table 1 ({_t(temp)}, averages): hass {' > '.join(NAMES[m] for m in order('hass'))}; eagle2 "
+            f"{' > '.join(NAMES[m] for m in order('eagle2'))} ({'the same' if same else 'a different'} order; "
+            f"Kendall τ_b {k:.2f})")
+    return evidence("backbones", text, same,
+                    "" if same else "the study's own averages order the methods differently on the backbones")
 
 
-def study_comparison(t1: pl.DataFrame) -> pl.DataFrame:
-    """The study's numbers next to ours (same backbone, temperature, method, benchmark/average), in
-    our convention (``our_tau``) and in the study's text's (``our_tau_study``, see tables.table1)."""
+def comparison_note(t1: pl.DataFrame, column: str = "tau_taps") -> str:
+    """One line for the report: which of our columns is compared with the study's numbers."""
+    if column in t1.columns:
+        return (f"`{column}` is ours in the study's convention ({TAU_CONVENTION}); `diff` = `{column}` - "
+                "`study_tau`.")
+    return (f"this run's Table 1 has no `{column}` column, so the study's numbers (TAPS's compute_tau.py "
+            "convention) are beside `our_tau` only, which counts passes differently: no `diff` is given.")
+
+
+def study_comparison(t1: pl.DataFrame, column: str = "tau_taps") -> pl.DataFrame:
+    """Every τ cell of the study (study_tables.csv, one row per cell and source) next to ours (same
+    backbone, temperature, method, benchmark; "average" = the mean over our benchmarks), in our
+    convention (``our_tau``) and in the study's (``our_<column>``, from Table 1's ``column``, default
+    ``tau_taps``); without that column its values stay empty and comparison_note says so."""
     rows = []
-    has_study = "tau_study" in t1.columns
+    has = column in t1.columns
     for bb, temp, method, bench, value, source in STUDY_NUMBERS:
         t = t1.filter((pl.col("backbone") == bb) & (pl.col("temperature") == temp) & (pl.col("method") == method))
         if bench != "average":
             t = t.filter(pl.col("benchmark") == bench)
         ours = float(t["tau"].mean()) if t.height else None
-        ours_s = float(t["tau_study"].mean()) if t.height and has_study else None
+        conv = float(t[column].mean()) if t.height and has and t[column].is_not_null().any() else None
         rows.append({"backbone": bb, "temperature": temp, "method": method, "benchmark": bench, "study_tau": value,
-                     "source": source, "our_tau": ours, "our_tau_study": ours_s, "our_benchmarks": t.height})
-    return pl.DataFrame(rows)
+                     "source": source, "our_tau": ours, f"our_{column}": conv,
+                     "diff": None if conv is None else conv - value, "our_benchmarks": t.height})
+    return pl.DataFrame(rows, schema_overrides={f"our_{column}": pl.Float64, "diff": pl.Float64,
+                                                "our_tau": pl.Float64})

@@ -2,22 +2,31 @@
 
 Every CI is a 95% percentile bootstrap; with ``p=True`` a function also returns the bootstrap
 p-value of "the difference is 0": p = min(1, 2 * min(share of draws <= 0, share of draws >= 0)),
-the smallest two-sided level at which the percentile interval excludes 0 (``holm`` adjusts them)."""
+the smallest two-sided level at which the percentile interval excludes 0, floored at 1/(B+1)
+(``holm`` adjusts them)."""
 from __future__ import annotations
 
 import numpy as np
 
-B = 2000  # bootstrap resamples
+B = 2000  # bootstrap resamples of an interval
+# resamples of a test (p=True): p >= 1/(B_TEST+1) must stay below alpha/m for the study's Holm family of
+# m ~ 200 hypotheses (claims_family), which 1/(B+1) = 5e-4 is not
+B_TEST = 10_000
+
+
+def _draws(b: int | None, p: bool) -> int:
+    return b if b is not None else (B_TEST if p else B)
 NAN3 = (float("nan"),) * 3
 
 
 def boot_p(draws: np.ndarray) -> float:
-    """Two-sided percentile-bootstrap p-value of 0 (see the module docstring)."""
+    """Two-sided percentile-bootstrap p-value of 0 (see the module docstring), never below
+    1/(B+1) for B finite draws: a bootstrap cannot tell a p smaller than that (never printed as 0)."""
     d = np.asarray(draws, float)
     d = d[np.isfinite(d)]
     if len(d) == 0:
         return float("nan")
-    return float(min(1.0, 2 * min((d <= 0).mean(), (d >= 0).mean())))
+    return float(max(1.0 / (len(d) + 1), min(1.0, 2 * min((d <= 0).mean(), (d >= 0).mean()))))
 
 
 def _out(point, lo, hi, draws, p: bool):
@@ -47,8 +56,9 @@ def ratio_ci(num: np.ndarray, den: np.ndarray, seed: int = 0, b: int = B) -> tup
     return float(point), float(lo), float(hi)
 
 
-def paired_diff_ci(num_a, den_a, num_b, den_b, seed: int = 0, b: int = B, p: bool = False):
+def paired_diff_ci(num_a, den_a, num_b, den_b, seed: int = 0, b: int | None = None, p: bool = False):
     """Difference of two ratios over the SAME prompts (paired resampling), with a 95% CI."""
+    b = _draws(b, p)
     num_a, den_a, num_b, den_b = (np.asarray(x, float) for x in (num_a, den_a, num_b, den_b))
     n = len(num_a)
     if n == 0 or den_a.sum() == 0 or den_b.sum() == 0:
@@ -72,10 +82,11 @@ def verdict(lo: float, hi: float, expected_positive: bool = True) -> str:
     return "inconclusive"
 
 
-def paired_avg_diff_ci(groups: list[tuple], seed: int = 0, b: int = B, p: bool = False):
+def paired_avg_diff_ci(groups: list[tuple], seed: int = 0, b: int | None = None, p: bool = False):
     """Mean over benchmarks of (ratio_a - ratio_b), each benchmark resampled over its own prompts.
 
     groups: [(num_a, den_a, num_b, den_b), ...] one per benchmark, arrays aligned by prompt."""
+    b = _draws(b, p)
     groups = [tuple(np.asarray(x, float) for x in g) for g in groups if len(g[0]) and g[1].sum() and g[3].sum()]
     if not groups:
         return _out(*NAN3, None, p)
@@ -91,8 +102,9 @@ def paired_avg_diff_ci(groups: list[tuple], seed: int = 0, b: int = B, p: bool =
     return _ci(point, acc, p)
 
 
-def mean_diff_ci(a: np.ndarray, seed: int = 0, b: int = B, p: bool = False):
+def mean_diff_ci(a: np.ndarray, seed: int = 0, b: int | None = None, p: bool = False):
     """Mean of per-prompt differences with a bootstrap 95% CI (non-finite values dropped)."""
+    b = _draws(b, p)
     a = np.asarray(a, float)
     a = a[np.isfinite(a)]
     if len(a) == 0:
@@ -112,16 +124,19 @@ def kendall_tau_b(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.where(den > 0, (sx * sy).sum(1) / np.maximum(den, 1), np.nan)
 
 
-def holm(pvals) -> np.ndarray:
-    """Holm-Bonferroni step-down adjusted p-values; NaN entries are not tests (left NaN, not counted)."""
+def holm(pvals, m: int | None = None) -> np.ndarray:
+    """Holm-Bonferroni step-down adjusted p-values; NaN entries are not tests (left NaN). ``m``: the
+    family's size when it holds untested hypotheses too (each counts as p = 1); default the tests."""
     p = np.asarray(pvals, float)
     out = np.full(p.shape, np.nan)
     ok = np.flatnonzero(np.isfinite(p))
-    m = len(ok)
-    if m == 0:
+    m = len(ok) if m is None else m
+    if m < len(ok):
+        raise ValueError(f"holm: a family of {m} cannot hold {len(ok)} tests")
+    if len(ok) == 0:
         return out
     order = ok[np.argsort(p[ok], kind="stable")]
-    adj = np.minimum(1.0, np.maximum.accumulate((m - np.arange(m)) * p[order]))
+    adj = np.minimum(1.0, np.maximum.accumulate((m - np.arange(len(ok))) * p[order]))
     out[order] = adj
     return out
 
@@ -133,9 +148,10 @@ def _pearson(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.where(den > 0, (xc * yc).sum(-1) / np.where(den > 0, den, 1.0), np.nan)
 
 
-def corr_ci(groups: list[tuple], seed: int = 0, b: int = B, p: bool = False):
+def corr_ci(groups: list[tuple], seed: int = 0, b: int | None = None, p: bool = False):
     """Mean over groups (benchmarks) of the within-group Pearson r of (x, y), each group's prompts
     resampled jointly (the prompt is the unit); a draw where a group has no variance is left out."""
+    b = _draws(b, p)
     groups = [(np.asarray(x, float), np.asarray(y, float)) for x, y in groups if len(x) >= 3]
     if not groups:
         return _out(*NAN3, None, p)

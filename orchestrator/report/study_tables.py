@@ -1,0 +1,112 @@
+"""The study's numbers as data: ``study_tables.csv`` beside this file, loaded and validated.
+
+One row per cell: table, quantity, backbone, row (the study's row label), benchmark, temperature,
+value, source; the CSV's header comment says where the numbers come from and which τ convention
+they use (TAPS's compute_tau.py). A malformed row stops the load with one error naming the file,
+the line and the problem, before any report is built."""
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from .routers import POSTHOC
+
+CSV_PATH = Path(__file__).with_name("study_tables.csv")
+COLUMNS = ("table", "quantity", "backbone", "row", "benchmark", "temperature", "value", "source")
+# the study's row labels -> the project's method (or router kind) names
+ROWS = {"MathInstruct": "math", "ShareGPT": "chat", "Mixed 35k+35k": "mixed_half", "Mixed 70k+70k": "mixed_full",
+        "Averaged": "avg0.5", "Confidence Routed": POSTHOC, "Merged Trees": "merged",
+        "Confidence router": "confidence", "Entropy router": "entropy"}
+QUANTITIES = ("tau", "matched_share", "draft_entropy_accepted", "draft_entropy_rejected", "draft_entropy_gap",
+              "accept_rate_d1", "accept_rate_d3", "accept_rate_d5", "speedup_lost_min", "speedup_lost_max")
+BACKBONES = ("hass", "eagle2", "any")
+BENCHMARKS = ("mt_bench", "gsm8k", "math500", "svamp", "average", "any")
+TEMPERATURES = (0.0, 1.0)
+PAPER, README = "paper", "TAPS README"  # source prefixes; a source naming both counts as the paper's
+
+
+@dataclass(frozen=True)
+class StudyCell:
+    table: str
+    quantity: str
+    backbone: str
+    row: str  # the study's label, e.g. "Mixed 35k+35k"
+    method: str  # the project's name for it, e.g. "mixed_half"
+    benchmark: str
+    temperature: float | None
+    value: float
+    source: str
+
+    @property
+    def from_paper(self) -> bool:
+        return self.source.startswith(PAPER)
+
+
+def _parse(path: Path, line: int, rec: dict) -> StudyCell:
+    def bad(what: str) -> ValueError:
+        return ValueError(f"{path}: line {line}: {what} (row: {rec})")
+
+    if None in rec or any(rec.get(c) is None for c in COLUMNS):
+        raise bad(f"expected the {len(COLUMNS)} columns {', '.join(COLUMNS)}")
+    r = {k: v.strip() for k, v in rec.items()}
+    for col, allowed in (("quantity", QUANTITIES), ("backbone", BACKBONES), ("row", tuple(ROWS)),
+                         ("benchmark", BENCHMARKS)):
+        if r[col] not in allowed:
+            raise bad(f"{col} {r[col]!r} is not one of {', '.join(allowed)}")
+    if not r["table"] or not r["source"]:
+        raise bad("table and source must not be empty")
+    try:
+        temp = None if r["temperature"] == "" else float(r["temperature"])
+        value = float(r["value"])
+    except ValueError as e:
+        raise bad(f"temperature and value must be numbers ({e})") from None
+    if temp is not None and temp not in TEMPERATURES:
+        raise bad(f"temperature {temp:g} is not one of the study's {TEMPERATURES}")
+    if not math.isfinite(value) or value < 0:
+        raise bad(f"value {value} must be a finite number >= 0")
+    return StudyCell(r["table"], r["quantity"], r["backbone"], r["row"], ROWS[r["row"]], r["benchmark"], temp,
+                     value, r["source"])
+
+
+def load(path: str | Path = CSV_PATH) -> tuple[StudyCell, ...]:
+    """Every cell of the CSV, validated; lines starting with '#' are comments."""
+    path = Path(path)
+    with path.open(newline="", encoding="utf-8") as f:
+        lines = [(i, s) for i, s in enumerate(f, 1) if s.strip() and not s.lstrip().startswith("#")]
+    if not lines:
+        raise ValueError(f"{path}: no header and no rows")
+    reader = csv.DictReader([s for _, s in lines])
+    if tuple(reader.fieldnames or ()) != COLUMNS:
+        raise ValueError(f"{path}: line {lines[0][0]}: header {reader.fieldnames} is not {list(COLUMNS)}")
+    cells, seen = [], {}
+    for (line, _), rec in zip(lines[1:], reader):
+        c = _parse(path, line, rec)
+        key = (c.quantity, c.backbone, c.row, c.benchmark, c.temperature, c.source)
+        if key in seen:
+            raise ValueError(f"{path}: line {line}: repeats the cell of line {seen[key]} ({key})")
+        seen[key] = line
+        cells.append(c)
+    return tuple(cells)
+
+
+@lru_cache(maxsize=1)
+def cells() -> tuple[StudyCell, ...]:
+    """The packaged CSV, loaded once."""
+    return load()
+
+
+def disagreements(data: tuple[StudyCell, ...] | None = None) -> list[tuple[StudyCell, StudyCell]]:
+    """(paper's row, README's row) for every cell the two sources give with different values."""
+    data = cells() if data is None else data
+    by = {}
+    for c in data:
+        by.setdefault((c.quantity, c.backbone, c.row, c.benchmark, c.temperature), []).append(c)
+    out = []
+    for group in by.values():
+        paper = [c for c in group if c.from_paper]
+        readme = [c for c in group if not c.from_paper and c.source.startswith(README)]
+        out += [(p, r) for p in paper for r in readme if p.value != r.value]
+    return out
