@@ -1,53 +1,108 @@
-"""GPU readiness in one short script (a few minutes on one GPU):
+"""GPU readiness in one short script (a few minutes on one GPU; ``experiments/gpu_check.sh`` runs it as is):
 
 1. exactness: every strategy (single, confidence, entropy, merged, merged-dedup, budget-matched
-   merged) decodes real prompts at T=0 in float32 and bfloat16 and is compared token for token with
-   transformers' greedy ``generate`` on the same device; a divergence is classified as a near-tie
-   (top-2 logit gap within the dtype's noise at the first differing position -- 0.01 in float32,
-   0.5 in bfloat16, whose spacing is 0.125 at a logit of 16-32 -- reported with its gap) or a
-   MISMATCH (a bug: exit code 1);
-2. speed: tokens/s of each strategy against ``generate`` (same prompts, device, dtype), and the
-   host round trips per decode step (device -> host reads and host -> device copies, counted by
-   tests/accelerator.py's SyncCounter on CUDA; the test suite bounds them on a CPU stand-in);
-3. training: one short DeepSpeed (ZeRO-1) run of a HASS drafter through Ray Train on the GPU, from
-   features extracted on the GPU, printing loss tokens/s.
+   merged) decodes real prompts at T=0 and is compared token for token with transformers' greedy
+   ``generate`` on the same device; a divergence is classified as a near-tie (top-2 logit gap within
+   the dtype's noise at the first differing position -- 0.01 in float32, 0.5 in bfloat16, whose
+   spacing is 0.125 at a logit of 16-32 -- reported with its gap) or a MISMATCH (a bug: exit code 1);
+2. speed: tokens/s of each strategy against ``generate`` (same prompts, device, dtype), the host
+   round trips per decode step (device -> host reads and host -> device copies, counted by
+   tests/accelerator.py's SyncCounter on CUDA, and CUDA's own count of synchronizing calls under
+   ``torch.cuda.set_sync_debug_mode``), and the peak device memory of each row;
+3. training: one DeepSpeed (ZeRO-1) run of a HASS drafter through Ray Train on the device, in bf16
+   on CUDA, from features extracted on the device; with ``--standalone`` that drafter is then the
+   first of the decoding rows' drafters.
 
-``python experiments/gpu_check.py [--verifier NAME|DIR] [--drafter CKPT ...] [--llama3-shaped on|off]``
-(random drafters when none are given: exactness and overhead are still measured; acceptance then
-is ~1; on CUDA the same rows also run on a random model with Llama-3-8B's shape). Everything is
-printed as ONE markdown table at the end, ready for docs/cluster.md.
-``--device cpu`` runs the same checks on a CPU (used by the test suite to keep this script working).
+``--standalone`` needs nothing outside the repository: the verifier is a random model with
+Llama-3-8B-Instruct's shape (``--shape llama3-8b``: 32 layers, hidden 4096, GQA 32/8, 128,256-token
+vocabulary; ``--layers`` fewer only where memory needs it) built on the device, and the data are
+built on the spot (experiments/standalone_data.py); no GGUF file, no ../shared. ``--shape small``
+on ``--device cpu`` is the dry mode the test suite runs. Without ``--standalone`` the check runs
+the configured verifier (default: the embedded SmolLM2) on the local data.
+
+Each row is printed as it completes; everything is printed again as ONE markdown table at the end.
+What it prints and what each part costs: docs/gpu-check.md.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
+import os
+import resource
 import sys
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from decoding.timing import synchronize  # noqa: E402
 from decoding.verifiers import TIE_GAP  # noqa: E402
 from tests.accelerator import SyncCounter  # noqa: E402
 
 STRATEGIES = ("single", "confidence", "entropy", "merged", "merged-dedup", "merged-budget")
-
-
-def _sync(device: str) -> None:
-    from decoding.timing import synchronize
-
-    synchronize(device)
-
-
 COLUMNS = ("model", "dtype", "check", "equal", "near-tie", "MISMATCH", "tok/s", "vs gen", "tau", "syncs/step",
-           "h2d/step", "note")
+           "h2d/step", "cuda-sync/step", "peak mem", "note")
 
 
-def check_dtype(args, dtype: str) -> list[dict]:
-    """One row for generate and one per strategy: exactness, tokens/s, tau and host round trips."""
+def _experiment(name: str):
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class Table:
+    """Rows printed as they complete (a failure later keeps them), and all of them again at the end."""
+
+    def __init__(self):
+        self.rows: list[dict] = []
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        print("row: " + " | ".join(f"{c}={row[c]}" for c in COLUMNS if row.get(c) not in (None, "")), flush=True)
+
+    def print(self) -> None:
+        cells = [[str(r.get(c, "")) for c in COLUMNS] for r in self.rows]
+        width = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(COLUMNS)]
+        line = lambda xs: "| " + " | ".join(x.ljust(w) for x, w in zip(xs, width)) + " |"  # noqa: E731
+        print("\n" + line(COLUMNS) + "\n" + line(["-" * w for w in width]))
+        for x in cells:
+            print(line(x))
+
+
+def _reset_peak(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak(device: str) -> str:
+    """Peak device memory since the last reset (CUDA), else this process's peak resident set."""
+    if device.startswith("cuda"):
+        return f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB"
+    return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GiB RSS"
+
+
+def _count_syncs(device: str, run) -> tuple[dict, int]:
+    """(SyncCounter's counts, CUDA's synchronizing calls under set_sync_debug_mode) of one untimed run."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with SyncCounter() as counter:
+                steps = run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    cuda = sum("synchroniz" in str(w.message) for w in caught)
+    return {k: counter.counts[k] / steps for k in ("sync", "h2d")}, cuda / steps
+
+
+def check_dtype(args, dtype: str, table: Table) -> None:
+    """One row for generate and one per strategy: exactness, tokens/s, tau, host round trips, memory."""
     from decoding.bench import hf_generate
     from decoding.engine import DecodeConfig, SpeculativeDecoder
     from decoding.runner import load_proposers
@@ -59,6 +114,7 @@ def check_dtype(args, dtype: str) -> list[dict]:
     from drafters.data.templating import benchmark_prompt_ids
 
     name = resolve(args.verifier).name
+    _reset_peak(args.device)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, tok = load_verifier(args.verifier, dtype=dtype, device=args.device)
@@ -72,14 +128,14 @@ def check_dtype(args, dtype: str) -> list[dict]:
     prompts = [p for b in ("gsm8k", "mt_bench") for p in load_benchmark(b)[0][: args.n_prompts]]
     inputs = [benchmark_prompt_ids(tok, p, 0, []) for p in prompts]
     hf_generate(model, inputs[0], 4, eos, 0.0, 0)  # warm-up
-    _sync(args.device)
+    synchronize(args.device)
     t0 = time.perf_counter()
     refs = [hf_generate(model, ids, args.max_new_tokens, eos, 0.0, 0) for ids in inputs]
-    _sync(args.device)
+    synchronize(args.device)
     gen_tps = sum(map(len, refs)) / (time.perf_counter() - t0)
-    model_name = Path(name).name if Path(name).exists() else name
-    rows = [dict(model=model_name, dtype=dtype, check="generate", **{"tok/s": f"{gen_tps:.1f}", "vs gen": "1.00x"},
-                 note=f"{len(inputs)} prompts x {args.max_new_tokens} tokens")]
+    model_name = args.model_label or (Path(name).name if Path(name).exists() else name)
+    table.add(dict(model=model_name, dtype=dtype, check="generate", **{"tok/s": f"{gen_tps:.1f}", "vs gen": "1.00x"},
+                   **{"peak mem": _peak(args.device)}, note=f"{len(inputs)} prompts x {args.max_new_tokens} tokens"))
     for spec in STRATEGIES:
         strat, dedup, budget = spec.split("-")[0], spec.endswith("dedup"), spec.endswith("budget")
         n = 1 if strat == "single" else 2
@@ -88,17 +144,22 @@ def check_dtype(args, dtype: str) -> list[dict]:
         dec = SpeculativeDecoder(model, props[:n], cfg, eos)
         dec.generate(inputs[0][:8], seed_key="warm-up")  # first-call costs (tuning, kernels) stay out of the time
         counts, gaps, toks, calls, new = {"equal": 0, "near-tie": 0, "MISMATCH": 0}, [], 0, 0, 0
-        _sync(args.device)
+        _reset_peak(args.device)
+        synchronize(args.device)
         t0 = time.perf_counter()
         outs = [dec.generate(ids, seed_key=str(i)) for i, ids in enumerate(inputs)]
-        _sync(args.device)
+        synchronize(args.device)
         wall = time.perf_counter() - t0
-        per_step = "-", "-"
+        peak = _peak(args.device)
+        per_step = {"syncs/step": "-", "h2d/step": "-", "cuda-sync/step": "-"}
         if args.device.startswith("cuda"):  # host round trips, counted on a separate (untimed) run
-            with SyncCounter() as counter:
+            def run():
                 res = [dec.generate(ids, seed_key=str(i)) for i, ids in enumerate(inputs)]
-            steps = max(1, sum(r.verifier_calls for r in res))
-            per_step = tuple(f"{counter.counts[k] / steps:.1f}" for k in ("sync", "h2d"))
+                return max(1, sum(r.verifier_calls for r in res))
+
+            ours, cuda = _count_syncs(args.device, run)
+            per_step = {"syncs/step": f"{ours['sync']:.1f}", "h2d/step": f"{ours['h2d']:.1f}",
+                        "cuda-sync/step": f"{cuda:.1f}"}
         tie_gap = args.tie_gap if args.tie_gap is not None else TIE_GAP[dtype]
         for ids, res, ref in zip(inputs, outs, refs):
             kind, gap = compare_greedy(model, ids, res.output_token_ids, ref, tie_gap)
@@ -107,14 +168,14 @@ def check_dtype(args, dtype: str) -> list[dict]:
             if gap is not None:
                 gaps.append(round(gap, 4))
         tps = toks / wall
-        rows.append(dict(model=model_name, dtype=dtype, check=spec, **counts, **{"tok/s": f"{tps:.1f}"},
-                         **{"vs gen": f"{tps / gen_tps:.2f}x", "syncs/step": per_step[0], "h2d/step": per_step[1]},
-                         tau=f"{new / max(calls, 1):.2f}", note=f"gaps at ties {gaps}" if gaps else ""))
-    return rows
+        table.add(dict(model=model_name, dtype=dtype, check=spec, **counts, **{"tok/s": f"{tps:.1f}"},
+                       **{"vs gen": f"{tps / gen_tps:.2f}x", "peak mem": peak}, **per_step,
+                       tau=f"{new / max(calls, 1):.2f}", note=f"gaps at ties {gaps}" if gaps else ""))
 
 
-def check_training(args) -> dict:
-    """One short DeepSpeed run through Ray Train on the device (the grid's own training path)."""
+def check_training(args, table: Table) -> Path:
+    """One DeepSpeed run through Ray Train on the device (the grid's own training path); returns the
+    final checkpoint. Steps: ``--train-examples`` / ``--train-batch`` per epoch, epochs for ``--train-steps``."""
     import ray
 
     from decoding.verifiers import eos_token_ids, load_verifier, resolve
@@ -123,77 +184,119 @@ def check_training(args) -> dict:
     from workers.train_worker import run_training
 
     name = resolve(args.verifier).name
+    gpu = args.device.startswith("cuda")
+    precision = "bf16" if gpu or args.standalone else "fp32"  # bf16 as the paper profile (CPU: DeepSpeed's bf16)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model, tok = load_verifier(args.verifier, device=args.device)
     root = tempfile.mkdtemp(prefix="gpu-check-features-")
-    spec = DataSpec(n=64, heldout=8, max_length=256)
+    spec = DataSpec(n=args.train_examples, heldout=8, max_length=256)
     t0 = time.perf_counter()
     caches = {"mathinstruct": ensure_features(model, tok, eos_token_ids(model, tok), name, "mathinstruct", spec, root)}
     t_features = time.perf_counter() - t0
+    per_epoch = max(1, spec.n // args.train_batch)
     cfg = TrainConfig(verifier=name, backbone="hass", variant="math", out_dir=tempfile.mkdtemp(prefix="gpu-check-train-"),
                       train_data=variant_data("math", root, caches, spec.n), heldout_data=heldout_data(root, caches),
-                      epochs=1, lr=1e-3, batch_size=8, deepspeed=True, zero_stage=1,
-                      precision="bf16" if args.device.startswith("cuda") else "fp32")  # as the paper profile
+                      epochs=math.ceil(args.train_steps / per_epoch), lr=1e-3, batch_size=args.train_batch,
+                      deepspeed=True, zero_stage=1, precision=precision)
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
+    t0 = time.perf_counter()
     try:
-        gpu = args.device.startswith("cuda")
         final, result = run_training(cfg, num_workers=1, use_gpu=gpu, cpus_per_worker=1, name="gpu-check")
     finally:
         ray.shutdown()
     m = result.metrics or {}
-    tps = f"{m.get('train_tokens_per_s', 0):.0f}"
-    return dict(model=name, dtype="bfloat16" if cfg.precision == "bf16" else "float32", check="train (ZeRO-1)",
-                **{"tok/s": tps},
-                note=f"features {spec.n} ex in {t_features:.0f}s; {m.get('steps')} steps, loss "
-                     f"{m.get('train_loss', 0):.3f}, held-out top-1 {m.get('top1_depth1', 0):.3f} "
-                     "(tok/s: loss tokens)")
+    table.add(dict(model=args.model_label or name, dtype="bfloat16" if precision == "bf16" else "float32",
+                   check="train (ZeRO-1)", **{"tok/s": f"{m.get('train_tokens_per_s', 0):.0f}"},
+                   note=f"features {spec.n} ex in {t_features:.0f}s; {m.get('steps')} steps of batch "
+                        f"{args.train_batch} in {time.perf_counter() - t0:.0f}s (Ray Train start-up included), "
+                        f"loss {m.get('train_loss', 0):.3f}, held-out top-1 {m.get('top1_depth1', 0):.3f} "
+                        "(tok/s: loss tokens)"))
+    return Path(final)
 
 
-def print_table(rows: list[dict]) -> None:
-    """Every check in one markdown table (paste it into docs/cluster.md as it is)."""
-    cells = [[str(r.get(c, "")) for c in COLUMNS] for r in rows]
-    width = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(COLUMNS)]
-    line = lambda xs: "| " + " | ".join(x.ljust(w) for x, w in zip(xs, width)) + " |"  # noqa: E731
-    print("\n" + line(COLUMNS) + "\n" + line(["-" * w for w in width]))
-    for x in cells:
-        print(line(x))
+def _standalone(args) -> None:
+    """Data and a Llama-3-shaped verifier built here: the check needs only the repository."""
+    data = _experiment("standalone_data").write_data_root(tempfile.mkdtemp(prefix="gpu-check-data-"),
+                                                          n_train=args.train_examples + 16, n_prompts=args.n_prompts)
+    os.environ["TASKSPEC_DATA_ROOT"] = str(data)  # every loader, and the Ray workers started below, read it
+    l3 = _experiment("llama3_shaped")
+    shape = dict(l3.SHAPES[args.shape])
+    if args.layers:
+        shape["layers"] = args.layers
+    t0 = time.perf_counter()
+    out = Path(args.workdir or tempfile.mkdtemp(prefix="gpu-check-model-")) / f"{args.shape}-{shape['layers']}l"
+    path = l3.build(out, device=args.device, **shape)
+    args.verifier = str(path)
+    args.model_label = f"{args.shape} ({shape['layers']} layers, hidden {shape['hidden']})"
+    print(f"built {args.model_label}, random bf16 weights, at {path} in {time.perf_counter() - t0:.0f}s; "
+          f"data at {data}", flush=True)
+
+
+def _default_layers(args) -> None:
+    """Llama-3-8B's 32 layers where they fit (16 GB of bf16 weights, twice: the check and the trainer
+    each load the verifier), else as many as fit in 60% of the device, said in the output."""
+    if not (args.standalone and args.shape == "llama3-8b" and args.device.startswith("cuda")) or args.layers:
+        return
+    total = torch.cuda.get_device_properties(0).total_memory / 2**30
+    per_layer, rest = 0.44, 2.2  # GiB in bf16: one 8B layer (218M parameters); embeddings + LM head (1.05B)
+    fit = int((0.6 * total / 2 - rest) / per_layer)
+    if fit < 32:
+        args.layers = max(2, fit)
+        print(f"note: {total:.0f} GiB on the device; Llama-3-8B's 32 layers need ~{2 * (32 * per_layer + rest):.0f} "
+              f"GiB for two copies; building {args.layers} layers instead", flush=True)
 
 
 def main(argv=None) -> int:
-    import torch
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--verifier", default="smollm2-135m-instruct")
     ap.add_argument("--drafter", action="append", default=[], help="drafter checkpoint (repeat for two)")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--dtypes", default=None, help="comma-separated (default: float32,bfloat16; standalone: bfloat16)")
     ap.add_argument("--n-prompts", type=int, default=4, help="per benchmark (gsm8k, mt_bench)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--tie-gap", type=float, default=None,
                     help=f"top-2 logit gap that counts as a near-tie (default per dtype: {TIE_GAP})")
     ap.add_argument("--no-train", action="store_true")
+    ap.add_argument("--standalone", action="store_true",
+                    help="build the verifier (Llama-3-shaped, random) and the data here: nothing from outside the "
+                         "repository; the trained drafter joins the decoding rows")
+    ap.add_argument("--shape", choices=("llama3-8b", "small"), default="llama3-8b")
+    ap.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's (memory)")
+    ap.add_argument("--workdir", default=None, help="where the standalone model is written (default: a temp dir)")
+    ap.add_argument("--train-examples", type=int, default=512)
+    ap.add_argument("--train-batch", type=int, default=2)
+    ap.add_argument("--train-steps", type=int, default=256)
     ap.add_argument("--llama3-shaped", choices=("auto", "on", "off"), default="auto",
-                    help="also run the exactness/speed rows on a random model with Llama-3-8B's shape "
-                         "(experiments/llama3_shaped.py: GQA, 128k vocabulary), built locally; auto = on CUDA")
+                    help="without --standalone: also run the exactness/speed rows on a small random model of "
+                         "Llama-3's layout (GQA, 128k vocabulary), built locally; auto = on CUDA")
     args = ap.parse_args(argv)
+    args.model_label = None
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("error: no CUDA device; `--device cpu` runs the same checks on the CPU", file=sys.stderr)
         return 2
     if args.device.startswith("cuda"):
-        print(f"device: {torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB), "
-              f"torch {torch.__version__}")
-    rows = [r for d in args.dtypes.split(",") for r in check_dtype(args, d)]
-    if args.llama3_shaped == "on" or (args.llama3_shaped == "auto" and args.device.startswith("cuda")):
-        spec = importlib.util.spec_from_file_location("llama3_shaped", Path(__file__).with_name("llama3_shaped.py"))
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        shaped = argparse.Namespace(**{**vars(args), "verifier": str(mod.build(tempfile.mkdtemp(prefix="llama3-")))})
-        rows += [r for d in args.dtypes.split(",") for r in check_dtype(shaped, d)]
-    if not args.no_train:
-        rows.append(check_training(args))
-    print_table(rows)
-    bad = sum(int(r.get("MISMATCH", 0)) for r in rows)
+        print(f"device: {torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} "
+              f"GiB), torch {torch.__version__}", flush=True)
+    dtypes = (args.dtypes or ("bfloat16" if args.standalone else "float32,bfloat16")).split(",")
+    table = Table()
+    if args.standalone:
+        _default_layers(args)
+        _standalone(args)
+        if not args.no_train:
+            args.drafter = [str(check_training(args, table)), *args.drafter]
+    for d in dtypes:
+        check_dtype(args, d, table)
+    if not args.standalone:
+        if args.llama3_shaped == "on" or (args.llama3_shaped == "auto" and args.device.startswith("cuda")):
+            built = _experiment("llama3_shaped").build(tempfile.mkdtemp(prefix="llama3-"))
+            shaped = argparse.Namespace(**{**vars(args), "verifier": str(built), "model_label": None})
+            for d in dtypes:
+                check_dtype(shaped, d, table)
+        if not args.no_train:
+            check_training(args, table)
+    table.print()
+    bad = sum(int(r.get("MISMATCH", 0)) for r in table.rows)
     print(f"\n{'FAILED' if bad else 'OK'}: {bad} mismatch(es) that are not near-ties")
     return 1 if bad else 0
 

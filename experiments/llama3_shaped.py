@@ -63,18 +63,27 @@ def build_tokenizer(merges_vocab: int = 4000):
     return fast
 
 
-def build(out: str | Path, hidden: int = 256, layers: int = 2, seed: int = 0) -> Path:
-    """Write the model directory (config, bf16 safetensors, tokenizer, generation config)."""
+# Llama-3-8B's own sizes (its config.json); the default build is a small model of the same layout
+SHAPES = {"llama3-8b": dict(hidden=4096, intermediate=14_336, layers=32, heads=32, kv_heads=8),
+          "small": dict(hidden=256, intermediate=512, layers=2, heads=8, kv_heads=2)}
+
+
+def build(out: str | Path, hidden: int = 256, layers: int = 2, seed: int = 0, *, intermediate: int | None = None,
+          heads: int = 8, kv_heads: int = 2, device: str = "cpu") -> Path:
+    """Write the model directory (config, bf16 safetensors, tokenizer, generation config). The weights
+    are drawn on ``device`` in bf16 (an 8B model is initialized on the GPU in seconds)."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     out = Path(out)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=hidden // 8, rope_theta=500_000.0,
-                      max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=False,
-                      bos_token_id=BASE, eos_token_id=[BASE + 1, BASE + 9], pad_token_id=BASE + 1)
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                      head_dim=hidden // heads, rope_theta=500_000.0, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                      tie_word_embeddings=False, bos_token_id=BASE, eos_token_id=[BASE + 1, BASE + 9],
+                      pad_token_id=BASE + 1)
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+    with torch.device(device):
+        model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
     model.generation_config = GenerationConfig(bos_token_id=BASE, eos_token_id=[BASE + 1, BASE + 9],
                                                pad_token_id=BASE + 1, do_sample=False)
     out.mkdir(parents=True, exist_ok=True)

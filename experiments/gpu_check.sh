@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU check, as is, on a machine with one GPU and only this repository (docs/gpu-check.md):
+#   bash experiments/gpu_check.sh          # one CUDA GPU: Llama-3-8B-shaped verifier, bf16 training, every strategy
+#   bash experiments/gpu_check.sh --dry    # the same code path on the CPU, small shape (what the test suite runs)
+# Extra arguments go to experiments/gpu_check.py (e.g. --layers 16, --max-new-tokens 32).
+# It installs what is missing with pip (torch from the package index's default build, which is CUDA on
+# Linux; the project with the GPU image's pins, docker/constraints.txt), then builds the verifier and
+# the data on the spot: no GGUF file, no ../shared, no Hugging Face download.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY="${PYTHON:-python3}"
+
+mode=gpu
+if [[ "${1:-}" == "--dry" ]]; then
+  mode=dry
+  shift
+fi
+
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  echo "[gpu-check] installing torch"
+  "$PY" -m pip install -q "torch>=2.6"
+fi
+if ! "$PY" -c "import ray.train, deepspeed, transformers, accelerate, polars, pyarrow, yaml, orchestrator" 2>/dev/null; then
+  echo "[gpu-check] installing the project and its pinned dependencies"
+  "$PY" -m pip install -q -c docker/constraints.txt -e .
+fi
+
+if [[ "$mode" == dry ]]; then
+  # small shape, few steps, CPU; the CPU matmul tuner stays off (a GPU never runs it)
+  export TASKSPEC_CPU_SPEED=0
+  exec "$PY" experiments/gpu_check.py --standalone --device cpu --shape small --n-prompts 1 \
+    --max-new-tokens 8 --train-examples 16 --train-batch 4 --train-steps 4 "$@"
+fi
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+  echo "[gpu-check] error: torch sees no CUDA device (nvidia-smi? a CPU build of torch?); --dry runs on the CPU" >&2
+  exit 2
+fi
+exec "$PY" experiments/gpu_check.py --standalone --device cuda --shape llama3-8b --n-prompts 2 "$@"
