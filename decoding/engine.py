@@ -217,14 +217,17 @@ class SpeculativeDecoder:
         features[n : n + c] = f_tree[rows_d]
         tok_dev[n + 1 : n + 1 + c] = tok_c
         # the record: verifier entropy at the parents of the accepted nodes and of the rejected one;
-        # draft entropy and node confidence c(v) of the accepted nodes and of the rejected one
+        # draft entropy and node confidence c(v) of the accepted nodes and of the rejected one; path
+        # confidence V of the accepted nodes and its sum over every other drafted node (TAPS's router)
         par1 = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.parents + 1])  # (N+1,) node -> parent
         ent_rows = torch.cat([par1[path_d], par1[rej_d]])  # (L+1,)
         ent_q = entropy(q[ent_rows] if q is not None else self._next_dist(l_tree[ent_rows]))
         last = path_d[-1:] - 1 if len(acc.path) else None
         conf = tree.node_confidence  # (N,)
         rej_i = (rej_d - 1).clamp(min=0)  # (1,)
-        parts = [ent_q, tree.draft_entropy[path_d - 1], conf[path_d - 1]]
+        path_v = tree.confidence.double()  # (N,) V, EAGLE-2's path score from the root
+        acc_v = path_v[path_d - 1]  # (L,)
+        parts = [ent_q, tree.draft_entropy[path_d - 1], conf[path_d - 1], acc_v, path_v.sum() - acc_v.sum()]
         parts += [tree.draft_entropy[rej_i], conf[rej_i]] if tree.size else [torch.zeros(2, device=dev)]
         if last is not None:
             parts += [tree.owner[last], tree.owner_mask[last]]
@@ -235,7 +238,8 @@ class SpeculativeDecoder:
     def _step_record(self, step, tree, prop, acc, committed, vals: list[float]) -> dict:
         L = len(acc.path)
         ent_q, vals = vals[: L + 1], vals[L + 1 :]
-        acc_draft_ent, acc_conf, vals = vals[:L], vals[L : 2 * L], vals[2 * L :]
+        acc_draft_ent, acc_conf, acc_v, vals = vals[:L], vals[L : 2 * L], vals[2 * L : 3 * L], vals[3 * L :]
+        offpath_v, vals = vals[0], vals[1:]
         rej_draft_ent, rej_conf, vals = vals[0], vals[1], vals[2:]
         owner, owner_mask = (int(vals[0]), int(vals[1])) if L else (-1, 0)
         vals = vals[2:] if L else vals
@@ -255,6 +259,10 @@ class SpeculativeDecoder:
             "accepted_draft_entropy": acc_draft_ent,
             "accepted_draft_confidence": acc_conf,  # c(v) of each accepted draft node, root to leaf
             "accepted_verifier_entropy": ent_q[:L],
+            # TAPS's router: V of each accepted node, and of every drafted node off the accepted path
+            "accepted_path_confidence": acc_v,
+            "offpath_confidence_sum": offpath_v,
+            "offpath_nodes": tree.size - L,
             "rejected_draft_entropy": None if rej is None else rej_draft_ent,
             "rejected_draft_confidence": None if rej is None else rej_conf,  # c(v) of the first rejected node
             "rejected_verifier_entropy": None if rej is None else ent_q[L],

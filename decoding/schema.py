@@ -14,7 +14,8 @@ KNOWN = {
     "step": I, "tree_size": I, "committed": I, "accepted_depth": I, "chosen_drafter": I, "accepted_owner": I,
     "accepted_owner_mask": I, "drafter_mean_confidence": pa.list_(F), "drafter_mean_entropy": pa.list_(F),
     "drafter_mean_node_confidence": pa.list_(F), "accepted_draft_confidence": pa.list_(F),
-    "rejected_draft_confidence": F,
+    "rejected_draft_confidence": F, "accepted_path_confidence": pa.list_(F), "offpath_confidence_sum": F,
+    "offpath_nodes": I,
     "accepted_draft_entropy": pa.list_(F), "accepted_verifier_entropy": pa.list_(F), "rejected_draft_entropy": F,
     "rejected_verifier_entropy": F, "depth_accept": pa.list_(B), "t_bookkeeping_s": F,
     # cell columns

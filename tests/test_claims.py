@@ -174,7 +174,7 @@ def test_entropy_claim_counts_only_prompts_with_a_difference_and_resamples_promp
     assert r["prompts"] == 9 and r["verdict"] == "inconclusive (n=9 < 10 prompts)"
     assert r["estimate"] == pytest.approx(1.0)
     # no math/gsm8k cell: two drafters on the same prompts count once per prompt (mean over drafters)
-    diff = [0.2 * i for i in range(N)]
+    diff = [0.25 * i for i in range(N)]  # exact in binary: the claim's means give these very bytes (the seed)
     steps = pl.DataFrame(_steps("chat", "mt_bench", lambda i: 5, 2, rej=lambda i: 0.5 + diff[i])
                          + _steps("mixed_full", "mt_bench", lambda i: 5, 2, rej=lambda i: 0.5 + diff[i]))
     r = _rows(check_claims(_pp({("chat", "mt_bench"): 2.0}), steps, None), "entropy").row(0, named=True)

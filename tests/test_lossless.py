@@ -208,3 +208,29 @@ def test_drafting_in_lock_step_stacks_the_shared_head(verifier, bench_prompts, r
     for a, b in zip(alone, together):
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.parents, b.parents)
         torch.testing.assert_close(a.path_logp, b.path_logp, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("drafter", ["oracle", "random"])
+def test_steps_record_the_path_scores_taps_router_reads(verifier, eos, random_proposers, references, drafter):
+    """Each step records V (the path score from the root) of every accepted node and the sum of V over
+    every other drafted node, with their counts: V of the accepted nodes is the running product of their
+    c(v), and accepted + off-path V add up to the whole tree's (read here off the step's tree)."""
+    model, tok = verifier
+    prompt, ref = references[0]
+    ids = benchmark_prompt_ids(tok, prompt, 0, [])
+    prop = OracleProposer(len(ids), ref[0]) if drafter == "oracle" else random_proposers[0]
+    dec = SpeculativeDecoder(model, [prop], DecodeConfig(strategy="single", max_new_tokens=MAX_NEW,
+                                                         tree=TreeConfig(3, 5, 16)), eos)
+    totals = []
+    dec.observer = lambda tree, argmax, p: totals.append(float(tree.confidence.double().sum()))
+    res = dec.generate(ids, seed_key=prompt.id)
+    assert res.output_token_ids == ref[0] and len(totals) == len(res.steps)
+    deep = 0
+    for s, total in zip(res.steps, totals):
+        acc = s["accepted_path_confidence"]
+        assert len(acc) == s["accepted_depth"] and s["offpath_nodes"] == s["tree_size"] - s["accepted_depth"]
+        assert acc == pytest.approx(torch.tensor(s["accepted_draft_confidence"]).double().cumprod(0).tolist(),
+                                    rel=1e-5)
+        assert sum(acc) + s["offpath_confidence_sum"] == pytest.approx(total, rel=1e-6)
+        deep += len(acc) >= 2
+    assert deep or drafter == "random"  # the oracle's paths run deep: V is a product there, not c(v)

@@ -10,6 +10,7 @@ import pytest
 from decoding.runner import write_parquet_atomic
 from orchestrator.report.build import build_report
 from orchestrator.report.stats import paired_diff_ci, ratio_ci, verdict
+from orchestrator.report.tables import per_prompt, table1
 
 TAU = {("math", "gsm8k"): 3.0, ("chat", "gsm8k"): 2.0, ("math", "mt_bench"): 1.5, ("chat", "mt_bench"): 2.5,
        ("autoregressive", "gsm8k"): 1.0, ("autoregressive", "mt_bench"): 1.0}
@@ -217,9 +218,9 @@ def test_report_opens_with_a_one_screen_summary_and_an_appendix(tmp_path):
     for part in ("Acceptance length τ", "Claims of the study", "Speed against `generate (transformers)`",
                  "FAILED eval: `hass:single:math|svamp|T=0`"):
         assert part in summary, part
-    # the shared baseline row sits in the backbone's column, ours beside the study's convention (bonus excluded)
-    assert "| autoregressive | 1.0 (0.0) |" in summary
-    assert "τ (ours) = tokens committed" in md and "accepted draft tokens per pass" in md
+    # the shared baseline row sits in the backbone's column, ours beside TAPS's tau (20 tokens / 19 loop indices)
+    assert "| autoregressive | 1.0 (1.05) |" in summary
+    assert "τ (ours, the headline) = tokens committed" in md and "`tau_taps` is τ as the study's code" in md
     # svamp failed: its rows have 0 prompts under the prompt rule, which is named as the project's
     assert "were paired on a benchmark (the project's rule, not the study's" in summary
     assert "(the study's rule)" not in md
@@ -399,3 +400,53 @@ def test_the_speed_figure_marks_the_post_hoc_router_as_not_deployable(tmp_path):
     assert bars == {"eagle2:math": ("tab:green", ""), "eagle2:merged": ("tab:red", ""),
                     f"eagle2:{POSTHOC} †": ("lightgrey", "//")}
     assert fig_speed(sp, 0.0, tmp_path / "speed.png").stat().st_size > 0
+
+
+def test_taps_tau_divides_by_loop_indices_counted_from_zero():
+    """TAPS's compute_tau: total new tokens over the sum of each turn's loop index at exit (passes - 1);
+    a one-pass turn adds its tokens and 0 to the denominator. Ours divides by passes."""
+    cell = {"backbone": "hass", "method": "math", "temperature": 0.0, "benchmark": "gsm8k", "drafter": "math",
+            "strategy": "single", "wall_time_s": 1.0, "output_token_ids": [1], "mean_tree_size": 15.0,
+            "t_draft_s": 0.0, "t_verify_s": 0.0, "routing_choice": 0}
+    turns = [("a", 0, 10, 30), ("a", 1, 5, 12), ("b", 0, 1, 3)]  # (prompt, turn, passes, new tokens)
+    pp = per_prompt(pl.DataFrame([cell | {"prompt_id": p, "turn": t, "verifier_calls": c, "new_tokens": n}
+                                  for p, t, c, n in turns]).lazy())
+    assert dict(zip(pp["prompt_id"], pp["loop_indices"])) == {"a": 13, "b": 0}
+    row = table1(pp).row(0, named=True)
+    assert row["tau"] == pytest.approx(45 / 16) and row["tau_taps"] == pytest.approx(45 / 13)
+    assert row["tau_taps_lo"] <= row["tau_taps"] <= row["tau_taps_hi"]
+
+
+def _shuffle_traces(src: Path, dst: Path) -> None:
+    """The same traces with every file's rows in reverse order (the run directory keeps its name)."""
+    import shutil
+
+    shutil.copytree(src, dst)
+    for f in (dst / "traces").rglob("*.parquet"):
+        df = pl.read_parquet(f)
+        df.reverse().write_parquet(f)
+
+
+def test_the_report_is_the_same_bytes_when_built_twice_from_the_same_traces(tmp_path):
+    """Prompts differ from each other (the bootstrap intervals are not degenerate): building twice, and
+    building from the same traces with their rows in another order, gives byte-identical reports."""
+    run = _make_run(tmp_path / "a" / "run")
+    for f in (run / "traces/prompts").rglob("*.parquet"):
+        df = pl.read_parquet(f)
+        i = pl.int_range(pl.len())
+        df.with_columns((pl.col("verifier_calls") + i).alias("verifier_calls"),
+                        (pl.col("new_tokens") + i * i % 7).alias("new_tokens")).write_parquet(f)
+    _shuffle_traces(run, tmp_path / "b" / "run")
+
+    def build(r):
+        build_report(r)
+        out = r / "report"
+        return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+
+    first, again, shuffled = build(run), build(run), build(tmp_path / "b" / "run")
+    t1 = pl.read_parquet(run / "report/tables/table1_acceptance.parquet").filter(pl.col("method") == "math")
+    assert (t1["tau_hi"] - t1["tau_lo"]).min() > 0  # real intervals, not one value repeated
+    assert first.keys() == again.keys() == shuffled.keys()
+    for name in first:
+        assert first[name] == again[name], f"{name} differs between two builds"
+        assert first[name] == shuffled[name], f"{name} differs when the traces' rows come in another order"

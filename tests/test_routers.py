@@ -11,8 +11,9 @@ import pytest
 from decoding.runner import write_parquet_atomic
 from orchestrator.report.build import build_report
 from orchestrator.report.claims import ROUTED, check_claims
-from orchestrator.report.routers import HEADS, NOT_DEPLOYABLE, POSTHOC, PROMPT_NODE, posthoc_rows, table2
-from orchestrator.report.tables import method_expr
+from orchestrator.report.routers import (HEADS, HEADS_LAST, NOT_DEPLOYABLE, POSTHOC, POSTHOC_NODE, PROMPT_NODE,
+                                         posthoc_rows, table2, with_posthoc)
+from orchestrator.report.tables import method_expr, per_prompt
 
 KEY = {"backbone": "eagle2", "temperature": 0.0}
 
@@ -31,23 +32,77 @@ def _steps(method, conf_of, n=3, bench="gsm8k"):
             for i in range(n) for s in range(2)]
 
 
+def _taps_steps(method, steps, bench="gsm8k", pid="p0"):
+    """Hand-built steps: (accepted c(v), first rejected c(v), accepted V, off-path V sum, off-path nodes)."""
+    return [KEY | {"method": method, "benchmark": bench, "prompt_id": pid, "strategy": "single", "step": i,
+                   "accepted_draft_confidence": c, "rejected_draft_confidence": r, "accepted_path_confidence": v,
+                   "offpath_confidence_sum": off, "offpath_nodes": n} for i, (c, r, v, off, n) in enumerate(steps)]
+
+
+def test_taps_router_scores_every_drafted_node_by_its_path_score_and_picks_otherwise_than_node_scores():
+    """Math: confident nodes on its accepted path (c = 0.9 each, V 0.9 then 0.81) but 13 unlikely nodes
+    off it (V 0.01 each); chat: c = 0.5 on its one accepted node and on the first rejected child, and
+    14 off-path nodes of V 0.5. TAPS's score (mean V over all 15 drafted nodes of each step, accepted
+    and rejected weighted by their counts) picks chat; c(v) over accepted + first rejected picks math."""
+    pp = pl.DataFrame(_pp("math", 3.0, n=1, wall=1.0) + _pp("chat", 2.0, n=1, wall=2.0)
+                      + _pp("mixed_full", 2.5, n=1, wall=4.0))
+    steps = pl.DataFrame(_taps_steps("math", [([0.9, 0.9], 0.9, [0.9, 0.81], 13 * 0.01, 13)] * 2)
+                         + _taps_steps("chat", [([0.5], 0.5, [0.5], 14 * 0.5, 14)] * 2))
+    taps = posthoc_rows(pp, steps, method=POSTHOC)
+    node = posthoc_rows(pp, steps, method=POSTHOC_NODE)
+    assert taps["method"].to_list() == [POSTHOC] and node["method"].to_list() == [POSTHOC_NODE]
+    assert taps["routing_choice"].to_list() == [1] and taps["new_tokens"].to_list() == [20]  # chat's whole run
+    assert node["routing_choice"].to_list() == [0] and node["new_tokens"].to_list() == [30]  # math's
+    math_score = (2 * (0.9 + 0.81 + 0.13)) / (2 * 15)  # TAPS's overall_confidence: pooled over all nodes
+    assert taps["posthoc_margin"][0] == pytest.approx(math_score - 0.5)
+    assert node["posthoc_margin"][0] == pytest.approx(0.4)
+    # within eps = 0.01 of each other: the mixed drafter's whole run, by TAPS's score alone
+    near = pl.DataFrame(_taps_steps("math", [([0.9], 0.9, [0.9], 14 * 0.5, 14)])
+                        + _taps_steps("chat", [([0.2], 0.2, [0.8], 14 * 0.5, 14)]))  # 0.527 vs 0.520
+    assert posthoc_rows(pp, near, method=POSTHOC)["new_tokens"].to_list() == [25]
+    assert posthoc_rows(pp, near, method=POSTHOC_NODE)["routing_choice"].to_list() == [0]
+    # both routers under their own names; traces without the path columns give the node one alone
+    assert set(with_posthoc(pp, steps)["method"]) == {"math", "chat", "mixed_full", POSTHOC, POSTHOC_NODE}
+    old = steps.drop("accepted_path_confidence", "offpath_confidence_sum", "offpath_nodes")
+    assert POSTHOC not in set(with_posthoc(pp, old)["method"])
+
+
+def test_table2_counts_the_entropy_router_by_its_last_turn_as_the_study_did():
+    """Turn choices [chat, chat, math]: the majority says chat, the study's code records math (the
+    last turn's head); the study's matched share sits beside the last-turn count."""
+    cell = {"drafter": "math+chat+mixed_full+avg0.5", "strategy": "entropy", "method": HEADS, "new_tokens": 20,
+            "verifier_calls": 10, "wall_time_s": 1.0, "output_token_ids": [1] * 21, "mean_tree_size": 15.0,
+            "t_draft_s": 0.1, "t_verify_s": 0.5}
+    rows = [KEY | cell | {"benchmark": "gsm8k", "prompt_id": "p0", "turn": t, "routing_choice": c}
+            for t, c in ((2, 0), (0, 1), (1, 1))]  # written out of turn order
+    pp = per_prompt(pl.DataFrame(rows).lazy())
+    assert pp["routing_choice"].to_list() == [1] and pp["routing_choice_last"].to_list() == [0]
+    t = table2(pp)
+    mode = t.filter(pl.col("method") == HEADS).row(0, named=True)
+    last = t.filter(pl.col("method") == HEADS_LAST).row(0, named=True)
+    assert (mode["drafter"], mode["study_matched_share"]) == ("chat", None)
+    assert (last["drafter"], last["matched"], last["study_matched_share"]) == ("math", True, pytest.approx(0.546))
+
+
 def test_posthoc_router_routes_each_prompt_to_the_higher_whole_generation_confidence():
     pp = pl.DataFrame(_pp("math", 3.0, wall=1.0) + _pp("chat", 2.0, wall=2.0) + _pp("mixed_full", 2.5, wall=4.0))
     # p0: math 0.9 vs chat 0.5 -> math; p1: 0.3 vs 0.6 -> chat; p2: 0.500 vs 0.505 -> a near-tie -> mixed
     math_c, chat_c = {0: 0.9, 1: 0.3, 2: 0.5}, {0: 0.5, 1: 0.6, 2: 0.505}
     steps = pl.DataFrame(_steps("math", math_c.get) + _steps("chat", chat_c.get))
-    rows = posthoc_rows(pp, steps).sort("prompt_id")
-    assert rows["method"].unique().to_list() == [POSTHOC]
+    rows = posthoc_rows(pp, steps, method=POSTHOC_NODE).sort("prompt_id")
+    assert rows["method"].unique().to_list() == [POSTHOC_NODE]
     assert rows["routing_choice"].to_list() == [0, 1, 2] and rows["drafter"][0] == "math+chat+mixed_full"
     assert rows["new_tokens"].to_list() == [30, 20, 25]  # each prompt's row is the chosen run's
     assert rows["wall_time_s"].to_list() == [3.0, 3.0, 7.0]  # it paid for every generation it read
     assert rows["posthoc_margin"].to_list() == pytest.approx([0.4, -0.3, -0.005])
     # a near-tie without the mixed checkpoint's run takes the higher specialist, and says so
-    rows = posthoc_rows(pl.DataFrame(_pp("math", 3.0) + _pp("chat", 2.0)), steps).sort("prompt_id")
+    rows = posthoc_rows(pl.DataFrame(_pp("math", 3.0) + _pp("chat", 2.0)), steps, method=POSTHOC_NODE)
+    rows = rows.sort("prompt_id")
     assert rows["routing_choice"].to_list() == [0, 1, 1]
     assert rows["posthoc_tie_fallback"].to_list() == [False, False, True]
     # traces without the confidence columns (written before them): no post hoc rows
-    assert posthoc_rows(pp, steps.drop("rejected_draft_confidence")).is_empty()
+    assert posthoc_rows(pp, steps.drop("rejected_draft_confidence"), method=POSTHOC_NODE).is_empty()
+    assert posthoc_rows(pp, steps).is_empty()  # TAPS's router needs the path-score columns
 
 
 def test_table2_counts_prompts_per_router_by_name():
@@ -111,6 +166,8 @@ def _write(run, method_cells):
                            "routing_choice": 0, "t_draft_s": 0.1, "t_verify_s": 0.5} for i in range(12)]
         steps = [cell | {"prompt_id": f"p{i}", "turn": 0, "step": s, "committed": 2, "chosen_drafter": 0,
                          "accepted_draft_confidence": [conf(i)], "rejected_draft_confidence": conf(i),
+                         "accepted_path_confidence": [conf(i)], "offpath_confidence_sum": 14 * conf(i),
+                         "offpath_nodes": 14,
                          "accepted_draft_entropy": [0.5], "accepted_verifier_entropy": [0.5],
                          "rejected_draft_entropy": 1.0, "rejected_verifier_entropy": 1.0,
                          "depth_accept": [True, False]} for i in range(12) for s in range(3)]

@@ -13,7 +13,7 @@ from . import figures
 from .claims import MIN_PROMPTS, ROUTED, SPEED_ROUTED, check_claims, study_comparison
 from .claims_family import STUDY, Grid
 from .claims_study import comparison_note
-from .routers import NOT_DEPLOYABLE, POSTHOC, describe, is_router, table2, with_posthoc
+from .routers import HEADS_LAST, NOT_DEPLOYABLE, POSTHOC, POSTHOCS, describe, is_router, table2, with_posthoc
 from .tables import (GENERATE, depth_table, depth_table_deeper, entropy_table, per_prompt, scan, speed, table1, table1_wide,
                      trace_files)
 
@@ -177,11 +177,15 @@ def build_report(run_dir) -> Path:
     return p
 
 
-TAU_NOTE = ("τ (ours) = tokens committed by tree-verification passes (accepted draft tokens + the verifier's "
-            "bonus token) / number of passes, prefill excluded, a ratio of sums over a cell's prompts. The "
-            "study's text defines τ as accepted draft tokens per pass averaged over prompts (`tau_study` in "
-            "`tables/table1_acceptance.csv` = the mean over prompts of each prompt's tokens per pass, minus the "
-            "bonus token; `tau_prompt_mean` keeps the bonus token); the headline table gives both.")
+TAU_NOTE = ("τ (ours, the headline) = tokens committed by tree-verification passes (accepted draft tokens + the "
+            "verifier's bonus token) / number of passes, prefill excluded, a ratio of sums over a cell's prompts. "
+            "`tau_taps` is τ as the study's code computes its tables (TAPS `scripts/compute_tau.py`): the same "
+            "tokens over the sum of each turn's decode-loop index at exit, counted from 0, i.e. passes - 1 per "
+            "turn, so tau_taps = τ · P / (P - T) over a cell's P passes and T turns (slightly above τ: "
+            "+0.2 at τ 3 with 16 passes a turn); every comparison with the study's numbers uses it. "
+            "`tau_study` is the study's text's wording (accepted draft tokens per pass, bonus excluded, "
+            "mean over prompts): about τ - 1, so about one token below the numbers the study's tables print. "
+            "The headline table gives τ and, in brackets, tau_taps.")
 CLAIMS_NOTE = ("`p_value`: two-sided percentile-bootstrap p of a zero difference (min(1, 2 x the smaller share "
                "of 10,000 resamples on either side of 0), never below 1/(B+1)). `p_holm` / `verdict_holm`: "
                "Holm-Bonferroni step-down within the row's `family`: `study` (the study's claims; its size is fixed "
@@ -197,10 +201,12 @@ SPEED_NOTE = ("`speedup` is tokens/s over transformers' `generate` (greedy at T=
               "`vs_autoregressive` is over the project's own autoregressive loop. `outputs_equal_generate`: the share "
               "of prompts whose T=0 output equals generate's token for token.\n")
 TABLE2_NOTE = ("One row per router, benchmark and drafter chosen: `prompts` routed to it of `of` (a prompt's "
-               "choice: its turns' majority, ties to the first drafter; the study's Table 2 counts prompts), "
+               "choice: its turns' majority, ties to the first drafter; the study's Table 2 counts prompts; a "
+               "per-turn router's `..., last turn)` row takes each prompt's last turn's choice, as the study's "
+               "code records its entropy router's head), "
                "`step_share` the share of verifier calls for routers that choose per call or per turn, "
                "`matched` whether it is the matched specialist, `study_matched_share` the study's Table 2 share "
-               "(EAGLE-2, T=0) for its two routers.\n")
+               f"(EAGLE-2, T=0) beside its two routers as its code ran them (`{POSTHOC}`, `{HEADS_LAST}`).\n")
 HEADLINE_ROWS = 12
 
 
@@ -223,11 +229,12 @@ def routers_section(pp: pl.DataFrame) -> list[str]:
                          "headline": [("RQ3a/RQ3b/RQ4" if m == ROUTED else "speed" if m == SPEED_ROUTED else "")
                                       for m in names]})
     out = ["## Routers and compositions in this run\n", _md(rows)]
-    if POSTHOC in names and "posthoc_tie_fallback" in pp.columns:
-        n = int(pp["posthoc_tie_fallback"].fill_null(False).sum())
-        if n:
-            out.append(f"{n} near-tie prompt(s) of `{POSTHOC}` had no mixed-checkpoint run and took the higher "
-                       "specialist.\n")
+    for m in POSTHOCS:
+        if m in names and "posthoc_tie_fallback" in pp.columns:
+            n = int(pp.filter(pl.col("method") == m)["posthoc_tie_fallback"].fill_null(False).sum())
+            if n:
+                out.append(f"{n} near-tie prompt(s) of `{m}` had no mixed-checkpoint run and took the higher "
+                           "specialist.\n")
     return out
 
 
@@ -318,21 +325,22 @@ def summary_section(t1: pl.DataFrame, sp: pl.DataFrame, cl: pl.DataFrame, miss: 
     t1b = pl.concat([t1.filter(pl.col("backbone") != "none")]
                     + [shared.with_columns(pl.lit(b).alias("backbone")) for b in real])
     temp = {t: f"T={t:g}" for t in t1b["temperature"].unique().to_list()}
-    if "tau_study" not in t1b.columns:
-        t1b = t1b.with_columns(pl.lit(None, dtype=pl.Float64).alias("tau_study"))
+    if "tau_taps" not in t1b.columns:
+        t1b = t1b.with_columns(pl.lit(None, dtype=pl.Float64).alias("tau_taps"))
     head = (t1b.with_columns(pl.format("{} {}", pl.col("backbone"),
                                        pl.col("temperature").replace_strict(temp, return_dtype=pl.String)).alias("col"))
-            .group_by("method", "col").agg(pl.col("tau").mean(), pl.col("tau_study").mean()))
+            .group_by("method", "col").agg(pl.col("tau").mean(), pl.col("tau_taps").mean()))
     wide = head.pivot(on="col", index="method", values="tau")
     cols = sorted(c for c in wide.columns if c != "method")
-    both = pl.format("{} ({})", pl.col("tau").round(2), pl.col("tau_study").round(2))
+    both = pl.format("{} ({})", pl.col("tau").round(2), pl.col("tau_taps").round(2))
     cells = head.with_columns(both.alias("v")).pivot(on="col", index="method", values="v")
     order = wide.with_columns(pl.mean_horizontal(*cols).alias("_mean")).select("method", "_mean")
-    wide = (cells.join(order, on="method").sort("_mean", descending=True).select("method", *cols)
+    wide = (cells.join(order, on="method").sort(["_mean", "method"], descending=[True, False])
+            .select("method", *cols)
             .with_columns(pl.col(c).fill_null("—") for c in cols))
     more = max(0, wide.height - HEADLINE_ROWS)
-    md.append("**Acceptance length τ**: ours (in brackets the study's convention: accepted draft tokens per "
-              "pass, mean over prompts); mean over benchmarks; per benchmark with CIs in Table 1"
+    md.append("**Acceptance length τ**: ours (in brackets `tau_taps`, τ as the study's code computes the numbers "
+              "of its tables); mean over benchmarks; per benchmark with CIs in Table 1"
               + (f"; {more} more method(s) there" if more else "") + "\n")
     md.append(_md(wide.head(HEADLINE_ROWS), 2))
     if "strategy" in pp.columns and pp.filter(is_router()).height:
@@ -357,9 +365,10 @@ def summary_section(t1: pl.DataFrame, sp: pl.DataFrame, cl: pl.DataFrame, miss: 
     if not own.is_empty() and own["speedup"].null_count() < own.height:
         base = sp["baseline"][0]
         per = (own.group_by("backbone", "temperature", "method").agg(pl.col("speedup").mean().round(2))
-               .sort("speedup", descending=True, nulls_last=True)
+               .sort(["speedup", "method"], descending=[True, False], nulls_last=True)
                .group_by("backbone", "temperature", maintain_order=True).head(3)
-               .sort(["backbone", "temperature", "speedup"], descending=[False, False, True], nulls_last=True))
+               .sort(["backbone", "temperature", "speedup", "method"], descending=[False, False, True, False],
+                     nulls_last=True))
         md.append(f"**Speed against `{base}`** (same run, same prompts; the 3 fastest methods per backbone and "
                   "temperature, mean over benchmarks; every cell in the appendix)\n")
         md.append(_md(per.rename({"speedup": f"speedup vs {base}"}), 2))

@@ -9,7 +9,7 @@ import numpy as np
 import polars as pl
 
 from . import claims_study as cs
-from .stats import B_TEST, kendall_tau_b, mean_diff_ci, verdict
+from .stats import B_TEST, data_rng, kendall_tau_b, mean_diff_ci, verdict
 from .tables import MATH_BENCH
 
 STUDY_DEPTH = 5  # the study's tables stop at depth 5
@@ -174,7 +174,7 @@ def ordering_claim(pp: pl.DataFrame, temp: float, backbones: list[str], row, see
         dens.append(np.array([c["verifier_calls"].to_numpy() for c in cells], float).reshape(2, len(methods), -1))
     if not nums:
         return []
-    rng = np.random.default_rng(seed)
+    rng = data_rng(seed, *nums, *dens)  # prompts in prompt_id order: the draws depend on the data alone
     point = np.mean([nu.sum(-1) / de.sum(-1) for nu, de in zip(nums, dens)], axis=0)  # (2, M)
     n = min(nu.shape[-1] for nu in nums)
     taus, same = [], []

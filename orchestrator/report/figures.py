@@ -5,7 +5,7 @@ from pathlib import Path
 
 import polars as pl
 
-from .routers import NOT_DEPLOYABLE, POSTHOC
+from .routers import NOT_DEPLOYABLE, POSTHOCS
 
 
 def _plt():
@@ -23,7 +23,8 @@ def fig_tau(t1: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path | 
     if t.is_empty():
         return None
     plt = _plt()
-    methods = t.group_by("method").agg(pl.col("tau").mean()).sort("tau", descending=True)["method"].to_list()
+    methods = (t.group_by("method").agg(pl.col("tau").mean())
+               .sort(["tau", "method"], descending=[True, False])["method"].to_list())  # ties by name
     benches = sorted(t["benchmark"].unique().to_list())
     # ~0.25 inch per bar, capped: 16 methods x 4 benchmarks drew 29 x 5 inches, unreadable when shown
     fig, ax = plt.subplots(figsize=(min(18, max(8, 0.25 * len(methods) * len(benches) + 2)), 6))
@@ -135,7 +136,7 @@ def speed_bars(s: pl.DataFrame) -> list[tuple[str, float, str, str]]:
     so its time is not a deployable method's)."""
     out = []
     for b, m, v in zip(s["backbone"], s["method"], s["speedup"]):
-        if m == POSTHOC:
+        if m in POSTHOCS:
             out.append((f"{b}:{m} †", v, "lightgrey", "//"))
         else:
             out.append((f"{b}:{m}", v, "tab:green" if v >= 1 else "tab:red", ""))
@@ -145,7 +146,8 @@ def speed_bars(s: pl.DataFrame) -> list[tuple[str, float, str, str]]:
 def fig_speed(sp: pl.DataFrame, temp: float, path: Path) -> Path | None:
     base = sp["baseline"][0] if "baseline" in sp.columns and sp.height else "autoregressive"
     s = sp.filter((pl.col("temperature") == temp) & (pl.col("method") != base)).group_by(["backbone", "method"]).agg(
-        pl.col("speedup").mean()).drop_nulls("speedup").sort("speedup", descending=True)
+        pl.col("speedup").mean()).drop_nulls("speedup").sort(["speedup", "backbone", "method"],
+                                                             descending=[True, False, False])
     if s.is_empty():  # nothing timed against a baseline (e.g. a grid without the autoregressive cell)
         return None
     plt = _plt()

@@ -1,33 +1,48 @@
 """The routers by name, the study's post hoc confidence router and Table 2 (routing decisions per prompt).
 
 The study's Table 1 "confidence routed" numbers come from its code's post hoc router
-(Moe-Zbeeb/TAPS ``Eagle-Code/evaluate/run_confidence_router_tau.py``): after the math and chat
-drafters have each decoded a question in full, each run's whole-generation confidence (the mean
-node confidence c(v) over its accepted and rejected draft tokens, every step) picks the run with
-the higher one, and near-ties (|difference| < 0.01) take the mixed checkpoint's run. It is not
-deployable: it sees both whole generations. Here it is computed from the single-drafter traces
-(``accepted_draft_confidence``, ``rejected_draft_confidence``) and appended to the per-prompt
-frame as the method ``POSTHOC``; its wall time is that of every generation it read."""
+(Moe-Zbeeb/TAPS ``Eagle-Code/scripts/run_confidence_router_tau.py``): after the math and chat
+drafters have each decoded a question in full, each run's overall confidence picks the run with
+the higher one, and near-ties (|difference| < 0.01) take the mixed checkpoint's run, whose whole
+generation is reported. The overall confidence (its ``eagle/model/ea_model.py`` decode loop with
+``confidence_log``) scores every drafted tree node by its path score from the root (V, the
+cumulative draft probability that ranks the nodes, ``cnets1.py``): the nodes of the accepted path
+count as accepted, every other drafted node as rejected, and the question's score is the mean
+over all of them, every step of every turn (accepted and rejected means weighted by their counts).
+``POSTHOC`` is that router, from the single-drafter traces (``accepted_path_confidence``,
+``offpath_confidence_sum``, ``offpath_nodes``); ``POSTHOC_NODE`` is this project's earlier reading
+(each node's own conditional probability c(v), only the first rejected child per step counted
+rejected). Neither is deployable: it sees both whole generations; its wall time is that of every
+generation it read. Both are appended to the per-prompt frame as methods."""
 from __future__ import annotations
 
 import polars as pl
 
 from .tables import KEYS, MATH_BENCH
 
-POSTHOC = "confidence(post hoc)"  # the study's code's router, the study's Table 1 numbers
+POSTHOC = "confidence(post hoc)"  # the study's code's router exactly (its Table 1 numbers)
+POSTHOC_NODE = "confidence(post hoc, node)"  # the project's earlier reading of it: c(v), first rejected child
+POSTHOCS = (POSTHOC, POSTHOC_NODE)
 PROMPT_NODE = "confidence(prompt, node)"  # the study's text's router: once per prompt, mean c(v)
 HEADS = "entropy(turn, 4 heads)"  # the study's code's entropy router over math, chat, mixed, averaged
+LAST_TURN = ", last turn)"  # Table 2's variant of a per-turn router: the prompt's choice is its last turn's
+HEADS_LAST = HEADS[:-1] + LAST_TURN  # the study's Table 2 entropy column (its code records the last turn's)
 NOT_DEPLOYABLE = "not deployable (sees both whole generations)"
 TIE = 0.01  # the study's near-tie margin
+SCORE = {POSTHOC: "path", POSTHOC_NODE: "node"}
 DESCRIBE = {
     POSTHOC: "the study's code's router (its Table 1 numbers): post hoc per prompt, the specialist whose "
-             f"whole generation had the higher mean c(v), near-ties (< {TIE}) to the mixed checkpoint; "
-             + NOT_DEPLOYABLE,
+             "whole generation had the higher mean path score V over every drafted node (accepted path "
+             f"and every node off it), near-ties (< {TIE}) to the mixed checkpoint; " + NOT_DEPLOYABLE,
+    POSTHOC_NODE: "the project's earlier reading of the study's code's router: as "
+                  f"`{POSTHOC}`, scoring each node by its own c(v) and counting only the first rejected "
+                  "child per step; " + NOT_DEPLOYABLE,
     PROMPT_NODE: "the study's text's router: decided once per prompt from each specialist's first tree, on the "
                  "mean node confidence c(v); deployable",
     HEADS: "the study's code's entropy router: per prompt turn, the lowest mean draft entropy of four heads "
-           "(math, chat, mixed, averaged) on the first tree; deployable",
-    "confidence(step)": "the project's own: every verifier call, on the mean path confidence V (EAGLE-2's score)",
+           "(math, chat, mixed, averaged) on the first tree; deployable (Table 2: a prompt's majority of turns)",
+    HEADS_LAST: f"`{HEADS}` counted as the study's Table 2 counts it: a prompt's choice is its last turn's",
+    "confidence(step)": "the project's own: every verifier call, on the mean path confidence V",
     "confidence(prompt)": "the project's own: once per prompt, on the mean path confidence V",
     "entropy(step)": "the project's own: every verifier call, the lower mean draft entropy",
 }
@@ -44,14 +59,22 @@ def describe(method: str) -> str:
     return "the project's own routing variant"
 
 
-def whole_confidence(steps: pl.DataFrame) -> pl.DataFrame:
-    """Per (backbone, temperature, benchmark, method, prompt): mean c(v) over every accepted and
-    rejected draft token of the generation (the post hoc router's score), single-drafter cells."""
-    need = {"accepted_draft_confidence", "rejected_draft_confidence"}
+def whole_confidence(steps: pl.DataFrame, score: str = "path") -> pl.DataFrame:
+    """Per (backbone, temperature, benchmark, method, prompt) of the single-drafter cells: the post
+    hoc router's ``confidence``. ``score="path"`` (TAPS): the mean path score V over every drafted
+    node of every step (accepted path and off it), 0 where no node was drafted (its
+    ``overall_confidence``); ``"node"``: the mean c(v) over accepted nodes and first rejected children."""
+    k = KEYS + ["prompt_id"]
+    need = ({"accepted_path_confidence", "offpath_confidence_sum", "offpath_nodes"} if score == "path"
+            else {"accepted_draft_confidence", "rejected_draft_confidence"})
     if steps is None or not need <= set(steps.columns):
         return pl.DataFrame()
-    k = KEYS + ["prompt_id"]
     s = steps.filter(pl.col("strategy") == "single")
+    if score == "path":
+        acc = pl.col("accepted_path_confidence")
+        total = (acc.list.sum().fill_null(0.0) + pl.col("offpath_confidence_sum").fill_null(0.0)).sum()
+        n = (acc.list.len().fill_null(0) + pl.col("offpath_nodes").fill_null(0)).sum()
+        return s.group_by(k).agg(pl.when(n > 0).then(total / n).otherwise(0.0).alias("confidence"))
     acc = s.select(*k, pl.col("accepted_draft_confidence").alias("c")).explode("c")
     rej = s.select(*k, pl.col("rejected_draft_confidence").cast(pl.Float64).alias("c"))
     both = pl.concat([acc.with_columns(pl.col("c").cast(pl.Float64)), rej])
@@ -60,13 +83,13 @@ def whole_confidence(steps: pl.DataFrame) -> pl.DataFrame:
 
 
 def posthoc_rows(pp: pl.DataFrame, steps: pl.DataFrame | None, pair=("math", "chat"),
-                 mixed: str = "mixed_full") -> pl.DataFrame:
-    """The post hoc router's per-prompt rows (empty without the traces it needs): the chosen run's
-    row with ``method`` POSTHOC, ``routing_choice`` indexing ``drafter`` = "a+b+mixed", ``wall_time_s``
-    the sum over the runs it read (both specialists, and the mixed one on a near-tie), and
-    ``posthoc_margin`` = confidence(a) - confidence(b). A near-tie whose mixed run is missing takes
-    the higher specialist (``posthoc_tie_fallback``)."""
-    conf = whole_confidence(steps)
+                 mixed: str = "mixed_full", method: str = POSTHOC) -> pl.DataFrame:
+    """A post hoc router's per-prompt rows (empty without the traces it needs): the chosen run's
+    row with ``method`` (POSTHOC: TAPS's scores; POSTHOC_NODE: c(v)), ``routing_choice`` indexing
+    ``drafter`` = "a+b+mixed", ``wall_time_s`` the sum over the runs it read (both specialists, and
+    the mixed one on a near-tie), and ``posthoc_margin`` = confidence(a) - confidence(b). A near-tie
+    whose mixed run is missing takes the higher specialist (``posthoc_tie_fallback``)."""
+    conf = whole_confidence(steps, SCORE[method])
     a, b = pair
     if conf.is_empty() or not {a, b} <= set(conf["method"].to_list()):
         return pl.DataFrame()
@@ -84,7 +107,7 @@ def posthoc_rows(pp: pl.DataFrame, steps: pl.DataFrame | None, pair=("math", "ch
     dec = (side(a).join(side(b), on=on).join(walls, on=on, how="inner")
            .filter(pl.col(f"wall_{a}").is_not_null() & pl.col(f"wall_{b}").is_not_null())
            .with_columns(margin.alias("posthoc_margin"), (tie & ~has_mixed).alias("posthoc_tie_fallback"),
-                         pl.when(tie & has_mixed).then(2).when(margin >= 0).then(0).otherwise(1)
+                         pl.when(tie & has_mixed).then(2).when(margin > 0).then(0).otherwise(1)
                          .cast(pl.Int64).alias("_choice")))
     if dec.is_empty():
         return pl.DataFrame()
@@ -94,18 +117,18 @@ def posthoc_rows(pp: pl.DataFrame, steps: pl.DataFrame | None, pair=("math", "ch
     chosen = (dec.join(names, on="_choice").with_columns(wall.alias("_wall"))
               .select(*on, "_choice", "_method", "_wall", "posthoc_margin", "posthoc_tie_fallback"))
     rows = (runs.join(chosen, left_on=on + ["method"], right_on=on + ["_method"], how="inner")
-            .with_columns(pl.lit(POSTHOC).alias("method"), pl.lit(f"{a}+{b}+{mixed}").alias("drafter"),
+            .with_columns(pl.lit(method).alias("method"), pl.lit(f"{a}+{b}+{mixed}").alias("drafter"),
                           pl.lit("posthoc").alias("strategy"), pl.col("_choice").alias("routing_choice"),
                           pl.col("_wall").alias("wall_time_s"))
-            .drop("_choice", "_wall"))
+            .drop("_choice", "_wall").sort(on))  # one order for every build (a join's is arbitrary)
     return rows.select([c for c in pp.columns if c in rows.columns] + ["posthoc_margin", "posthoc_tie_fallback"])
 
 
 def with_posthoc(pp: pl.DataFrame, steps: pl.DataFrame | None, pair=("math", "chat"),
                  mixed: str = "mixed_full") -> pl.DataFrame:
-    """``pp`` plus the post hoc router's rows where the run has what it needs."""
-    rows = posthoc_rows(pp, steps, pair, mixed)
-    return pl.concat([pp, rows], how="diagonal_relaxed") if rows.height else pp
+    """``pp`` plus both post hoc routers' rows (POSTHOC, POSTHOC_NODE) where the run has what each needs."""
+    rows = [r for r in (posthoc_rows(pp, steps, pair, mixed, m) for m in POSTHOCS) if r.height]
+    return pl.concat([pp, *rows], how="diagonal_relaxed") if rows else pp
 
 
 def chosen_name() -> pl.Expr:
@@ -126,16 +149,30 @@ def is_router() -> pl.Expr:
     return pl.col("strategy").is_in(["confidence", "entropy", "posthoc"])
 
 
+def last_turn_rows(r: pl.DataFrame) -> pl.DataFrame:
+    """Per-turn entropy routers (``entropy(turn...``) once more, each prompt's choice its last turn's
+    (``routing_choice_last``, tables.per_prompt), as ``...LAST_TURN``: the study's Table 2 records the
+    head its code chose at a question's last turn (``gen_routing_eval.py``), not a majority."""
+    if "routing_choice_last" not in r.columns:
+        return r.head(0)
+    turn = r.filter(pl.col("method").str.starts_with("entropy(turn"))
+    label = pl.col("method").str.replace(")", LAST_TURN, literal=True)  # the first ")": the label's own
+    return turn.with_columns(label.alias("method"), pl.col("routing_choice_last").alias("routing_choice"))
+
+
 def table2(pp: pl.DataFrame, steps: pl.LazyFrame | None = None) -> pl.DataFrame:
     """Table 2, per prompt as the study's: for every router (by name), benchmark and drafter, the
     prompts routed to it and their share (a prompt's choice: its turns' majority, ties to the first
-    drafter); beside it the share of verifier calls (``step_share``) for routers that choose per
-    call or turn, and the study's matched-specialist share where STUDY.md gives it."""
+    drafter; per-turn entropy routers also as the study's code counts them, the last turn's choice,
+    ``last_turn_rows``); beside it the share of verifier calls (``step_share``) for routers that choose
+    per call or turn, and the study's matched-specialist share where STUDY.md gives it (on the routers
+    as its code ran them: POSTHOC and HEADS_LAST)."""
     from .claims_study import other_of
 
     r = pp.filter(is_router()) if "strategy" in pp.columns else pp.head(0)
     if r.is_empty():
         return pl.DataFrame()
+    r = pl.concat([r, last_turn_rows(r)], how="diagonal_relaxed")
     r = r.with_columns(chosen_name().alias("chosen"))
     tot = r.group_by(KEYS).agg(pl.len().alias("of"))
     out = (r.group_by(KEYS + ["chosen"]).agg(pl.len().alias("prompts")).join(tot, on=KEYS)
@@ -148,7 +185,7 @@ def table2(pp: pl.DataFrame, steps: pl.LazyFrame | None = None) -> pl.DataFrame:
               .group_by(KEYS + ["chosen"]).agg(pl.len().alias("_n")).collect())
         st = st.with_columns((pl.col("_n") / pl.col("_n").sum().over(KEYS)).alias("step_share")).drop("_n")
         out = out.join(st, on=KEYS + ["chosen"], how="left")
-    study = {(POSTHOC, "confidence"), (HEADS, "entropy")}
+    study = {(POSTHOC, "confidence"), (HEADS_LAST, "entropy")}  # the routers as the study's code counted them
     vals = [next((other_of("matched_share", bb, t, kind, bn) for m2, kind in study if m2 == m and ok), None)
             for bb, t, m, bn, ok in zip(out["backbone"], out["temperature"], out["method"], out["benchmark"],
                                         out["matched"])]

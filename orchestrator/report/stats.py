@@ -3,8 +3,15 @@
 Every CI is a 95% percentile bootstrap; with ``p=True`` a function also returns the bootstrap
 p-value of "the difference is 0": p = min(1, 2 * min(share of draws <= 0, share of draws >= 0)),
 the smallest two-sided level at which the percentile interval excludes 0, floored at 1/(B+1)
-(``holm`` adjusts them)."""
+(``holm`` adjusts them).
+
+Every bootstrap is a function of its data alone: the rows (prompts, paired arrays kept together)
+are put in a canonical order and the generator is seeded from a hash of those values (and the
+``seed`` argument), so a report built twice from the same traces, in whatever row order a frame
+came, has the same bytes."""
 from __future__ import annotations
+
+import hashlib
 
 import numpy as np
 
@@ -17,6 +24,28 @@ B_TEST = 10_000
 def _draws(b: int | None, p: bool) -> int:
     return b if b is not None else (B_TEST if p else B)
 NAN3 = (float("nan"),) * 3
+
+
+def canonical(*arrays) -> np.ndarray:
+    """Aligned 1-D arrays (k of length n) as one (k, n) float array, the columns (prompts) sorted by
+    their values: the same data in any row order gives the same array."""
+    a = np.stack([np.asarray(x, float).reshape(-1) for x in arrays])  # (k, n)
+    return a[:, np.lexsort(a[::-1])]
+
+
+def data_rng(seed: int, *arrays) -> np.random.Generator:
+    """A generator seeded by ``seed`` and the bytes of ``arrays`` (their shapes and values) alone."""
+    h = hashlib.blake2b(str(int(seed)).encode(), digest_size=8)
+    for x in arrays:
+        x = np.ascontiguousarray(np.asarray(x, float))
+        h.update(str(x.shape).encode() + x.tobytes())
+    return np.random.default_rng(int.from_bytes(h.digest(), "little"))
+
+
+def _canonical_groups(groups) -> list[np.ndarray]:
+    """Each group canonical (see canonical), the groups in the order of their bytes."""
+    out = [canonical(*g) for g in groups]
+    return sorted(out, key=lambda a: (a.shape, a.tobytes()))
 
 
 def boot_p(draws: np.ndarray) -> float:
@@ -43,14 +72,14 @@ def _ci(point, draws, p: bool):
 
 def ratio_ci(num: np.ndarray, den: np.ndarray, seed: int = 0, b: int = B) -> tuple[float, float, float]:
     """Ratio of sums (e.g. tokens / verifier calls over prompts) with a 95% percentile CI."""
-    num, den = np.asarray(num, float), np.asarray(den, float)
+    num, den = canonical(num, den)
     n = len(num)
     if n == 0 or den.sum() == 0:
         return float("nan"), float("nan"), float("nan")
     point = num.sum() / den.sum()
     if n == 1:
         return point, float("nan"), float("nan")
-    idx = np.random.default_rng(seed).integers(0, n, size=(b, n))  # (b, n)
+    idx = data_rng(seed, num, den).integers(0, n, size=(b, n))  # (b, n)
     r = num[idx].sum(1) / np.maximum(den[idx].sum(1), 1e-12)
     lo, hi = np.percentile(r, [2.5, 97.5])
     return float(point), float(lo), float(hi)
@@ -59,14 +88,14 @@ def ratio_ci(num: np.ndarray, den: np.ndarray, seed: int = 0, b: int = B) -> tup
 def paired_diff_ci(num_a, den_a, num_b, den_b, seed: int = 0, b: int | None = None, p: bool = False):
     """Difference of two ratios over the SAME prompts (paired resampling), with a 95% CI."""
     b = _draws(b, p)
-    num_a, den_a, num_b, den_b = (np.asarray(x, float) for x in (num_a, den_a, num_b, den_b))
+    num_a, den_a, num_b, den_b = data = canonical(num_a, den_a, num_b, den_b)
     n = len(num_a)
     if n == 0 or den_a.sum() == 0 or den_b.sum() == 0:
         return _out(*NAN3, None, p)
     point = num_a.sum() / den_a.sum() - num_b.sum() / den_b.sum()
     if n == 1:
         return _out(point, np.nan, np.nan, None, p)
-    idx = np.random.default_rng(seed).integers(0, n, size=(b, n))
+    idx = data_rng(seed, data).integers(0, n, size=(b, n))
     d = num_a[idx].sum(1) / np.maximum(den_a[idx].sum(1), 1e-12) - num_b[idx].sum(1) / np.maximum(den_b[idx].sum(1), 1e-12)
     return _ci(point, d, p)
 
@@ -87,10 +116,12 @@ def paired_avg_diff_ci(groups: list[tuple], seed: int = 0, b: int | None = None,
 
     groups: [(num_a, den_a, num_b, den_b), ...] one per benchmark, arrays aligned by prompt."""
     b = _draws(b, p)
-    groups = [tuple(np.asarray(x, float) for x in g) for g in groups if len(g[0]) and g[1].sum() and g[3].sum()]
+    groups = [tuple(np.asarray(x, float) for x in g) for g in groups]
+    groups = [tuple(g) for g in _canonical_groups(
+        g for g in groups if len(g[0]) and g[1].sum() and g[3].sum())]
     if not groups:
         return _out(*NAN3, None, p)
-    rng = np.random.default_rng(seed)
+    rng = data_rng(seed, *(np.stack(g) for g in groups))
     point = np.mean([na.sum() / da.sum() - nb.sum() / db.sum() for na, da, nb, db in groups])
     if min(len(g[0]) for g in groups) < 2:
         return _out(point, np.nan, np.nan, None, p)
@@ -105,13 +136,13 @@ def paired_avg_diff_ci(groups: list[tuple], seed: int = 0, b: int | None = None,
 def mean_diff_ci(a: np.ndarray, seed: int = 0, b: int | None = None, p: bool = False):
     """Mean of per-prompt differences with a bootstrap 95% CI (non-finite values dropped)."""
     b = _draws(b, p)
-    a = np.asarray(a, float)
-    a = a[np.isfinite(a)]
+    a = np.asarray(a, float).reshape(-1)
+    a = np.sort(a[np.isfinite(a)])
     if len(a) == 0:
         return _out(*NAN3, None, p)
     if len(a) == 1:
         return _out(a[0], np.nan, np.nan, None, p)
-    idx = np.random.default_rng(seed).integers(0, len(a), size=(b, len(a)))
+    idx = data_rng(seed, a).integers(0, len(a), size=(b, len(a)))
     return _ci(a.mean(), a[idx].mean(1), p)
 
 
@@ -152,14 +183,14 @@ def corr_ci(groups: list[tuple], seed: int = 0, b: int | None = None, p: bool = 
     """Mean over groups (benchmarks) of the within-group Pearson r of (x, y), each group's prompts
     resampled jointly (the prompt is the unit); a draw where a group has no variance is left out."""
     b = _draws(b, p)
-    groups = [(np.asarray(x, float), np.asarray(y, float)) for x, y in groups if len(x) >= 3]
+    groups = [tuple(g) for g in _canonical_groups((x, y) for x, y in groups if len(x) >= 3)]
     if not groups:
         return _out(*NAN3, None, p)
     point = np.nanmean([_pearson(x, y) for x, y in groups]) if any(np.isfinite(_pearson(x, y))
                                                                    for x, y in groups) else np.nan
     if not np.isfinite(point):
         return _out(*NAN3, None, p)
-    rng = np.random.default_rng(seed)
+    rng = data_rng(seed, *(np.stack(g) for g in groups))
     draws = np.zeros((len(groups), b))
     for i, (x, y) in enumerate(groups):
         idx = rng.integers(0, len(x), size=(b, len(x)))  # (b, n)

@@ -94,8 +94,11 @@ def per_prompt(prompts: pl.LazyFrame) -> pl.DataFrame:
         (pl.col("mean_tree_size") * pl.col("verifier_calls")).sum().alias("tree_nodes"),
         pl.col("t_draft_s").sum(), pl.col("t_verify_s").sum(),
         pl.col("routing_choice").mode().sort().first().alias("routing_choice"),
+        pl.col("routing_choice").sort_by("turn").last().alias("routing_choice_last"),
+        # TAPS's denominator: its decode loop's index at exit per turn (counted from 0: passes - 1)
+        (pl.col("verifier_calls") - 1).clip(lower_bound=0).sum().alias("loop_indices"),
         pl.col("drafter").first(), pl.col("strategy").first(),
-    ).collect())
+    ).sort(KEYS + ["prompt_id"]).collect())  # one order for every build (group_by's is arbitrary)
 
 
 def _ci_table(pp: pl.DataFrame, num: str, den: str, name: str) -> pl.DataFrame:
@@ -109,13 +112,18 @@ def _ci_table(pp: pl.DataFrame, num: str, den: str, name: str) -> pl.DataFrame:
 def table1(pp: pl.DataFrame) -> pl.DataFrame:
     """Acceptance length, ours: ``tau`` = tokens committed by verification passes (accepted draft
     tokens + the verifier's bonus token) / passes, a ratio of sums over the cell's prompts, 95% CI.
-    Beside it ``tau_prompt_mean`` (each prompt's tokens per pass, averaged over prompts) and
-    ``tau_study``, the study's text's convention: accepted draft tokens per pass (bonus excluded),
-    averaged over prompts = tau_prompt_mean - 1."""
+    Beside it ``tau_taps``, tau as the study's code computes its tables' numbers (TAPS
+    ``scripts/compute_tau.py``): the same tokens over the sum of each turn's decode-loop index at
+    exit, counted from 0 (passes - 1 per turn), with its CI; ``tau_prompt_mean`` (each prompt's tokens
+    per pass, averaged over prompts) and ``tau_study``, the study's text's wording: accepted draft
+    tokens per pass (bonus excluded), averaged over prompts = tau_prompt_mean - 1."""
     ok = pp.filter(pl.col("verifier_calls") > 0)
     t = _ci_table(ok, "new_tokens", "verifier_calls", "tau")
     if t.is_empty():
         return t
+    if "loop_indices" in ok.columns:
+        taps = _ci_table(ok, "new_tokens", "loop_indices", "tau_taps").drop("prompts")
+        t = t.join(taps, on=KEYS, how="left")
     per = ok.group_by(KEYS).agg((pl.col("new_tokens") / pl.col("verifier_calls")).mean().alias("tau_prompt_mean"))
     return (t.join(per, on=KEYS, how="left").with_columns((pl.col("tau_prompt_mean") - 1).alias("tau_study"))
             .sort(KEYS))
@@ -128,9 +136,11 @@ def table1_wide(t1: pl.DataFrame, backbone: str, temperature: float) -> pl.DataF
     cell = t.with_columns(pl.format("{} [{}, {}]", pl.col("tau").round(2), pl.col("tau_lo").round(2), pl.col("tau_hi").round(2)).alias("v"))
     wide = cell.pivot(on="benchmark", index="method", values="v")
     avg = t.group_by("method").agg(pl.col("tau").mean().round(2).alias("average"),
+                                   *([pl.col("tau_taps").mean().round(2).alias("average (TAPS tau)")]
+                                     if "tau_taps" in t.columns else []),
                                    *([pl.col("tau_study").mean().round(2).alias("average (study's convention)")]
                                      if "tau_study" in t.columns else []))
-    return wide.join(avg, on="method").sort("average", descending=True)
+    return wide.join(avg, on="method").sort(["average", "method"], descending=[True, False])  # ties by name
 
 
 GENERATE = "generate (transformers)"
