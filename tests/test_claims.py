@@ -178,7 +178,7 @@ def test_entropy_claim_counts_only_prompts_with_a_difference_and_resamples_promp
     steps = pl.DataFrame(_steps("chat", "mt_bench", lambda i: 5, 2, rej=lambda i: 0.5 + diff[i])
                          + _steps("mixed_full", "mt_bench", lambda i: 5, 2, rej=lambda i: 0.5 + diff[i]))
     r = _rows(check_claims(_pp({("chat", "mt_bench"): 2.0}), steps, None), "entropy").row(0, named=True)
-    est, lo, hi = mean_diff_ci(np.array([diff[i] for i in sorted(range(N), key=lambda i: f"p{i}")]))
+    est, lo, hi, _ = mean_diff_ci(np.array([diff[i] for i in sorted(range(N), key=lambda i: f"p{i}")]), p=True)
     assert r["prompts"] == N and (r["estimate"], r["ci_lo"], r["ci_hi"]) == pytest.approx((est, lo, hi))
 
 
