@@ -20,6 +20,7 @@ import torch
 
 from drafters.model import DTYPES as _DTYPES
 
+from . import grouped_attention
 from .cpu import install
 from .verifier_copy import copy_dir, load_copy, save_copy
 
@@ -124,6 +125,8 @@ def _load_verifier(source: VerifierSource, torch_dtype: torch.dtype, device: str
     model.verifier_name = source.name  # recorded in drafter checkpoints and traces
     if device == "cpu":  # row-count-aware matmuls (decoding/cpu/); generate uses them too
         install(model)
+    else:  # tree passes without a copy of every KV head (decoding/grouped_attention.py)
+        grouped_attention.install(model)
     return model, tokenizer
 
 
