@@ -245,7 +245,7 @@ def calibrate(model, proposers, strategy: str, eos: list[int], inputs: list[list
 
 
 def calibration_inputs(tokenizer, per_benchmark: int = 1, benchmarks=("gsm8k", "mt_bench"),
-                       exclude=()) -> list[list[int]]:
+                       exclude=(), system: str | None = None) -> list[list[int]]:
     """First turns of the LAST ``per_benchmark`` prompts of each benchmark whose ids are not in
     ``exclude`` (the evaluated ones; evaluation subsamples are seeded draws, the bench takes the
     first prompts): real prompts of the evaluated domain, kept apart from what is scored. Only when
@@ -262,7 +262,7 @@ def calibration_inputs(tokenizer, per_benchmark: int = 1, benchmarks=("gsm8k", "
             warnings.simplefilter("ignore")
             prompts = load_benchmark(b)[0]
         held_out = [p for p in prompts if p.id not in exclude] or prompts
-        out += [benchmark_prompt_ids(tokenizer, p, 0, []) for p in held_out[-per_benchmark:]]
+        out += [benchmark_prompt_ids(tokenizer, p, 0, [], system) for p in held_out[-per_benchmark:]]
     return out
 
 

@@ -78,20 +78,23 @@ def load_proposers(model, paths: list[str], verifier_name: str) -> list[FeatureD
     return out
 
 
-def check_prompt_lengths(tokenizer, model, prompts: list[BenchmarkPrompt], cfg: DecodeConfig) -> None:
+def check_prompt_lengths(tokenizer, model, prompts: list[BenchmarkPrompt], cfg: DecodeConfig,
+                         system: str | None = None) -> None:
     limit = getattr(model.config, "max_position_embeddings", None)
     if not limit:
         return
     for p in prompts:
-        n = len(benchmark_prompt_ids(tokenizer, p, 0, []))
+        n = len(benchmark_prompt_ids(tokenizer, p, 0, [], system))
         need = n + cfg.max_new_tokens * len(p.turns) + sum(len(tokenizer(t)["input_ids"]) for t in p.turns[1:]) + 64
         if need > limit:
             raise ValueError(f"prompt {p.id!r}: {n} tokens + {cfg.max_new_tokens} new per turn may exceed the "
                              f"verifier's context of {limit} positions (no truncation policy: shorten it)")
 
 
-def decode_prompt(decoder: SpeculativeDecoder, tokenizer, prompt: BenchmarkPrompt, baseline=None):
-    """All turns of one prompt: answer turn 1, append it as the assistant message, then turn 2.
+def decode_prompt(decoder: SpeculativeDecoder, tokenizer, prompt: BenchmarkPrompt, baseline=None,
+                  system: str | None = None):
+    """All turns of one prompt: answer turn 1, append it as the assistant message, then turn 2
+    (``system``: the evaluation's system turn before the first user turn, ``eval.system_prompt``).
 
     ``baseline(ids) -> (token ids, seconds)``, if given, also runs on every turn's input (the
     report's speed baseline, transformers' generate, timed on the same inputs in the same process).
@@ -99,7 +102,7 @@ def decode_prompt(decoder: SpeculativeDecoder, tokenizer, prompt: BenchmarkPromp
     answers, results = [], []
     decoder.start_prompt()
     for turn in range(len(prompt.turns)):
-        ids = benchmark_prompt_ids(tokenizer, prompt, turn, answers)
+        ids = benchmark_prompt_ids(tokenizer, prompt, turn, answers, system)
         res = decoder.generate(ids, seed_key=f"{prompt.id}/{turn}")
         if baseline is not None:
             res.baseline = baseline(ids)

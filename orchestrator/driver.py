@@ -425,6 +425,8 @@ class Driver:
             parts.append(e.routing_decide_steps)  # (1 keeps the keys runs had before this setting)
         if e.paired_baseline:  # the same: unpaired keys are the keys runs had before
             parts.append("paired-baseline")
+        if e.system_prompt is not None:  # the same: without one, the keys runs had before
+            parts.append(["system", e.system_prompt])
         return "eval-" + key_of(parts)
 
     def _paths(self, cell: EvalCell, key: str) -> tuple[str, str]:
@@ -454,7 +456,7 @@ class Driver:
         pool = EvalPool(lambda name: actor_cls.options(name=name).remote(*args), n_act, log=prog.log)
         decode = {"top_k": self.p.eval.tree.top_k, "depth": self.p.eval.tree.depth, "max_new_tokens": self.p.eval.max_new_tokens,
                   "seed": self.p.eval.seed, "routing_decide_steps": self.p.eval.routing_decide_steps,
-                  "paired_baseline": self.p.eval.paired_baseline}
+                  "paired_baseline": self.p.eval.paired_baseline, "system_prompt": self.p.eval.system_prompt}
         queue = [(u, 1) for u in todo]
         while queue or pool.running:  # a failed actor's slot is probed in the background (EvalPool)
             while queue and pool.free:

@@ -273,6 +273,9 @@ class EvalCfg:
     # benchmark instead of eval.benchmarks' count (a superset of the other cells' prompts); null = off
     rq1_prompts: int | None = None
     rq1_backbone: str | None = None  # null: the first of train.backbones
+    # a system turn before every benchmark prompt's first user turn (the study's evaluation sets one for the
+    # Llama-3 chat template); null: none, or the chat template's own default where it has one (SmolLM2's)
+    system_prompt: str | None = None
 
     RULES = {"benchmarks": mapping("benchmark: prompts (null = all)"), "temperatures": numbers(0),
              "strategies": subset(STRATEGIES),
@@ -290,7 +293,8 @@ class EvalCfg:
                                   lambda v: isinstance(v, list) and bool(v) and len(set(v)) == len(v)
                                   and all(_is_int(x) and 1 <= x <= 5 for x in v)),
              "switch_to": subset(SWITCH_TO), "switch_depth": integer(1),
-             "rq1_prompts": optional(integer(1)), "rq1_backbone": one_of(None, *BACKBONES)}
+             "rq1_prompts": optional(integer(1)), "rq1_backbone": one_of(None, *BACKBONES),
+             "system_prompt": optional(Rule("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip())))}
 
     def validate(self):
         _need(bool(self.benchmarks), f"eval.benchmarks must not be empty; choose from {list(BENCHMARKS)}",

@@ -8,8 +8,8 @@ from orchestrator.grid import eval_cells, merge_cells, train_cells
 from orchestrator.profile import load_profile
 
 
-def _keys(output: str) -> list[list[str]]:
-    d = Driver(load_profile("smoke"), output)
+def _keys(output: str, sets=()) -> list[list[str]]:
+    d = Driver(load_profile("smoke", list(sets)), output)
     d.verifier_name = resolve(d.p.verifier).name  # (set by Driver.run's preflight)
     try:
         names = [c.name for c in train_cells(d.p)] + [m.name for m in merge_cells(d.p)]
@@ -31,3 +31,13 @@ def test_eval_keys_do_not_depend_on_where_the_run_lives(tmp_path, monkeypatch):
     with_drafters = [i for i, k in enumerate(a) if k[0] != k[1]]
     assert with_drafters and all(a[i][1] != b[i][1] for i in with_drafters)
     shutil.rmtree(tmp_path / "staging", ignore_errors=True)
+
+
+def test_a_system_prompt_reaches_the_keys_only_when_set(tmp_path, monkeypatch):
+    """eval.system_prompt changes what is decoded, so it is part of every eval key; unset, the keys are
+    the ones runs had before the setting existed."""
+    monkeypatch.setenv("TASKSPEC_STAGING", str(tmp_path / "staging"))
+    base = _keys(str(tmp_path / "a"))
+    with_system = _keys(str(tmp_path / "a"), ["eval.system_prompt='You are a careful tutor.'"])
+    assert len(base) == len(with_system) and all(a[0] != b[0] for a, b in zip(base, with_system))
+    assert load_profile("paper").eval.system_prompt.startswith("You are a helpful, respectful and honest assistant.")

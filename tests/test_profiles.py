@@ -109,6 +109,8 @@ def test_paper_dry_run_counts_match_an_independent_count():
     (["eval.rq1_prompts=10", "eval.temperatures=[1.0]"], "eval.rq1_prompts sizes the single math and chat cells"),
     (["eval.rq1_prompts=10", "eval.rq1_backbone=hass"], r"eval.rq1_backbone 'hass' is not in train.backbones"),
     (["eval.strategies=[switching]", "train.variants=[math]", "merge.kinds=[]"], r"\['switching'\] need two drafters"),
+    (["eval.system_prompt=3"], "eval.system_prompt must be null or a non-empty string"),
+    (["eval.system_prompt=' '"], "eval.system_prompt must be null or a non-empty string"),
 ])
 def test_bad_eval_keys_of_the_new_routers_and_strategies_are_refused_in_one_line(sets, match):
     with pytest.raises(ProfileError, match=match) as e:

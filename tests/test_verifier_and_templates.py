@@ -101,3 +101,16 @@ def test_a_local_verifier_loads_straight_to_its_device(tmp_path, monkeypatch):
     model, _ = load_verifier(str(tmp_path), dtype="bfloat16", device="cpu")
     assert seen == ["cpu"]
     assert model.dtype == torch.bfloat16 and model.device.type == "cpu"
+
+
+@pytest.mark.slow
+def test_a_system_prompt_replaces_the_templates_default_system_turn(verifier, bench_prompts):
+    """eval.system_prompt: a system turn before the first user turn; without one the template's own default
+    (SmolLM2's names the model) stays, as before the setting existed."""
+    _, tok = verifier
+    prompt = bench_prompts["gsm8k"][0]
+    plain = tok.decode(benchmark_prompt_ids(tok, prompt, 0, []))
+    system = tok.decode(benchmark_prompt_ids(tok, prompt, 0, [], "You are a careful math tutor."))
+    assert "SmolLM" in plain and "SmolLM" not in system
+    assert system.index("You are a careful math tutor.") < system.index(prompt.turns[0][:30])
+    assert plain.endswith(system[system.index(prompt.turns[0][:30]):])  # the rest is the same text

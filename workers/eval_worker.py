@@ -93,7 +93,8 @@ class EvalWorker:
             key = (tuple(checkpoint_paths), cell["strategy"], cell["merge_dedup"], cell["routing_granularity"],
                    cell["benchmark"])
             if key not in self._auto:  # calibrated once per actor, composition and task, on prompts not evaluated
-                cal = calibration_inputs(self.tok, 2, (cell["benchmark"],), exclude={p.id for p in prompts})
+                cal = calibration_inputs(self.tok, 2, (cell["benchmark"],), exclude={p.id for p in prompts},
+                                         system=decode.get("system_prompt"))
                 self._auto[key] = auto_tree(self.model, props, cell["strategy"], self.eos, cal, cell["merge_dedup"],
                                             cell["routing_granularity"], max_new_tokens=min(32, cfg.max_new_tokens))
                 print(f"[eval] {cell['strategy']} {cell['drafter']} {cell['benchmark']}: {self._auto[key].describe()}",
@@ -111,7 +112,7 @@ class EvalWorker:
                 if cell["strategy"] == "autoregressive" or decode.get("paired_baseline") else None)
         rows, steps = [], []
         for prompt in prompts:
-            r, s = prompt_rows(prompt, decode_prompt(dec, self.tok, prompt, base), extra)
+            r, s = prompt_rows(prompt, decode_prompt(dec, self.tok, prompt, base, decode.get("system_prompt")), extra)
             rows += r
             steps += s
         return rows, steps

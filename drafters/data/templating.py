@@ -62,9 +62,11 @@ def tokenize_conversation(tokenizer, conv: Conversation, max_length: int, eos_id
     return TokenizedExample(conv.id, full[:max_length], mask[:max_length])
 
 
-def benchmark_prompt_ids(tokenizer, prompt: BenchmarkPrompt, turn: int, previous_answers: list[str]) -> list[int]:
-    """Ids for ``turn`` (0-based) of a benchmark prompt, with earlier answers as assistant turns."""
-    history = []
+def benchmark_prompt_ids(tokenizer, prompt: BenchmarkPrompt, turn: int, previous_answers: list[str],
+                         system: str | None = None) -> list[int]:
+    """Ids for ``turn`` (0-based) of a benchmark prompt, with earlier answers as assistant turns;
+    ``system``: a system turn first (else the template's own default, if it has one)."""
+    history = [{"role": "system", "content": system}] if system else []
     for k in range(turn):
         history += [{"role": "user", "content": prompt.turns[k]}, {"role": "assistant", "content": previous_answers[k]}]
     history.append({"role": "user", "content": prompt.turns[turn]})
