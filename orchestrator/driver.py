@@ -125,6 +125,18 @@ def _machine() -> str:
     return f"driver {hardware()}; cluster {len(ray.nodes())} node(s), {res.get('CPU', 0):g} CPU,{gpus}"
 
 
+def _train_key_settings(p, backbone: str) -> dict:
+    """The train settings a drafter's result depends on (its backbone's own values in), as unit keys
+    hash them; keys added later are left out at their defaults, so earlier runs' keys stay valid."""
+    tcfg = dataclasses.asdict(p.train.for_backbone(backbone))
+    for k in ("backbones", "variants", "checkpoint_every", "keep_checkpoints", "per_backbone"):  # not in the result
+        tcfg.pop(k)
+    for k, default in (("loss_mask", "next"), ("global_batch", None), ("precision", "fp32")):
+        if tcfg[k] == default:
+            tcfg.pop(k)
+    return tcfg
+
+
 class Driver:
     def __init__(self, profile: Profile, output_dir: str, force: str | None = None, take_over: bool = False):
         self.p = profile
@@ -283,8 +295,8 @@ class Driver:
     # ------------------------------------------------------------------ 2. training
     def _train_config(self, cell, caches):
         root = self.ref("features")
-        t = self.p.train
-        bp = batch_plan(self.p)  # train.global_batch -> per-worker batch and accumulation
+        t = self.p.train.for_backbone(cell.backbone)  # with its train.per_backbone values
+        bp = batch_plan(self.p, t)  # train.global_batch -> per-worker batch and accumulation
         out = self.ref(f"checkpoints/{cell.name}")
         return TrainConfig(
             verifier=self.verifier_name, backbone=cell.backbone, variant=cell.variant,
@@ -302,18 +314,12 @@ class Driver:
         cells = train_cells(self.p)
         prog = Progress("train", len(cells))
         ckpts, todo, keys = {}, {}, {}
-        tcfg = dataclasses.asdict(self.p.train)
-        for k in ("backbones", "variants", "checkpoint_every", "keep_checkpoints"):  # (not in the result)
-            tcfg.pop(k)
-        if tcfg["loss_mask"] == "next":  # added later: at its default the keys of earlier runs stay valid
-            tcfg.pop("loss_mask")
-        if tcfg["global_batch"] is None:  # added later: at its default earlier runs' keys stay valid
-            tcfg.pop("global_batch")
-        if tcfg["precision"] == "fp32":  # added later: at its default earlier runs' keys stay valid
-            tcfg.pop("precision")
-        print(batch_plan(self.p).describe(), flush=True)
+        for b in self.p.train.backbones:
+            print(("" if not self.p.train.per_backbone else f"[{b}] ")
+                  + batch_plan(self.p, self.p.train.for_backbone(b)).describe(), flush=True)
         for cell in cells:
-            key = "train-" + key_of([self.verifier_name, self._data_spec(), tcfg, cell.backbone, cell.variant])
+            key = "train-" + key_of([self.verifier_name, self._data_spec(), _train_key_settings(self.p, cell.backbone),
+                                     cell.backbone, cell.variant])
             keys[cell.name] = key
             self.ckpt_keys[cell.name] = key
             if self.manifest.done(key):

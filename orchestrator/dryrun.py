@@ -22,12 +22,12 @@ def estimate(p: Profile) -> dict:
     n = p.data.n
     corpus_tokens = {c: (n + p.data.heldout) * t for c, t in tpe.items()}
     flops_verifier = 2 * v["params"]  # forward FLOPs per token
-    per_token = {b: train_flops_per_token(v, b, p.train.hass_steps) for b in ("eagle2", "hass")}
+    per_token = {b: train_flops_per_token(v, b, p.train.for_backbone(b).hass_steps) for b in ("eagle2", "hass")}
     eff = a["gpu_peak_flops"] * a["mfu"]
     online = p.data.feature_mode == "online"
     train_h = 0.0
     for c in train_cells(p):
-        toks = rates_mod.trial_tokens(c.variant, n, tpe) * p.train.epochs
+        toks = rates_mod.trial_tokens(c.variant, n, tpe) * p.train.for_backbone(c.backbone).epochs
         f = per_token[c.backbone] + (flops_verifier if online else 0)
         train_h += toks * f / eff / 3600
     feat_h = 0.0 if online else sum(corpus_tokens.values()) * flops_verifier / eff / 3600

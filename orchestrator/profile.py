@@ -202,6 +202,15 @@ class TrainCfg:
     # failure loses at most N steps; null = at epoch ends only. Neither key changes the result.
     checkpoint_every: int | None = None
     keep_checkpoints: int = 2  # epochs kept per drafter (locally, at the URI and in Ray Train's record)
+    # per-backbone values of the PER_BACKBONE keys, e.g. {hass: {warmup_steps: 1660}} (the study's code warms
+    # EAGLE up for 2,000 steps and HASS for 1% of its steps); the keys above hold for every other backbone
+    per_backbone: dict = field(default_factory=dict)
+
+    PER_BACKBONE = ("epochs", "lr", "batch_size", "global_batch", "warmup_steps", "precision", "hass_steps")
+
+    def for_backbone(self, backbone: str) -> "TrainCfg":
+        """The settings one backbone trains with (its per_backbone values over the shared ones)."""
+        return dataclasses.replace(self, per_backbone={}, **self.per_backbone.get(backbone, {}))
 
     RULES = {"backbones": subset(BACKBONES), "variants": subset(VARIANTS), "epochs": integer(1),
              "lr": number(0, lo_open=True), "batch_size": integer(1), "grad_accum": integer(1),
@@ -213,7 +222,14 @@ class TrainCfg:
              "draft_vocab": optional(integer(16)), "lr_schedule": one_of("linear", "constant"),
              "grad_clip_mode": one_of("value", "norm"), "topk_from": number(0, 1),
              "loss_mask": one_of("next", "reference"), "bucket": BOOL,
-             "checkpoint_every": optional(integer(1)), "keep_checkpoints": integer(1)}
+             "checkpoint_every": optional(integer(1)), "keep_checkpoints": integer(1),
+             "per_backbone": Rule(f"a mapping of backbone ({', '.join(BACKBONES)}) to {{key: value}} with keys from "
+                                  "[epochs, lr, batch_size, global_batch, warmup_steps, precision, hass_steps], "
+                                  "each value valid for that train key",
+                                  lambda v: isinstance(v, dict) and all(
+                                      b in BACKBONES and isinstance(o, dict) and all(
+                                          k in TrainCfg.PER_BACKBONE and TrainCfg.RULES[k].ok(x) for k, x in o.items())
+                                      for b, o in v.items()))}
 
 
 @dataclass(frozen=True)
@@ -436,7 +452,8 @@ class Profile:
               f"train.deepspeed: false trains without gradient synchronisation, so "
               f"resources.train.num_workers {self.resources.train.num_workers} would train that many separate "
               "drafters; set train.deepspeed: true or num_workers: 1", "train.deepspeed")
-        batch_plan(self)  # refuses a global batch the workers cannot split
+        for b in self.train.backbones:  # refuses a global batch the workers cannot split
+            batch_plan(self, self.train.for_backbone(b))
         return self
 
 
@@ -459,14 +476,14 @@ class BatchPlan:
                 f"{self.per_worker} x gradient accumulation {self.grad_accum} (from {how})")
 
 
-def batch_plan(p: Profile) -> BatchPlan:
+def batch_plan(p: Profile, train: TrainCfg | None = None) -> BatchPlan:
     """Per-worker batch and gradient accumulation for ``p``'s training (pure; the trainer takes
     ``per_worker`` as its batch_size and ``grad_accum`` as is).
 
     With ``train.global_batch`` G on W = ``resources.train.num_workers`` workers: per-worker batch
     b = min(train.batch_size, G // W) and accumulation G / (W x b); a G that W x b does not divide
     is refused (one ProfileError line). Without it: train.batch_size and train.grad_accum per worker."""
-    t, w = p.train, p.resources.train.num_workers
+    t, w = train or p.train, p.resources.train.num_workers
     if t.global_batch is None:
         return BatchPlan(w, t.batch_size, t.grad_accum, derived=False)
     g = t.global_batch

@@ -110,7 +110,7 @@ def estimated(p: Profile) -> Rates:
     a = ASSUMPTIONS
     eff = a["gpu_peak_flops"] * a["mfu"]
     online = p.data.feature_mode == "online"
-    per_token = {b: train_flops_per_token(v, b, p.train.hass_steps) + (2 * v["params"] if online else 0)
+    per_token = {b: train_flops_per_token(v, b, p.train.for_backbone(b).hass_steps) + (2 * v["params"] if online else 0)
                  for b in ("eagle2", "hass")}
     step = 1.0 / a["verify_step_seconds"]
     return Rates(
@@ -175,7 +175,7 @@ def tasks(p: Profile, r: Rates) -> list[Task]:
         seconds = r.features_overhead_s + (p.data.n + p.data.heldout) * tpe[c] / rate
         out.append(Task(f"features:{c}", "features", seconds, need["features"]))
     for cell in train_cells(p):
-        toks = trial_tokens(cell.variant, p.data.n, tpe) * p.train.epochs
+        toks = trial_tokens(cell.variant, p.data.n, tpe) * p.train.for_backbone(cell.backbone).epochs
         rate = r.train_tokens_per_s[cell.backbone] * need["train"] / r.train_devices
         deps = () if online else tuple(f"features:{c}" for c in CORPUS_OF[cell.variant])
         seconds = r.train_overhead_s + toks / rate
@@ -211,11 +211,10 @@ def optimizer_step_seconds(p: Profile, r: Rates) -> dict:
     trial's rate, scaled to its devices as :func:`tasks` scales it. What ``train.checkpoint_every``
     is sized by (a lost node costs the steps since the last checkpoint)."""
     need = devices_per_task(p)
-    plan = batch_plan(p)
-    examples = plan.workers * plan.per_worker * plan.grad_accum
+    examples = {b: batch_plan(p, p.train.for_backbone(b)).global_batch for b in p.train.backbones}
     tpe = {c: min(r.tokens_per_example.get(c, t), p.data.max_length)
            for c, t in ASSUMPTIONS["tokens_per_example"].items()}
-    return {(b, c): examples * tpe[c] / (r.train_tokens_per_s[b] * need["train"] / r.train_devices)
+    return {(b, c): examples[b] * tpe[c] / (r.train_tokens_per_s[b] * need["train"] / r.train_devices)
             for b in p.train.backbones for c in tpe}
 
 

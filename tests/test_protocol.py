@@ -141,3 +141,39 @@ def test_depth_tables_stop_at_the_studys_5_levels_and_the_deeper_ones_go_apart()
     assert deeper["depth"].to_list() == [6, 7] and deeper["accept_rate"].to_list() == [1.0, 0.5]
     assert depth_table(steps, max_depth=None)["depth"].to_list() == list(range(1, 8))
     assert depth_table_deeper(_steps(3)).is_empty() and depth_table(_steps(3))["depth"].to_list() == [1, 2, 3]
+
+
+def test_per_backbone_train_settings_reach_only_their_backbones_drafters(tmp_path, monkeypatch):
+    """train.per_backbone: the paper profile warms HASS up as the study's code does (1% of its steps),
+    EAGLE-2 for 2,000 steps; each drafter's TrainConfig and unit key carry its own backbone's values,
+    and a profile without per_backbone keeps the keys runs had before."""
+    from orchestrator.driver import Driver, _train_key_settings
+    from orchestrator.grid import train_cells
+
+    p = load_profile("paper")
+    assert p.train.for_backbone("hass").warmup_steps == 1660 and p.train.for_backbone("eagle2").warmup_steps == 2000
+    monkeypatch.setenv("TASKSPEC_STAGING", str(tmp_path / "staging"))
+    d = Driver(p, str(tmp_path / "run"))
+    d.verifier_name, d.vocab = "v", None
+    try:
+        caches = {c: {"train": "k", "heldout": "h", "train_ids": list(range(8)), "heldout_ids": []}
+                  for c in ("sharegpt", "mathinstruct")}
+        warm = {c.backbone: d._train_config(c, caches).warmup_steps for c in train_cells(p)}
+    finally:
+        d.lease.release()
+    assert warm == {"eagle2": 2000, "hass": 1660}
+    assert _train_key_settings(p, "hass")["warmup_steps"] == 1660
+    assert _train_key_settings(p, "eagle2") == _train_key_settings(load_profile("paper", ["train.per_backbone={}"]),
+                                                                     "eagle2")
+    assert "per_backbone" not in _train_key_settings(p, "hass")
+
+
+@pytest.mark.parametrize("value,match", [
+    ("{medusa: {lr: 1.0e-4}}", "train.per_backbone must be a mapping of backbone"),
+    ("{hass: {zero_stage: 3}}", "train.per_backbone must be a mapping of backbone"),
+    ("{hass: {warmup_steps: -1}}", "train.per_backbone must be a mapping of backbone"),
+])
+def test_bad_per_backbone_settings_are_refused_in_one_line(value, match):
+    with pytest.raises(ProfileError, match=match) as e:
+        load_profile("paper", [f"train.per_backbone={value}"])
+    assert "\n" not in str(e.value)
