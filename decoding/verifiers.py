@@ -11,6 +11,7 @@ Names:
 from __future__ import annotations
 
 import functools
+import json
 import importlib.util
 import os
 from dataclasses import dataclass
@@ -83,10 +84,22 @@ def resolve(name: str) -> VerifierSource:
 
 
 def _dtype(name: str | None, source: VerifierSource, device: str) -> torch.dtype:
-    name = name or ("float32" if device == "cpu" else source.default_dtype)
+    """The dtype asked for; else float32 on a CPU, and on an accelerator the registry's default or, for a
+    local model directory, the dtype its weights were saved in (an 8B bf16 checkpoint is not doubled)."""
+    name = name or ("float32" if device == "cpu" else _saved_dtype(source) or source.default_dtype)
     if name not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}")
     return _DTYPES[name]
+
+
+def _saved_dtype(source: VerifierSource) -> str | None:
+    """bfloat16/float16 when a local (non-GGUF) model directory's config.json says its weights are in it."""
+    cfg = Path(source.path) / "config.json"
+    if source.gguf_file or not cfg.is_file():
+        return None
+    meta = json.loads(cfg.read_text())
+    saved = meta.get("dtype") or meta.get("torch_dtype")
+    return saved if saved in ("bfloat16", "float16") else None
 
 
 def load_verifier(name: str = DEFAULT_VERIFIER, dtype: str | None = None, device: str = "cpu"):

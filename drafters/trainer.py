@@ -77,6 +77,7 @@ class TrainConfig:
     keep_checkpoints: int | None = None  # epoch checkpoints kept (None: all)
     max_seconds: float | None = None  # stop the epoch early (smoke profiles); None = full epochs
     out_uri: str | None = None  # shared copy of out_dir (a URI); the Ray Train worker syncs epochs with it
+    verifier_dtype: str | None = None  # the verifier's dtype in the worker (the profile's); None: its default
     online_spec: dict | None = None  # DataSpec fields for "online" entries (features computed in the worker)
 
     def __post_init__(self):

@@ -299,7 +299,8 @@ class Driver:
         bp = batch_plan(self.p, t)  # train.global_batch -> per-worker batch and accumulation
         out = self.ref(f"checkpoints/{cell.name}")
         return TrainConfig(
-            verifier=self.verifier_name, backbone=cell.backbone, variant=cell.variant,
+            verifier=self.verifier_name, verifier_dtype=self.p.verifier_dtype, backbone=cell.backbone,
+            variant=cell.variant,
             out_dir=str(storage.node_cache(out)), out_uri=out if self.uri else None,
             train_data=variant_data(cell.variant, root, caches, self.p.data.n),
             heldout_data=heldout_data(root, caches), epochs=t.epochs, lr=t.lr, batch_size=bp.per_worker,

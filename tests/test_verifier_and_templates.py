@@ -101,6 +101,13 @@ def test_a_local_verifier_loads_straight_to_its_device(tmp_path, monkeypatch):
     model, _ = load_verifier(str(tmp_path), dtype="bfloat16", device="cpu")
     assert seen == ["cpu"]
     assert model.dtype == torch.bfloat16 and model.device.type == "cpu"
+    # no dtype asked: on an accelerator the dtype the weights were saved in, on a CPU float32
+    from decoding.verifiers import _dtype
+
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
+    assert _dtype(None, resolve(str(tmp_path / "bf16")), "cuda") == torch.bfloat16
+    assert _dtype(None, resolve(str(tmp_path / "bf16")), "cpu") == torch.float32
+    assert _dtype(None, resolve("llama3-8b-instruct"), "cuda") == torch.bfloat16
 
 
 @pytest.mark.slow
