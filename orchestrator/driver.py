@@ -127,6 +127,8 @@ def _machine() -> str:
 
 class Driver:
     def __init__(self, profile: Profile, output_dir: str, force: str | None = None, take_over: bool = False):
+        if force is not None and force not in STAGES:  # bad input: refused before the lease is taken
+            raise ValueError(f"--force must be one of {list(STAGES)}, got {force!r}")
         self.p = profile
         self.uri = output_dir if storage.is_uri(output_dir) else None
         if self.uri:  # the driver's own files live in a staging dir; every artifact moves through the URI
@@ -139,6 +141,15 @@ class Driver:
         # one driver per output (LeaseHeld, one line, otherwise), taken before the manifest is read
         self.lease = Lease(storage.join(self.root, "lease.json"), ttl=profile.cluster.lease_s)
         note = self.lease.acquire(take_over)
+        try:  # from here every way out of __init__ but success releases the lease (run() does after)
+            self._open(note, force)
+        except BaseException:
+            self.lease.release()
+            raise
+
+    def _open(self, note: str | None, force: str | None) -> None:
+        """What __init__ does once the lease is held: the manifest, --force, the tracker."""
+        self.force = force
         if note:
             print(f"lease: {note}", flush=True)
         if self.uri:
@@ -148,18 +159,13 @@ class Driver:
         # with a URI, "done" means its files are at the URI (one listing now, not a request per unit)
         self.manifest = Manifest(self.out / "manifest.json", present=storage.list_files(self.uri) if self.uri else None)
         if force:
-            if force not in STAGES:
-                raise ValueError(f"--force must be one of {list(STAGES)}, got {force!r}")
             n = self.manifest.forget_from(force)
             print(f"--force {force}: {n} recorded unit(s) of {force} and later stages will be redone")
-            self.force = force
-        else:
-            self.force = None
         self.stage_seconds: dict[str, float] = {}
         # tags every trace row: the report tells ratios timed in one invocation from a resumed run's mix
         self.invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{os.getpid()}"
-        t = profile.tracking  # a missing tracker package is an error now, before any work
-        self.tracker = Tracker(t.backend, self.out, profile.name, t.uri, t.experiment, remote=self.uri)
+        t = self.p.tracking  # a missing tracker package is an error now, before any work
+        self.tracker = Tracker(t.backend, self.out, self.p.name, t.uri, t.experiment, remote=self.uri)
         self._last_sync = time.time()
         self.ckpt_keys: dict[str, str] = {}  # checkpoint name -> manifest key of the unit that made it
 

@@ -45,7 +45,11 @@ class Manifest:
         self.path = Path(path)
         self._lock = threading.Lock()
         self.present = present
-        self.data = json.loads(self.path.read_text()) if self.path.is_file() else {"cells": {}}
+        try:
+            self.data = json.loads(self.path.read_text()) if self.path.is_file() else {"cells": {}}
+        except ValueError as e:
+            raise ValueError(f"{self.path} is not a manifest (not valid JSON: {e}); move it away to start "
+                             f"the run afresh") from e
         self.recorded: dict[str, int] = {}  # units recorded done by this process, per stage
 
     def _exists(self, rel: str) -> bool:
