@@ -42,6 +42,9 @@ from .report.tables import KEYS as TABLE_KEYS
 from .tracking import Tracker
 
 PARTITIONS = ("backbone", "benchmark", "temperature")
+# with a URI output, the manifest is published after each stage and, during evaluation, at most this
+# many seconds after a unit finishes: a crashed driver loses at most this long of records (their units redone)
+MANIFEST_SYNC_S = 10
 
 
 def check_output_dir(out: Path) -> None:
@@ -502,7 +505,7 @@ class Driver:
             self.manifest.record(key, "eval", cell.label, "done", attempts=attempt, files=[pfile, sfile],
                                  cell=dataclasses.asdict(cell), prompts=len(shard), rows=len(rows),
                                  file_rows={pfile: len(rows), sfile: len(steps)})  # read back by done()
-            if self.uri and time.time() - self._last_sync > 10:  # a crash loses at most 10 s of records
+            if self.uri and time.time() - self._last_sync > MANIFEST_SYNC_S:  # what a crash can lose
                 self._sync()
             prog.step(f"{cell.label} tau={tau:.2f}", acceptance=tau, cell=cell.label)
         pool.close()
