@@ -42,8 +42,8 @@ from .report.tables import KEYS as TABLE_KEYS
 from .tracking import Tracker
 
 PARTITIONS = ("backbone", "benchmark", "temperature")
-# with a URI output, the manifest is published after each stage and, during evaluation, at most this
-# many seconds after a unit finishes: a crashed driver loses at most this long of records (their units redone)
+# with a URI output the manifest is published after each stage and, during evaluation, when a unit finishes
+# and the last publication is older than this: a killed driver loses the records since (their units redone)
 MANIFEST_SYNC_S = 10
 
 
@@ -443,7 +443,7 @@ class Driver:
     def stage_eval(self, ckpts) -> dict:
         units = self._eval_units(ckpts)
         prog = Progress("eval", len(units))
-        todo = []
+        todo, earlier = [], {}
         for cell, shard, keys, missing in units:
             if missing:
                 mkey = "eval-missing-" + cell.key
@@ -453,6 +453,8 @@ class Driver:
                 prog.step(f"{cell.label} (done earlier)", skipped=True)
             else:
                 todo.append((cell, shard, keys[0]))
+                prev = self.manifest.get(keys[0])  # attempts that did not finish: a failure, or a killed driver's
+                earlier[keys[0]] = prev.get("attempts", 1) if prev and prev["status"] != "done" else 0
         if not todo:
             return {"eval_units": len(units)}
         r = self.p.resources.eval
@@ -467,6 +469,9 @@ class Driver:
         while queue or pool.running:  # a failed actor's slot is probed in the background (EvalPool)
             while queue and pool.free:
                 (cell, shard, key), attempt = item = queue.pop(0)
+                # "running", with the attempt, before it starts: a driver that resumes after this one is
+                # killed counts the attempt (attempts in the manifest count over every driver of the output)
+                self.manifest.record(key, "eval", cell.label, "running", attempts=earlier[key] + attempt)
                 pool.submit(lambda a, cell=cell, shard=shard: a.run.options(name=f"eval:{cell.label}").remote(
                     dataclasses.asdict(cell), [ckpts[d] for d in cell.drafters], shard,
                     {**decode, "cell_key": cell.key}), item)
@@ -474,7 +479,8 @@ class Driver:
                 finished = pool.next()
             except NoEvalActor as e:  # every actor failed to start, again and again: the rest fail with why
                 for (cell, shard, key), attempt in queue + [item for _, item in pool.running.values()]:
-                    self.manifest.record(key, "eval", cell.label, "failed", attempts=attempt, error=str(e))
+                    self.manifest.record(key, "eval", cell.label, "failed", attempts=earlier[key] + attempt,
+                                         error=str(e))
                     prog.step(f"{cell.label} FAILED: {str(e)[:200]}")
                 break
             if finished is None:  # a probe answered: a slot is free again (or its actor was replaced)
@@ -485,7 +491,7 @@ class Driver:
                     prog.log(f"{cell.label}: attempt {attempt} failed ({type(e).__name__}); retrying")
                     queue.append(((cell, shard, key), attempt + 1))
                 else:
-                    self.manifest.record(key, "eval", cell.label, "failed", attempts=attempt,
+                    self.manifest.record(key, "eval", cell.label, "failed", attempts=earlier[key] + attempt,
                                          error="".join(traceback.format_exception_only(type(e), e))[-2000:])
                     prog.step(f"{cell.label} FAILED after {attempt} attempts")
                 continue
@@ -502,8 +508,8 @@ class Driver:
             self._publish(sfile)
             calls = sum(x["verifier_calls"] for x in rows)
             tau = sum(x["new_tokens"] for x in rows) / calls if calls else float("nan")
-            self.manifest.record(key, "eval", cell.label, "done", attempts=attempt, files=[pfile, sfile],
-                                 cell=dataclasses.asdict(cell), prompts=len(shard), rows=len(rows),
+            self.manifest.record(key, "eval", cell.label, "done", attempts=earlier[key] + attempt,
+                                 files=[pfile, sfile], cell=dataclasses.asdict(cell), prompts=len(shard), rows=len(rows),
                                  file_rows={pfile: len(rows), sfile: len(steps)})  # read back by done()
             if self.uri and time.time() - self._last_sync > MANIFEST_SYNC_S:  # what a crash can lose
                 self._sync()
