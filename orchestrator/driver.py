@@ -453,7 +453,7 @@ class Driver:
                 prog.step(f"{cell.label} (done earlier)", skipped=True)
             else:
                 todo.append((cell, shard, keys[0]))
-                prev = self.manifest.get(keys[0])  # attempts that did not finish: a failure, or a killed driver's
+                prev = self.manifest.get(keys[0])  # unfinished attempts: failures, or a killed driver's
                 earlier[keys[0]] = prev.get("attempts", 1) if prev and prev["status"] != "done" else 0
         if not todo:
             return {"eval_units": len(units)}
@@ -509,8 +509,8 @@ class Driver:
             calls = sum(x["verifier_calls"] for x in rows)
             tau = sum(x["new_tokens"] for x in rows) / calls if calls else float("nan")
             self.manifest.record(key, "eval", cell.label, "done", attempts=earlier[key] + attempt,
-                                 files=[pfile, sfile], cell=dataclasses.asdict(cell), prompts=len(shard), rows=len(rows),
-                                 file_rows={pfile: len(rows), sfile: len(steps)})  # read back by done()
+                                 files=[pfile, sfile], cell=dataclasses.asdict(cell), prompts=len(shard),
+                                 rows=len(rows), file_rows={pfile: len(rows), sfile: len(steps)})  # read back by done()
             if self.uri and time.time() - self._last_sync > MANIFEST_SYNC_S:  # what a crash can lose
                 self._sync()
             prog.step(f"{cell.label} tau={tau:.2f}", acceptance=tau, cell=cell.label)

@@ -197,9 +197,9 @@ class Lease:
     def _stale(self, held: dict) -> str | None:
         """Why ``held`` may be taken without asking, or None while its driver may be running (the
         rule in the class docstring)."""
-        space = self.me["pid_space"]
-        if space and held.get("pid_space") == space and (held["pid"] == self.me["pid"] or not _alive(held["pid"])):
-            return "its process has exited" if held["pid"] != self.me["pid"] else "same process"
+        space, pid = self.me["pid_space"], held["pid"]
+        if space and held.get("pid_space") == space and (pid == self.me["pid"] or not _alive(pid)):
+            return "its process has exited" if pid != self.me["pid"] else "same process"
         if held["expires"] < time.time():
             return f"no heartbeat for the full TTL; it expired {time.time() - held['expires']:.0f}s ago"
         return None
@@ -217,8 +217,9 @@ class Lease:
             why = self._stale(held)
             if why is None and not take_over:
                 left = held["expires"] - time.time()
-                raise LeaseHeld(f"output {out} is in use by {self._who(held)} (its lease expires in {left:.0f}s "
-                                f"unless renewed); wait for it to finish, or if it is gone rerun with --take-over")
+                raise LeaseHeld(f"output {out} is in use by {self._who(held)} (its lease expires in "
+                                f"{left:.0f}s unless renewed); wait for it to finish, or if it is gone rerun "
+                                f"with --take-over")
             note = f"took over the lease of {self._who(held)} ({why or '--take-over'})"
         try:
             self._write()

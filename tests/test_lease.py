@@ -40,7 +40,8 @@ def test_pids_are_compared_only_within_one_pid_space(tmp_path):
     ref, host, me, now = str(tmp_path / "lease.json"), socket.gethostname(), os.getpid(), time.time()
     other_space = "another-boot/pid:[1]"
     cases = {  # (holder, taken at once?)
-        "same host name, same PID, another PID namespace": ({"host": host, "pid": me, "pid_space": other_space}, False),
+        "same host name, same PID, another PID namespace":
+            ({"host": host, "pid": me, "pid_space": other_space}, False),
         "same host name, PID not running here, another PID namespace":
             ({"host": host, "pid": _dead_pid(), "pid_space": other_space}, False),
         "same PID, another host": ({"host": "other-host", "pid": me, "pid_space": other_space}, False),

@@ -46,7 +46,7 @@ URI = f"s3://{BUCKET}/{RUN}"
 REGION = "us-east-1"
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}  # moto accepts any
 # every stage runs (features, both drafters, the merge, the report); evaluation keeps every
-# strategy on 3 prompts at T=0 (12 units): what crosses the store is the same, at half the cells;
+# strategy on 3 prompts at T=0 (21 units): what crosses the store is the same, at half the cells;
 # every cell times generate next to its own prompts (eval.paired_baseline). Each drafter trains as
 # on a GPU cluster: one Ray Train worker on each node (gloo), DeepSpeed in bf16, and a batch count
 # the two ranks cannot split evenly (8 examples in batches of 3)

@@ -414,7 +414,8 @@ def test_a_duplicated_row_is_refused_by_the_report(tmp_path):
     (run / "manifest.json").write_text(json.dumps(man))
     d = duplicates(scan(run, "prompts", {f for c in man["cells"].values() for f in c["files"]}), "prompts")
     assert d.select("method", "prompt_id", "turn", "copies", "units").to_dicts() == [
-        {"method": "math", "prompt_id": "gsm8k/3", "turn": 0, "copies": 2, "units": ["math-gsm8k", "math-gsm8k-again"]}]
+        {"method": "math", "prompt_id": "gsm8k/3", "turn": 0, "copies": 2,
+         "units": ["math-gsm8k", "math-gsm8k-again"]}]
     with pytest.raises(DuplicateRows) as e:
         build_report(run)
     assert str(e.value).startswith(f"{run / 'traces' / 'prompts'}: 1 duplicated prompts row(s) in 1 place(s), "
