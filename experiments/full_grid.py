@@ -5,10 +5,15 @@ Also runs under `ray job submit -- python experiments/full_grid.py ...` (RAY_ADD
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runnable from a checkout (ray job working_dir)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv=None) -> int:
@@ -42,6 +47,16 @@ def main(argv=None) -> int:
         print(f"error: invalid profile: {e}", file=sys.stderr)
         return 2
     out = args.output_dir or f"runs/{profile.name}"
+    from orchestrator.manifest import STAGES
+    from orchestrator.storage import is_uri
+
+    try:  # bad input is refused here, before the plan, the lease or any work
+        if args.force is not None and args.force not in STAGES:
+            raise ValueError(f"--force must be one of {list(STAGES)}, got {args.force!r}")
+        uri = is_uri(out)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     if args.dry_run:
         from orchestrator.dryrun import print_plan
 
@@ -54,17 +69,23 @@ def main(argv=None) -> int:
     from orchestrator.driver import Driver
     from orchestrator.preflight import PreflightError
 
+    # `ray job stop` and a pod's deletion send SIGTERM: exit through the same path as Ctrl-C, so the
+    # lease is released (Driver and Lease release it on every exception, KeyboardInterrupt included)
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
-        driver = Driver(profile, out, force=args.force, take_over=args.take_over)
-    except (PermissionError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    try:
+        try:
+            driver = Driver(profile, out, force=args.force, take_over=args.take_over)
+        except (PermissionError, ValueError) as e:  # the lease held elsewhere, an unwritable output...
+            print(f"error: {e}", file=sys.stderr)
+            return 2
         driver.run()
     except PreflightError as e:  # nothing has started: one line per missing data set / verifier
         print("\n".join(f"error: preflight: {line}" for line in e.problems), file=sys.stderr)
         return 2
-    where = out if "://" in out else str(Path(out).resolve())
+    except KeyboardInterrupt:
+        print("interrupted: the lease is released; rerun the same command to resume", file=sys.stderr)
+        return 130
+    where = out if uri else str(Path(out).resolve())
     print(f"done: results in {where} (report: {where}/report/report.md)")
     return 0
 

@@ -13,11 +13,16 @@ def main(argv=None) -> int:
     ap.add_argument("--run", required=True, help="a full_grid output directory")
     args = ap.parse_args(argv)
     from orchestrator.report.build import build_report
+    from orchestrator.report.duplicates import DuplicateRows
 
     if not Path(args.run).is_dir():
         print(f"error: run directory {args.run} does not exist", file=sys.stderr)
         return 2
-    print(f"wrote {build_report(args.run)}")
+    try:
+        print(f"wrote {build_report(args.run)}")
+    except DuplicateRows as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -42,6 +42,9 @@ from .report.tables import KEYS as TABLE_KEYS
 from .tracking import Tracker
 
 PARTITIONS = ("backbone", "benchmark", "temperature")
+# with a URI output the manifest is published after each stage and, during evaluation, when a unit finishes
+# and the last publication is older than this: a killed driver loses the records since (their units redone)
+MANIFEST_SYNC_S = 10
 
 
 def check_output_dir(out: Path) -> None:
@@ -139,6 +142,8 @@ def _train_key_settings(p, backbone: str) -> dict:
 
 class Driver:
     def __init__(self, profile: Profile, output_dir: str, force: str | None = None, take_over: bool = False):
+        if force is not None and force not in STAGES:  # bad input: refused before the lease is taken
+            raise ValueError(f"--force must be one of {list(STAGES)}, got {force!r}")
         self.p = profile
         self.uri = output_dir if storage.is_uri(output_dir) else None
         if self.uri:  # the driver's own files live in a staging dir; every artifact moves through the URI
@@ -151,6 +156,15 @@ class Driver:
         # one driver per output (LeaseHeld, one line, otherwise), taken before the manifest is read
         self.lease = Lease(storage.join(self.root, "lease.json"), ttl=profile.cluster.lease_s)
         note = self.lease.acquire(take_over)
+        try:  # from here every way out of __init__ but success releases the lease (run() does after)
+            self._open(note, force)
+        except BaseException:
+            self.lease.release()
+            raise
+
+    def _open(self, note: str | None, force: str | None) -> None:
+        """What __init__ does once the lease is held: the manifest, --force, the tracker."""
+        self.force = force
         if note:
             print(f"lease: {note}", flush=True)
         if self.uri:
@@ -160,18 +174,13 @@ class Driver:
         # with a URI, "done" means its files are at the URI (one listing now, not a request per unit)
         self.manifest = Manifest(self.out / "manifest.json", present=storage.list_files(self.uri) if self.uri else None)
         if force:
-            if force not in STAGES:
-                raise ValueError(f"--force must be one of {list(STAGES)}, got {force!r}")
             n = self.manifest.forget_from(force)
             print(f"--force {force}: {n} recorded unit(s) of {force} and later stages will be redone")
-            self.force = force
-        else:
-            self.force = None
         self.stage_seconds: dict[str, float] = {}
         # tags every trace row: the report tells ratios timed in one invocation from a resumed run's mix
         self.invocation = f"{time.strftime('%Y-%m-%dT%H:%M:%S')}-{os.getpid()}"
-        t = profile.tracking  # a missing tracker package is an error now, before any work
-        self.tracker = Tracker(t.backend, self.out, profile.name, t.uri, t.experiment, remote=self.uri)
+        t = self.p.tracking  # a missing tracker package is an error now, before any work
+        self.tracker = Tracker(t.backend, self.out, self.p.name, t.uri, t.experiment, remote=self.uri)
         self._last_sync = time.time()
         self.ckpt_keys: dict[str, str] = {}  # checkpoint name -> manifest key of the unit that made it
 
@@ -443,7 +452,7 @@ class Driver:
     def stage_eval(self, ckpts) -> dict:
         units = self._eval_units(ckpts)
         prog = Progress("eval", len(units))
-        todo = []
+        todo, earlier = [], {}
         for cell, shard, keys, missing in units:
             if missing:
                 mkey = "eval-missing-" + cell.key
@@ -453,6 +462,8 @@ class Driver:
                 prog.step(f"{cell.label} (done earlier)", skipped=True)
             else:
                 todo.append((cell, shard, keys[0]))
+                prev = self.manifest.get(keys[0])  # unfinished attempts: failures, or a killed driver's
+                earlier[keys[0]] = prev.get("attempts", 1) if prev and prev["status"] != "done" else 0
         if not todo:
             return {"eval_units": len(units)}
         r = self.p.resources.eval
@@ -468,6 +479,9 @@ class Driver:
         while queue or pool.running:  # a failed actor's slot is probed in the background (EvalPool)
             while queue and pool.free:
                 (cell, shard, key), attempt = item = queue.pop(0)
+                # "running", with the attempt, before it starts: a driver that resumes after this one is
+                # killed counts the attempt (attempts in the manifest count over every driver of the output)
+                self.manifest.record(key, "eval", cell.label, "running", attempts=earlier[key] + attempt)
                 pool.submit(lambda a, cell=cell, shard=shard: a.run.options(name=f"eval:{cell.label}").remote(
                     dataclasses.asdict(cell), [ckpts[d] for d in cell.drafters], shard,
                     {**decode, "cell_key": cell.key}), item)
@@ -475,7 +489,8 @@ class Driver:
                 finished = pool.next()
             except NoEvalActor as e:  # every actor failed to start, again and again: the rest fail with why
                 for (cell, shard, key), attempt in queue + [item for _, item in pool.running.values()]:
-                    self.manifest.record(key, "eval", cell.label, "failed", attempts=attempt, error=str(e))
+                    self.manifest.record(key, "eval", cell.label, "failed", attempts=earlier[key] + attempt,
+                                         error=str(e))
                     prog.step(f"{cell.label} FAILED: {str(e)[:200]}")
                 break
             if finished is None:  # a probe answered: a slot is free again (or its actor was replaced)
@@ -486,7 +501,7 @@ class Driver:
                     prog.log(f"{cell.label}: attempt {attempt} failed ({type(e).__name__}); retrying")
                     queue.append(((cell, shard, key), attempt + 1))
                 else:
-                    self.manifest.record(key, "eval", cell.label, "failed", attempts=attempt,
+                    self.manifest.record(key, "eval", cell.label, "failed", attempts=earlier[key] + attempt,
                                          error="".join(traceback.format_exception_only(type(e), e))[-2000:])
                     prog.step(f"{cell.label} FAILED after {attempt} attempts")
                 continue
@@ -503,10 +518,10 @@ class Driver:
             self._publish(sfile)
             calls = sum(x["verifier_calls"] for x in rows)
             tau = sum(x["new_tokens"] for x in rows) / calls if calls else float("nan")
-            self.manifest.record(key, "eval", cell.label, "done", attempts=attempt, files=[pfile, sfile],
-                                 cell=dataclasses.asdict(cell), prompts=len(shard), rows=len(rows),
-                                 file_rows={pfile: len(rows), sfile: len(steps)})  # read back by done()
-            if self.uri and time.time() - self._last_sync > 10:  # a crash loses at most 10 s of records
+            self.manifest.record(key, "eval", cell.label, "done", attempts=earlier[key] + attempt,
+                                 files=[pfile, sfile], cell=dataclasses.asdict(cell), prompts=len(shard),
+                                 rows=len(rows), file_rows={pfile: len(rows), sfile: len(steps)})  # read back by done()
+            if self.uri and time.time() - self._last_sync > MANIFEST_SYNC_S:  # what a crash can lose
                 self._sync()
             prog.step(f"{cell.label} tau={tau:.2f}", acceptance=tau, cell=cell.label)
         pool.close()

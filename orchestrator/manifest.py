@@ -45,7 +45,11 @@ class Manifest:
         self.path = Path(path)
         self._lock = threading.Lock()
         self.present = present
-        self.data = json.loads(self.path.read_text()) if self.path.is_file() else {"cells": {}}
+        try:
+            self.data = json.loads(self.path.read_text()) if self.path.is_file() else {"cells": {}}
+        except ValueError as e:
+            raise ValueError(f"{self.path} is not a manifest (not valid JSON: {e}); move it away to start "
+                             f"the run afresh") from e
         self.recorded: dict[str, int] = {}  # units recorded done by this process, per stage
 
     def _exists(self, rel: str) -> bool:
@@ -126,20 +130,57 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _read_id(path: str) -> str:
+    try:
+        return os.readlink(path) if os.path.islink(path) else Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def pid_space() -> str:
+    """Where this process's PID means something: the kernel boot (``boot_id``, shared by every
+    container of one machine) and the PID namespace (one per container unless it shares the
+    host's). Two processes with the same value can compare PIDs; hostnames cannot tell that
+    (containers on the host network share the host's name, each with its own PIDs). '' where
+    /proc does not say (then no PID is ever compared, and only the TTL frees a lease)."""
+    boot, ns = _read_id("/proc/sys/kernel/random/boot_id"), _read_id("/proc/self/ns/pid")
+    return f"{boot}/{ns}" if boot and ns else ""
+
+
 class Lease:
-    """One driver per output. ``lease.json`` (a path or URI) names the holder (host, pid, a
-    random id) and when the lease expires; the holder renews it every ``ttl / 4`` seconds from a
-    daemon thread and deletes it at the end. A lease is stale once it has expired, or at once when
-    its holder was a process of this host that has exited (a killed driver's same command resumes
-    without waiting); a live one is refused unless ``take_over``. Object stores have no atomic
-    create, so after writing, the lease is read back ``settle`` seconds later: of two drivers
-    starting together, the one whose write landed last keeps it and the other is refused."""
+    """One driver per output. ``lease.json`` (a path or URI) names the holder (host, pid, its PID
+    space, a random id), when it last renewed (``renewed``) and until when it holds (``expires`` =
+    renewed + ``ttl``); the holder renews it every ``ttl / 4`` seconds from a daemon thread and
+    deletes it on every way out (the end, an exception, Ctrl-C, SIGTERM via experiments/full_grid.py).
+
+    Staleness, the rule a starting driver applies to a lease it finds:
+
+    1. The holder is known dead only when it shares this process's PID space (same kernel boot
+       and PID namespace, :func:`pid_space`) and its PID is not running (or is this very process):
+       the same command rerun after a crash resumes at once. A PID is never compared across PID
+       spaces: another container, even under the same hostname, may run that PID for itself.
+    2. Otherwise the lease is stale only after a full ``ttl`` without a heartbeat (``expires`` in
+       the past, by this machine's clock: hosts' clocks must agree to well within the TTL, as NTP
+       keeps them).
+    3. A live lease is refused (:class:`LeaseHeld`) unless ``take_over``.
+
+    The holder fences itself: :meth:`check` (called before the driver writes shared state) raises
+    once another driver holds the lease, and, when no heartbeat has landed for ``ttl / 2`` (the
+    store unreachable, the process paused), confirms the lease synchronously before it lets the
+    driver write, so a driver never writes after its lease could have expired in others' eyes.
+
+    Object stores have no atomic create, so after writing, the lease is read back ``settle``
+    seconds later: of two drivers starting together, the one whose write landed last keeps it and
+    the other is refused."""
 
     def __init__(self, ref: str, ttl: float = 120, settle: float = 1.0):
         self.ref, self.ttl, self.settle = ref, ttl, settle
-        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "id": uuid.uuid4().hex[:12]}
+        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "pid_space": pid_space(),
+                   "id": uuid.uuid4().hex[:12]}
         self.lost: str | None = None  # set once another driver has taken the output over
         self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._confirmed = 0.0  # time.monotonic() of the last heartbeat that landed
 
     def _read(self) -> dict | None:
         text = storage.read_text(self.ref)
@@ -151,56 +192,84 @@ class Lease:
     def _write(self) -> None:
         now = time.time()
         storage.write_text(self.ref, json.dumps({**self.me, "renewed": now, "expires": now + self.ttl}))
+        self._confirmed = time.monotonic()
 
     def _stale(self, held: dict) -> str | None:
-        """Why ``held`` may be taken without asking, or None while its driver may be running."""
+        """Why ``held`` may be taken without asking, or None while its driver may be running (the
+        rule in the class docstring)."""
+        space, pid = self.me["pid_space"], held["pid"]
+        if space and held.get("pid_space") == space and (pid == self.me["pid"] or not _alive(pid)):
+            return "its process has exited" if pid != self.me["pid"] else "same process"
         if held["expires"] < time.time():
-            return f"it expired {time.time() - held['expires']:.0f}s ago"
-        if held["host"] == self.me["host"] and (held["pid"] == self.me["pid"] or not _alive(held["pid"])):
-            return "its process has exited" if held["pid"] != self.me["pid"] else "same process"
+            return f"no heartbeat for the full TTL; it expired {time.time() - held['expires']:.0f}s ago"
         return None
+
+    @staticmethod
+    def _who(held: dict) -> str:
+        return f"driver pid {held['pid']} on {held['host']}"
 
     def acquire(self, take_over: bool = False) -> str | None:
         """Take the lease and start renewing it; returns a note when a stale or live lease was
-        taken over. Raises :class:`LeaseHeld` (one line) while another driver holds it."""
+        taken over. Raises :class:`LeaseHeld` (one line) while another driver holds it. Whatever
+        interrupts it once the lease is written (KeyboardInterrupt in the settle) removes it again."""
         held, note, out = self._read(), None, self.ref.removesuffix("/lease.json")
         if held and held.get("id") != self.me["id"]:
-            who = f"driver pid {held['pid']} on {held['host']}"
             why = self._stale(held)
             if why is None and not take_over:
                 left = held["expires"] - time.time()
-                raise LeaseHeld(f"output {out} is in use by {who} (its lease expires in {left:.0f}s unless "
-                                f"renewed); wait for it to finish, or if it is gone rerun with --take-over")
-            note = f"took over the lease of {who} ({why or '--take-over'})"
-        self._write()
-        time.sleep(self.settle)
-        now = self._read()
-        if not now or now.get("id") != self.me["id"]:
-            who = f"driver pid {now['pid']} on {now['host']}" if now else "another driver"
-            raise LeaseHeld(f"output {out} was taken by {who}, which started at the same time")
-        threading.Thread(target=self._renew, name="taskspec-lease", daemon=True).start()
+                raise LeaseHeld(f"output {out} is in use by {self._who(held)} (its lease expires in "
+                                f"{left:.0f}s unless renewed); wait for it to finish, or if it is gone rerun "
+                                f"with --take-over")
+            note = f"took over the lease of {self._who(held)} ({why or '--take-over'})"
+        try:
+            self._write()
+            time.sleep(self.settle)
+            now = self._read()
+            if not now or now.get("id") != self.me["id"]:
+                who = self._who(now) if now else "another driver"
+                self.lost = f"output {out} was taken by {who}, which started at the same time"
+                raise LeaseHeld(self.lost)
+        except BaseException:
+            self.release()
+            raise
+        self._thread = threading.Thread(target=self._renew, name="taskspec-lease", daemon=True)
+        self._thread.start()
         return note
 
+    def _beat(self) -> None:
+        """One heartbeat: read the lease, and renew it if it is still this driver's (else ``lost``)."""
+        held = self._read()
+        if not held or held.get("id") != self.me["id"]:  # taken over, or the output was removed
+            who = self._who(held) if held else "someone (lease deleted)"
+            self.lost = f"the lease on {self.ref} was taken by {who}: this driver stops"
+            print(f"[lease] {self.lost}", file=sys.stderr, flush=True)
+            return
+        self._write()
+
     def _renew(self) -> None:
-        while not self._stop.wait(self.ttl / 4):
+        while not self._stop.wait(self.ttl / 4) and not self.lost:
             try:
-                held = self._read()
-                if not held or held.get("id") != self.me["id"]:  # taken over, or the output was removed
-                    who = f"driver pid {held['pid']} on {held['host']}" if held else "someone (lease deleted)"
-                    self.lost = f"the lease on {self.ref} was taken by {who}: this driver stops"
-                    print(f"[lease] {self.lost}", file=sys.stderr, flush=True)
-                    return
-                self._write()
+                self._beat()
             except OSError as e:  # the store is unreachable for a moment: the next beat retries
                 print(f"[lease] renewing {self.ref} failed: {e}", file=sys.stderr, flush=True)
 
     def check(self) -> None:
-        """Raise if another driver has taken the output over (call before writing shared state)."""
+        """Raise if another driver has taken the output over, or if the lease cannot be confirmed
+        after ``ttl / 2`` without a heartbeat (call before writing shared state)."""
+        if not self.lost and time.monotonic() - self._confirmed > self.ttl / 2:
+            silent = time.monotonic() - self._confirmed
+            try:
+                self._beat()
+            except OSError as e:
+                self.lost = (f"the lease on {self.ref} was not renewed for {silent:.0f}s ({e}); another driver "
+                             f"may hold it after {self.ttl:.0f}s: this driver stops")
         if self.lost:
             raise LeaseHeld(self.lost)
 
     def release(self) -> None:
         self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)  # a heartbeat in flight lands before the lease is removed
         try:
             if not self.lost and (self._read() or {}).get("id") == self.me["id"]:
                 storage.remove(self.ref)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -29,8 +30,42 @@ LAST = ("state.json", "manifest.json")  # completion markers: copied after the f
 ENDPOINT_VARS = ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_DEFAULT_REGION")
 
 
+# the schemes pyarrow's FileSystem.from_uri reads; the ones without a bucket or host may leave it empty
+SCHEMES = ("file", "local", "mock", "s3", "gs", "gcs", "abfs", "abfss", "hdfs", "viewfs")
+NO_HOST = ("file", "local", "mock", "hdfs", "viewfs")
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+
+
+class BadLocation(ValueError):
+    """A location that is neither a path nor a well-formed URI (the message is one line)."""
+
+
 def is_uri(ref: str) -> bool:
-    return "://" in str(ref)
+    """True for ``scheme://...``, False for a path; raises :class:`BadLocation` for anything that
+    looks like a URI and is not one (``s3:/b``, ``s3:b``, ``s3//b``, ``file:/x``, ``s3:///x``,
+    ``file://host/x``, an unknown scheme), which would otherwise become a local directory named
+    ``s3:`` or ``s3``. The one place locations are parsed: every reader and writer goes through it.
+    A local directory whose name has a colon is written ``./name:x``."""
+    s = str(ref)
+    m = _SCHEME.match(s)
+    if m is None:
+        first = s.split("/", 1)[0]
+        if first.lower() in SCHEMES and s[len(first):].startswith("//"):
+            raise BadLocation(f"{s!r} is not a URI (no ':' after {first!r}): write {first}:{s[len(first):]}, "
+                              f"or ./{s} for a local directory")
+        return False
+    scheme, rest = m.group(1).lower(), s[m.end():]
+    form = f"{scheme}:///<absolute path>" if scheme in ("file", "local") else f"{scheme}://<bucket>/<path>"
+    if not rest.startswith("//"):
+        raise BadLocation(f"{s!r} is not a URI (write {form}); for a local directory of that name write ./{s}")
+    if scheme not in SCHEMES:
+        raise BadLocation(f"{s!r}: unknown scheme {scheme!r}; a URI's scheme is one of {list(SCHEMES)}")
+    host = urlsplit(s).netloc
+    if scheme == "file" and host not in ("", "localhost"):
+        raise BadLocation(f"{s!r}: a file URI names an absolute path on this machine: write {form}")
+    if not host and scheme not in NO_HOST:
+        raise BadLocation(f"{s!r} names no bucket or host: write {form}")
+    return True
 
 
 def join(base: str, *parts: str) -> str:

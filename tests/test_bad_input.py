@@ -244,3 +244,76 @@ def test_yaml_anchors_still_load_with_the_duplicate_key_check(tmp_path):
     f = tmp_path / "anchors.yaml"
     f.write_text("resources:\n  features: &one {num_cpus: 1}\n  eval:\n    <<: *one\n    num_cpus: 2\n")
     assert load_profile(str(f)).resources.eval.num_cpus == 2.0
+
+
+# ---------------------------------------------------------------- output locations and --force
+MALFORMED = [  # (location, what the one line says after the quoted location)
+    ("s3:/bucket/run", "is not a URI (write s3://<bucket>/<path>); for a local directory of that name write "
+                       "./s3:/bucket/run"),
+    ("s3:bucket/run", "is not a URI (write s3://<bucket>/<path>); for a local directory of that name write "
+                      "./s3:bucket/run"),
+    ("s3//bucket/run", "is not a URI (no ':' after 's3'): write s3://bucket/run, or ./s3//bucket/run for a "
+                       "local directory"),
+    ("file:/tmp/run", "is not a URI (write file:///<absolute path>); for a local directory of that name write "
+                      "./file:/tmp/run"),
+    ("s3:///run", "names no bucket or host: write s3://<bucket>/<path>"),
+    ("file://tmp/run", "a file URI names an absolute path on this machine: write file:///<absolute path>"),
+    ("s4://bucket/run", "unknown scheme 's4'; a URI's scheme is one of ['file', 'local', 'mock', 's3', 'gs', "
+                        "'gcs', 'abfs', 'abfss', 'hdfs', 'viewfs']"),
+]
+
+
+@pytest.mark.parametrize("where,msg", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_a_malformed_uri_is_refused_with_one_line(where, msg):
+    from orchestrator.storage import BadLocation, is_uri
+
+    with pytest.raises(BadLocation) as e:
+        is_uri(where)
+    sep = ": " if msg.startswith(("unknown", "a file")) else " "
+    assert str(e.value) == f"{where!r}{sep}{msg}"
+    # and what is well formed still parses: URIs, paths, a local name with a colon written ./
+    good = ("s3://b/run", "S3://b/run", "gs://b/run", "file:///tmp/run", "hdfs:///run", "mock:///")
+    assert [is_uri(x) for x in good + ("runs/smoke", "/tmp/run", "./s3:/x", "./run:1")] == [True] * 6 + [False] * 4
+
+
+def _cli(*args: str, cwd: Path, timeout: int = 300, **popen) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd, **popen)
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])
+def test_cli_refuses_a_malformed_uri_and_creates_no_directory(tmp_path, dry_run):
+    """Before, `s3:/bucket` silently became a local directory named `s3:` (the grid wrote there)."""
+    r = _cli("--output-dir", "s3:/bucket/run", *(["--dry-run"] if dry_run else []), cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr == f"error: 's3:/bucket/run' {MALFORMED[0][1]}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "run"])
+def test_cli_refuses_a_misspelt_force_stage_before_the_lease(tmp_path, dry_run):
+    """`--force nosuchstage` passed --dry-run and, without it, exited after taking the lease and
+    left lease.json behind: now one line, exit 2, before the plan or the lease."""
+    out = tmp_path / "run"
+    r = _cli("--force", "nosuchstage", "--output-dir", str(out), *(["--dry-run"] if dry_run else []), cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr == ("error: --force must be one of ['features', 'train', 'merge', 'eval', 'report'], "
+                        "got 'nosuchstage'\n")
+    assert not (out / "lease.json").exists()
+
+
+def test_bad_input_found_after_the_lease_releases_it(tmp_path):
+    """A manifest that is not JSON is found once the lease is held (the manifest is read under it):
+    one line naming the file, exit 2, and no lease.json left behind."""
+    from orchestrator.driver import Driver
+
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "manifest.json").write_text("{not json")
+    r = _cli("--output-dir", str(out), cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
+    assert r.stderr.startswith(f"error: {out / 'manifest.json'} is not a manifest (not valid JSON: ")
+    assert len(r.stderr.splitlines()) == 1 and not (out / "lease.json").exists()
+    with pytest.raises(ValueError, match="--force must be one of"):  # the Driver alone: before the lease
+        Driver(load_profile("smoke"), str(out), force="evl")
+    assert not (out / "lease.json").exists()

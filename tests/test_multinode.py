@@ -5,14 +5,16 @@ own staging directory (`TASKSPEC_STAGING` in the raylet's environment, so every 
 it), the driver with yet another one, and the output at `s3://` on moto's S3 server on 127.0.0.1.
 No path is shared: every feature cache, checkpoint, trace and the report must cross the store.
 A second driver on the same output and a local output directory are refused with one line. The
-fault test: the driver killed mid-evaluation and the same command rerun,
-and during that rerun a worker node removed and replaced: the grid completes, no row lost or
-doubled, and it prints its figures (work redone, seconds to recover)."""
+grid is run once, with two faults in its evaluation: the driver killed mid-evaluation and the same
+command rerun, and during that rerun a worker node removed and replaced: the grid completes, every
+unit has its prompts x turns rows exactly once, the units cut off are retried (the manifest's
+attempts), and it prints its figures (work redone, seconds to recover)."""
 from __future__ import annotations
 
 import json
 import math
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,9 +32,12 @@ from moto.server import ThreadedMotoServer
 from pyarrow import fs
 from ray.cluster_utils import Cluster
 
+from drafters.data.sources import load_benchmark
 from drafters.trainer import weights_digest
 from orchestrator.grid import eval_cells
 from orchestrator.profile import load_profile
+from orchestrator.report.build import build_report
+from orchestrator.report.duplicates import DuplicateRows
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,7 +46,7 @@ URI = f"s3://{BUCKET}/{RUN}"
 REGION = "us-east-1"
 CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}  # moto accepts any
 # every stage runs (features, both drafters, the merge, the report); evaluation keeps every
-# strategy on 3 prompts at T=0 (12 units): what crosses the store is the same, at half the cells;
+# strategy on 3 prompts at T=0 (21 units): what crosses the store is the same, at half the cells;
 # every cell times generate next to its own prompts (eval.paired_baseline). Each drafter trains as
 # on a GPU cluster: one Ray Train worker on each node (gloo), DeepSpeed in bf16, and a batch count
 # the two ranks cannot split evenly (8 examples in batches of 3)
@@ -135,18 +140,83 @@ def _check_traces(s3fs) -> tuple[pl.DataFrame, dict]:
     return prompts, figures
 
 
-@pytest.fixture(scope="module")
-def grid_run(cluster, s3):
-    t = time.time()
-    proc = _grid(cluster, s3)
+def _eval_cells(manifest: dict) -> dict:
+    return {k: c for k, c in manifest["cells"].items() if c["stage"] == "eval"}
+
+
+def _wait_to_kill(proc: subprocess.Popen, log: Path, staging: Path, s3fs, t_max: float = 3600) -> int:
+    """Wait until the driver has done 3 eval units (its own manifest copy) and the manifest at the
+    URI shows a unit started and not finished (so the kill cuts one off in the record too);
+    returns how many units it had done then."""
+    t0 = time.time()
+    while proc.poll() is None and time.time() - t0 < t_max:
+        try:
+            cells = _eval_cells(json.loads(next(staging.glob("*/manifest.json")).read_text()))
+        except (StopIteration, OSError, ValueError):
+            cells = {}
+        done = sum(c["status"] == "done" for c in cells.values())
+        if done >= 3:
+            try:
+                at_uri = _eval_cells(_read_json(s3fs, "manifest.json"))
+            except (OSError, ValueError):
+                at_uri = {}
+            if any(c["status"] == "running" for c in at_uri.values()):
+                return done
+        time.sleep(0.3)
+    raise AssertionError(f"the driver was not caught mid-evaluation: {log.read_text()[-3000:]}")
+
+
+def _own_eval_units(log: Path) -> int:
+    """Eval units a driver has finished itself (its log's progress lines, the skipped ones not counted)."""
     try:
-        log = proc.communicate(timeout=3600)[0]  # ~260 s alone on 2 cores; shared, several times that
+        lines = log.read_text().splitlines()
+    except OSError:
+        return 0
+    return sum("] [eval] " in x and " done, " in x and "(done earlier)" not in x for x in lines)
+
+
+@pytest.fixture(scope="module")
+def grid_run(cluster, s3, tmp_path_factory):
+    """The smoke grid, with two faults in one evaluation. SIGKILL of the driver once 3 units are
+    done (its actors die with it, its lease stays behind, the manifest at the URI shows a unit
+    started and not finished). The same command then takes the dead driver's lease over at once
+    (same host and PID space, process gone) and skips the units recorded at the URI; once it has
+    finished 3 units of its own, a worker node (with an eval actor on it) is removed and a fresh
+    node (empty staging dir) joins, as an autoscaler would replace a lost VM: the shard that was
+    running there is retried. Returns what the fault test checks."""
+    _, s3fs = s3
+    logs = tmp_path_factory.mktemp("grid-logs")
+    t = time.time()
+    with open(logs / "first.log", "w") as out:
+        first = _grid(cluster, s3, stdout=out)
+    try:
+        done_at_kill = _wait_to_kill(first, logs / "first.log", cluster.tmp / "driver" / "driver", s3fs)
     finally:
-        proc.kill()  # (a no-op once it has exited)
-    assert proc.returncode == 0, log[-4000:]
+        first.send_signal(signal.SIGKILL)
+        first.wait(timeout=60)
+    killed_at = time.time()
+    at_kill = _eval_cells(_read_json(s3fs, "manifest.json"))
+    log_path = logs / "resumed.log"
+    with open(log_path, "w") as out:
+        resumed = _grid(cluster, s3, stdout=out)
+    removed_at = recovered_at = None
+    while resumed.poll() is None and time.time() - killed_at < 3600:
+        if removed_at is None and _own_eval_units(log_path) >= 3:
+            victim = sorted(cluster.worker_nodes, key=lambda n: n.unique_id)[0]
+            cluster.remove_node(victim)
+            removed_at = time.time()
+            _add_worker(cluster)
+        if removed_at and recovered_at is None and "; retrying" in log_path.read_text():
+            recovered_at = time.time()  # the driver saw the lost shard and queued it again
+        time.sleep(0.5)
+    if resumed.poll() is None:
+        resumed.kill()
+    log = log_path.read_text()
+    assert resumed.wait() == 0, log[-4000:]
     stages = [x for x in log.splitlines() if x.startswith("stage wall times")]
-    print(f"multi-node smoke grid over s3: {time.time() - t:.0f}s; {stages}")
-    return log
+    print(f"multi-node smoke grid over s3, killed once and resumed: {time.time() - t:.0f}s; resumed {stages}")
+    return {"log": log, "done_at_kill": done_at_kill, "at_kill": at_kill, "killed_at": killed_at,
+            "removed_at": removed_at, "recovered_at": recovered_at, "done_at": time.time()}
 
 
 def test_smoke_grid_runs_on_two_nodes_through_object_storage_only(cluster, s3, grid_run):
@@ -218,88 +288,64 @@ def test_a_second_driver_and_a_local_output_are_refused_with_one_line(cluster, s
     assert "multi-node Ray cluster (3 nodes)" in errors[1][0] and "cluster.shared_mount: true" in errors[1][0]
 
 
-def _eval_done(manifest: Path) -> int | None:
-    """Eval units done in the driver's own manifest copy (None before it has one)."""
-    try:
-        cells = json.loads(manifest.read_text())["cells"]
-    except (OSError, ValueError):
-        return None
-    return sum(c["stage"] == "eval" and c["status"] == "done" for c in cells.values())
-
-
-def _wait_for_eval(proc: subprocess.Popen, manifest: Path, n: int, t_max: float = 1800) -> int:
-    """Wait until a driver started with --force eval has redone ``n`` eval units (it first
-    forgets the earlier run's); returns how many it has done then."""
-    t0, forgotten = time.time(), False
-    while proc.poll() is None and time.time() - t0 < t_max:
-        done = _eval_done(manifest)
-        forgotten = forgotten or done == 0
-        if forgotten and done is not None and done >= n:
-            return done
-        time.sleep(0.3)
-    raise AssertionError(f"no {n} eval units redone: {proc.communicate()[0][-3000:]}")
-
-
-def _own_eval_units(log: Path) -> int:
-    """Eval units a driver has finished itself (its log's progress lines, the skipped ones not counted)."""
-    try:
-        lines = log.read_text().splitlines()
-    except OSError:
-        return 0
-    return sum("] [eval] " in x and " done, " in x and "(done earlier)" not in x for x in lines)
+def _turns() -> dict:
+    """{(benchmark, prompt id): its turns} of the smoke grid's benchmarks."""
+    return {(b, p.id): len(p.turns) for b in PROMPTS for p in load_benchmark(b)[0]}
 
 
 def test_driver_killed_then_a_node_removed_while_the_same_command_resumes(cluster, s3, grid_run, tmp_path):
-    """Two faults in one evaluation. --force eval, then SIGKILL of the driver once 3 units are
-    done (its actors die with it, its lease stays behind). The plain grid command then takes the
-    dead driver's lease over at once (same host, process gone) and skips the units recorded at the
-    URI; once it has finished 3 units of its own, a worker node (with an eval actor on it) is
-    removed and a fresh node (empty staging dir) joins, as an autoscaler would replace a lost VM:
-    the shard that was running there is retried. The traces at the URI have every row exactly once."""
+    """The two faults of ``grid_run``: the grid completes; every eval unit holds exactly its
+    prompts x turns rows (turns 0..n-1 of each prompt, once); each unit cut off, by the driver's
+    kill (recorded started at the URI) or by the node's removal (the shard retried), was done again
+    and counts its attempts; the report refuses a row injected twice."""
     _, s3fs = s3
-    manifest = next((cluster.tmp / "driver" / "driver").glob("*/manifest.json"))
-    proc = _grid(cluster, s3, "--force", "eval")
-    done_at_kill = _wait_for_eval(proc, manifest, 3)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    killed_at = time.time()
-    cells = _read_json(s3fs, "manifest.json")["cells"]
-    at_uri = sum(c["stage"] == "eval" and c["status"] == "done" for c in cells.values())
-    log_path = tmp_path / "resumed.log"
-    with open(log_path, "w") as out:
-        resumed = _grid(cluster, s3, stdout=out)
-    removed_at = recovered_at = None
-    while resumed.poll() is None and time.time() - killed_at < 1800:
-        if removed_at is None and _own_eval_units(log_path) >= 3:
-            victim = sorted(cluster.worker_nodes, key=lambda n: n.unique_id)[0]
-            cluster.remove_node(victim)
-            removed_at = time.time()
-            _add_worker(cluster)
-        if removed_at and recovered_at is None and "; retrying" in log_path.read_text():
-            recovered_at = time.time()  # the driver saw the lost shard and queued it again
-        time.sleep(0.5)
-    if resumed.poll() is None:
-        resumed.kill()
-    log = log_path.read_text()
-    assert resumed.wait() == 0, log[-4000:]
-    done_at = time.time()
+    g = grid_run
+    log, at_kill = g["log"], g["at_kill"]
+    at_uri = sum(c["status"] == "done" for c in at_kill.values())
+    cut_off = sorted(k for k, c in at_kill.items() if c["status"] == "running")
     evals = [x for x in log.splitlines() if "] [eval] " in x and " done, " in x]
     skipped = sum("(done earlier)" in x for x in evals)
-    retried = [c for c in _read_json(s3fs, "manifest.json")["cells"].values()
-               if c["stage"] == "eval" and c["attempts"] > 1]
-    _, figures = _check_traces(s3fs)
+    units = _eval_cells(_read_json(s3fs, "manifest.json"))
+    retried_labels = set(re.findall(r"\] \[eval\] (.+): attempt \d+ failed \(\w+\); retrying", log))
+    retried = {k: c for k, c in units.items() if c["attempts"] > 1}
+    prompts, figures = _check_traces(s3fs)
     lease = [x for x in log.splitlines() if x.startswith("lease:")]
-    print(f"driver killed after {done_at_kill} eval units ({at_uri} recorded at the URI); the same command: "
-          f"{lease}, {skipped} units skipped, {len(evals) - skipped} evaluated (work redone: "
-          f"{done_at_kill - at_uri} finished units not yet recorded at the URI + the shards in flight)")
-    print(f"then a worker node removed {'-' if removed_at is None else f'{removed_at - killed_at:.0f}s'} after "
-          f"the kill: units retried {len(retried)}, the loss seen "
-          f"{'-' if recovered_at is None else f'{recovered_at - removed_at:.0f}s'} after the removal; "
-          f"grid done {done_at - killed_at:.0f}s after the kill; rows {figures}")
+    print(f"driver killed after {g['done_at_kill']} eval units ({at_uri} recorded at the URI, {len(cut_off)} "
+          f"started there); the same command: {lease}, {skipped} units skipped, {len(evals) - skipped} evaluated "
+          f"(work redone: {g['done_at_kill'] - at_uri} finished units not yet recorded at the URI + the shards "
+          f"in flight)")
+    killed, removed, recovered = g["killed_at"], g["removed_at"], g["recovered_at"]
+    print(f"then a worker node removed {'-' if removed is None else f'{removed - killed:.0f}s'} "
+          f"after the kill: units retried {sorted(retried_labels)}, the loss seen "
+          f"{'-' if recovered is None else f'{recovered - removed:.0f}s'} after the removal; "
+          f"grid done {g['done_at'] - killed:.0f}s after the kill; rows {figures}; attempts "
+          f"{sorted(c['attempts'] for c in units.values())}")
     assert lease and "its process has exited" in lease[0]
     assert skipped == at_uri and figures["lost"] == 0 and figures["duplicated"] == 0
-    assert removed_at is not None, "evaluation finished before a node could be removed"
+    assert removed is not None, "evaluation finished before a node could be removed"
     assert len(cluster.worker_nodes) == 2
+    # rows per unit = its prompts x their turns, each (prompt, turn) once
+    turns = _turns()
+    for key, u in units.items():
+        rows = prompts.filter(pl.col("unit_key") == key)
+        bench = rows["benchmark"][0]
+        got = {pid: sorted(r["turn"].to_list()) for (pid,), r in rows.group_by("prompt_id")}
+        assert len(got) == u["prompts"] and rows.height == u["rows"], (u["name"], got)
+        assert got == {pid: list(range(turns[(bench, pid)])) for pid in got}, (u["name"], got)
+    assert set(prompts["turn"]) == {0, 1}  # (mt_bench prompts have two turns)
+    # retried: each unit cut off with the driver (attempt 1 at the URI), and the node's shard
+    assert cut_off and all(units[k]["attempts"] >= 2 for k in cut_off), {k: units[k]["attempts"] for k in cut_off}
+    assert retried_labels and all(any(c["name"] == lb for c in retried.values()) for lb in retried_labels)
+    # a row injected twice: the report refuses to aggregate (a local copy of the run, one row doubled)
+    run = tmp_path / "run"
+    for rel in ("traces", "manifest.json", "profile.json"):
+        fs.copy_files(f"{BUCKET}/{RUN}/{rel}", str(run / rel), source_filesystem=s3fs,
+                      destination_filesystem=fs.LocalFileSystem())
+    victim = run / sorted(units.values(), key=lambda c: c["name"])[0]["files"][0]
+    table = pl.read_parquet(victim)
+    table.vstack(table.head(1)).write_parquet(victim)
+    with pytest.raises(DuplicateRows, match=r"1 duplicated prompts row\(s\) in 1 place\(s\)"):
+        build_report(run)
 
 
 def test_training_on_two_nodes_with_an_odd_batch_count_in_bf16(cluster, s3, tmp_path):

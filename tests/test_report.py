@@ -450,3 +450,31 @@ def test_the_report_is_the_same_bytes_when_built_twice_from_the_same_traces(tmp_
     for name in first:
         assert first[name] == again[name], f"{name} differs between two builds"
         assert first[name] == shuffled[name], f"{name} differs when the traces' rows come in another order"
+
+
+def test_a_duplicated_row_is_refused_by_the_report(tmp_path):
+    """A prompt row present twice (here: a second recorded unit holding one row of another's) would
+    count twice in every sum: the report stops with one line naming the cell, the prompt and the
+    units, and so does experiments/report.py (exit 2). The untouched run reports."""
+    from experiments.report import main as report_main
+    from orchestrator.report.duplicates import DuplicateRows, duplicates
+    from orchestrator.report.tables import scan
+
+    run = _make_run(tmp_path / "run")
+    build_report(run)
+    part = "backbone=hass/benchmark=gsm8k/temperature=0"
+    extra = f"traces/prompts/{part}/copy.parquet"
+    write_parquet_atomic([{**_prompt_rows("math", "gsm8k")[3], "unit_key": "math-gsm8k-again"}], run / extra)
+    man = json.loads((run / "manifest.json").read_text())
+    man["cells"]["eval-copy"] = {"stage": "eval", "name": "math|gsm8k", "status": "done", "files": [extra]}
+    (run / "manifest.json").write_text(json.dumps(man))
+    d = duplicates(scan(run, "prompts", {f for c in man["cells"].values() for f in c["files"]}), "prompts")
+    assert d.select("method", "prompt_id", "turn", "copies", "units").to_dicts() == [
+        {"method": "math", "prompt_id": "gsm8k/3", "turn": 0, "copies": 2,
+         "units": ["math-gsm8k", "math-gsm8k-again"]}]
+    with pytest.raises(DuplicateRows) as e:
+        build_report(run)
+    assert str(e.value).startswith(f"{run / 'traces' / 'prompts'}: 1 duplicated prompts row(s) in 1 place(s), "
+                                   "e.g. hass math gsm8k T=0 prompt gsm8k/3 turn 0 x2 (units ['math-gsm8k', "
+                                   "'math-gsm8k-again'])")
+    assert report_main(["--run", str(run)]) == 2

@@ -11,6 +11,7 @@ from drafters.atomic import atomic_file, write_text_atomic
 
 from . import figures
 from .claims import MIN_PROMPTS, ROUTED, SPEED_ROUTED, check_claims, study_comparison
+from .duplicates import check_unique
 from .claims_family import STUDY, Grid
 from .claims_study import comparison_note
 from .routers import HEADS_LAST, NOT_DEPLOYABLE, POSTHOC, POSTHOCS, describe, is_router, table2, with_posthoc
@@ -81,6 +82,8 @@ def build_report(run_dir) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     recorded = recorded_traces(run)
     prompts, steps = scan(run, "prompts", recorded), scan(run, "steps", recorded)
+    for kind, lf in (("prompts", prompts), ("steps", steps)):  # (DuplicateRows) before anything is summed
+        check_unique(lf, kind, str(run / "traces" / kind))
     md = [f"# Task-aware speculative decoding — report for `{run.name}`\n"]
     pp = per_prompt(prompts) if prompts is not None else None
     miss = missing_section(run, pp)
