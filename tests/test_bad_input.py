@@ -76,6 +76,18 @@ FILES = [
     ("non-bool in a bool list", "eval: {merge_dedup: [maybe]}\n",
      "eval.merge_dedup must be a non-empty list of distinct true/false values, got ['maybe']"),
     ("TIES density 0", "merge: {ties_density: 0}\n", "merge.ties_density must be a number in (0, 1], got 0"),
+    ("lambda above 1", "merge: {lambdas: [0.5, 1.5]}\n",
+     "merge.lambdas: each lambda (the math drafter's weight) must be a number in [0, 1], got 1.5"),
+    ("negative lambda", "merge: {lambdas: [-0.25, 0.5]}\n",
+     "merge.lambdas: each lambda (the math drafter's weight) must be a number in [0, 1], got -0.25"),
+    ("lambda not a number", "merge: {lambdas: [half]}\n",
+     "merge.lambdas: each lambda (the math drafter's weight) must be a number in [0, 1], got 'half'"),
+    ("lambda repeated (1 and 1.0)", "merge: {lambdas: [0, 0.5, 1, 1.0]}\n",
+     "merge.lambdas must not repeat a value: 1.0 repeats 1, got [0, 0.5, 1, 1.0]"),
+    ("lambda sweep on no trained backbone", "merge: {lambdas: [0, 0.25, 0.5, 0.75, 1.0], sweep_backbones: []}\n",
+     "merge.lambdas [0, 0.25, 0.5, 0.75, 1.0] would not run: the lambda sweep runs on the trained backbones named "
+     "in merge.sweep_backbones (got [], trained: ['eagle2', 'hass']) with 'linear' in merge.kinds (got ['linear']); "
+     "elsewhere only lambda 0.5 runs"),
     ("unknown tracker", "tracking: {backend: tensorboard}\n",
      "tracking.backend must be none, mlflow or wandb, got 'tensorboard'"),
     ("string for a bool", "resources: {train: {use_gpu: 'yes'}}\n",

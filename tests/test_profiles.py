@@ -36,7 +36,7 @@ def test_dry_run_imports_no_model_code():
     (["bogus=1"], "unknown key"),
     (["train.epochz=3"], "unknown key"),
     (["train.epochs=three"], "train.epochs must be an integer"),
-    (["merge.lambdas=[0.5, 1.5]"], "lambda must be in \\[0, 1\\]"),
+    (["merge.lambdas=[0.5, 1.5]"], "must be a number in \\[0, 1\\], got 1.5"),
     (["eval.benchmarks={}"], "eval.benchmarks must not be empty"),
     (["eval.benchmarks={gsm9k: 2}"], "unknown benchmark 'gsm9k'"),
     (["train.variants=[math]", "merge.kinds=[]"], "need two drafters"),
