@@ -433,11 +433,10 @@ class Profile:
                   "merge kind 'linear' averages the math and chat drafters: train.variants must include both",
                   "train.variants")
         sweep = [b for b in self.train.backbones if b in self.merge.sweep_backbones]
-        _need(set(self.merge.lambdas) <= {0.5} or ("linear" in self.merge.kinds and sweep),
+        _need(set(self.merge.lambdas) <= {0.5} or "linear" not in self.merge.kinds or sweep,
               f"merge.lambdas {self.merge.lambdas} would not run: the lambda sweep runs on the trained backbones "
-              f"named in merge.sweep_backbones (got {self.merge.sweep_backbones}, trained: {self.train.backbones})"
-              f" with 'linear' in merge.kinds (got {self.merge.kinds}); elsewhere only lambda 0.5 runs",
-              "merge.lambdas")
+              f"named in merge.sweep_backbones (got {self.merge.sweep_backbones}, trained: {self.train.backbones});"
+              " elsewhere only lambda 0.5 runs", "merge.lambdas")
         _need(self.train.deepspeed or self.resources.train.num_workers == 1,
               f"train.deepspeed: false trains without gradient synchronisation, so "
               f"resources.train.num_workers {self.resources.train.num_workers} would train that many separate "

@@ -86,8 +86,7 @@ FILES = [
      "merge.lambdas must not repeat a value: 1.0 repeats 1, got [0, 0.5, 1, 1.0]"),
     ("lambda sweep on no trained backbone", "merge: {lambdas: [0, 0.25, 0.5, 0.75, 1.0], sweep_backbones: []}\n",
      "merge.lambdas [0, 0.25, 0.5, 0.75, 1.0] would not run: the lambda sweep runs on the trained backbones named "
-     "in merge.sweep_backbones (got [], trained: ['eagle2', 'hass']) with 'linear' in merge.kinds (got ['linear']); "
-     "elsewhere only lambda 0.5 runs"),
+     "in merge.sweep_backbones (got [], trained: ['eagle2', 'hass']); elsewhere only lambda 0.5 runs"),
     ("unknown tracker", "tracking: {backend: tensorboard}\n",
      "tracking.backend must be none, mlflow or wandb, got 'tensorboard'"),
     ("string for a bool", "resources: {train: {use_gpu: 'yes'}}\n",
