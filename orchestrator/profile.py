@@ -230,8 +230,8 @@ class MergeCfg:
     def validate(self):
         for lam in self.lambdas:
             _need(_is_num(lam) and 0.0 <= lam <= 1.0,
-                  f"merge.lambdas: each lambda (the math drafter's weight) must be a number in [0, 1], got {lam!r}",
-                  "merge.lambdas")
+                  "merge.lambdas: each lambda (the math drafter's weight) must be a number in [0, 1], "
+                  f"got {lam!r}", "merge.lambdas")
         for i, lam in enumerate(self.lambdas):  # each lambda is one averaged drafter: 1 and 1.0 are one
             first = next(x for x in self.lambdas if x == lam)
             _need(self.lambdas.index(lam) == i,
@@ -434,9 +434,9 @@ class Profile:
                   "train.variants")
         sweep = [b for b in self.train.backbones if b in self.merge.sweep_backbones]
         _need(set(self.merge.lambdas) <= {0.5} or "linear" not in self.merge.kinds or sweep,
-              f"merge.lambdas {self.merge.lambdas} would not run: the lambda sweep runs on the trained backbones "
-              f"named in merge.sweep_backbones (got {self.merge.sweep_backbones}, trained: {self.train.backbones});"
-              " elsewhere only lambda 0.5 runs", "merge.lambdas")
+              f"merge.lambdas {self.merge.lambdas} would not run: the lambda sweep runs on the trained "
+              f"backbones named in merge.sweep_backbones (got {self.merge.sweep_backbones}, trained: "
+              f"{self.train.backbones}); elsewhere only lambda 0.5 runs", "merge.lambdas")
         _need(self.train.deepspeed or self.resources.train.num_workers == 1,
               f"train.deepspeed: false trains without gradient synchronisation, so "
               f"resources.train.num_workers {self.resources.train.num_workers} would train that many separate "
