@@ -246,9 +246,13 @@ class MergeCfg:
     def validate(self):
         for lam in self.lambdas:
             _need(_is_num(lam) and 0.0 <= lam <= 1.0,
-                  f"merge.lambdas: each lambda must be in [0, 1], got {lam!r}", "merge.lambdas")
-        _need(len(set(self.lambdas)) == len(self.lambdas),
-              f"merge.lambdas must not repeat a value, got {self.lambdas}", "merge.lambdas")
+                  "merge.lambdas: each lambda (the math drafter's weight) must be a number in [0, 1], "
+                  f"got {lam!r}", "merge.lambdas")
+        for i, lam in enumerate(self.lambdas):  # each lambda is one averaged drafter: 1 and 1.0 are one
+            first = next(x for x in self.lambdas if x == lam)
+            _need(self.lambdas.index(lam) == i,
+                  f"merge.lambdas must not repeat a value: {lam!r} repeats {first!r}, got {self.lambdas}",
+                  "merge.lambdas")
 
 
 @dataclass(frozen=True)
@@ -448,6 +452,11 @@ class Profile:
             _need({"math", "chat"} <= set(self.train.variants),
                   "merge kind 'linear' averages the math and chat drafters: train.variants must include both",
                   "train.variants")
+        sweep = [b for b in self.train.backbones if b in self.merge.sweep_backbones]
+        _need(set(self.merge.lambdas) <= {0.5} or "linear" not in self.merge.kinds or sweep,
+              f"merge.lambdas {self.merge.lambdas} would not run: the lambda sweep runs on the trained "
+              f"backbones named in merge.sweep_backbones (got {self.merge.sweep_backbones}, trained: "
+              f"{self.train.backbones}); elsewhere only lambda 0.5 runs", "merge.lambdas")
         _need(self.train.deepspeed or self.resources.train.num_workers == 1,
               f"train.deepspeed: false trains without gradient synchronisation, so "
               f"resources.train.num_workers {self.resources.train.num_workers} would train that many separate "

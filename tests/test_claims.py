@@ -393,6 +393,9 @@ def test_holm_families_are_fixed_by_the_grid_and_keep_exploratory_tests_apart():
     c = check_claims(extra, None, None, grid=grid)
     assert set(c.filter(pl.col("claim") == "switching")["family"]) == {"exploratory"}
     assert _rows(c, "RQ1-math").filter(pl.col("backbone") == "hass")["p_holm"][0] == r["p_holm"]
+    # the sweep on EAGLE-2 only (merge.sweep_backbones): HASS's Figure 6 is one hypothesis, not 3
+    one_sweep = Grid(grid.backbones, grid.temperatures, grid.benchmarks, grid.lambdas, ("eagle2",))
+    assert family_size(one_sweep) == size - 2 * len(grid.temperatures)
     assert holm([0.01, float("nan")], m=3)[0] == pytest.approx(0.03)
     with pytest.raises(ValueError, match="family of 1 cannot hold 2 tests"):
         holm([0.01, 0.02], m=1)

@@ -36,7 +36,7 @@ def test_dry_run_imports_no_model_code():
     (["bogus=1"], "unknown key"),
     (["train.epochz=3"], "unknown key"),
     (["train.epochs=three"], "train.epochs must be an integer"),
-    (["merge.lambdas=[0.5, 1.5]"], "lambda must be in \\[0, 1\\]"),
+    (["merge.lambdas=[0.5, 1.5]"], "must be a number in \\[0, 1\\], got 1.5"),
     (["eval.benchmarks={}"], "eval.benchmarks must not be empty"),
     (["eval.benchmarks={gsm9k: 2}"], "unknown benchmark 'gsm9k'"),
     (["train.variants=[math]", "merge.kinds=[]"], "need two drafters"),
@@ -149,7 +149,7 @@ def test_the_studys_routers_and_the_new_strategies_as_cells():
 
 
 def test_cpu_profiles_add_the_budget_matched_rival_of_depth_adaptive():
-    p = load_profile("cpu-study")
+    p = load_profile("demo")  # cpu-study leaves switching and depth_adaptive out (its header says why)
     cells = eval_cells(p)
     assert not p.eval.budget_matched
     bm = [c for c in cells if c.strategy == "merged" and c.budget_matched]
@@ -190,3 +190,17 @@ def test_decode_options_carry_only_what_a_cell_sets():
                                   "routing_decide_steps": 1}
     assert decode_columns(plain) == {"route_score": "path", "switch_after": 2, "switch_to": "specialist",
                                      "switch_depth": 2}
+
+
+def test_cpu_study_runs_the_lambda_sweep_hass_and_t1_in_one_invocation():
+    """cpu-study's grid: five averaged EAGLE-2 drafters (lambda 0 to 1), each evaluated as a single drafter
+    on every benchmark and temperature, both backbones, T=0 and T=1."""
+    p = load_profile("cpu-study")
+    assert len(p.merge.lambdas) >= 5 and set(p.train.backbones) == {"eagle2", "hass"}
+    assert set(p.eval.temperatures) == {0.0, 1.0}
+    cells = eval_cells(p)
+    avg = {(c.drafter, c.benchmark, c.temperature) for c in cells if c.strategy == "single"
+           and c.backbone == "eagle2" and c.drafter.startswith("avg")}
+    assert avg == {(f"avg{lam:g}", b, t) for lam in p.merge.lambdas for b in p.eval.benchmarks
+                   for t in p.eval.temperatures}
+    assert {c.backbone for c in cells if c.strategy == "single" and c.temperature == 1.0} == {"eagle2", "hass"}

@@ -137,6 +137,33 @@ def test_rq4_pairs_the_studys_two_routers_reading_choices_by_name():
     assert "Table 2" in r["study"][0]
 
 
+def test_rq4_in_the_study_family_counts_each_prompts_last_turn_head_the_majority_row_is_exploratory():
+    """Two turns per prompt on 12 gsm8k and 12 mt_bench prompts. The 4-head entropy router picks the
+    matched specialist at the first turn and the mixed head (index 2) at the second, so its last-turn
+    head (the study's code's count) is never matched while its majority (a tie, to the first turn's)
+    always is: post hoc confidence (always matched) beats HEADS_LAST by 1 (holds, study family) and
+    ties HEADS (0, exploratory). Ties in the majority go to the first drafter in turn order, here the
+    matched one at index 0 / 1 on its benchmark."""
+    rows = []
+    for bench, right in (("gsm8k", 0), ("mt_bench", 1)):
+        rows += _pp(POSTHOC, 3.0, n=12, bench=bench, strategy="posthoc", drafter="math+chat+mixed_full",
+                    choice=right)
+        rows += [r | {"turn": t, "routing_choice": right if t == 0 else 2, "output_token_ids": [1] * 21,
+                      "mean_tree_size": 15.0, "t_draft_s": 0.1, "t_verify_s": 0.5}
+                 for r in _pp(HEADS, 2.0, n=12, bench=bench, strategy="entropy",
+                              drafter="math+chat+mixed_full+avg0.5") for t in (0, 1)]
+    heads = per_prompt(pl.DataFrame([r for r in rows if r["method"] == HEADS]).lazy())
+    assert set(heads["routing_choice_last"].to_list()) == {2}
+    pp = pl.concat([pl.DataFrame([r for r in rows if r["method"] == POSTHOC]), heads], how="diagonal_relaxed")
+    cl = check_claims(pp, None, None).filter(pl.col("claim") == "RQ4")
+    last = cl.filter(pl.col("comparison").str.starts_with(f"{ROUTED} - {HEADS_LAST}:"))
+    mode = cl.filter(pl.col("comparison").str.starts_with(f"{ROUTED} - {HEADS}:"))
+    assert last.height == 1 and mode.height == 1
+    assert (last["estimate"][0], last["verdict"][0], last["family"][0]) == (pytest.approx(1.0), "holds", "study")
+    assert mode["estimate"][0] == pytest.approx(0.0) and mode["family"][0] == "exploratory"
+    assert "majority" in mode["study_note"][0] and last["verdict_holm"][0] == "holds"
+
+
 def test_method_labels_name_every_router_and_new_strategy():
     base = {"drafter": "math+chat", "routing_granularity": "prompt", "merge_dedup": False, "budget_matched": False,
             "total_tokens": 16, "tree": "fixed", "route_score": "path", "switch_after": 2, "switch_to": "specialist",

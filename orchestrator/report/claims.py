@@ -22,7 +22,7 @@ from .claims_depth import depth_claims, ordering_claim
 from .claims_next import BASE as NEXT_BASE
 from .claims_next import next_claims
 from .claims_study import STUDY_NUMBERS, WORDING, study_comparison  # noqa: F401 - re-exported
-from .routers import HEADS, POSTHOC, PROMPT_NODE, chosen_name, matched_expr
+from .routers import HEADS, HEADS_LAST, POSTHOC, PROMPT_NODE, chosen_name, last_turn_rows, matched_expr
 from .stats import mean_diff_ci, paired_avg_diff_ci, paired_diff_ci, verdict
 from .tables import MATH_BENCH, aligned
 
@@ -44,7 +44,7 @@ NEEDS = {  # what a claim needs from the run; shown when it is missing
     "RQ3c": "avg0.5 and a single drafter", "RQ3c-cells": "avg0.5 and another Table 1 variant",
     "Fig6": "a lambda sweep (>= 2 averaged checkpoints, 0 < lambda < 1) and both specialists",
     "merged-best": "merged and another method", "backbones": "both backbones with >= 3 methods in common",
-    "RQ4": f"{ROUTED} and {HEADS} (or confidence and entropy routing at one granularity)",
+    "RQ4": f"{ROUTED} and {HEADS} with each turn's head (or confidence and entropy routing at one granularity)",
     "entropy": "step traces of single drafters", "verifier-entropy": "step traces of single drafters",
     "RQ5": "step traces of single drafters reaching two depths",
     "depth-slope": "step traces of both specialists",
@@ -259,15 +259,20 @@ def _speed_claim(pp, backbone, temp, benches, methods) -> list[dict]:
 def _rq4(pp, backbone, temp, route_pair=("math", "chat")):
     """Domain separation = share of math choices on math benchmarks + share of chat choices on
     MT-Bench, averaged; confidence minus entropy routing, paired over prompts: first the study's
-    pair (ROUTED vs HEADS, its Table 2), then the project's own pairs at each granularity. A
-    choice is read by name from the row's ``drafter`` ("math+chat+..."); rows without one read
-    drafter i as route_pair[i] (the profile decides the order)."""
+    pair as its code counts it (ROUTED vs HEADS_LAST, a prompt's head its last turn's: its Table 2;
+    the study family), then ROUTED vs HEADS (the majority of turns) and the project's own pairs at
+    each granularity (exploratory). A choice is read by name from the row's ``drafter``
+    ("math+chat+..."); rows without one read drafter i as route_pair[i] (the profile decides the order)."""
     out = []
     if "math" not in route_pair or "chat" not in route_pair:
         return out
     if "drafter" not in pp.columns:
         pp = pp.with_columns(pl.lit("+".join(route_pair)).alias("drafter"))
-    pairs = [(ROUTED, HEADS, "prompt")]  # the study's two routers (its Table 2), then the project's own
+    heads = pp.filter(pl.col("method") == HEADS)
+    if heads.height and "routing_choice_last" in heads.columns:  # HEADS_LAST rows: each prompt's last turn
+        pp = pl.concat([pp, last_turn_rows(heads)], how="diagonal_relaxed")
+    pairs = [(ROUTED, HEADS_LAST, "prompt")]  # the study's two routers as its code ran them (its Table 2)
+    pairs += [(ROUTED, HEADS, "prompt")]  # the majority over turns: exploratory, beside it
     pairs += [(f"confidence({g})", f"entropy({g})", g) for g in ("step", "turn", "prompt")]
     for c, e, gran in pairs:
         sub = pp.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)
@@ -281,9 +286,13 @@ def _rq4(pp, backbone, temp, route_pair=("math", "chat")):
         if w.is_empty():
             continue
         n = int(w.group_by("benchmark").len()["len"].min())
+        ev = cs.rq4(backbone, temp, gran)
+        if e == HEADS:
+            ev["study_note"] = "; ".join(x for x in (ev["study_note"], "a prompt's head is its turns' majority "
+                                                     "(the study's code records the last turn's)") if x)
         out.append(_test("RQ4", backbone, temp, f"{c} - {e}: share routed to the matched specialist",
-                         mean_diff_ci((w[c] - w[e]).to_numpy(), p=True), n, cs.rq4(backbone, temp, gran),
-                         family=None if c == ROUTED else EXPLORATORY))
+                         mean_diff_ci((w[c] - w[e]).to_numpy(), p=True), n, ev,
+                         family=None if (c, e) == (ROUTED, HEADS_LAST) else EXPLORATORY))
     return out
 
 

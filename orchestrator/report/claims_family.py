@@ -31,6 +31,7 @@ class Grid:
     temperatures: tuple[float, ...]
     benchmarks: tuple[str, ...]
     lambdas: tuple[float, ...] = ()
+    sweep_backbones: tuple[str, ...] | None = None  # where the lambda list runs (merge.sweep_backbones); None: all
 
     def __post_init__(self):
         for name in ("backbones", "temperatures", "benchmarks"):
@@ -44,19 +45,23 @@ class Grid:
     @classmethod
     def from_profile(cls, prof: dict, pp: pl.DataFrame) -> Grid:
         """The grid of profile.json's ``train.backbones``, ``eval.temperatures``, ``eval.benchmarks``
-        and ``merge.lambdas``; a key the profile lacks falls back to what the traces hold."""
+        and ``merge.lambdas`` (on ``merge.sweep_backbones``); a key the profile lacks falls back to what the
+        traces hold."""
         ev, tr, mg = prof.get("eval", {}), prof.get("train", {}), prof.get("merge", {})
         benches = ev.get("benchmarks") or sorted(pp["benchmark"].unique().to_list())
         backbones = tr.get("backbones") or sorted(set(pp["backbone"].unique().to_list()) - {"none"}) or ["none"]
         temps = ev.get("temperatures") or sorted(pp["temperature"].unique().to_list())
+        sweep = mg.get("sweep_backbones")
         return cls(tuple(backbones), tuple(float(t) for t in temps), tuple(benches),
-                   tuple(float(x) for x in mg.get("lambdas", ())))
+                   tuple(float(x) for x in mg.get("lambdas", ())), None if sweep is None else tuple(sweep))
 
 
-def slots(claim: str, grid: Grid) -> int:
-    """Hypotheses one (claim, backbone, temperature) of the study family holds under this grid."""
+def slots(claim: str, grid: Grid, backbone: str | None = None) -> int:
+    """Hypotheses one (claim, backbone, temperature) of the study family holds under this grid (Figure 6:
+    one per averaged drafter strictly between the specialists, on the backbones the sweep runs on)."""
     n_math = sum(b in MATH_BENCH for b in grid.benchmarks)
-    sweep = sum(0 < lam < 1 for lam in grid.lambdas)
+    swept = grid.sweep_backbones is None or backbone is None or backbone in grid.sweep_backbones
+    sweep = sum(0 < lam < 1 for lam in grid.lambdas) if swept else 0
     return {"RQ1-math": n_math, "RQ1-chat": len(grid.benchmarks) - n_math,
             "RQ2": len(MIXED) * len(grid.benchmarks), "RQ2-home": len(MIXED) * len(grid.benchmarks),
             "RQ3c-cells": len(grid.benchmarks), "Fig6": sweep if sweep >= 2 else 1, "RQ5": len(VARIANTS),
@@ -83,7 +88,7 @@ def family_size(grid: Grid, cl: pl.DataFrame | None = None) -> int:
         for k, g in study.group_by("claim", "backbone", "temperature"):
             rows[(k[0], k[1], float(k[2]))] = g.filter(~pl.col("verdict").str.contains("not in this run")).height
     grid_keys = keys(grid)
-    size = sum(max(slots(c, grid), rows.get((c, bb, t), 0)) for c, bb, t in grid_keys)
+    size = sum(max(slots(c, grid, bb), rows.get((c, bb, t), 0)) for c, bb, t in grid_keys)
     return size + sum(n for k, n in rows.items() if k not in set(grid_keys))
 
 

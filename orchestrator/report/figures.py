@@ -6,6 +6,7 @@ from pathlib import Path
 import polars as pl
 
 from .routers import NOT_DEPLOYABLE, POSTHOCS
+from .tables import lambda_of
 
 
 def _plt():
@@ -48,25 +49,33 @@ def fig_tau(t1: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path | 
 
 
 def fig_lambda(t1: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path | None:
-    t = t1.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)).group_by("method").agg(pl.col("tau").mean())
-    lam = t.filter(pl.col("method").str.starts_with("avg")).with_columns(pl.col("method").str.slice(3).cast(pl.Float64).alias("lam")).sort("lam")
-    if lam.height < 2:
+    """Figure 6: τ against λ (the math drafter's weight in the average), one panel per benchmark, with
+    95% CIs; both specialists and the mixed drafter as reference lines. None with < 2 averaged drafters."""
+    t = t1.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp))
+    t = t.with_columns(pl.col("method").map_elements(lambda_of, return_dtype=pl.Float64).alias("lam"))
+    lam = t.filter(pl.col("lam").is_not_null()).sort("lam")
+    if lam["method"].n_unique() < 2:
         return None
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    ax.plot(lam["lam"], lam["tau"], "o-", color="black", label="averaged λ·math + (1-λ)·chat")
-    ref = dict(zip(t["method"], t["tau"]))
-    styles = {"math": "tab:blue", "chat": "tab:orange", "confidence(post hoc)": "tab:green", "merged": "tab:red"}
-    for m, c in styles.items():
-        if m in ref:
-            ax.axhline(ref[m], color=c, ls="--", label=f"{m} ({ref[m]:.2f})")
-    for m, mk in (("task_arithmetic", "s"), ("ties", "^")):
-        if m in ref:
-            ax.plot([0.5], [ref[m]], mk, ms=9, label=f"{m} ({ref[m]:.2f})")
-    ax.set_xlabel("λ (weight of the math drafter)")
-    ax.set_ylabel("τ, mean over benchmarks (tokens / call)")
-    ax.set_title(f"{backbone}: weight averaging along λ vs specialists and compositions (T={temp:g})")
-    ax.legend(fontsize=8, loc="best")
+    benches = sorted(t["benchmark"].unique().to_list())
+    fig, axes = plt.subplots(1, len(benches), figsize=(4.2 * len(benches) + 1, 4.4), squeeze=False, sharey=True)
+    styles = {"math": "tab:blue", "chat": "tab:orange", "mixed_half": "tab:green", "mixed_full": "tab:olive"}
+    for ax, b in zip(axes[0], benches):
+        lb = lam.filter(pl.col("benchmark") == b)
+        err = [(lb["tau"] - lb["tau_lo"]).fill_nan(0).to_list(), (lb["tau_hi"] - lb["tau"]).fill_nan(0).to_list()]
+        ax.errorbar(lb["lam"].to_list(), lb["tau"].to_list(), yerr=err, fmt="o-", color="black", capsize=3,
+                    label="averaged λ·math + (1-λ)·chat")
+        ref = {r["method"]: r["tau"] for r in t.filter(pl.col("benchmark") == b).iter_rows(named=True)}
+        for m, c in styles.items():
+            if m in ref:
+                ax.axhline(ref[m], color=c, ls="--", label=f"{m} ({ref[m]:.2f})")
+        ax.set_title(b)
+        ax.set_xlabel("λ (weight of the math drafter)")
+        ax.set_xlim(-0.05, 1.05)
+        ax.legend(fontsize=7, loc="best")
+    axes[0][0].set_ylabel("acceptance length τ (tokens per verifier call)")
+    fig.suptitle(f"{backbone}: weight averaging along λ vs the specialists and the mixed drafter "
+                 f"(T={temp:g}, 95% CI)")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

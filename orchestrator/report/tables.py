@@ -1,6 +1,7 @@
 """The study's tables from the Parquet traces, with polars (lazy scans, no loops over rows)."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ from .stats import ratio_ci
 
 MATH_BENCH = ("gsm8k", "math500", "svamp")
 KEYS = ["backbone", "method", "benchmark", "temperature"]
+LAMBDA_REFS = ("math", "chat", "mixed_half", "mixed_full")  # Figure 6's reference lines: both specialists, mixed
 
 
 # trace columns a run may lack (written before they existed), with the value they had then
@@ -141,6 +143,33 @@ def table1_wide(t1: pl.DataFrame, backbone: str, temperature: float) -> pl.DataF
                                    *([pl.col("tau_study").mean().round(2).alias("average (study's convention)")]
                                      if "tau_study" in t.columns else []))
     return wide.join(avg, on="method").sort(["average", "method"], descending=[True, False])  # ties by name
+
+
+def lambda_of(method: str) -> float | None:
+    """λ of an averaged drafter's method name (``avg0.25`` -> 0.25: λ·math + (1-λ)·chat), else None."""
+    m = re.fullmatch(r"avg([0-9]+(?:\.[0-9]+)?)", method)
+    return float(m.group(1)) if m else None
+
+
+def lambda_table(t1: pl.DataFrame, backbone: str, temperature: float) -> pl.DataFrame:
+    """Figure 6 as a table: τ [95% CI] per benchmark of every averaged drafter of the sweep (``lambda``,
+    the math drafter's weight), then the reference drafters (both specialists, the mixed one) with
+    ``lambda`` null; empty unless the cell has >= 2 averaged drafters (one λ is not a sweep)."""
+    t = t1.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temperature))
+    lam = pl.col("method").map_elements(lambda_of, return_dtype=pl.Float64)
+    t = t.with_columns(lam.alias("lambda")).filter(pl.col("lambda").is_not_null()
+                                                   | pl.col("method").is_in(list(LAMBDA_REFS)))
+    if t.filter(pl.col("lambda").is_not_null())["method"].n_unique() < 2:
+        return pl.DataFrame()
+    cell = t.with_columns(pl.format("{} [{}, {}]", pl.col("tau").round(2), pl.col("tau_lo").round(2),
+                                    pl.col("tau_hi").round(2)).alias("v"))
+    benches = sorted(t["benchmark"].unique().to_list())
+    wide = cell.pivot(on="benchmark", index=["method", "lambda"], values="v")
+    avg = t.group_by("method").agg(pl.col("tau").mean().round(2).alias("average"))
+    order = pl.col("method").replace_strict({m: i for i, m in enumerate(LAMBDA_REFS)}, default=-1,
+                                            return_dtype=pl.Int64)
+    return (wide.join(avg, on="method").with_columns(order.alias("_o")).sort("_o", "lambda")
+            .drop("_o").select("method", "lambda", *benches, "average"))
 
 
 GENERATE = "generate (transformers)"
