@@ -268,8 +268,8 @@ def _export_eagle3(ckpt, fmt_name: str, out, vcfg: dict, verifier_ref: dict, dty
             "default_proposal_method": "greedy",
             "verifier": verifier_ref,
         },
-        "taskspec": {"backbone": cfg.backbone, "verifier": cfg.verifier, "seed": cfg.seed, "training": cfg.training,
-                     "ttt_steps": cfg.ttt_steps, "ttt_decay": cfg.ttt_decay,
+        "taskspec": {"backbone": cfg.backbone, "verifier": cfg.verifier, "seed": cfg.seed,
+                     "training": cfg.training, "ttt_steps": cfg.ttt_steps, "ttt_decay": cfg.ttt_decay,
                      "num_verifier_layers": cfg.num_verifier_layers},
     }
     with atomic_dir(out) as tmp:

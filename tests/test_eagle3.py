@@ -1,6 +1,6 @@
 """The EAGLE-3 drafter on the real verifier's three-layer features: its config refuses what cannot
 work, the unrolled training forward equals drafting (step 0 and the later steps, with a KV cache),
-and a few dozen optimizer steps of the training-time-test loss lower it and raise step-0 top-1."""
+and 20 optimizer steps of the training-time-test loss lower it and raise step-0 top-1."""
 from __future__ import annotations
 
 import warnings
@@ -21,13 +21,13 @@ N_DRAFT = 1024
 
 @pytest.fixture(scope="module")
 def batch(verifier, eos):
-    """Four real GSM8K/MATH training conversations (right-padded to one length), the verifier's
+    """Three real GSM8K/MATH training conversations (right-padded to one length), the verifier's
     hidden states of the reference's three layers and its logits."""
     model, tok = verifier
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         convs, _ = load_corpus("mathinstruct")
-    examples = [tokenize_conversation(tok, c, 80, eos) for c in subsample(convs, 4, seed=7)]
+    examples = [tokenize_conversation(tok, c, 80, eos) for c in subsample(convs, 3, seed=7)]
     L = max(len(e.input_ids) for e in examples)
     ids = torch.zeros(len(examples), L, dtype=torch.long)
     mask = torch.zeros(len(examples), L, dtype=torch.long)
@@ -66,7 +66,8 @@ def test_ttt_mask_is_causal_then_diagonal():
     m = ttt_mask(3, 2)
     assert m.shape == (3, 9)
     assert torch.equal(m[:, :3], torch.ones(3, 3, dtype=torch.bool).tril())
-    assert torch.equal(m[:, 3:6], torch.eye(3, dtype=torch.bool)) and torch.equal(m[:, 6:], torch.eye(3, dtype=torch.bool))
+    eye = torch.eye(3, dtype=torch.bool)
+    assert torch.equal(m[:, 3:6], eye) and torch.equal(m[:, 6:], eye)
 
 
 def test_unrolled_training_forward_equals_drafting(verifier, batch):
@@ -102,9 +103,9 @@ def test_ttt_training_lowers_the_loss_and_raises_step0_agreement(verifier, batch
     with torch.no_grad():
         loss0, stats0 = ttt_loss(drafter, *args)
     assert len(stats0["loss"]) == 7 and all(n > 0 for n in stats0["rows"])
-    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=1e-3)
+    opt = torch.optim.AdamW([p for p in drafter.parameters() if p.requires_grad], lr=2e-3)
     torch.manual_seed(0)
-    for _ in range(30):
+    for _ in range(20):
         loss, _ = ttt_loss(drafter, *args)
         opt.zero_grad()
         loss.backward()

@@ -50,7 +50,8 @@ def test_cli_export_writes_the_speculators_eagle3_layout(e3, tmp_path, capsys):
     assert drafters_main(["export", e3["reduced"], "--format", "speculators", "--out", str(out)]) in (0, None)
     assert "vllm serve" in capsys.readouterr().out
     cfg, w = _exported(out)
-    assert {k: tuple(v.shape) for k, v in w.items()} == {**WEIGHTS, "lm_head.weight": (N, H), "d2t": (N,), "t2d": (V,)}
+    want = {**WEIGHTS, "lm_head.weight": (N, H), "d2t": (N,), "t2d": (V,)}
+    assert {k: tuple(v.shape) for k, v in w.items()} == want
     assert w["d2t"].dtype == torch.int64 and w["t2d"].dtype == torch.bool and int(w["t2d"].sum()) == N
     assert torch.equal(w["t2d"].nonzero().flatten(), torch.arange(0, 2 * N, 2))
     assert cfg["speculators_model_type"] == "eagle3" and cfg["architectures"] == ["Eagle3Speculator"]
@@ -60,7 +61,8 @@ def test_cli_export_writes_the_speculators_eagle3_layout(e3, tmp_path, capsys):
     assert sc["algorithm"] == "eagle3" and sc["default_proposal_method"] == "greedy"
     assert sc["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
     layer = cfg["transformer_layer_config"]
-    assert (layer["model_type"], layer["num_hidden_layers"], layer["vocab_size"], layer["head_dim"]) == ("llama", 1, V, 64)
+    assert (layer["model_type"], layer["num_hidden_layers"], layer["vocab_size"]) == ("llama", 1, V)
+    assert layer["head_dim"] == 64 and layer["tie_word_embeddings"] is False
     src = load_eagle3(e3["reduced"]).state_dict()
     assert torch.equal(w["layers.0.hidden_norm.weight"], src["layer.hidden_norm.weight"])
     assert torch.equal(w["lm_head.weight"], src["lm_head.weight"])
@@ -128,8 +130,8 @@ def test_the_real_speculators_loads_the_export_and_drafts_the_same_logits(verifi
         seen = []
         hook = theirs.lm_head.register_forward_hook(lambda mod, inp, o: seen.append(o.detach()))
         t = x.shape[1] - 1
-        tokens = theirs(hidden_states=aux[:, :-1], input_ids=x[:, 1:], document_ids=torch.zeros(1, t, dtype=torch.long),
-                        ttt_steps=3)
+        tokens = theirs(hidden_states=aux[:, :-1], input_ids=x[:, 1:],
+                        document_ids=torch.zeros(1, t, dtype=torch.long), ttt_steps=3)
         hook.remove()
         mine = ttt_unroll(ours, model.get_input_embeddings(), aux, x, steps=3)
     for k in range(3):  # their training-time-test forward, step by step, on the rows inside the sequence
