@@ -28,16 +28,22 @@ def _export(args) -> None:
     from decoding.verifiers import verifier_config
 
     from .checkpoint import load_config
+    from .eagle3 import is_eagle3_checkpoint, load_eagle3
     from .export import ContractError, export
-    from .formats import FORMATS, TOKEN_MAP_FILE
+    from .formats import EAGLE3_SERVE, FORMATS, TOKEN_MAP_FILE
 
+    eagle3 = is_eagle3_checkpoint(args.ckpt)
     try:
-        vcfg, ref = verifier_config(args.verifier or load_config(args.ckpt).verifier)
+        name = args.verifier or (load_eagle3(args.ckpt).config if eagle3 else load_config(args.ckpt)).verifier
+        vcfg, ref = verifier_config(name)
         out = export(args.ckpt, args.format, args.out, vcfg, ref, dtype=args.dtype,
                      full_vocab_head=args.full_vocab_head, depth=args.depth)
     except (ContractError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
     print(f"wrote {args.format} export of {args.ckpt} to {out} (checked against the {args.format} contract)")
+    if eagle3:
+        print("serve with " + EAGLE3_SERVE.replace("DIR", str(out)).replace("VERIFIER", ref["name_or_path"]))
+        return
     serve = FORMATS[args.format].serve.replace("DIR", str(out))
     if (out / TOKEN_MAP_FILE).is_file():
         serve += f" --speculative-token-map {out / TOKEN_MAP_FILE}"
@@ -49,13 +55,15 @@ def _export(args) -> None:
 
 def _import(args) -> None:
     from .checkpoint import save_checkpoint
+    from .eagle3 import Eagle3Drafter, save_eagle3
     from .export import ContractError, load_export
 
     try:
         drafter = load_export(args.export_dir, verifier=args.verifier, backbone=args.backbone)
     except (ContractError, FileNotFoundError) as e:
         raise SystemExit(f"error: {e}")
-    print(f"wrote {save_checkpoint(drafter, args.out)} from {args.export_dir}")
+    save = save_eagle3 if isinstance(drafter, Eagle3Drafter) else save_checkpoint
+    print(f"wrote {save(drafter, args.out)} from {args.export_dir}")
 
 
 def main(argv=None) -> int:

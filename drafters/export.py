@@ -18,7 +18,9 @@ from safetensors.torch import load_file, save_file
 from .atomic import atomic_dir
 from .checkpoint import load_checkpoint
 from .config import DrafterConfig
-from .formats import FORMATS, LLAMA_KEYS, TOKEN_MAP_FILE, Format, dims, shape_of
+from .eagle3 import Eagle3Config, Eagle3Drafter, is_eagle3_checkpoint, load_eagle3
+from .formats import (EAGLE3_KEYS, EAGLE3_WEIGHTS, FORMATS, LLAMA_KEYS, TOKEN_MAP_FILE, Format, dims,
+                      eagle3_weights, shape_of)
 from .model import DTYPES as _DTYPES
 from .model import FeatureDrafter
 
@@ -96,6 +98,8 @@ def export(ckpt: str | os.PathLike, fmt_name: str, out: str | os.PathLike, verif
         raise ContractError(f"unknown format {fmt_name!r}; choose one of {sorted(FORMATS)}")
     if dtype not in _DTYPES:
         raise ContractError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    if is_eagle3_checkpoint(ckpt):
+        return _export_eagle3(ckpt, fmt_name, out, verifier_config, verifier_ref, dtype, depth)
     fmt = FORMATS[fmt_name]
     drafter = load_checkpoint(ckpt)
     cfg = drafter.config
@@ -128,6 +132,8 @@ def export(ckpt: str | os.PathLike, fmt_name: str, out: str | os.PathLike, verif
 
 
 def detect_format(config: dict) -> str:
+    if config.get("speculators_model_type") == "eagle3":
+        return "speculators"
     if config.get("speculators_model_type") == "eagle":
         return "speculators"
     arch = (config.get("architectures") or [None])[0]
@@ -144,6 +150,9 @@ def check_export(path: str | os.PathLike, fmt_name: str | None = None) -> Format
         raise ContractError(f"{p} is not an export (needs config.json and model.safetensors)")
     config = json.loads((p / "config.json").read_text())
     fmt = FORMATS[fmt_name or detect_format(config)]
+    if fmt.name == "speculators" and config.get("speculators_model_type") == "eagle3":
+        _check_eagle3(p, config)
+        return fmt
     llama = config["transformer_layer_config"] if fmt.name == "speculators" else config
     problems = [f"config misses {k!r}" for k in LLAMA_KEYS if k not in llama]
     if problems:
@@ -186,11 +195,15 @@ def check_export(path: str | os.PathLike, fmt_name: str | None = None) -> Format
     return fmt
 
 
-def load_export(path: str | os.PathLike, verifier: str | None = None, backbone: str | None = None) -> FeatureDrafter:
-    """An export back as a FeatureDrafter (float32), checked against its contract first."""
+def load_export(path: str | os.PathLike, verifier: str | None = None,
+                backbone: str | None = None) -> FeatureDrafter | Eagle3Drafter:
+    """An export back as a FeatureDrafter (an Eagle3Drafter for an eagle3 export; float32), checked
+    against its contract first."""
     p = Path(path)
     fmt = check_export(p)
     config = json.loads((p / "config.json").read_text())
+    if config.get("speculators_model_type") == "eagle3":
+        return _load_eagle3_export(p, config, verifier)
     llama = config["transformer_layer_config"] if fmt.name == "speculators" else config
     prov = config.get("taskspec", {})
     state = load_file(str(p / "model.safetensors"))
@@ -215,5 +228,117 @@ def load_export(path: str | os.PathLike, verifier: str | None = None, backbone: 
     ours = {o: state[t].float() for o, t in fmt.rename().items()}
     if ids is not None:
         ours["d2t"] = ids - torch.arange(ids.shape[0])
+    model.load_state_dict(ours)
+    return model.eval()
+
+
+# ---------------------------------------------------------------- EAGLE-3: speculators 0.9's eagle3 layout
+
+
+def _export_eagle3(ckpt, fmt_name: str, out, vcfg: dict, verifier_ref: dict, dtype: str, depth: int) -> Path:
+    if fmt_name != "speculators":
+        raise ContractError(f"{ckpt} is an eagle3 drafter: it exports with --format speculators (speculators "
+                            f"0.9's eagle3 layout, which vLLM serves), not {fmt_name!r}")
+    drafter = load_eagle3(ckpt)
+    cfg = drafter.config
+    check_compatible(cfg, vcfg)
+    n_layers = vcfg.get("num_hidden_layers")
+    if n_layers is not None and n_layers != cfg.num_verifier_layers:
+        raise ContractError(f"cannot export: the drafter's aux layers {list(cfg.aux_layers)} are for a "
+                            f"{cfg.num_verifier_layers}-layer verifier, this verifier has {n_layers}")
+    state = drafter.state_dict()
+    weights = {theirs: state[ours].to(_DTYPES[dtype]).contiguous() for ours, (theirs, _) in EAGLE3_WEIGHTS.items()}
+    ids = drafter.draft_ids()
+    if ids is not None:
+        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
+        t2d[ids] = True
+        weights.update({"d2t": drafter.d2t.long().clone(), "t2d": t2d})
+    layer = _llama_config(cfg, vcfg, ("LlamaForCausalLM",), dtype)
+    layer["tie_word_embeddings"] = False  # the embedding comes from the verifier, the head is the drafter's
+    config = {
+        "speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
+        "transformer_layer_config": layer, "draft_vocab_size": cfg.head_size,
+        "norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False,
+        "embed_requires_grad": False, "target_hidden_size": cfg.hidden_size,
+        "eagle_aux_hidden_state_layer_ids": list(cfg.aux_layers),
+        "speculators_version": "0.9.0", "torch_dtype": dtype,
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": depth}],
+            "default_proposal_method": "greedy",
+            "verifier": verifier_ref,
+        },
+        "taskspec": {"backbone": cfg.backbone, "verifier": cfg.verifier, "seed": cfg.seed,
+                     "training": cfg.training, "ttt_steps": cfg.ttt_steps, "ttt_decay": cfg.ttt_decay,
+                     "num_verifier_layers": cfg.num_verifier_layers},
+    }
+    with atomic_dir(out) as tmp:
+        save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        check_export(tmp, "speculators")
+    return Path(out)
+
+
+def _check_eagle3(p: Path, config: dict) -> None:
+    problems = [f"config misses {k!r}" for k in EAGLE3_KEYS if k not in config]
+    llama = config.get("transformer_layer_config") or {}
+    problems += [f"transformer_layer_config misses {k!r}" for k in LLAMA_KEYS if k not in llama]
+    if problems:
+        raise ContractError(f"{p} breaks the speculators eagle3 contract: " + "; ".join(problems))
+    if llama["num_hidden_layers"] != 1:
+        problems.append(f"num_hidden_layers is {llama['num_hidden_layers']}, this drafter has 1")
+    for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+        if config.get(k):
+            problems.append(f"{k} must be false (this drafter's layer has the reference's norms)")
+    if config.get("target_hidden_size") not in (None, llama["hidden_size"]):
+        problems.append(f"target_hidden_size {config['target_hidden_size']} != hidden_size {llama['hidden_size']}")
+    aux = config.get("eagle_aux_hidden_state_layer_ids") or []
+    n = int(config["draft_vocab_size"])
+    v = llama["vocab_size"]
+    d = dims(llama["hidden_size"], llama["num_attention_heads"], llama["num_key_value_heads"], llama["head_dim"],
+             llama["intermediate_size"], v, n)
+    d["AH"] = len(aux) * llama["hidden_size"]
+    expected = {k: shape_of(s, d) for k, s in eagle3_weights(n < v).items()}
+    state = load_file(str(p / "model.safetensors"))
+    missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if not aux:
+        problems.append("eagle_aux_hidden_state_layer_ids is empty")
+    if missing:
+        problems.append(f"missing weights {missing} (a loader would leave them at random initialisation)")
+    if extra:
+        problems.append(f"unexpected weights {extra} (a loader would skip them silently)")
+    want = _DTYPES.get(llama["torch_dtype"])
+    for k in sorted(set(expected) & set(state)):
+        if tuple(state[k].shape) != expected[k]:
+            problems.append(f"{k} has shape {tuple(state[k].shape)}, expected {expected[k]}")
+        kind = {"d2t": torch.int64, "t2d": torch.bool}.get(k, want)
+        if state[k].dtype != kind:
+            problems.append(f"{k} is {state[k].dtype}, expected {kind}")
+    if "d2t" in state and "t2d" in state and not problems:
+        ids = state["d2t"].long() + torch.arange(n)
+        if not torch.equal(state["t2d"].nonzero().flatten(), ids):
+            problems.append("d2t and t2d describe different draft vocabularies")
+    if problems:
+        raise ContractError(f"{p} breaks the speculators eagle3 contract: " + "; ".join(problems))
+
+
+def _load_eagle3_export(p: Path, config: dict, verifier: str | None) -> Eagle3Drafter:
+    llama, prov = config["transformer_layer_config"], config.get("taskspec", {})
+    state = load_file(str(p / "model.safetensors"))
+    n, v = int(config["draft_vocab_size"]), llama["vocab_size"]
+    aux = list(config["eagle_aux_hidden_state_layer_ids"])
+    cfg = Eagle3Config(
+        verifier=verifier or prov.get("verifier", "unknown"), hidden_size=llama["hidden_size"], vocab_size=v,
+        num_attention_heads=llama["num_attention_heads"], num_key_value_heads=llama["num_key_value_heads"],
+        intermediate_size=llama["intermediate_size"],
+        num_verifier_layers=prov.get("num_verifier_layers", max(aux) + 3), aux_layers=tuple(aux),
+        rms_norm_eps=llama["rms_norm_eps"], rope_theta=float(llama["rope_theta"]), seed=prov.get("seed", 0),
+        draft_vocab_size=n if n < v else None, ttt_steps=prov.get("ttt_steps", 7),
+        ttt_decay=prov.get("ttt_decay", 0.8), training=prov.get("training", {}),
+    )
+    model = Eagle3Drafter(cfg)
+    ours = {o: state[t].float() for o, (t, _) in EAGLE3_WEIGHTS.items()}
+    if n < v:
+        ours["d2t"] = state["d2t"].long()
     model.load_state_dict(ours)
     return model.eval()

@@ -19,8 +19,15 @@ Read from the real loaders (for understanding; nothing here is copied):
   verifier). A reduced vocabulary is stored as speculators' EAGLE-3 class stores it: ``d2t``
   (N,) int64 offsets, ``t2d`` (V,) bool, ``draft_vocab_size`` in the config.
 
+EAGLE-3 (``backbone: eagle3``, drafters/eagle3.py) exports to speculators 0.9's Eagle3 layout, read
+from its ``models/eagle3`` (``Eagle3SpeculatorConfig``, ``Eagle3DraftModel``) and the layout vLLM's
+EAGLE-3 loader reads: ``fc`` (H, A*H), ``layers.0.*`` a Llama decoder layer whose q/k/v read 2H and
+which has a ``hidden_norm`` beside its ``input_layernorm``, the drafter's own ``norm`` and ``lm_head``
+(N, H), and ``d2t``/``t2d`` when the vocabulary is reduced (``EAGLE3_WEIGHTS`` below); the verifier's
+embedding is not written (speculators loads it from the verifier the config names).
+
 Shapes are symbolic: H hidden, Q = heads x head_dim, KV = kv heads x head_dim, I intermediate,
-N draft vocabulary, V verifier vocabulary.
+N draft vocabulary, V verifier vocabulary, AH the aux layers' concatenated features (A x H).
 """
 from __future__ import annotations
 
@@ -91,3 +98,36 @@ def dims(hidden: int, heads: int, kv_heads: int, head_dim: int, intermediate: in
 
 def shape_of(symbols: tuple[str, ...], d: dict[str, int]) -> tuple[int, ...]:
     return tuple(d[s] for s in symbols)
+
+
+# EAGLE-3 (speculators 0.9 ``speculators_model_type: eagle3``): our name (Eagle3Drafter) -> theirs, shape
+EAGLE3_WEIGHTS = {
+    "fc.weight": ("fc.weight", ("H", "AH")),
+    "layer.input_layernorm.weight": ("layers.0.input_layernorm.weight", ("H",)),
+    "layer.hidden_norm.weight": ("layers.0.hidden_norm.weight", ("H",)),
+    "layer.q_proj.weight": ("layers.0.self_attn.q_proj.weight", ("Q", "2H")),
+    "layer.k_proj.weight": ("layers.0.self_attn.k_proj.weight", ("KV", "2H")),
+    "layer.v_proj.weight": ("layers.0.self_attn.v_proj.weight", ("KV", "2H")),
+    "layer.o_proj.weight": ("layers.0.self_attn.o_proj.weight", ("H", "Q")),
+    "layer.post_attention_layernorm.weight": ("layers.0.post_attention_layernorm.weight", ("H",)),
+    "layer.gate_proj.weight": ("layers.0.mlp.gate_proj.weight", ("I", "H")),
+    "layer.up_proj.weight": ("layers.0.mlp.up_proj.weight", ("I", "H")),
+    "layer.down_proj.weight": ("layers.0.mlp.down_proj.weight", ("H", "I")),
+    "norm.weight": ("norm.weight", ("H",)),
+    "lm_head.weight": ("lm_head.weight", ("N", "H")),
+}
+EAGLE3_VOCAB = {"d2t": ("N",), "t2d": ("V",)}  # only with a reduced draft vocabulary (N < V)
+
+# top-level keys of an eagle3 export's config.json (speculators' Eagle3SpeculatorConfig fields vLLM reads)
+EAGLE3_KEYS = ("speculators_model_type", "architectures", "transformer_layer_config", "draft_vocab_size",
+               "norm_before_residual", "target_hidden_size", "eagle_aux_hidden_state_layer_ids",
+               "speculators_config", "speculators_version")
+
+EAGLE3_SERVE = ('vLLM: vllm serve VERIFIER --speculative-config \'{"model": "DIR", "num_speculative_tokens": K}\' '
+                "(a speculators eagle3 drafter; its config names the verifier)")
+
+
+def eagle3_weights(reduced: bool) -> dict[str, tuple[str, ...]]:
+    """Exported weight name -> symbolic shape: the exact key set of an eagle3 export."""
+    out = {theirs: shape for theirs, shape in EAGLE3_WEIGHTS.values()}
+    return {**out, **EAGLE3_VOCAB} if reduced else out

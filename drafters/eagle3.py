@@ -1,0 +1,271 @@
+"""The EAGLE-3 drafter (arXiv 2503.01840): three verifier layers fused by one linear layer, one
+decoder layer whose attention reads [token embedding ; hidden state], its own final norm and LM head
+over the reduced draft vocabulary.
+
+    h_0      = fc(cat(f_a, f_b, f_c))                      f_* the verifier's hidden states (aux layers)
+    x        = cat(input_layernorm(embed(token)), hidden_norm(h))     (2H: what q/k/v project)
+    h'       = h + o_proj(attn(x));  h'' = h' + mlp(post_attention_layernorm(h'))
+    logits   = lm_head(norm(h''))                           over the draft vocabulary (d2t maps to verifier ids)
+
+Drafting step k+1 takes h'' of step k as its hidden state (``draft_step``): the drafter conditions
+on its own previous output, never on a verifier feature it does not have. Training unrolls these
+steps (drafters/eagle3_loss.py). The verifier's embedding is passed in at run time, never stored.
+
+``aux_layers`` are indices into ``output_hidden_states`` (0 = the embeddings, i = the input of
+decoder layer i): the reference's (2, L // 2, L - 3) are the inputs of those layers, as in
+SafeAILab/EAGLE, speculators' ``eagle_aux_hidden_state_layer_ids`` and vLLM.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .atomic import atomic_dir
+from .model import KVCache, RMSNorm, _rotate_half, grouped_attention, rope_cos_sin
+
+BACKBONE = "eagle3"
+FORMAT = "taskspec-eagle3-v1"  # config.json "format" of an eagle3 checkpoint (eagle2/hass: taskspec-drafter-v1)
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
+    """The reference's three feature layers for a verifier of ``num_layers`` decoder layers."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+@dataclass(frozen=True)
+class Eagle3Config:
+    verifier: str
+    hidden_size: int
+    vocab_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    num_verifier_layers: int  # the verifier's decoder layers (aux layer indices are checked against it)
+    aux_layers: tuple[int, ...]  # output_hidden_states indices, fused in this order
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    seed: int = 0
+    draft_vocab_size: int | None = None  # None = the verifier's whole vocabulary
+    ttt_steps: int = 7  # training-time test: drafting steps unrolled per training position
+    ttt_decay: float = 0.8  # step k's loss weight is ttt_decay ** k
+    training: dict = field(default_factory=dict)
+    backbone: str = BACKBONE
+
+    def __post_init__(self):
+        object.__setattr__(self, "aux_layers", tuple(self.aux_layers))
+        if self.backbone != BACKBONE:
+            raise ValueError(f"Eagle3Config is for backbone {BACKBONE!r}, got {self.backbone!r}")
+        for name in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
+                     "intermediate_size", "num_verifier_layers", "ttt_steps"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("hidden_size must be divisible by num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("num_attention_heads must be divisible by num_key_value_heads")
+        a = self.aux_layers
+        if (not a or len(set(a)) != len(a)
+                or any(not isinstance(i, int) or not 0 <= i <= self.num_verifier_layers for i in a)):
+            raise ValueError(f"aux_layers must be distinct ints in [0, {self.num_verifier_layers}] "
+                             f"(output_hidden_states indices of a {self.num_verifier_layers}-layer verifier), "
+                             f"got {list(a)}")
+        if self.draft_vocab_size is not None and not (
+                isinstance(self.draft_vocab_size, int) and 1 <= self.draft_vocab_size <= self.vocab_size):
+            raise ValueError(f"draft_vocab_size must be an int in [1, vocab_size={self.vocab_size}] or None, "
+                             f"got {self.draft_vocab_size!r}")
+        if not 0.0 < float(self.ttt_decay) <= 1.0:
+            raise ValueError(f"ttt_decay must be in (0, 1], got {self.ttt_decay!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def head_size(self) -> int:
+        """Rows of the drafter's LM head: the draft vocabulary, or the whole one."""
+        return self.draft_vocab_size or self.vocab_size
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["aux_layers"] = list(self.aux_layers)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Eagle3Config":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known - {"format"}
+        if unknown:
+            raise ValueError(f"unknown eagle3 config keys: {sorted(unknown)}")
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def for_verifier(cls, model, verifier: str, seed: int = 0, draft_vocab_size: int | None = None,
+                     aux_layers: tuple[int, ...] | None = None, **kw) -> "Eagle3Config":
+        c = model.config
+        rope = getattr(c, "rope_theta", None)
+        if rope is None:
+            rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
+        n = c.num_hidden_layers
+        return cls(
+            verifier=verifier, hidden_size=c.hidden_size, vocab_size=c.vocab_size,
+            num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
+            intermediate_size=c.intermediate_size, num_verifier_layers=n,
+            aux_layers=tuple(aux_layers) if aux_layers is not None else default_aux_layers(n),
+            rms_norm_eps=getattr(c, "rms_norm_eps", 1e-5), rope_theta=float(rope), seed=seed,
+            draft_vocab_size=draft_vocab_size, **kw,
+        )
+
+
+class Eagle3Layer(nn.Module):
+    """One Llama decoder layer whose q/k/v read 2H: the normed embedding and the normed hidden state.
+    The residual stream is the hidden state (un-normed), as in the reference."""
+
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.nh, self.nkv, self.hd, self.theta = nh, nkv, hd, cfg.rope_theta
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
+        self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
+        self.o_proj = nn.Linear(nh * hd, h, bias=False)
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+
+    def forward(self, embeds, hidden, positions, mask, cache: KVCache | None = None, extra_kv=None):
+        """embeds, hidden (B, T, H); positions (T,); mask (T, S) bool, True = may attend.
+
+        extra_kv: (k, v) of shape (B, n_kv, P, hd) prepended to this call's keys (training-time test)."""
+        b, t, _ = hidden.shape
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # (B, T, 2H)
+        q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
+        cos, sin = rope_cos_sin(positions, self.hd, self.theta, x.dtype)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        new_k, new_v = k, v
+        if cache is not None:
+            k, v = cache.append(k, v)
+        elif extra_kv is not None:
+            k, v = torch.cat([extra_kv[0], k], dim=-2), torch.cat([extra_kv[1], v], dim=-2)
+        attn = grouped_attention(q, k, v, mask).transpose(1, 2).reshape(b, t, self.nh * self.hd)
+        h = hidden + self.o_proj(attn)
+        y = self.post_attention_layernorm(h)
+        return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y)), (new_k, new_v)
+
+
+class Eagle3Drafter(nn.Module):
+    def __init__(self, cfg: Eagle3Config):
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(len(cfg.aux_layers) * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.layer = Eagle3Layer(cfg)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.head_size, bias=False)
+        if cfg.draft_vocab_size is not None:  # draft id i -> verifier id i + d2t[i] (EAGLE-3's map)
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+
+    def draft_ids(self) -> torch.Tensor | None:
+        """Verifier ids of the draft vocabulary (sorted), or None for the full vocabulary."""
+        if getattr(self, "d2t", None) is None:
+            return None
+        return self.d2t.long() + torch.arange(self.d2t.shape[0], device=self.d2t.device)
+
+    def fuse(self, aux: torch.Tensor) -> torch.Tensor:
+        """(B, T, A*H) verifier features of the aux layers, concatenated in order -> (B, T, H)."""
+        return self.fc(aux.to(self.fc.weight.dtype))
+
+    def forward(self, token_embeds, hidden, positions, mask, cache: KVCache | None = None, extra_kv=None):
+        """-> the next hidden state (B, T, H) and this call's (k, v)."""
+        return self.layer(token_embeds.to(hidden.dtype), hidden, positions, mask, cache=cache, extra_kv=extra_kv)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(B, T, H) -> (B, T, N) over the draft vocabulary."""
+        return self.lm_head(self.norm(hidden))
+
+    def draft_step(self, token_embeds, hidden, positions, mask, cache: KVCache | None = None):
+        """One drafting step: ``hidden`` is fc of the verifier's features (the first step after a
+        verified token) or this drafter's own previous output. Returns (logits, next hidden)."""
+        out, _ = self(token_embeds, hidden, positions, mask, cache=cache)
+        return self.logits(out), out
+
+
+def init_eagle3(cfg: Eagle3Config, draft_ids: torch.Tensor | None = None,
+                lm_head_weight: torch.Tensor | None = None) -> Eagle3Drafter:
+    """A seeded random drafter (same seed, same weights). ``draft_ids`` is required exactly when the
+    config has a draft vocabulary; ``lm_head_weight`` (V, H), the verifier's head, initialises the
+    drafter's own head with its rows of the draft vocabulary."""
+    if (cfg.draft_vocab_size is None) != (draft_ids is None):
+        raise ValueError("draft_ids must be given exactly when the config sets draft_vocab_size")
+    if draft_ids is not None:
+        ids = draft_ids.long()
+        if ids.shape != (cfg.draft_vocab_size,) or not bool((ids[1:] > ids[:-1]).all()) \
+                or int(ids[0]) < 0 or int(ids[-1]) >= cfg.vocab_size:
+            raise ValueError(f"draft_ids must be {cfg.draft_vocab_size} sorted ids inside the vocabulary "
+                             f"of {cfg.vocab_size}")
+    if lm_head_weight is not None and tuple(lm_head_weight.shape) != (cfg.vocab_size, cfg.hidden_size):
+        raise ValueError(f"lm_head_weight has shape {tuple(lm_head_weight.shape)}, "
+                         f"expected {(cfg.vocab_size, cfg.hidden_size)}")
+    state = torch.random.get_rng_state()
+    torch.manual_seed(cfg.seed)
+    try:
+        model = Eagle3Drafter(cfg)
+    finally:
+        torch.random.set_rng_state(state)
+    with torch.no_grad():
+        if draft_ids is not None:
+            model.d2t.copy_(draft_ids.long() - torch.arange(draft_ids.shape[0]))
+        if lm_head_weight is not None:
+            w = lm_head_weight.detach().float()
+            model.lm_head.weight.copy_(w if draft_ids is None else w[draft_ids.long()])
+    return model
+
+
+def is_eagle3_checkpoint(path: str | os.PathLike) -> bool:
+    p = Path(path) / "config.json"
+    return p.is_file() and json.loads(p.read_text()).get("format") == FORMAT
+
+
+def save_eagle3(model: Eagle3Drafter, out_dir: str | os.PathLike) -> Path:
+    """DIR/config.json + DIR/model.safetensors, written to a temp dir renamed into place."""
+    with atomic_dir(out_dir) as tmp:
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / "model.safetensors"))
+        (tmp / "config.json").write_text(
+            json.dumps({"format": FORMAT, **model.config.to_dict()}, indent=2, sort_keys=True))
+    return Path(out_dir)
+
+
+def load_eagle3(path: str | os.PathLike, device: str = "cpu", dtype=torch.float32) -> Eagle3Drafter:
+    """An eagle3 checkpoint; refuses another format and a missing or unexpected weight."""
+    p = Path(path)
+    if not (p / "config.json").is_file() or not (p / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{p} is not a drafter checkpoint (needs config.json and model.safetensors)")
+    d = json.loads((p / "config.json").read_text())
+    if d.get("format") != FORMAT:
+        raise ValueError(f"{p}/config.json has format {d.get('format')!r}, expected {FORMAT!r}")
+    model = Eagle3Drafter(Eagle3Config.from_dict(d))
+    state = load_file(str(p / "model.safetensors"))
+    missing, extra = set(model.state_dict()) - set(state), set(state) - set(model.state_dict())
+    if missing or extra:
+        raise ValueError(f"checkpoint {p}: missing weights {sorted(missing)}, unexpected {sorted(extra)}")
+    model.load_state_dict(state)
+    ids = model.draft_ids()
+    if ids is not None and (not bool((ids[1:] > ids[:-1]).all()) or int(ids[0]) < 0
+                            or int(ids[-1]) >= model.config.vocab_size):
+        raise ValueError(f"checkpoint {p}: d2t does not map to sorted ids inside the verifier's vocabulary")
+    return model.to(device=device, dtype=dtype).eval()
