@@ -10,7 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from .atomic import atomic_dir
 from .config import DrafterConfig
-from .model import FeatureDrafter
+from .model import FeatureDrafter, seeded
 
 FORMAT = "taskspec-drafter-v1"
 
@@ -24,12 +24,7 @@ def init_drafter(cfg: DrafterConfig, draft_ids: torch.Tensor | None = None) -> F
         raise ValueError("draft_ids must be given exactly when the config sets draft_vocab_size")
     if draft_ids is not None and draft_ids.shape != (cfg.draft_vocab_size,):
         raise ValueError(f"draft_ids has shape {tuple(draft_ids.shape)}, config says {cfg.draft_vocab_size}")
-    gen_state = torch.random.get_rng_state()
-    torch.manual_seed(cfg.seed)
-    try:
-        model = FeatureDrafter(cfg)
-    finally:
-        torch.random.set_rng_state(gen_state)
+    model = seeded(cfg.seed, lambda: FeatureDrafter(cfg))
     if draft_ids is not None:
         model.d2t.copy_(draft_ids.long() - torch.arange(draft_ids.shape[0]))
     return model

@@ -29,7 +29,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .atomic import atomic_dir
-from .model import KVCache, RMSNorm, _rotate_half, grouped_attention, rope_cos_sin
+from .model import KVCache, RMSNorm, seeded, self_attention
 
 BACKBONE = "eagle3"
 FORMAT = "taskspec-eagle3-v1"  # config.json "format" of an eagle3 checkpoint (eagle2/hass: taskspec-drafter-v1)
@@ -149,23 +149,11 @@ class Eagle3Layer(nn.Module):
         """embeds, hidden (B, T, H); positions (T,); mask (T, S) bool, True = may attend.
 
         extra_kv: (k, v) of shape (B, n_kv, P, hd) prepended to this call's keys (training-time test)."""
-        b, t, _ = hidden.shape
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # (B, T, 2H)
-        q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)
-        k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        cos, sin = rope_cos_sin(positions, self.hd, self.theta, x.dtype)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        new_k, new_v = k, v
-        if cache is not None:
-            k, v = cache.append(k, v)
-        elif extra_kv is not None:
-            k, v = torch.cat([extra_kv[0], k], dim=-2), torch.cat([extra_kv[1], v], dim=-2)
-        attn = grouped_attention(q, k, v, mask).transpose(1, 2).reshape(b, t, self.nh * self.hd)
+        attn, new_kv = self_attention(self, x, positions, mask, cache, extra_kv)
         h = hidden + self.o_proj(attn)
         y = self.post_attention_layernorm(h)
-        return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y)), (new_k, new_v)
+        return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y)), new_kv
 
 
 class Eagle3Drafter(nn.Module):
@@ -220,12 +208,7 @@ def init_eagle3(cfg: Eagle3Config, draft_ids: torch.Tensor | None = None,
     if lm_head_weight is not None and tuple(lm_head_weight.shape) != (cfg.vocab_size, cfg.hidden_size):
         raise ValueError(f"lm_head_weight has shape {tuple(lm_head_weight.shape)}, "
                          f"expected {(cfg.vocab_size, cfg.hidden_size)}")
-    state = torch.random.get_rng_state()
-    torch.manual_seed(cfg.seed)
-    try:
-        model = Eagle3Drafter(cfg)
-    finally:
-        torch.random.set_rng_state(state)
+    model = seeded(cfg.seed, lambda: Eagle3Drafter(cfg))
     with torch.no_grad():
         if draft_ids is not None:
             model.d2t.copy_(draft_ids.long() - torch.arange(draft_ids.shape[0]))

@@ -73,6 +73,37 @@ def grouped_attention(q, k, v, mask):
     return out.reshape(b, nh, t, hd)
 
 
+def seeded(seed: int, build):
+    """``build()`` with torch's global generator seeded by ``seed``, the caller's state restored after:
+    a drafter's initial weights depend on its config's seed alone."""
+    state = torch.random.get_rng_state()
+    torch.manual_seed(seed)
+    try:
+        return build()
+    finally:
+        torch.random.set_rng_state(state)
+
+
+def self_attention(layer, x, positions, mask, cache: KVCache | None = None, extra_kv=None):
+    """A drafter layer's attention before ``o_proj``: q/k/v of x (B, T, in) by the layer's projections,
+    RoPE at ``positions``, the cache (or ``extra_kv``) before this call's keys, grouped-query SDPA.
+    Returns ((B, T, nh * hd), (k, v) of this call)."""
+    b, t, _ = x.shape
+    q = layer.q_proj(x).view(b, t, layer.nh, layer.hd).transpose(1, 2)  # (B, nh, T, hd)
+    k = layer.k_proj(x).view(b, t, layer.nkv, layer.hd).transpose(1, 2)  # (B, nkv, T, hd)
+    v = layer.v_proj(x).view(b, t, layer.nkv, layer.hd).transpose(1, 2)
+    cos, sin = rope_cos_sin(positions, layer.hd, layer.theta, x.dtype)  # (T, hd)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    new_k, new_v = k, v
+    if cache is not None:
+        k, v = cache.append(k, v)
+    elif extra_kv is not None:
+        k, v = torch.cat([extra_kv[0], k], dim=-2), torch.cat([extra_kv[1], v], dim=-2)
+    attn = grouped_attention(q, k, v, mask)
+    return attn.transpose(1, 2).reshape(b, t, layer.nh * layer.hd), (new_k, new_v)  # (B, T, H)
+
+
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: DrafterConfig):
         super().__init__()
@@ -92,24 +123,11 @@ class DecoderLayer(nn.Module):
 
         extra_kv: optional (k, v) of shape (B, n_kv, P, hd) prepended instead of a cache (HASS).
         """
-        b, t, _ = x.shape
-        q = self.q_proj(x).view(b, t, self.nh, self.hd).transpose(1, 2)  # (B, nh, T, hd)
-        k = self.k_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)  # (B, nkv, T, hd)
-        v = self.v_proj(x).view(b, t, self.nkv, self.hd).transpose(1, 2)
-        cos, sin = rope_cos_sin(positions, self.hd, self.theta, x.dtype)  # (T, hd)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
-        new_k, new_v = k, v
-        if cache is not None:
-            k, v = cache.append(k, v)
-        elif extra_kv is not None:
-            k, v = torch.cat([extra_kv[0], k], dim=-2), torch.cat([extra_kv[1], v], dim=-2)
-        attn = grouped_attention(q, k, v, mask)
-        attn = attn.transpose(1, 2).reshape(b, t, self.nh * self.hd)  # (B, T, H)
+        attn, new_kv = self_attention(self, x, positions, mask, cache, extra_kv)
         x = x + self.o_proj(attn)  # no input layernorm (EAGLE)
         y = self.post_attention_layernorm(x)
         x = x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
-        return x, (new_k, new_v)
+        return x, new_kv
 
 
 class FeatureDrafter(nn.Module):
