@@ -17,7 +17,7 @@ DOCS = sorted((ROOT / "docs").glob("*.md"))
 # where the evidence lives: one document per subject, each linked from the README
 EVIDENCE = {"study.md", "performance.md", "cluster.md", "design.md", "training.md", "bad-input.md",
             "report.md", "testing.md"}
-# a result dated by a numbered work round or session ("session 14", "Session 3", "round 2"),
+# a result dated by a numbered work round or session (the word "session" or "round" and then a number),
 # which cannot be checked against the history; dates and commits say when instead
 ROUND = re.compile(r"\b(session|round) ?[0-9]+", re.IGNORECASE)
 # [text](target) in markdown, not inside inline code
