@@ -150,6 +150,9 @@ def test_rates_of_another_verifier_are_refused(tmp_path):
     assert r.returncode == 2 and "measured with verifier 'llama3-8b-instruct'" in r.stderr
 
 
+ONE_TRIAL = ["resources.train.max_concurrent_trials=1"]  # the fits below assume trials one at a time
+
+
 def _write_run(root: Path, workers: int = 1) -> Path:
     """A finished run's files, laid out as the driver, the feature store and the trainer write
     them (traces partitioned and recorded by the manifest; one stale file it does not record)."""
@@ -157,7 +160,7 @@ def _write_run(root: Path, workers: int = 1) -> Path:
 
     from orchestrator.profile import profile_dict
 
-    p = load_profile("smoke", [f"resources.train.num_workers={workers}"])
+    p = load_profile("smoke", [f"resources.train.num_workers={workers}", *ONE_TRIAL])
     (root / "profile.json").write_text(json.dumps(profile_dict(p), default=str))
     cell = dict(drafter="math", routing_granularity="step", merge_dedup=False, total_tokens=8, budget_matched=False,
                 prompt_id="p", turn=0)
@@ -210,7 +213,7 @@ def test_measure_reads_a_run_by_hand(tmp_path):
     assert r.merge_s == pytest.approx(2.0) and r.report_s == pytest.approx(3.0)
     # the fitted overheads give back each stage's wall time through the scheduler, for the
     # profile's own cells (the stale trace file, 1000 s of decoding, is not read)
-    p = load_profile("smoke")
+    p = load_profile("smoke", ONE_TRIAL)
     ts = rates.tasks(p, r)
     for stage, want in (("train", 100.0), ("eval", 400.0), ("features", 50.0)):
         sub = [dataclasses.replace(t, deps=()) for t in ts if t.stage == stage]
