@@ -169,7 +169,7 @@ def test_missing_benchmark_is_reported_before_any_work(tmp_path, monkeypatch):
     for name in ("GSM8K", "MT_BENCH", "MATHINSTRUCT"):  # the Hub step reads a local dir that is not there
         monkeypatch.setenv(f"TASKSPEC_HUB_{name}", str(tmp_path / "no-hub"))
     with pytest.raises(PreflightError) as e:
-        preflight(load_profile("smoke"))
+        preflight(load_profile("smoke", ["eval.benchmarks={gsm8k: 1, mt_bench: 1}"]))
     lines = e.value.problems
     assert str(e.value).splitlines() == lines and len(lines) == 3  # sharegpt comes from its package
     gsm8k, mt_bench, math = lines
@@ -188,7 +188,8 @@ def test_cli_refuses_missing_benchmark_before_training(tmp_path):
     env = {**os.environ, "TASKSPEC_DATA_ROOT": str(tmp_path)}
     env.update({f"TASKSPEC_HUB_{n}": str(tmp_path / "no-hub") for n in ("GSM8K", "MT_BENCH", "MATHINSTRUCT")})
     r = subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke",
-                        "--output-dir", str(tmp_path / "run")], capture_output=True, text=True, timeout=300,
+                        "--set", "eval.benchmarks={gsm8k: 1, mt_bench: 1}", "--output-dir", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=300,
                        cwd=ROOT, env=env)
     assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
     lines = r.stderr.splitlines()
@@ -200,7 +201,7 @@ def test_cli_refuses_missing_benchmark_before_training(tmp_path):
 
 
 def test_preflight_finds_the_shipped_data_and_the_embedded_verifier():
-    found = preflight(load_profile("smoke"))
+    found = preflight(load_profile("smoke", ["eval.benchmarks={gsm8k: 1, mt_bench: 1}"]))
     assert [x.split(":")[0] for x in found] == ["gsm8k", "mt_bench", "mathinstruct", "sharegpt", "verifier"]
     assert found[-1].endswith("SmolLM2-135M-Instruct.Q4_1.gguf")
 
