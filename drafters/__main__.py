@@ -30,7 +30,7 @@ def _export(args) -> None:
     from .checkpoint import load_config
     from .eagle3 import is_eagle3_checkpoint, load_eagle3
     from .export import ContractError, export
-    from .formats import EAGLE3_SERVE, FORMATS, TOKEN_MAP_FILE
+    from .formats import EAGLE3_LAYOUTS, FORMATS, TOKEN_MAP_FILE
 
     eagle3 = is_eagle3_checkpoint(args.ckpt)
     try:
@@ -42,15 +42,13 @@ def _export(args) -> None:
         raise SystemExit(f"error: {e}")
     print(f"wrote {args.format} export of {args.ckpt} to {out} (checked against the {args.format} contract)")
     if eagle3:
-        print("serve with " + EAGLE3_SERVE.replace("DIR", str(out)).replace("VERIFIER", ref["name_or_path"]))
+        serve = EAGLE3_LAYOUTS[args.format].serve
+        print("serve with " + serve.replace("DIR", str(out)).replace("VERIFIER", ref["name_or_path"]))
         return
     serve = FORMATS[args.format].serve.replace("DIR", str(out))
     if (out / TOKEN_MAP_FILE).is_file():
         serve += f" --speculative-token-map {out / TOKEN_MAP_FILE}"
     print("serve with " + serve)
-    if args.format == "speculators" and load_config(args.ckpt).draft_vocab_size is not None:
-        print("note: d2t/t2d are written as speculators' EAGLE-3 class stores them; its EAGLE-1/HASS class "
-              "(speculators <= 0.4) skips them and drafts over the full vocabulary")
 
 
 def _import(args) -> None:
@@ -78,7 +76,9 @@ def main(argv=None) -> int:
     q.set_defaults(fn=_init)
     q = sub.add_parser("export", help="write a drafter in a serving format (checked against its contract)")
     q.add_argument("ckpt", help="a drafter checkpoint directory (config.json + model.safetensors)")
-    q.add_argument("--format", choices=["eagle", "sglang", "speculators"], required=True)
+    q.add_argument("--format", choices=["eagle", "sglang", "speculators", "sglang-eagle3"], required=True,
+                   help="eagle2/hass: eagle (vLLM), sglang; eagle3: speculators (speculators 0.9, vLLM), "
+                        "sglang-eagle3 (SGLang, SpecForge)")
     q.add_argument("--out", required=True)
     q.add_argument("--verifier", default=None, help="default: the verifier the drafter was trained for")
     q.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")

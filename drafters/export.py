@@ -1,5 +1,6 @@
-"""Export a drafter checkpoint to a serving format (vLLM EAGLE, SGLang EAGLE, speculators), check an
-export against its format's contract (drafters/formats.py), and import an export back.
+"""Export a drafter checkpoint to a serving format (vLLM EAGLE and SGLang EAGLE for eagle2/hass;
+speculators 0.9 eagle3 and SGLang EAGLE-3 for eagle3), check an export against its format's
+contract (drafters/formats.py), and import an export back (old speculators ``eagle`` exports too).
 
 The verifier's own config (sizes, ``max_position_embeddings``, rope, end-of-turn ids) is passed in
 as a dict, so this module never loads a model. Every export is checked against the contract
@@ -19,8 +20,8 @@ from .atomic import atomic_dir
 from .checkpoint import load_checkpoint
 from .config import DrafterConfig
 from .eagle3 import Eagle3Config, Eagle3Drafter, is_eagle3_checkpoint, load_eagle3
-from .formats import (EAGLE3_KEYS, EAGLE3_WEIGHTS, FORMATS, LLAMA_KEYS, TOKEN_MAP_FILE, Format, dims,
-                      eagle3_weights, shape_of)
+from .formats import (EAGLE3_LAYOUTS, FORMATS, LLAMA_KEYS, TOKEN_MAP_FILE, WRITTEN, Eagle3Layout, Format,
+                      config_at, dims, shape_of)
 from .model import DTYPES as _DTYPES
 from .model import FeatureDrafter
 
@@ -67,39 +68,42 @@ def _llama_config(cfg: DrafterConfig, vcfg: dict, architectures, dtype: str) -> 
     }
 
 
-def _config(fmt: Format, cfg: DrafterConfig, vcfg: dict, verifier_ref: dict, dtype: str, depth: int) -> dict:
+def _config(fmt: Format, cfg: DrafterConfig, vcfg: dict, dtype: str) -> dict:
     provenance = {"backbone": cfg.backbone, "verifier": cfg.verifier, "seed": cfg.seed, "training": cfg.training,
                   "draft_vocab_size": cfg.draft_vocab_size}
-    if fmt.name != "speculators":
-        return {**_llama_config(cfg, vcfg, fmt.architectures, dtype), "taskspec": provenance}
-    layer = _llama_config(cfg, vcfg, ("LlamaForCausalLM",), dtype)
-    layer["tie_word_embeddings"] = False  # the speculator's embedding/head come from the verifier
-    out = {
-        "speculators_model_type": "eagle", "architectures": list(fmt.architectures),
-        "transformer_layer_architecture": "LlamaDecoderLayer", "transformer_layer_config": layer,
-        "layernorms": False, "fusion_bias": False, "speculators_version": "0.9.0", "torch_dtype": dtype,
-        "speculators_config": {
-            "algorithm": "eagle",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": depth}],
-            "default_proposal_method": "greedy",
-            "verifier": verifier_ref,
-        },
-        "taskspec": provenance,
-    }
-    if cfg.draft_vocab_size is not None:
-        out["draft_vocab_size"] = cfg.draft_vocab_size
-    return out
+    return {**_llama_config(cfg, vcfg, fmt.architectures, dtype), "taskspec": provenance}
+
+
+def _vocab_maps(ids: torch.Tensor, vocab_size: int) -> dict[str, torch.Tensor]:
+    """EAGLE-3's maps of sorted verifier ids: d2t (N,) int64 offsets, t2d (V,) bool membership."""
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    return {"d2t": (ids.long() - torch.arange(ids.shape[0])).contiguous(), "t2d": t2d}
+
+
+# the old ``speculators_model_type: eagle`` export: refused with this, read back still
+NO_EAGLE_SPECULATORS = (
+    "speculators 0.9 no longer ships the EAGLE-1/HASS speculator type ('speculators_model_type: eagle'; its "
+    "SpeculatorModelConfig.from_pretrained refuses it), so this project no longer writes it: --format "
+    "speculators is for eagle3 checkpoints (speculators 0.9's eagle3 layout); an eagle2/hass drafter exports "
+    "to 'eagle' (vLLM) or 'sglang' (SGLang)")
 
 
 def export(ckpt: str | os.PathLike, fmt_name: str, out: str | os.PathLike, verifier_config: dict,
            verifier_ref: dict, dtype: str = "float32", full_vocab_head: bool = False, depth: int = 5) -> Path:
     """Write ``out`` in format ``fmt_name``; returns it. ``verifier_ref``: {name_or_path, architectures}."""
-    if fmt_name not in FORMATS:
-        raise ContractError(f"unknown format {fmt_name!r}; choose one of {sorted(FORMATS)}")
+    known = sorted({*WRITTEN, *EAGLE3_LAYOUTS})
+    if fmt_name not in known:
+        raise ContractError(f"unknown format {fmt_name!r}; choose one of {known}")
     if dtype not in _DTYPES:
         raise ContractError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
     if is_eagle3_checkpoint(ckpt):
         return _export_eagle3(ckpt, fmt_name, out, verifier_config, verifier_ref, dtype, depth)
+    if fmt_name == "speculators":
+        raise ContractError(f"cannot export {ckpt} to 'speculators': {NO_EAGLE_SPECULATORS}")
+    if fmt_name not in WRITTEN:
+        raise ContractError(f"{fmt_name!r} is an EAGLE-3 layout and {ckpt} is an eagle2/hass drafter: export it "
+                            f"to one of {list(WRITTEN)} ('sglang' for SGLang)")
     fmt = FORMATS[fmt_name]
     drafter = load_checkpoint(ckpt)
     cfg = drafter.config
@@ -108,18 +112,14 @@ def export(ckpt: str | os.PathLike, fmt_name: str, out: str | os.PathLike, verif
     if ids is not None and fmt.vocab_map is None and not full_vocab_head:
         raise ContractError(
             f"{ckpt} has a reduced draft vocabulary ({ids.shape[0]} tokens) and the {fmt_name!r} format cannot carry "
-            "it (vLLM's EAGLE-1 drafter has no draft-to-target map): export to 'sglang' or 'speculators', or pass "
+            "it (vLLM's EAGLE-1 drafter has no draft-to-target map): export to 'sglang', or pass "
             "--full-vocab-head to serve it drafting over the verifier's whole vocabulary (lossless, other proposals)")
     state = drafter.state_dict()
     weights = {theirs: state[ours].to(_DTYPES[dtype]).contiguous() for ours, theirs in fmt.rename().items()}
     if fmt.fc_bias:
         weights[f"{fmt.fc}.bias"] = torch.zeros(cfg.hidden_size, dtype=_DTYPES[dtype])
     reduced = ids is not None and fmt.vocab_map is not None
-    if reduced and fmt.vocab_map == "d2t_t2d":
-        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-        t2d[ids] = True
-        weights.update({"d2t": drafter.d2t.long().clone(), "t2d": t2d})
-    config = _config(fmt, cfg, verifier_config, verifier_ref, dtype, depth)
+    config = _config(fmt, cfg, verifier_config, dtype)
     if not reduced:
         config["taskspec"]["draft_vocab_size"] = None
     with atomic_dir(out) as tmp:
@@ -132,27 +132,35 @@ def export(ckpt: str | os.PathLike, fmt_name: str, out: str | os.PathLike, verif
 
 
 def detect_format(config: dict) -> str:
-    if config.get("speculators_model_type") == "eagle3":
-        return "speculators"
-    if config.get("speculators_model_type") == "eagle":
+    if config.get("speculators_model_type") in ("eagle3", "eagle"):  # eagle: an old export, read only
         return "speculators"
     arch = (config.get("architectures") or [None])[0]
+    for name, layout in EAGLE3_LAYOUTS.items():
+        if name != "speculators" and arch == layout.architectures[0]:
+            return name
     for name, fmt in FORMATS.items():
         if name != "speculators" and arch == fmt.architectures[0]:
             return name
     raise ContractError(f"not an export this project knows: architectures {config.get('architectures')}")
 
 
-def check_export(path: str | os.PathLike, fmt_name: str | None = None) -> Format:
+def _eagle3_layout(name: str, config: dict) -> Eagle3Layout | None:
+    if name == "speculators":
+        return EAGLE3_LAYOUTS[name] if config.get("speculators_model_type") == "eagle3" else None
+    return EAGLE3_LAYOUTS.get(name)
+
+
+def check_export(path: str | os.PathLike, fmt_name: str | None = None) -> Format | Eagle3Layout:
     """Every key, shape and dtype against the format's contract; raises ContractError listing problems."""
     p = Path(path)
     if not (p / "config.json").is_file() or not (p / "model.safetensors").is_file():
         raise ContractError(f"{p} is not an export (needs config.json and model.safetensors)")
     config = json.loads((p / "config.json").read_text())
-    fmt = FORMATS[fmt_name or detect_format(config)]
-    if fmt.name == "speculators" and config.get("speculators_model_type") == "eagle3":
-        _check_eagle3(p, config)
-        return fmt
+    name = fmt_name or detect_format(config)
+    if (layout := _eagle3_layout(name, config)) is not None:
+        _check_eagle3(p, config, layout)
+        return layout
+    fmt = FORMATS[name]
     llama = config["transformer_layer_config"] if fmt.name == "speculators" else config
     problems = [f"config misses {k!r}" for k in LLAMA_KEYS if k not in llama]
     if problems:
@@ -202,8 +210,8 @@ def load_export(path: str | os.PathLike, verifier: str | None = None,
     p = Path(path)
     fmt = check_export(p)
     config = json.loads((p / "config.json").read_text())
-    if config.get("speculators_model_type") == "eagle3":
-        return _load_eagle3_export(p, config, verifier)
+    if isinstance(fmt, Eagle3Layout):
+        return _load_eagle3_export(p, config, verifier, fmt)
     llama = config["transformer_layer_config"] if fmt.name == "speculators" else config
     prov = config.get("taskspec", {})
     state = load_file(str(p / "model.safetensors"))
@@ -232,30 +240,11 @@ def load_export(path: str | os.PathLike, verifier: str | None = None,
     return model.eval()
 
 
-# ---------------------------------------------------------------- EAGLE-3: speculators 0.9's eagle3 layout
+# ---------------------------------------------------------------- EAGLE-3: EAGLE3_LAYOUTS
 
 
-def _export_eagle3(ckpt, fmt_name: str, out, vcfg: dict, verifier_ref: dict, dtype: str, depth: int) -> Path:
-    if fmt_name != "speculators":
-        raise ContractError(f"{ckpt} is an eagle3 drafter: it exports with --format speculators (speculators "
-                            f"0.9's eagle3 layout, which vLLM serves), not {fmt_name!r}")
-    drafter = load_eagle3(ckpt)
-    cfg = drafter.config
-    check_compatible(cfg, vcfg)
-    n_layers = vcfg.get("num_hidden_layers")
-    if n_layers is not None and n_layers != cfg.num_verifier_layers:
-        raise ContractError(f"cannot export: the drafter's aux layers {list(cfg.aux_layers)} are for a "
-                            f"{cfg.num_verifier_layers}-layer verifier, this verifier has {n_layers}")
-    state = drafter.state_dict()
-    weights = {theirs: state[ours].to(_DTYPES[dtype]).contiguous() for ours, (theirs, _) in EAGLE3_WEIGHTS.items()}
-    ids = drafter.draft_ids()
-    if ids is not None:
-        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-        t2d[ids] = True
-        weights.update({"d2t": drafter.d2t.long().clone(), "t2d": t2d})
-    layer = _llama_config(cfg, vcfg, ("LlamaForCausalLM",), dtype)
-    layer["tie_word_embeddings"] = False  # the embedding comes from the verifier, the head is the drafter's
-    config = {
+def _speculators_config(cfg: Eagle3Config, layer: dict, verifier_ref: dict, dtype: str, depth: int) -> dict:
+    return {
         "speculators_model_type": "eagle3", "architectures": ["Eagle3Speculator"],
         "transformer_layer_config": layer, "draft_vocab_size": cfg.head_size,
         "norm_before_residual": False, "norm_before_fc": False, "fc_norm": False, "norm_output": False,
@@ -268,41 +257,107 @@ def _export_eagle3(ckpt, fmt_name: str, out, vcfg: dict, verifier_ref: dict, dty
             "default_proposal_method": "greedy",
             "verifier": verifier_ref,
         },
-        "taskspec": {"backbone": cfg.backbone, "verifier": cfg.verifier, "seed": cfg.seed,
-                     "training": cfg.training, "ttt_steps": cfg.ttt_steps, "ttt_decay": cfg.ttt_decay,
-                     "num_verifier_layers": cfg.num_verifier_layers},
     }
+
+
+def _sglang_eagle3_config(cfg: Eagle3Config, layer: dict, verifier_ref: dict, dtype: str, depth: int) -> dict:
+    aux = [i - EAGLE3_LAYOUTS["sglang-eagle3"].aux_offset for i in cfg.aux_layers]
+    return {**layer, "architectures": ["LlamaForCausalLMEagle3"], "draft_vocab_size": cfg.head_size,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": aux, "use_aux_hidden_state": True}}
+
+
+_EAGLE3_CONFIGS = {"speculators": _speculators_config, "sglang-eagle3": _sglang_eagle3_config}
+
+
+def _eagle3_refusal(cfg: Eagle3Config, layout: Eagle3Layout) -> str | None:
+    aux = list(cfg.aux_layers)
+    if layout.aux_count is not None and len(aux) != layout.aux_count:
+        return (f"{layout.name} fuses exactly {layout.aux_count} verifier layers, this drafter fuses "
+                f"{len(aux)} ({aux})")
+    if layout.aux_offset and not all(layout.aux_offset <= i < cfg.num_verifier_layers for i in aux):
+        return (f"{layout.name} captures the inputs of decoder layers {layout.aux_offset}.."
+                f"{cfg.num_verifier_layers - 1} only (ids counted as the previous layer's output); this "
+                f"drafter's aux layers {aux} include the embeddings (0) or the final output "
+                f"({cfg.num_verifier_layers})")
+    return None
+
+
+def _export_eagle3(ckpt, fmt_name: str, out, vcfg: dict, verifier_ref: dict, dtype: str, depth: int) -> Path:
+    if fmt_name not in EAGLE3_LAYOUTS:
+        raise ContractError(f"{ckpt} is an eagle3 drafter: it exports with --format speculators (speculators "
+                            f"0.9's eagle3 layout, which vLLM serves) or --format sglang-eagle3 (SGLang's EAGLE-3 "
+                            f"layout), not {fmt_name!r}")
+    layout = EAGLE3_LAYOUTS[fmt_name]
+    drafter = load_eagle3(ckpt)
+    cfg = drafter.config
+    check_compatible(cfg, vcfg)
+    n_layers = vcfg.get("num_hidden_layers")
+    if n_layers is not None and n_layers != cfg.num_verifier_layers:
+        raise ContractError(f"cannot export: the drafter's aux layers {list(cfg.aux_layers)} are for a "
+                            f"{cfg.num_verifier_layers}-layer verifier, this verifier has {n_layers}")
+    if (why := _eagle3_refusal(cfg, layout)) is not None:
+        raise ContractError(f"cannot export {ckpt} to {fmt_name!r}: {why}")
+    state, dt = drafter.state_dict(), _DTYPES[dtype]
+    weights = {theirs: state[ours].to(dt).contiguous() for ours, (theirs, _) in layout.rename().items()}
+    ids = drafter.draft_ids()
+    if ids is not None or layout.maps_always:
+        weights.update(_vocab_maps(torch.arange(cfg.vocab_size) if ids is None else ids.cpu(), cfg.vocab_size))
+    layer = _llama_config(cfg, vcfg, ("LlamaForCausalLM",), dtype)
+    layer["tie_word_embeddings"] = False  # the embedding comes from the verifier, the head is the drafter's
+    config = _EAGLE3_CONFIGS[fmt_name](cfg, layer, verifier_ref, dtype, depth)
+    config["taskspec"] = {"backbone": cfg.backbone, "verifier": cfg.verifier, "seed": cfg.seed,
+                          "training": cfg.training, "ttt_steps": cfg.ttt_steps, "ttt_decay": cfg.ttt_decay,
+                          "num_verifier_layers": cfg.num_verifier_layers}
     with atomic_dir(out) as tmp:
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-        check_export(tmp, "speculators")
+        check_export(tmp, fmt_name)  # never rename a directory that breaks the contract into place
     return Path(out)
 
 
-def _check_eagle3(p: Path, config: dict) -> None:
-    problems = [f"config misses {k!r}" for k in EAGLE3_KEYS if k not in config]
-    llama = config.get("transformer_layer_config") or {}
-    problems += [f"transformer_layer_config misses {k!r}" for k in LLAMA_KEYS if k not in llama]
+def _eagle3_config_problems(config: dict, layout: Eagle3Layout) -> list[str]:
+    llama = (config.get(layout.llama) or {}) if layout.llama else config
+    problems = [f"config misses {k!r}" for k in layout.keys if k not in config]
+    where = f"{layout.llama} " if layout.llama else "config "
+    problems += [f"{where}misses {k!r}" for k in LLAMA_KEYS if k not in llama and k not in layout.keys]
     if problems:
-        raise ContractError(f"{p} breaks the speculators eagle3 contract: " + "; ".join(problems))
+        return problems
+    if list(config.get("architectures") or []) != list(layout.architectures):
+        problems.append(f"architectures {config.get('architectures')} != {list(layout.architectures)}")
     if llama["num_hidden_layers"] != 1:
         problems.append(f"num_hidden_layers is {llama['num_hidden_layers']}, this drafter has 1")
-    for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
-        if config.get(k):
-            problems.append(f"{k} must be false (this drafter's layer has the reference's norms)")
+    for path, want, why in layout.fixed:
+        if config_at(config, path, want) != want:
+            problems.append(f"{path} is {json.dumps(config_at(config, path))}, must be {json.dumps(want)} ({why})")
     if config.get("target_hidden_size") not in (None, llama["hidden_size"]):
         problems.append(f"target_hidden_size {config['target_hidden_size']} != hidden_size {llama['hidden_size']}")
-    aux = config.get("eagle_aux_hidden_state_layer_ids") or []
-    n = int(config["draft_vocab_size"])
-    v = llama["vocab_size"]
+    aux = config_at(config, layout.aux)
+    if (not isinstance(aux, list) or not aux or len(set(aux)) != len(aux)
+            or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in aux)):
+        problems.append(f"{layout.aux} must be a non-empty list of distinct layer ids >= 0, got {json.dumps(aux)}")
+    elif layout.aux_count is not None and len(aux) != layout.aux_count:
+        problems.append(f"{layout.aux} has {len(aux)} ids, the loader's fc reads {layout.aux_count} layers")
+    n = config.get("draft_vocab_size")
+    if not isinstance(n, int) or not 1 <= n <= llama["vocab_size"]:
+        problems.append(f"draft_vocab_size must be an int in [1, vocab_size={llama['vocab_size']}], got {n!r}")
+    return problems
+
+
+def _check_eagle3(p: Path, config: dict, layout: Eagle3Layout) -> None:
+    label = "speculators eagle3" if layout.name == "speculators" else layout.name
+    what = f"{p} breaks the {label} contract: "
+    problems = _eagle3_config_problems(config, layout)
+    if problems:
+        raise ContractError(what + "; ".join(problems))
+    llama = config[layout.llama] if layout.llama else config
+    aux = config_at(config, layout.aux)
+    n, v = int(config["draft_vocab_size"]), llama["vocab_size"]
     d = dims(llama["hidden_size"], llama["num_attention_heads"], llama["num_key_value_heads"], llama["head_dim"],
              llama["intermediate_size"], v, n)
     d["AH"] = len(aux) * llama["hidden_size"]
-    expected = {k: shape_of(s, d) for k, s in eagle3_weights(n < v).items()}
+    expected = {k: shape_of(s, d) for k, s in layout.weights(n < v).items()}
     state = load_file(str(p / "model.safetensors"))
     missing, extra = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
-    if not aux:
-        problems.append("eagle_aux_hidden_state_layer_ids is empty")
     if missing:
         problems.append(f"missing weights {missing} (a loader would leave them at random initialisation)")
     if extra:
@@ -319,14 +374,15 @@ def _check_eagle3(p: Path, config: dict) -> None:
         if not torch.equal(state["t2d"].nonzero().flatten(), ids):
             problems.append("d2t and t2d describe different draft vocabularies")
     if problems:
-        raise ContractError(f"{p} breaks the speculators eagle3 contract: " + "; ".join(problems))
+        raise ContractError(what + "; ".join(problems))
 
 
-def _load_eagle3_export(p: Path, config: dict, verifier: str | None) -> Eagle3Drafter:
-    llama, prov = config["transformer_layer_config"], config.get("taskspec", {})
+def _load_eagle3_export(p: Path, config: dict, verifier: str | None, layout: Eagle3Layout) -> Eagle3Drafter:
+    llama = config[layout.llama] if layout.llama else config
+    prov = config.get("taskspec", {})
     state = load_file(str(p / "model.safetensors"))
     n, v = int(config["draft_vocab_size"]), llama["vocab_size"]
-    aux = list(config["eagle_aux_hidden_state_layer_ids"])
+    aux = [i + layout.aux_offset for i in config_at(config, layout.aux)]
     cfg = Eagle3Config(
         verifier=verifier or prov.get("verifier", "unknown"), hidden_size=llama["hidden_size"], vocab_size=v,
         num_attention_heads=llama["num_attention_heads"], num_key_value_heads=llama["num_key_value_heads"],
@@ -337,7 +393,7 @@ def _load_eagle3_export(p: Path, config: dict, verifier: str | None) -> Eagle3Dr
         ttt_decay=prov.get("ttt_decay", 0.8), training=prov.get("training", {}),
     )
     model = Eagle3Drafter(cfg)
-    ours = {o: state[t].float() for o, (t, _) in EAGLE3_WEIGHTS.items()}
+    ours = {o: state[t].float() for o, (t, _) in layout.rename().items()}
     if n < v:
         ours["d2t"] = state["d2t"].long()
     model.load_state_dict(ours)

@@ -1,5 +1,7 @@
-"""EAGLE-3 export to speculators 0.9's eagle3 layout (what vLLM serves): the contract, refusals, the
-round trip, and the real speculators package loading the export and drafting the same logits.
+"""EAGLE-3 exports: speculators 0.9's eagle3 layout (what vLLM serves) and SGLang's EAGLE-3 layout
+(``LlamaForCausalLMEagle3``, what SpecForge writes): the contracts, refusals, the round trips, SGLang's
+forward computed from the exported tensors, and the real speculators package loading its export and
+drafting the same logits.
 
 The last test needs ``speculators`` importable; the project does not depend on it. Run it for real
 from a scratch environment (docs/eagle3.md):
@@ -8,6 +10,7 @@ from a scratch environment (docs/eagle3.md):
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -19,6 +22,7 @@ from drafters.data.templating import prompt_ids
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3, load_eagle3, save_eagle3
 from drafters.eagle3_loss import ttt_unroll
 from drafters.export import ContractError, check_export, export, load_export
+from drafters.model import causal_mask
 from tests.conftest import VERIFIER
 
 H, Q, KV, I, V, N = 576, 576, 192, 1536, 49152, 1024  # SmolLM2-135M: 9 heads, 3 kv heads, head_dim 64
@@ -31,14 +35,22 @@ WEIGHTS = {"fc.weight": (H, 3 * H), "layers.0.input_layernorm.weight": (H,), "la
 
 @pytest.fixture(scope="module")
 def e3(verifier, tmp_path_factory):
-    """A reduced-vocabulary eagle3 checkpoint (1,024 ids, every other one) and a full-vocabulary one."""
+    """A reduced-vocabulary eagle3 checkpoint (1,024 ids, every other one), a full-vocabulary one, and a
+    reduced one with every weight moved off its initial value."""
     model, _ = verifier
     root = tmp_path_factory.mktemp("eagle3-src")
     head = model.get_output_embeddings().weight
     ids = torch.arange(0, 2 * N, 2)
     reduced = init_eagle3(Eagle3Config.for_verifier(model, VERIFIER, seed=1, draft_vocab_size=N), ids, head)
     full = init_eagle3(Eagle3Config.for_verifier(model, VERIFIER, seed=2), None, head)
-    return {"reduced": str(save_eagle3(reduced, root / "reduced")), "full": str(save_eagle3(full, root / "full"))}
+    # norms start at ones, so a swapped norm name would go unseen: every weight moved, as training does
+    shaken = init_eagle3(Eagle3Config.for_verifier(model, VERIFIER, seed=3, draft_vocab_size=N), ids, head)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for w in shaken.parameters():
+            w.add_(0.2 * w.abs().mean() * torch.randn(w.shape, generator=g))
+    return {"reduced": str(save_eagle3(reduced, root / "reduced")), "full": str(save_eagle3(full, root / "full")),
+            "shaken": str(save_eagle3(shaken, root / "shaken"))}
 
 
 def _exported(path):
@@ -77,10 +89,12 @@ def test_full_vocabulary_export_has_no_maps(e3, tmp_path):
 
 def test_refusals_name_the_problem(e3, tmp_path):
     config, ref = verifier_config(VERIFIER)
-    with pytest.raises(ContractError, match="--format speculators"):
+    with pytest.raises(ContractError, match="--format speculators") as e:
         export(e3["reduced"], "eagle", tmp_path / "e", config, ref)
-    with pytest.raises(ContractError, match="30-layer verifier"):
-        export(e3["reduced"], "speculators", tmp_path / "x", {**config, "num_hidden_layers": 32}, ref)
+    assert "--format sglang-eagle3" in str(e.value)
+    for fmt in ("speculators", "sglang-eagle3"):
+        with pytest.raises(ContractError, match="30-layer verifier"):
+            export(e3["reduced"], fmt, tmp_path / "x", {**config, "num_hidden_layers": 32}, ref)
     assert not (tmp_path / "e").exists() and not (tmp_path / "x").exists()
     out = export(e3["reduced"], "speculators", tmp_path / "s", config, ref)
     w = load_file(str(out / "model.safetensors"))
@@ -137,3 +151,210 @@ def test_the_real_speculators_loads_the_export_and_drafts_the_same_logits(verifi
     for k in range(3):  # their training-time-test forward, step by step, on the rows inside the sequence
         torch.testing.assert_close(seen[k][:, : t - k], mine[k][:, : t - k], rtol=1e-4, atol=1e-4)
         assert torch.equal(tokens[k][:, : t - k], mine[k][:, : t - k].argmax(-1))
+
+
+# ---------------------------------------------------------------- SGLang EAGLE-3 (--format sglang-eagle3)
+
+SGL = {"fc.weight": (H, 3 * H), "norm.weight": (H,), "midlayer.input_layernorm.weight": (H,),
+       "midlayer.hidden_norm.weight": (H,), "midlayer.self_attn.q_proj.weight": (Q, 2 * H),
+       "midlayer.self_attn.k_proj.weight": (KV, 2 * H), "midlayer.self_attn.v_proj.weight": (KV, 2 * H),
+       "midlayer.self_attn.o_proj.weight": (H, Q), "midlayer.post_attention_layernorm.weight": (H,),
+       "midlayer.mlp.gate_proj.weight": (I, H), "midlayer.mlp.up_proj.weight": (I, H),
+       "midlayer.mlp.down_proj.weight": (H, I)}
+
+
+@pytest.fixture(scope="module")
+def sgl(e3, tmp_path_factory):
+    """The shaken drafter exported to sglang-eagle3 once (mutations work on copies)."""
+    config, ref = verifier_config(VERIFIER)
+    return export(e3["shaken"], "sglang-eagle3", tmp_path_factory.mktemp("sgl") / "out", config, ref)
+
+
+def test_cli_export_writes_sglangs_eagle3_layout(e3, tmp_path, capsys):
+    out = tmp_path / "sgl"
+    assert drafters_main(["export", e3["reduced"], "--format", "sglang-eagle3", "--out", str(out),
+                          "--dtype", "bfloat16"]) == 0
+    said = capsys.readouterr().out
+    assert "--speculative-algorithm EAGLE3" in said and f"--speculative-draft-model-path {out}" in said
+    cfg, w = _exported(out)
+    assert {k: tuple(v.shape) for k, v in w.items()} == {**SGL, "lm_head.weight": (N, H), "d2t": (N,), "t2d": (V,)}
+    assert w["d2t"].dtype == torch.int64 and w["t2d"].dtype == torch.bool
+    assert all(v.dtype == torch.bfloat16 for k, v in w.items() if k not in ("d2t", "t2d"))
+    assert torch.equal(w["d2t"] + torch.arange(N), torch.arange(0, 2 * N, 2))  # SGLang's hot token ids
+    assert torch.equal(w["t2d"].nonzero().flatten(), torch.arange(0, 2 * N, 2))
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["model_type"] == "llama"
+    assert (cfg["num_hidden_layers"], cfg["draft_vocab_size"], cfg["vocab_size"]) == (1, N, V)
+    assert cfg["tie_word_embeddings"] is False  # SmolLM2 ties; SGLang would then use the embedding as the head
+    # SGLang counts layer outputs (it captures the input of layer id + 1): ours 2, 15, 27 -> 1, 14, 26
+    assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 14, 26], "use_aux_hidden_state": True}
+    assert (cfg["head_dim"], cfg["rope_theta"], cfg["max_position_embeddings"]) == (64, 100000.0, 8192)
+    assert cfg["torch_dtype"] == "bfloat16" and "speculators_config" not in cfg and "bias" not in cfg
+    src = load_eagle3(e3["reduced"]).state_dict()
+    assert torch.equal(w["midlayer.hidden_norm.weight"], src["layer.hidden_norm.weight"].bfloat16())
+
+
+def test_sglang_full_vocabulary_export_writes_identity_maps(e3, tmp_path):
+    """SpecForge's exporter requires d2t/t2d, so they are written at the full vocabulary too."""
+    config, ref = verifier_config(VERIFIER)
+    cfg, w = _exported(export(e3["full"], "sglang-eagle3", tmp_path / "f", config, ref))
+    assert {k: tuple(v.shape) for k, v in w.items()} == {**SGL, "lm_head.weight": (V, H), "d2t": (V,), "t2d": (V,)}
+    assert cfg["draft_vocab_size"] == V and not w["d2t"].any() and bool(w["t2d"].all())
+    back = load_export(tmp_path / "f")
+    assert back.draft_ids() is None and back.config == load_eagle3(e3["full"]).config
+
+
+def _sglang_logits(w: dict, cfg: dict, embeds, hidden3):
+    """What SGLang's LlamaForCausalLMEagle3 computes from the exported tensors for one extend pass
+    (python/sglang/srt/models/llama_eagle3.py, read for this; written here): fc fuses the three
+    layers, q/k/v read [input_layernorm(embeds) ; hidden_norm(hidden)], neox RoPE, causal GQA,
+    residual on the fused hidden state, the fused add-norm, the drafter's head. -> (logits over the
+    draft vocabulary, hot token ids)."""
+    eps, nh, nkv, hd = cfg["rms_norm_eps"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    m = {k[len("midlayer."):]: v.float() for k, v in w.items() if k.startswith("midlayer.")}
+
+    def rms(x, g):
+        return g * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+    def rope(x, pos):  # x (B, heads, T, hd)
+        inv = 1.0 / cfg["rope_theta"] ** (torch.arange(0, hd, 2).float() / hd)
+        ang = torch.cat([pos[:, None] * inv, pos[:, None] * inv], dim=-1)
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        return x * ang.cos() + torch.cat([-x2, x1], dim=-1) * ang.sin()
+
+    b, t, _ = embeds.shape
+    h = hidden3 @ w["fc.weight"].float().T
+    x = torch.cat([rms(embeds, m["input_layernorm.weight"]), rms(h, m["hidden_norm.weight"])], dim=-1)
+    pos = torch.arange(t).float()
+    q = rope((x @ m["self_attn.q_proj.weight"].T).view(b, t, nh, hd).transpose(1, 2), pos)
+    k = rope((x @ m["self_attn.k_proj.weight"].T).view(b, t, nkv, hd).transpose(1, 2), pos)
+    v = (x @ m["self_attn.v_proj.weight"].T).view(b, t, nkv, hd).transpose(1, 2)
+    k, v = k.repeat_interleave(nh // nkv, dim=1), v.repeat_interleave(nh // nkv, dim=1)
+    att = (q @ k.transpose(-1, -2)) / hd ** 0.5 + torch.full((t, t), float("-inf")).triu(1)
+    a = (att.softmax(-1) @ v).transpose(1, 2).reshape(b, t, nh * hd) @ m["self_attn.o_proj.weight"].T
+    r = h + a
+    y = rms(r, m["post_attention_layernorm.weight"])
+    r = r + (torch.nn.functional.silu(y @ m["mlp.gate_proj.weight"].T) * (y @ m["mlp.up_proj.weight"].T)) \
+        @ m["mlp.down_proj.weight"].T
+    logits = rms(r, w["norm.weight"].float()) @ w["lm_head.weight"].float().T
+    return logits, w["d2t"] + torch.arange(w["d2t"].shape[0])
+
+
+def test_sglangs_forward_on_the_export_drafts_our_logits(verifier, bench_prompts, e3, sgl):
+    """SGLang is not installable here (CUDA kernels); its EAGLE-3 forward, computed from the exported
+    file by name and with its aux-layer rule (capture the input of layer id + 1), gives this drafter's
+    logits and draft-to-verifier ids on a real GSM8K prompt's features."""
+    model, tok = verifier
+    cfg, w = _exported(sgl)
+    ours = load_eagle3(e3["shaken"])
+    x = torch.tensor([prompt_ids(tok, [{"role": "user", "content": bench_prompts["gsm8k"][0].turns[0]}])])[:, :48]
+    t = x.shape[1] - 1
+    with torch.no_grad():
+        hs = model(x, output_hidden_states=True).hidden_states
+        captured = [hs[j + 1] for j in cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"]]
+        embeds = model.get_input_embeddings()(x[:, 1:]).float()
+        theirs, hot = _sglang_logits(w, cfg, embeds, torch.cat(captured, dim=-1)[:, :-1].float())
+        aux = torch.cat([hs[i] for i in ours.config.aux_layers], dim=-1)[:, :-1]
+        mine, _ = ours.draft_step(embeds, ours.fuse(aux), torch.arange(t), causal_mask(t))
+    assert torch.equal(hot, ours.draft_ids())
+    torch.testing.assert_close(theirs, mine, rtol=1e-4, atol=1e-4)
+    assert torch.equal(hot[theirs.argmax(-1)], ours.draft_ids()[mine.argmax(-1)])
+
+
+def test_sglang_round_trip_gives_the_same_drafter(verifier, bench_prompts, e3, tmp_path):
+    """export -> `python -m drafters import` -> the same config, state dict and draft logits; an
+    export without this project's `taskspec` block (as SpecForge writes it) reads back the same."""
+    model, tok = verifier
+    out = tmp_path / "sgl"
+    assert drafters_main(["export", e3["shaken"], "--format", "sglang-eagle3", "--out", str(out)]) == 0
+    assert drafters_main(["import", str(out), "--out", str(tmp_path / "back")]) == 0
+    src, back = load_eagle3(e3["shaken"]), load_eagle3(tmp_path / "back")
+    assert back.config == src.config
+    assert set(back.state_dict()) == set(src.state_dict())
+    for k, v in src.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    cfg = json.loads((out / "config.json").read_text())
+    del cfg["taskspec"]
+    (out / "config.json").write_text(json.dumps(cfg))
+    bare = load_export(out)
+    assert bare.config.aux_layers == src.config.aux_layers and bare.config.num_verifier_layers == 30
+    x = torch.tensor([prompt_ids(tok, [{"role": "user", "content": bench_prompts["gsm8k"][1].turns[0]}])])[:, :40]
+    t = x.shape[1] - 1
+    with torch.no_grad():
+        hs = model(x, output_hidden_states=True).hidden_states
+        aux = torch.cat([hs[i] for i in src.config.aux_layers], dim=-1)[:, :-1]
+        emb = model.get_input_embeddings()(x[:, 1:])
+        logits = [d.draft_step(emb, d.fuse(aux), torch.arange(t), causal_mask(t))[0] for d in (src, back, bare)]
+    assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
+
+
+def _cfg(fn):
+    def mutate(path):
+        c = json.loads((path / "config.json").read_text())
+        fn(c)
+        (path / "config.json").write_text(json.dumps(c))
+    return mutate
+
+
+def _weights(fn):
+    def mutate(path):
+        w = load_file(str(path / "model.safetensors"))
+        fn(w)
+        save_file(w, str(path / "model.safetensors"))
+    return mutate
+
+
+MUTATIONS = {  # one broken export per problem -> what the refusal must name
+    "missing": (_weights(lambda w: w.pop("midlayer.hidden_norm.weight")),
+                "missing weights ['midlayer.hidden_norm.weight'] (a loader would leave them at random"),
+    "extra": (_weights(lambda w: w.update({"embed_tokens.weight": torch.zeros(V, H)})),
+              "unexpected weights ['embed_tokens.weight']"),
+    "shape": (_weights(lambda w: w.update({"fc.weight": w["fc.weight"][:, : 2 * H].contiguous()})),
+              "fc.weight has shape (576, 1152), expected (576, 1728)"),
+    "dtype": (_weights(lambda w: w.update({"d2t": w["d2t"].int()})), "d2t is torch.int32, expected torch.int64"),
+    "maps": (_weights(lambda w: w.update({"d2t": w["d2t"] + 1})), "d2t and t2d describe different"),
+    "torch_dtype": (_cfg(lambda c: c.update(torch_dtype="bfloat16")),
+                    "fc.weight is torch.float32, expected torch.bfloat16"),
+    "architectures": (_cfg(lambda c: c.update(architectures=["LlamaForCausalLMEagle"])),
+                      "architectures ['LlamaForCausalLMEagle'] != ['LlamaForCausalLMEagle3']"),
+    "layers": (_cfg(lambda c: c.update(num_hidden_layers=2)), "num_hidden_layers is 2, this drafter has 1"),
+    "tied": (_cfg(lambda c: c.update(tie_word_embeddings=True)), "tie_word_embeddings is true, must be false"),
+    "fc_bias": (_cfg(lambda c: c.update(bias=True)), "bias is true, must be false"),
+    "fc_norm": (_cfg(lambda c: c.update(fc_norm=True)), "fc_norm is true, must be false"),
+    "norm_output": (_cfg(lambda c: c.update(norm_output=False)), "norm_output is false, must be true"),
+    "no_aux": (_cfg(lambda c: c["eagle_config"].update(use_aux_hidden_state=False)),
+               "eagle_config.use_aux_hidden_state is false, must be true"),
+    "eagle_config": (_cfg(lambda c: c.pop("eagle_config")), "config misses 'eagle_config'"),
+    "aux_count": (_cfg(lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[1, 14])),
+                  "has 2 ids, the loader's fc reads 3 layers"),
+    "aux_ids": (_cfg(lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[-1, 14, 26])),
+                "must be a non-empty list of distinct layer ids >= 0, got [-1, 14, 26]"),
+    "draft_vocab": (_cfg(lambda c: c.pop("draft_vocab_size")), "config misses 'draft_vocab_size'"),
+    "target_hidden": (_cfg(lambda c: c.update(target_hidden_size=1024)),
+                      "target_hidden_size 1024 != hidden_size 576"),
+    "llama_key": (_cfg(lambda c: c.pop("rms_norm_eps")), "config misses 'rms_norm_eps'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MUTATIONS))
+def test_a_broken_sglang_export_is_refused_naming_the_problem(sgl, tmp_path, case):
+    mutate, message = MUTATIONS[case]
+    broken = shutil.copytree(sgl, tmp_path / "broken")
+    check_export(broken, "sglang-eagle3")  # the untouched copy passes
+    mutate(broken)
+    with pytest.raises(ContractError, match="sglang-eagle3 contract") as e:
+        check_export(broken, "sglang-eagle3")
+    assert message in str(e.value)
+    with pytest.raises(ContractError):
+        load_export(broken)  # the importer checks first
+
+
+def test_sglang_export_refuses_aux_layers_it_cannot_capture(verifier, tmp_path):
+    """SGLang's fc reads exactly three layers, and it captures only inputs of layers 1..L-1."""
+    model, _ = verifier
+    config, ref = verifier_config(VERIFIER)
+    for aux, message in (((2, 15), "fuses exactly 3 verifier layers"), ((0, 15, 27), "include the embeddings (0)"),
+                         ((2, 15, 30), "or the final output (30)")):
+        ckpt = save_eagle3(init_eagle3(Eagle3Config.for_verifier(model, VERIFIER, aux_layers=aux)), tmp_path / "c")
+        with pytest.raises(ContractError, match="sglang-eagle3") as e:
+            export(ckpt, "sglang-eagle3", tmp_path / "x", config, ref)
+        assert message in str(e.value) and not (tmp_path / "x").exists()

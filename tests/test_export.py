@@ -1,5 +1,7 @@
-"""Exports to vLLM EAGLE / SGLang EAGLE / speculators: the contract, refusals, and the round trip
-(an export read back drafts exactly the trees the original drafts, on a real prompt)."""
+"""Exports of eagle2/hass drafters to vLLM EAGLE / SGLang EAGLE: the contract, refusals, and the round
+trip (an export read back drafts exactly the trees the original drafts, on a real prompt). The old
+speculators ``eagle`` layout is refused as an export (speculators 0.9 no longer ships it) and still
+read back from the files people have."""
 from __future__ import annotations
 
 import json
@@ -72,21 +74,76 @@ def test_reduced_vocabulary_cannot_go_to_vllm_eagle_silently(ckpts, vcfg, tmp_pa
     assert load_export(out).draft_ids() is None  # stated: it drafts over the full vocabulary
 
 
-def test_sglang_and_speculators_carry_the_vocabulary(ckpts, vcfg, tmp_path):
+def test_sglang_carries_the_vocabulary(ckpts, vcfg, tmp_path):
     (paths, ids), (config, ref) = ckpts, vcfg
     s = export(paths["r0"], "sglang", tmp_path / "s", config, ref)
     cfg, w = _exported(s)
     assert cfg["architectures"] == ["LlamaForCausalLMEagle"]
     assert torch.equal(w["fc.bias"], torch.zeros(H))  # SGLang's fc has a bias: zeros, never left random
     assert torch.load(s / TOKEN_MAP_FILE, weights_only=True) == ids.tolist()
-    p = export(paths["r0"], "speculators", tmp_path / "p", config, ref, dtype="bfloat16")
-    cfg, w = _exported(p)
-    assert cfg["speculators_model_type"] == "eagle" and cfg["draft_vocab_size"] == 1024
-    assert cfg["transformer_layer_config"]["num_hidden_layers"] == 1 and not cfg["fusion_bias"]
-    assert cfg["speculators_config"]["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert set(w) == {"fusion_fc.weight", "d2t", "t2d", *(f"transformer.{k}" for k in LAYER)}
-    assert w["fusion_fc.weight"].dtype == torch.bfloat16 and w["d2t"].dtype == torch.int64
-    assert torch.equal(w["d2t"] + torch.arange(1024), ids) and torch.equal(w["t2d"].nonzero().flatten(), ids)
+
+
+def test_the_old_speculators_eagle_export_is_refused_naming_what_serves_instead(ckpts, vcfg, tmp_path, capsys):
+    """speculators 0.9 refuses `speculators_model_type: eagle`; writing it would hand users a directory
+    nothing current loads. One message, before any work: --format speculators is for eagle3."""
+    (paths, _), (config, ref) = ckpts, vcfg
+    with pytest.raises(ContractError) as e:
+        export(paths["r0"], "speculators", tmp_path / "p", config, ref)
+    msg = str(e.value)
+    assert "speculators 0.9 no longer ships" in msg and "'speculators_model_type: eagle'" in msg
+    assert "--format speculators is for eagle3 checkpoints" in msg and "'eagle' (vLLM) or 'sglang'" in msg
+    assert not (tmp_path / "p").exists()
+    with pytest.raises(SystemExit, match="speculators 0.9 no longer ships"):
+        drafters_main(["export", paths["full"], "--format", "speculators", "--out", str(tmp_path / "q")])
+    assert not (tmp_path / "q").exists()
+    with pytest.raises(ContractError, match="export it to one of \\['eagle', 'sglang'\\]"):
+        export(paths["full"], "sglang-eagle3", tmp_path / "g", config, ref)  # the EAGLE-3 layout
+    assert not (tmp_path / "g").exists()
+
+
+def _old_speculators_export(src: str, out) -> None:
+    """A directory as `--format speculators` wrote it for eagle2/hass before speculators 0.9 (the layout
+    speculators 0.4's EagleSpeculator loads), written here by hand from its names."""
+    d = load_checkpoint(src)
+    cfg, state, ids = d.config, d.state_dict(), d.draft_ids()
+    w = {"fusion_fc.weight": state["fc.weight"],
+         **{f"transformer.{k}": state["layer." + ".".join(k.split(".")[-2:])] for k in LAYER}}
+    if ids is not None:
+        t2d = torch.zeros(V, dtype=torch.bool)
+        t2d[ids] = True
+        w.update({"d2t": ids - torch.arange(ids.shape[0]), "t2d": t2d})
+    layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1,
+             "hidden_size": H, "intermediate_size": I, "num_attention_heads": 9, "num_key_value_heads": 3,
+             "head_dim": 64, "vocab_size": V, "max_position_embeddings": 8192, "rms_norm_eps": cfg.rms_norm_eps,
+             "rope_theta": cfg.rope_theta, "hidden_act": "silu", "tie_word_embeddings": False,
+             "torch_dtype": "float32"}
+    config = {"speculators_model_type": "eagle", "architectures": ["EagleSpeculator", "LlamaDecoderLayer"],
+              "transformer_layer_architecture": "LlamaDecoderLayer", "transformer_layer_config": layer,
+              "layernorms": False, "fusion_bias": False, "speculators_version": "0.4.0", "torch_dtype": "float32",
+              "speculators_config": {"algorithm": "eagle", "default_proposal_method": "greedy",
+                                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
+                                     "verifier": {"name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct"}},
+              "taskspec": {"backbone": cfg.backbone, "verifier": cfg.verifier, "seed": cfg.seed, "training": {}}}
+    if ids is not None:
+        config["draft_vocab_size"] = int(ids.shape[0])
+    out.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in w.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(config))
+
+
+def test_an_old_speculators_export_is_still_read_back(ckpts, tmp_path):
+    (paths, ids), old = ckpts, tmp_path / "old"
+    _old_speculators_export(paths["r0"], old)
+    assert check_export(old).name == "speculators"
+    back = load_export(old)
+    assert torch.equal(back.draft_ids(), ids) and back.config.backbone == "hass"
+    for k, v in load_checkpoint(paths["r0"]).state_dict().items():
+        assert torch.equal(back.state_dict()[k], v), k
+    w = load_file(str(old / "model.safetensors"))
+    w["d2t"] = w["d2t"] + 1  # no longer the vocabulary t2d names
+    save_file(w, str(old / "model.safetensors"))
+    with pytest.raises(ContractError, match="d2t and t2d describe different draft vocabularies"):
+        load_export(old)
 
 
 def test_check_export_names_every_broken_key(ckpts, vcfg, tmp_path):
@@ -113,13 +170,17 @@ def test_export_refuses_a_drafter_of_another_verifier(ckpts, vcfg, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-@pytest.mark.parametrize("fmt,src", [("eagle", "full"), ("sglang", "r0"), ("speculators", "merged")])
+@pytest.mark.parametrize("fmt,src", [("eagle", "full"), ("sglang", "r0"), ("old-speculators", "merged")])
 def test_round_trip_drafts_the_same_trees(verifier, eos, bench_prompts, ckpts, vcfg, tmp_path, fmt, src):
     """Export -> `python -m drafters import` -> decode: the same draft trees (tokens and scores) and
-    the same output as the original checkpoint, on a real GSM8K prompt (merged checkpoint included)."""
+    the same output as the original checkpoint, on a real GSM8K prompt (merged checkpoint included;
+    old-speculators: a file in the layout this project wrote before speculators 0.9, read back)."""
     model, tok = verifier
     (paths, _), (config, ref) = ckpts, vcfg
-    out = export(paths[src], fmt, tmp_path / fmt, config, ref)
+    if fmt == "old-speculators":
+        _old_speculators_export(paths[src], out := tmp_path / fmt)
+    else:
+        out = export(paths[src], fmt, tmp_path / fmt, config, ref)
     assert drafters_main(["import", str(out), "--out", str(tmp_path / "back")]) == 0
     back, orig = load_checkpoint(tmp_path / "back"), load_checkpoint(paths[src])
     assert back.config.draft_vocab_size == orig.config.draft_vocab_size and back.config.backbone == orig.config.backbone
