@@ -10,6 +10,7 @@ from safetensors.torch import load_file, save_file
 
 from .atomic import atomic_dir
 from .config import DrafterConfig
+from .eagle3 import Eagle3Config, Eagle3Drafter, is_eagle3_checkpoint, load_eagle3, save_eagle3
 from .model import FeatureDrafter, seeded
 
 FORMAT = "taskspec-drafter-v1"
@@ -64,6 +65,16 @@ def load_checkpoint(path: str | os.PathLike, device: str = "cpu", dtype=torch.fl
     if ids is not None and (not bool((ids[1:] > ids[:-1]).all()) or int(ids[0]) < 0 or int(ids[-1]) >= cfg.vocab_size):
         raise ValueError(f"checkpoint {path}: d2t does not map to sorted ids inside the verifier's vocabulary")
     return model.to(device=device, dtype=dtype).eval()  # .to(dtype) casts floating tensors only: d2t stays int
+
+
+def load_any(path: str | os.PathLike, device: str = "cpu", dtype=torch.float32) -> FeatureDrafter | Eagle3Drafter:
+    """A checkpoint of any backbone: EAGLE-3's format (drafters/eagle3.py) or EAGLE-2/HASS's."""
+    return (load_eagle3 if is_eagle3_checkpoint(path) else load_checkpoint)(path, device=device, dtype=dtype)
+
+
+def save_any(model, out_dir: str | os.PathLike, config: DrafterConfig | Eagle3Config | None = None) -> Path:
+    """``save_eagle3`` for an EAGLE-3 drafter, ``save_checkpoint`` for the others."""
+    return (save_eagle3 if isinstance(model, Eagle3Drafter) else save_checkpoint)(model, out_dir, config)
 
 
 # ---------------------------------------------------------------- training checkpoints (resume points)

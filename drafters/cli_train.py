@@ -4,8 +4,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .config import BACKBONES
+
 
 def _train(args) -> None:
+    if args.backbone == "eagle3" and args.loss_mask != "next":  # before the verifier loads
+        raise SystemExit(f"--backbone eagle3 trains with --loss-mask next only, got {args.loss_mask!r}")
     from decoding.verifiers import eos_token_ids, load_verifier, resolve
 
     from .trainer import TrainConfig
@@ -18,7 +22,12 @@ def _train(args) -> None:
     model, tok = load_verifier(args.verifier)
     eos = eos_token_ids(model, tok)
     corpora = {"math": ["mathinstruct"], "chat": ["sharegpt"]}.get(args.variant, ["mathinstruct", "sharegpt"])
-    caches = {c: ensure_features(model, tok, eos, name, c, spec, features,
+    aux = None
+    if args.backbone == "eagle3":  # its caches hold the aux layers' hidden states (their own keys)
+        from .eagle3 import default_aux_layers
+
+        aux = default_aux_layers(model.config.num_hidden_layers)
+    caches = {c: ensure_features(model, tok, eos, name, c, spec, features, aux_layers=aux,
                                  progress=lambda s, d, t: print(f"[{s}] {d}/{t}", flush=True)) for c in corpora}
     vocab = None
     if args.draft_vocab:  # one file per (verifier, data spec, size): every variant trained with it shares it
@@ -66,7 +75,7 @@ def _merge(args) -> None:
 def add_subcommands(sub) -> None:
     t = sub.add_parser("train", help="extract features (cached) and train one drafter with Ray Train + DeepSpeed")
     t.add_argument("--verifier", default="smollm2-135m-instruct")
-    t.add_argument("--backbone", choices=["eagle2", "hass"], required=True)
+    t.add_argument("--backbone", choices=list(BACKBONES), required=True)
     t.add_argument("--variant", choices=["math", "chat", "mixed_half", "mixed_full"], required=True)
     t.add_argument("--n", type=int, default=256, help="examples per domain")
     t.add_argument("--heldout", type=int, default=32)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-BACKBONES = ("eagle2", "hass")
+FEATURE_BACKBONES = ("eagle2", "hass")  # DrafterConfig's (drafters/model.py's FeatureDrafter)
+BACKBONES = FEATURE_BACKBONES + ("eagle3",)  # what trains (EAGLE-3: drafters/eagle3.py's own config)
 
 
 @dataclass(frozen=True)
@@ -28,8 +29,9 @@ class DrafterConfig:
     training: dict = field(default_factory=dict)  # data variant, epochs, merge recipe, ...
 
     def __post_init__(self):
-        if self.backbone not in BACKBONES:
-            raise ValueError(f"backbone must be one of {list(BACKBONES)}, got {self.backbone!r}")
+        if self.backbone not in FEATURE_BACKBONES:
+            hint = " (eagle3 drafters are configured by drafters.eagle3.Eagle3Config)" if self.backbone == "eagle3" else ""
+            raise ValueError(f"backbone must be one of {list(FEATURE_BACKBONES)}, got {self.backbone!r}{hint}")
         for name in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "intermediate_size"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")

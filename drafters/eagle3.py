@@ -223,13 +223,15 @@ def is_eagle3_checkpoint(path: str | os.PathLike) -> bool:
     return p.is_file() and json.loads(p.read_text()).get("format") == FORMAT
 
 
-def save_eagle3(model: Eagle3Drafter, out_dir: str | os.PathLike) -> Path:
-    """DIR/config.json + DIR/model.safetensors, written to a temp dir renamed into place."""
+def save_eagle3(model: Eagle3Drafter, out_dir: str | os.PathLike, config: Eagle3Config | None = None) -> Path:
+    """DIR/config.json + DIR/model.safetensors, written to a temp dir renamed into place. ``config``:
+    the one to record (e.g. with the training history); default the model's own."""
+    cfg = config or model.config
     with atomic_dir(out_dir) as tmp:
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / "model.safetensors"))
         (tmp / "config.json").write_text(
-            json.dumps({"format": FORMAT, **model.config.to_dict()}, indent=2, sort_keys=True))
+            json.dumps({"format": FORMAT, **cfg.to_dict()}, indent=2, sort_keys=True))
     return Path(out_dir)
 
 

@@ -47,6 +47,13 @@ def ttt_unroll(drafter: Eagle3Drafter, embed, aux: torch.Tensor, input_ids: torc
 
     embed: the verifier's token embedding (a module or callable ids -> (B, L, H)); aux (B, L, A*H)
     the concatenated aux-layer features; input_ids (B, L)."""
+    return [drafter.logits(h) for h in ttt_hidden(drafter, embed, aux, input_ids, steps)]
+
+
+def ttt_hidden(drafter: Eagle3Drafter, embed, aux: torch.Tensor, input_ids: torch.Tensor,
+               steps: int | None = None) -> list[torch.Tensor]:
+    """``ttt_unroll`` before the LM head: each step's hidden states [(B, T, H)] * steps (the loss
+    takes the head of the counted rows only)."""
     steps = drafter.config.ttt_steps if steps is None else steps
     b, L = input_ids.shape
     t = L - 1
@@ -63,7 +70,7 @@ def ttt_unroll(drafter: Eagle3Drafter, embed, aux: torch.Tensor, input_ids: torc
         hidden, (kk, vv) = drafter(embed(tokens), hidden, positions, mask, extra_kv=extra)
         prev_k = kk if prev_k is None else torch.cat([prev_k, kk], dim=-2)
         prev_v = vv if prev_v is None else torch.cat([prev_v, vv], dim=-2)
-        out.append(drafter.logits(hidden))
+        out.append(hidden)
     return out
 
 
@@ -84,28 +91,39 @@ def ttt_loss(drafter: Eagle3Drafter, embed, aux, input_ids, verifier_logits, los
     (top1: agreement of the drafter's argmax with the verifier's restricted argmax on counted rows).
 
     verifier_logits (B, L, V); loss_mask (B, L), 1 on assistant tokens (0 on padding)."""
+    b, L = input_ids.shape
+    if verifier_logits.shape[:2] != (b, L) or loss_mask.shape != (b, L):
+        raise ValueError(f"verifier_logits {tuple(verifier_logits.shape)} and loss_mask {tuple(loss_mask.shape)} "
+                         f"must start with input_ids' (B, L) = {(b, L)}")
+    probs, inside = draft_targets(verifier_logits, drafter.draft_ids())
+    return ttt_loss_targets(drafter, embed, aux, input_ids, probs, loss_mask.bool() & inside, steps, decay)
+
+
+def ttt_loss_targets(drafter: Eagle3Drafter, embed, aux, input_ids, probs, counted,
+                     steps: int | None = None, decay: float | None = None):
+    """``ttt_loss`` from the targets themselves: ``probs`` (B, L, N) the verifier's distribution over
+    the draft vocabulary at each position, ``counted`` (B, L) bool: the position's token is an
+    assistant token and the verifier's top-1 there lies inside the draft vocabulary."""
     cfg = drafter.config
     steps = cfg.ttt_steps if steps is None else steps
     decay = cfg.ttt_decay if decay is None else decay
     b, L = input_ids.shape
-    if aux.shape[:2] != (b, L) or verifier_logits.shape[:2] != (b, L) or loss_mask.shape != (b, L):
-        raise ValueError(f"aux {tuple(aux.shape)}, verifier_logits {tuple(verifier_logits.shape)} and loss_mask "
-                         f"{tuple(loss_mask.shape)} must all start with input_ids' (B, L) = {(b, L)}")
-    probs, inside = draft_targets(verifier_logits, drafter.draft_ids())
-    counted = loss_mask.bool() & inside  # by position j of the verifier distribution / input token
+    if aux.shape[:2] != (b, L) or probs.shape[:2] != (b, L) or counted.shape != (b, L):
+        raise ValueError(f"aux {tuple(aux.shape)}, targets {tuple(probs.shape)} and loss mask "
+                         f"{tuple(counted.shape)} must all start with input_ids' (B, L) = {(b, L)}")
     total = aux.new_zeros((), dtype=torch.float32)
     stats = {"loss": [], "top1": [], "rows": []}
-    for k, logits in enumerate(ttt_unroll(drafter, embed, aux, input_ids, steps)):
-        # row t: input token x_{t+1+k}, target the verifier's distribution at position t+1+k
-        target = shifted(probs[:, 1:], k)
-        rows = shifted(counted[:, 1:], k, fill=False)
-        ce = -(target * F.log_softmax(logits.float(), dim=-1)).sum(-1)
-        n = rows.sum()
-        step_loss = (ce * rows).sum() / n.clamp_min(1)
+    for k, hidden in enumerate(ttt_hidden(drafter, embed, aux, input_ids, steps)):
+        # row t: input token x_{t+1+k}, target the verifier's distribution at position t+1+k; the LM
+        # head runs on the counted rows only
+        bi, ti = shifted(counted[:, 1:], k, fill=False).nonzero(as_tuple=True)
+        target = probs[bi, ti + 1 + k].float()  # (M, N)
+        logits = drafter.logits(hidden[bi, ti]).float()
+        n = int(bi.numel())
+        step_loss = -(target * F.log_softmax(logits, dim=-1)).sum(-1).sum() / max(n, 1)
         total = total + (decay ** k) * step_loss
         with torch.no_grad():
-            agree = (logits.argmax(-1) == target.argmax(-1)) & rows
             stats["loss"].append(float(step_loss))
-            stats["top1"].append(float(agree.sum()) / max(int(n), 1))
-            stats["rows"].append(int(n))
+            stats["top1"].append(float((logits.argmax(-1) == target.argmax(-1)).sum()) / max(n, 1))
+            stats["rows"].append(n)
     return total, stats

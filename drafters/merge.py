@@ -6,7 +6,8 @@
   parameter by total mass, average the values that agree with it) on top of theta_base.
 Each writes an ordinary drafter checkpoint whose config.json records the recipe. Only floating
 weights are merged; a reduced draft vocabulary (``d2t``) must be the same in every source (it is
-chosen once per backbone) and is carried over unchanged.
+chosen once per backbone) and is carried over unchanged. EAGLE-3 checkpoints merge with EAGLE-3
+ones only (same aux layers; their own LM head is merged like every other weight).
 """
 from __future__ import annotations
 
@@ -14,19 +15,29 @@ import dataclasses
 
 import torch
 
-from .checkpoint import load_checkpoint, save_checkpoint
+from .checkpoint import load_any, save_any
 from .config import DrafterConfig
+from .eagle3 import Eagle3Config, is_eagle3_checkpoint
 
 
 MAPS = ("d2t",)  # integer buffers: shared, never averaged
 
 
-def _check_same(states: list[dict], configs: list[DrafterConfig]) -> None:
+def check_same_format(paths: list[str]) -> None:
+    """Refuse, before loading any weight, a merge of EAGLE-3 with EAGLE-2/HASS checkpoints."""
+    e3 = [p for p in paths if is_eagle3_checkpoint(p)]
+    if e3 and len(e3) != len(paths):
+        other = [p for p in paths if p not in e3]
+        raise ValueError(f"cannot merge eagle3 checkpoints ({', '.join(e3)}) with eagle2/hass ones "
+                         f"({', '.join(other)}): their architectures differ; merge drafters of one backbone")
+
+
+def _check_same(states: list[dict], configs: list[DrafterConfig | Eagle3Config]) -> None:
     base = configs[0]
     for c in configs[1:]:
         for f in ("backbone", "verifier", "hidden_size", "vocab_size", "intermediate_size", "num_attention_heads",
-                  "num_key_value_heads", "draft_vocab_size"):
-            if getattr(c, f) != getattr(base, f):
+                  "num_key_value_heads", "draft_vocab_size", "aux_layers", "num_verifier_layers"):
+            if getattr(c, f, None) != getattr(base, f, None):
                 raise ValueError(f"cannot merge drafters with different {f}: {getattr(base, f)!r} vs {getattr(c, f)!r}")
     keys = set(states[0])
     for s in states[1:]:
@@ -72,12 +83,13 @@ def ties(base: dict, tasks: list[dict], density: float = 0.2, alpha: float = 1.0
 def merge_checkpoints(kind: str, paths: list[str], out: str, lam: float | None = None, base: str | None = None,
                       alpha: float = 1.0, density: float = 0.2):
     """Load, check compatibility, merge, and write a checkpoint with the recipe in config.json."""
-    models = [load_checkpoint(p) for p in paths]
+    check_same_format(list(paths) + ([base] if base is not None else []))
+    models = [load_any(p) for p in paths]
     cfgs = [m.config for m in models]
     states = [m.state_dict() for m in models]
     base_state = None
     if base is not None:
-        bm = load_checkpoint(base)
+        bm = load_any(base)
         cfgs.append(bm.config)
         states.append(bm.state_dict())
         base_state = states.pop()
@@ -100,4 +112,4 @@ def merge_checkpoints(kind: str, paths: list[str], out: str, lam: float | None =
     cfg = dataclasses.replace(cfgs[0], training={"merge": recipe})
     m = models[0]
     m.load_state_dict({**merged, **maps})
-    return save_checkpoint(m, out, cfg)
+    return save_any(m, out, cfg)

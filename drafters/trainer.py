@@ -1,15 +1,17 @@
-"""One trainer for both backbones (EAGLE-2, HASS), run inside a Ray Train worker or directly.
+"""One trainer for every backbone (EAGLE-2, HASS, EAGLE-3), run inside a Ray Train worker or directly.
 
 Per epoch: stream batches from the feature cache (or compute them online with the verifier,
 each rank for its own batches only), take optimizer steps (DeepSpeed ZeRO or plain AdamW),
 evaluate top-1 agreement with the verifier at depths 1-3 on a held-out slice, and write an atomic
-checkpoint (drafter format + optimizer state) that a crashed run resumes from. With
+checkpoint (drafter format + optimizer state) that a crashed run resumes from. EAGLE-3's batches,
+objective and agreement live in drafters/eagle3_train.py. With
 ``checkpoint_every`` a checkpoint is also written every N optimizer steps inside an epoch; it
 holds the data position and the noise generator too, so the resumed run takes the same steps.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -23,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import init_drafter, latest_checkpoint, save_checkpoint, stale_checkpoints
+from . import eagle3_train
+from .checkpoint import init_drafter, latest_checkpoint, load_any, save_any, stale_checkpoints
 from .config import BACKBONES, DrafterConfig
 from .data.templating import TokenizedExample
 from .features import FeatureExample, FeatureStore
@@ -79,6 +82,7 @@ class TrainConfig:
     out_uri: str | None = None  # shared copy of out_dir (a URI); the Ray Train worker syncs epochs with it
     verifier_dtype: str | None = None  # the verifier's dtype in the worker (the profile's); None: its default
     online_spec: dict | None = None  # DataSpec fields for "online" entries (features computed in the worker)
+    aux_layers: tuple | None = None  # eagle3: the verifier layers it fuses (None: the reference's 2, L/2, L-3)
 
     def __post_init__(self):
         if self.backbone not in BACKBONES:
@@ -100,6 +104,10 @@ class TrainConfig:
             raise ValueError(f"grad_clip_mode must be value or norm, got {self.grad_clip_mode!r}")
         if self.loss_mask not in MASK_MODES:
             raise ValueError(f"loss_mask must be one of {list(MASK_MODES)}, got {self.loss_mask!r}")
+        if self.backbone == "eagle3" and self.loss_mask != "next":
+            raise ValueError(f"backbone eagle3 trains with loss_mask 'next' only, got {self.loss_mask!r}")
+        if self.aux_layers is not None and self.backbone != "eagle3":
+            raise ValueError(f"aux_layers is for backbone eagle3, not {self.backbone!r}")
         if not 0.0 <= self.topk_from <= 1.0:
             raise ValueError(f"topk_from must be in [0, 1], got {self.topk_from}")
         for k in ("checkpoint_every", "keep_checkpoints"):
@@ -113,12 +121,12 @@ class OnlineFeatures:
     (tokenized examples, no verifier pass) is known up front, so batches and ranks are assigned
     before any feature is computed and each rank runs the verifier only on its own batches."""
 
-    def __init__(self, model, tokenizer, spec: dict):
+    def __init__(self, model, tokenizer, spec: dict, aux_layers=None):
         from decoding.verifiers import eos_token_ids
 
         from .variants import DataSpec
 
-        self.model, self.tok, self.spec = model, tokenizer, DataSpec(**spec)
+        self.model, self.tok, self.spec, self.aux_layers = model, tokenizer, DataSpec(**spec), aux_layers
         self.eos = eos_token_ids(model, tokenizer)
         self._examples: dict[str, dict] = {}
 
@@ -136,7 +144,7 @@ class OnlineFeatures:
         """One verifier pass over ``examples`` (the only place online mode runs the verifier)."""
         from .features import verifier_features
 
-        return verifier_features(self.model, examples)
+        return verifier_features(self.model, examples, aux_layers=self.aux_layers)
 
     def iter_examples(self, corpus: str, ids, part: str = "train", chunk: int = 8, features: bool = True):
         exs = self.examples(corpus, ids, part)
@@ -215,7 +223,7 @@ def plan_batches(data, batch_size, seed, online: OnlineFeatures | None = None, b
 
 
 def batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket: bool = False, pool: int = 16,
-            mask_mode: str = "next", rank: int = 0, world: int = 1, skip: int = 0):
+            mask_mode: str = "next", rank: int = 0, world: int = 1, skip: int = 0, collate_fn=collate):
     """Collated batches of rank ``rank`` of ``world``: batch i of the plan goes to rank i % world
     (the same assignment in cached and online mode), and online features are computed for that
     rank's batches only. ``skip``: the rank's first ``skip`` batches are passed over unbuilt (a
@@ -234,7 +242,7 @@ def batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket
             group = list(group)
             for j, f in zip(need, computed):
                 group[j] = f
-        yield collate(group, mask_mode=mask_mode)
+        yield collate_fn(group, mask_mode=mask_mode)
 
 
 def count_examples(data: list, online_spec: dict | None = None) -> int:
@@ -281,7 +289,10 @@ def clamp_grads_by_value(model: torch.nn.Module, clip: float) -> list:
 
 def compute_loss(cfg: TrainConfig, model, embed, head, batch, generator, use_topk: bool = True):
     """The backbone's objective. EAGLE-2: 1.0 SmoothL1 + 0.1 soft CE. HASS: + 1.0 top-K (once
-    ``use_topk``: the second stage of its schedule), summed over ``hass_steps`` alignment passes."""
+    ``use_topk``: the second stage of its schedule), summed over ``hass_steps`` alignment passes.
+    EAGLE-3: the training-time test (drafters/eagle3_train.py)."""
+    if cfg.backbone == "eagle3":
+        return eagle3_train.compute_loss(cfg, model, embed, head, batch, PRECISIONS[cfg.precision])
     batch = batch.to(embed.weight.device, PRECISIONS[cfg.precision])  # host-built -> the drafter's device
     feats = noise(batch.features, generator, batch.lengths) if cfg.feature_noise else batch.features
     steps = cfg.hass_steps if cfg.backbone == "hass" else 1
@@ -304,11 +315,12 @@ def heldout_metrics(model, embed, head, cfg, online=None) -> dict:
     """Agreement on all held-out sets pooled (``top1_depth{j}``) and on each one
     (``top1_depth{j}_<corpus>``): a specialist is judged on its own domain's held-out set."""
     dtype = PRECISIONS[cfg.precision]
-    out = evaluate(model, embed, head, cfg.heldout_data, cfg.eval_depths, online=online, dtype=dtype)
+    ev = _evaluate_eagle3 if cfg.backbone == "eagle3" else evaluate
+    out = ev(model, embed, head, cfg.heldout_data, cfg.eval_depths, online=online, dtype=dtype)
     if len(cfg.heldout_data) > 1:
         for entry in cfg.heldout_data:
             corpus = entry[1] if str(entry[0]).startswith("online") else str(entry[1]).split("-")[0]
-            per = evaluate(model, embed, head, [entry], cfg.eval_depths, online=online, dtype=dtype)
+            per = ev(model, embed, head, [entry], cfg.eval_depths, online=online, dtype=dtype)
             out.update({f"{k}_{corpus}": v for k, v in per.items()})
     return out
 
@@ -335,6 +347,12 @@ def evaluate(model, embed, head, data, depths: int = 3, batch_size: int = 8, onl
             counts[j] += int(sel[0].numel())
     model.train()
     return {f"top1_depth{j + 1}": hits[j] / counts[j] if counts[j] else float("nan") for j in range(depths)}
+
+
+def _evaluate_eagle3(model, embed, head, data, depths: int = 3, batch_size: int = 8, online=None, dtype=None):
+    """``evaluate`` for EAGLE-3: agreement at TTT depths 1..D (drafters/eagle3_train.py)."""
+    it = batches(data, batch_size, None, online, collate_fn=eagle3_train.collate)
+    return eagle3_train.agreement(model, embed, it, depths, dtype=dtype)
 
 
 def _latest(out: Path) -> Path | None:
@@ -455,17 +473,24 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
     if world > 1 and not cfg.deepspeed and _distributed():  # (a simulated rank without a process group: tests)
         raise ValueError(f"deepspeed: false trains without gradient synchronisation; {world} ranks would each "
                          "train their own drafter. Set deepspeed: true (ZeRO 0-2) or use one worker")
-    online = OnlineFeatures(verifier_model, tokenizer, cfg.online_spec) if cfg.online_spec else None
+    ids = load_vocab(cfg.draft_vocab) if cfg.draft_vocab else None
+    eagle3 = cfg.backbone == "eagle3"
+    if eagle3:  # its config (the aux layers) and its caches, checked before any work
+        dcfg = eagle3_train.drafter_config(cfg, verifier_model, ids)
+        eagle3_train.check_data(cfg.train_data + cfg.heldout_data, dcfg)
+    else:
+        dcfg = DrafterConfig.for_verifier(verifier_model, cfg.verifier, cfg.backbone, seed=cfg.seed,
+                                          draft_vocab_size=None if ids is None else int(ids.shape[0]))
+    online = OnlineFeatures(verifier_model, tokenizer, cfg.online_spec, dcfg.aux_layers if eagle3 else None) \
+        if cfg.online_spec else None
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
     embed = verifier_model.get_input_embeddings()
-    ids = load_vocab(cfg.draft_vocab) if cfg.draft_vocab else None
     head = DraftHead(verifier_model.lm_head, ids)
-    dcfg = DrafterConfig.for_verifier(verifier_model, cfg.verifier, cfg.backbone, seed=cfg.seed,
-                                      draft_vocab_size=None if ids is None else int(ids.shape[0]))
     device = embed.weight.device  # the rank's device: the verifier's
-    model = init_drafter(dcfg, ids).to(device)  # every variant of a backbone starts from the same init (merging)
+    # every variant of a backbone starts from the same init (merging)
+    model = (eagle3_train.init_drafter(dcfg, verifier_model, ids) if eagle3 else init_drafter(dcfg, ids)).to(device)
     if cfg.grad_clip_mode == "value":
         clamp_grads_by_value(model, cfg.grad_clip)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
@@ -481,9 +506,7 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
     start, history, pos = 0, [], None
     latest = _latest(out)
     if latest is not None:  # resume after a crash from the latest epoch or step checkpoint
-        from .checkpoint import load_checkpoint
-
-        model.load_state_dict(load_checkpoint(latest).state_dict())
+        model.load_state_dict(load_any(latest).state_dict())
         runner.load_state(latest)
         state = json.loads((latest / "state.json").read_text())
         start, history, pos = state["epoch"], state["history"], state.get("position")
@@ -500,7 +523,8 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
         sums = dict(pos["sums"]) if pos else dict.fromkeys(SUMS, 0)  # this epoch so far
         pos, t0, ran = None, time.perf_counter() - sums["seconds"], 0
         it = batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch, online, cfg.bucket,
-                     mask_mode=cfg.loss_mask, rank=rank, world=world, skip=sums["batches"])
+                     mask_mode=cfg.loss_mask, rank=rank, world=world, skip=sums["batches"],
+                     collate_fn=eagle3_train.collate if eagle3 else collate)
         while True:
             batch = next(it, None)
             # one decision for all ranks: stop when any rank is out of batches (the plan's remainder
@@ -617,8 +641,7 @@ def _save(out, model, dcfg, cfg, runner, rank, world, gen, name: str, history: l
         shutil.rmtree(tmp, ignore_errors=True)
         training = {"variant": cfg.variant, "epoch": state["epoch"], "lr": cfg.lr,
                     "batch_size": cfg.batch_size, "history": history}
-        meta = DrafterConfig(**{**dcfg.to_dict(), "training": training})
-        save_checkpoint(model, tmp, meta)
+        save_any(model, tmp, dataclasses.replace(dcfg, training=training))
         torch.save(rngs, tmp / "rng.pt")
     runner.save_state(tmp)  # every rank writes its optimizer shard (ZeRO)
     if rank == 0:

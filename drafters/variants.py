@@ -15,7 +15,7 @@ from .corpora import CORPORA, variant_corpora
 from .data.sources import SourceOptions, load_corpus
 from .data.templating import tokenize_conversation
 from .distill import MODES, distilled
-from .features import FeatureStore, content_key, verifier_features
+from .features import FeatureStore, aux_tag, check_aux_layers, content_key, verifier_features
 
 
 @dataclass(frozen=True)
@@ -64,14 +64,19 @@ def select_conversations(tokenizer, eos_ids, corpus: str, spec: DataSpec, option
 
 
 def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec: DataSpec, root: str,
-                    options: SourceOptions = SourceOptions(), progress=None, prefetch=None) -> dict:
+                    options: SourceOptions = SourceOptions(), progress=None, prefetch=None,
+                    aux_layers=None) -> dict:
     """Extract (or reuse) the feature caches of one corpus: {"train": key, "heldout": key, ...}.
 
     A second call with the same content key runs no verifier forward pass. ``prefetch(key)``, if
     given, runs before each cache lookup (e.g. to copy the cache from remote storage). With
     ``spec.self_distill`` the training examples' assistant turns are the verifier's own answers (the
     same conversations and user turns); the held-out slice stays original, so agreement is comparable.
+    ``aux_layers`` (EAGLE-3): the caches also hold those layers' hidden states, under their own keys
+    (``<corpus>-<part>-aux2-15-27-<hash>``); without it the keys and contents are EAGLE-2/HASS's.
     """
+    if aux_layers is not None:
+        aux_layers = check_aux_layers(model, aux_layers)  # before any work
     train, held = select_conversations(tokenizer, eos_ids, corpus, spec, options)
     train_exs, held_exs = [e for _, e in train], [e for _, e in held]
     train_part = "train"
@@ -82,19 +87,22 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
         train_exs = [tokenize_conversation(tokenizer, c, spec.max_length, eos_ids) for c in convs]
     keys = {}
     for part, label, exs in (("train", train_part, train_exs), ("heldout", "heldout", held_exs)):
-        key = content_key(verifier, f"{corpus}-{label}", [e.id for e in exs], spec.max_length)
+        key = content_key(verifier, f"{corpus}-{label}{aux_tag(aux_layers)}", [e.id for e in exs], spec.max_length)
         if prefetch is not None:
             prefetch(key)
         store = FeatureStore(root, key)
         if not store.exists():
             def gen(exs=exs):
                 for j in range(0, len(exs), 16):
-                    yield from verifier_features(model, exs[j : j + 16])
+                    yield from verifier_features(model, exs[j : j + 16], aux_layers=aux_layers)
                     if progress:
                         progress(f"features {corpus}/{part}", min(j + 16, len(exs)), len(exs))
 
-            store.write(gen(), {"verifier": verifier, "corpus": corpus, "part": part, "max_length": spec.max_length,
-                                "seed": spec.seed, "self_distill": spec.self_distill if part == "train" else None})
+            meta = {"verifier": verifier, "corpus": corpus, "part": part, "max_length": spec.max_length,
+                    "seed": spec.seed, "self_distill": spec.self_distill if part == "train" else None}
+            if aux_layers is not None:
+                meta["aux_layers"] = [int(i) for i in aux_layers]
+            store.write(gen(), meta)
         keys[part] = key
         keys[f"{part}_ids"] = [e.id for e in exs]
     return keys

@@ -23,8 +23,15 @@ def drafter_params(v: dict) -> int:
     return 2 * v["hidden"] ** 2 + 12 * v["hidden"] ** 2
 
 
+EAGLE3_TTT_STEPS = 7  # drafters.eagle3.Eagle3Config.ttt_steps (kept torch-free here)
+
+
 def train_flops_per_token(v: dict, backbone: str, hass_steps: int) -> float:
     """Training FLOPs per token of a drafter (forward + backward, the LM head included);
-    HASS repeats the forward/backward ``hass_steps`` times."""
+    HASS repeats the forward/backward ``hass_steps`` times. EAGLE-3 runs its fc (3H x H) once and
+    its layer and head ``EAGLE3_TTT_STEPS`` times; its layer (q/k/v read 2H) is about 14H^2, as
+    many as ``drafter_params``'s fc + layer, so one step costs what one EAGLE-2 pass does."""
     one = 6 * drafter_params(v) + 3 * 2 * v["hidden"] * v["vocab"]
+    if backbone == "eagle3":
+        return 6 * 3 * v["hidden"] ** 2 + EAGLE3_TTT_STEPS * one
     return hass_steps * one if backbone == "hass" else one

@@ -22,7 +22,8 @@ def estimate(p: Profile) -> dict:
     n = p.data.n
     corpus_tokens = {c: (n + p.data.heldout) * t for c, t in tpe.items()}
     flops_verifier = 2 * v["params"]  # forward FLOPs per token
-    per_token = {b: train_flops_per_token(v, b, p.train.for_backbone(b).hass_steps) for b in ("eagle2", "hass")}
+    per_token = {b: train_flops_per_token(v, b, p.train.for_backbone(b).hass_steps)
+                 for b in dict.fromkeys(("eagle2", "hass", *p.train.backbones))}
     eff = a["gpu_peak_flops"] * a["mfu"]
     online = p.data.feature_mode == "online"
     train_h = 0.0

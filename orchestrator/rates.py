@@ -111,7 +111,7 @@ def estimated(p: Profile) -> Rates:
     eff = a["gpu_peak_flops"] * a["mfu"]
     online = p.data.feature_mode == "online"
     per_token = {b: train_flops_per_token(v, b, p.train.for_backbone(b).hass_steps) + (2 * v["params"] if online else 0)
-                 for b in ("eagle2", "hass")}
+                 for b in dict.fromkeys(("eagle2", "hass", *p.train.backbones))}
     step = 1.0 / a["verify_step_seconds"]
     return Rates(
         hardware=f"GPU at {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s peak, {a['mfu']:.0%} MFU (estimate)",

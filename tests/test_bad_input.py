@@ -64,7 +64,7 @@ FILES = [
     ("unknown choice", "data: {feature_mode: streaming}\n",
      "data.feature_mode must be cached or online, got 'streaming'"),
     ("repeated list value", "train: {backbones: [eagle2, eagle2]}\n",
-     "train.backbones must be a non-empty list of distinct values from [eagle2, hass], "
+     "train.backbones must be a non-empty list of distinct values from [eagle2, hass, eagle3], "
      "got ['eagle2', 'eagle2']"),
     ("negative temperature", "eval: {temperatures: [0.0, -1]}\n",
      "eval.temperatures must be a non-empty list of distinct numbers >= 0, got [0.0, -1]"),
