@@ -3,7 +3,10 @@
 ``Proposer.draft(tokens, features, cfg, temperature)`` gets every committed token (the last one is
 the root, not yet seen by the verifier) and the verifier features of all tokens before the root,
 and returns a :class:`DraftTree`. ``FeatureDrafterProposer`` runs EAGLE-2's dynamic tree with a
-trained (or random) drafter and keeps the drafter's KV cache across steps.
+trained (or random) drafter and keeps the drafter's KV cache across steps. ``Eagle3Proposer`` runs
+the same tree with an EAGLE-3 drafter: its features are the verifier's hidden states at the
+drafter's ``aux_layers`` (concatenated), fused by the drafter's ``fc``; deeper levels read its own
+previous hidden state; its own norm and LM head give the draft distribution.
 
 ``draft_together`` drafts with several proposers in lock step: at every level, the rows of all
 drafters that share a draft head (the same verifier LM head and draft vocabulary) go through ONE
@@ -18,6 +21,7 @@ from typing import Protocol
 
 import torch
 
+from drafters.eagle3 import Eagle3Drafter
 from drafters.model import FeatureDrafter, KVCache, causal_mask
 from drafters.vocab import DraftHead
 
@@ -79,9 +83,35 @@ def draft_together(proposers: list[Proposer], tokens: torch.Tensor, features: to
     return out  # type: ignore[return-value]
 
 
+def composition_features(readers: list[tuple[str, tuple[int, ...] | None]]) -> tuple[int, ...] | None:
+    """The verifier features a composition of feature drafters reads, from (name, aux layers or None)
+    per drafter: None = the last hidden state (EAGLE-2/HASS, or no feature drafter at all), a tuple =
+    the hidden states at those ``output_hidden_states`` indices, concatenated (EAGLE-3). One verifier
+    pass serves every drafter, so EAGLE-3 drafters cannot be composed with EAGLE-2/HASS ones, nor
+    with EAGLE-3 drafters of other aux layers: refused here, before anything decodes."""
+    e3 = [(n, tuple(a)) for n, a in readers if a is not None]
+    e2 = [n for n, a in readers if a is None]
+    if e3 and e2:
+        raise ValueError(f"cannot compose EAGLE-3 drafters {[n for n, _ in e3]} with EAGLE-2/HASS drafters {e2}: "
+                         "they read different verifier features (three fused layers vs the last hidden state); "
+                         "decode them in separate runs")
+    if len({a for _, a in e3}) > 1:
+        raise ValueError("cannot compose EAGLE-3 drafters with different aux_layers "
+                         f"({', '.join(f'{n}: {list(a)}' for n, a in e3)}): one verifier pass captures one set")
+    return e3[0][1] if e3 else None
+
+
+def feature_layers(proposers: list[Proposer]) -> tuple[int, ...] | None:
+    """``composition_features`` of the proposers that read verifier features (those with a
+    ``feature_layers`` attribute; scripted proposers read none and fit any composition)."""
+    return composition_features([(p.name, p.feature_layers) for p in proposers if hasattr(p, "feature_layers")])
+
+
 class FeatureDrafterProposer:
     """EAGLE-2 dynamic draft tree from a feature drafter + the verifier's embedding and LM head
     (or, for a reduced draft vocabulary, the slice of the LM head the drafter was trained with)."""
+
+    feature_layers: tuple[int, ...] | None = None  # verifier features it reads: None = the last hidden state
 
     def __init__(self, drafter: FeatureDrafter, embed: torch.nn.Module, lm_head: torch.nn.Module, name: str, index: int = 0):
         self.drafter, self.embed = drafter, embed
@@ -91,6 +121,10 @@ class FeatureDrafterProposer:
 
     def reset(self) -> None:
         self.cache = KVCache()  # holds pairs (f_i, x_{i+1}) for i < len(cache)
+
+    def _context(self, features: torch.Tensor) -> torch.Tensor:
+        """(r, F) verifier features of committed tokens -> (r, H) the hidden state the drafter reads."""
+        return features
 
     @staticmethod
     def _logp(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -118,7 +152,8 @@ class FeatureDrafterProposer:
         # 1. catch up on committed context: pairs (f_i, x_{i+1}), i = m..n-1, positions i
         emb = self.embed(tokens[m + 1 : n + 1].to(dev))  # (n-m, H); the engine passes tokens on dev
         pos = torch.arange(m, n, device=dev)
-        h, _ = self.drafter(emb[None], features[m:n][None], pos, causal_mask(n - m, m, dev), cache=self.cache)
+        h, _ = self.drafter(emb[None], self._context(features[m:n])[None], pos, causal_mask(n - m, m, dev),
+                            cache=self.cache)
         h_last = h[0, -1:]  # (1, H): predicted feature at the root -> distribution of depth-1 tokens
         # 2. level 1: top-k of the root's draft distribution
         logp = self._logp((yield h_last), temperature)  # (1, V)
@@ -169,3 +204,42 @@ class FeatureDrafterProposer:
         owner = torch.full((keep.shape[0],), self.index, dtype=torch.long, device=dev)
         return DraftTree(tok[keep], new_par, dep[keep], score[keep].float(), ent_all[keep].float(), owner,
                          torch.ones_like(owner) << self.index, cfg.depth)
+
+
+class Eagle3Head(torch.nn.Module):
+    """An EAGLE-3 drafter's own head: ``norm`` then ``lm_head`` over its draft vocabulary, and the map
+    of draft ids to verifier ids (``d2t``). Each drafter has its own, so ``draft_together`` runs one
+    head matmul per drafter per level (nothing to stack across drafters)."""
+
+    def __init__(self, drafter: Eagle3Drafter):
+        super().__init__()
+        self.drafter = drafter
+        self.ids = drafter.draft_ids()  # (N,) on the drafter's device, or None for the whole vocabulary
+
+    @property
+    def size(self) -> int:
+        return self.drafter.config.head_size
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.drafter.logits(h)
+
+    def to_verifier(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids if self.ids is None else self.ids[draft_ids]
+
+
+class Eagle3Proposer(FeatureDrafterProposer):
+    """EAGLE-2's dynamic tree with an EAGLE-3 drafter. The features it is given are the verifier's
+    hidden states at ``drafter.config.aux_layers``, concatenated (F = 3H; the engine captures them
+    when a composition holds EAGLE-3 drafters); each committed token's row is ``fuse``d, and every
+    deeper level reads the drafter's own previous output, as training's unrolled steps do. Only the
+    token embedding comes from the verifier."""
+
+    def __init__(self, drafter: Eagle3Drafter, embed: torch.nn.Module, name: str, index: int = 0):
+        self.drafter, self.embed = drafter, embed
+        self.feature_layers = tuple(drafter.config.aux_layers)
+        self.head = Eagle3Head(drafter)
+        self.name, self.index = name, index
+        self.reset()
+
+    def _context(self, features: torch.Tensor) -> torch.Tensor:
+        return self.drafter.fuse(features)

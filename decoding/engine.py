@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .accept import accept_greedy, accept_sampling, entropy, logits_to_probs, sample
-from .drafting import Proposer
+from .drafting import Proposer, feature_layers
 from .strategies import GRANULARITIES, SCORES, SWITCH_AFTER, SWITCH_TO, make_strategy
 from .timing import Clock
 from .tree import TreeConfig
@@ -78,6 +78,9 @@ class SpeculativeDecoder:
     def __init__(self, model, proposers: list[Proposer], config: DecodeConfig, eos_ids: list[int],
                  prompt_cache: bool = False):
         self.model, self.proposers, self.cfg = model, list(proposers), config
+        # the verifier features the drafters read: None = the last hidden state (EAGLE-2/HASS), else the
+        # hidden states at these output_hidden_states indices (EAGLE-3); a mix is refused here
+        self.layers = feature_layers(self.proposers)
         # prompt_cache: keep the last prompt's prefill (keys/values, features, last logits) and reuse a
         # copy when the same prompt comes again (n samples of one prompt). Off by default: eval and
         # bench time every prefill, as transformers' generate pays it.
@@ -101,7 +104,7 @@ class SpeculativeDecoder:
         return sample(self._next_dist(logits), gen)
 
     def _prefill(self, input_ids: list[int]):
-        """(cache holding the prompt, its features (n, H), the last position's logits (1, V))."""
+        """(cache holding the prompt, its features (n, F), the last position's logits (1, V))."""
         key, memo = tuple(input_ids), self._prompt
         if memo is not None and memo.get("key") == key:
             cache = new_cache()
@@ -109,7 +112,7 @@ class SpeculativeDecoder:
                 cache.update(k.clone(), v.clone(), i)
             return cache, memo["feats"], memo["logits"]
         cache = new_cache()
-        feats, logits = prefill(self.model, cache, input_ids)  # (n, H), (1, V)
+        feats, logits = prefill(self.model, cache, input_ids, self.layers)  # (n, F), (1, V)
         if memo is not None:
             kv = [(layer.keys.clone(), layer.values.clone()) for layer in cache.layers]
             self._prompt = {"key": key, "kv": kv, "feats": feats, "logits": logits[-1:]}
@@ -138,7 +141,7 @@ class SpeculativeDecoder:
         clock = Clock(dev)
         t_start = clock.mark()
         # 0. prefill: the prompt enters the verifier cache; its last logits give the first token
-        cache, feats, logits = self._prefill(input_ids)  # cache, (n, H), (1, V)
+        cache, feats, logits = self._prefill(input_ids)  # cache, (n, F), (1, V)
         # verifier features of every token in the cache, in a buffer with room for the whole turn
         cap = len(input_ids) + self.cfg.max_new_tokens + 1
         features = feats.new_empty(cap, feats.shape[-1])
@@ -161,7 +164,7 @@ class SpeculativeDecoder:
             # 2. verify: one verifier pass over [root] + tree nodes
             t1 = clock.mark()
             f_tree, l_tree = tree_forward(self.model, cache, n, tok_dev[n : n + 1], tree.tokens, tree.parents,
-                                          tree.depths)
+                                          tree.depths, self.layers)
             t2 = clock.mark()
             if self.observer is not None:
                 self.observer(tree, l_tree.argmax(-1), prop)

@@ -10,11 +10,12 @@ import torch
 
 from drafters.atomic import atomic_file
 from drafters.checkpoint import load_checkpoint, load_config
+from drafters.eagle3 import Eagle3Config, is_eagle3_checkpoint, load_eagle3
 from drafters.data.records import BenchmarkPrompt
 from drafters.data.templating import benchmark_prompt_ids
 
 from .cpu import install
-from .drafting import FeatureDrafterProposer
+from .drafting import Eagle3Proposer, FeatureDrafterProposer, composition_features
 from .engine import DecodeConfig, SpeculativeDecoder
 from .timing import synced_now
 
@@ -58,23 +59,64 @@ def read_prompts(path: str | os.PathLike) -> list[BenchmarkPrompt]:
     return out
 
 
+def drafter_config(path: str):
+    """The config of a drafter checkpoint of any backbone: an ``Eagle3Config`` for an eagle3 one
+    (drafters.eagle3's format), a ``DrafterConfig`` for an eagle2/hass one."""
+    if not is_eagle3_checkpoint(path):
+        return load_config(path)
+    if not (Path(path) / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{path} is not a drafter checkpoint (needs config.json and model.safetensors)")
+    d = json.loads((Path(path) / "config.json").read_text())
+    return Eagle3Config.from_dict(d)
+
+
+def _aux_layers(cfg) -> tuple[int, ...] | None:
+    return tuple(cfg.aux_layers) if isinstance(cfg, Eagle3Config) else None
+
+
 def check_drafter_files(paths: list[str], verifier_name: str) -> None:
-    """Cheap checks before any model loads: checkpoint exists, config parses, verifier id matches."""
-    for path in paths:
-        cfg = load_config(path)
+    """Cheap checks before any model loads: checkpoint exists, config parses, verifier id matches, and
+    the drafters read one kind of verifier features (no EAGLE-3 drafter beside EAGLE-2/HASS ones)."""
+    cfgs = [drafter_config(path) for path in paths]
+    for path, cfg in zip(paths, cfgs):
         if cfg.verifier != verifier_name:
             raise ValueError(f"drafter {path} was trained for verifier {cfg.verifier!r}, not {verifier_name!r}")
+    composition_features([(path, _aux_layers(cfg)) for path, cfg in zip(paths, cfgs)])
+
+
+def _check_eagle3(cfg: Eagle3Config, model, verifier: str, path: str) -> None:
+    """Refuse an eagle3 drafter built for another verifier (id, hidden size, vocabulary, layers)."""
+    c, problems = model.config, []
+    if cfg.verifier != verifier:
+        problems.append(f"trained for verifier {cfg.verifier!r}, not {verifier!r}")
+    if cfg.hidden_size != c.hidden_size:
+        problems.append(f"hidden size {cfg.hidden_size} != verifier's {c.hidden_size}")
+    if cfg.vocab_size != c.vocab_size:
+        problems.append(f"vocabulary {cfg.vocab_size} != verifier's {c.vocab_size}")
+    if cfg.num_verifier_layers != c.num_hidden_layers:
+        problems.append(f"{cfg.num_verifier_layers} verifier layers != verifier's {c.num_hidden_layers}")
+    if problems:
+        raise ValueError(f"eagle3 drafter {path} does not match the verifier: " + "; ".join(problems))
 
 
 def load_proposers(model, paths: list[str], verifier_name: str) -> list[FeatureDrafterProposer]:
+    """One proposer per checkpoint, of its backbone: an EAGLE-3 checkpoint (``drafters.eagle3``'s
+    format) gives an ``Eagle3Proposer``, an EAGLE-2/HASS one a ``FeatureDrafterProposer``."""
     out = []
     for i, path in enumerate(paths):
-        load_config(path).check_compatible(model, verifier_name)
-        drafter = load_checkpoint(path, device=str(model.device), dtype=model.dtype)
+        e3 = is_eagle3_checkpoint(path)
+        if e3:
+            _check_eagle3(drafter_config(path), model, verifier_name, path)
+            drafter = load_eagle3(path, device=str(model.device), dtype=model.dtype)
+        else:
+            load_config(path).check_compatible(model, verifier_name)
+            drafter = load_checkpoint(path, device=str(model.device), dtype=model.dtype)
         if model.device.type == "cpu":
             install(drafter)  # a draft level feeds top_k rows: the small-row matmul path (decoding/cpu/)
         name = Path(path).parent.name if Path(path).name == "final" else Path(path).name  # run/<drafter>/final
-        out.append(FeatureDrafterProposer(drafter, model.get_input_embeddings(), model.lm_head, name, i))
+        embed = model.get_input_embeddings()
+        out.append(Eagle3Proposer(drafter, embed, name, i) if e3 else
+                   FeatureDrafterProposer(drafter, embed, model.lm_head, name, i))
     return out
 
 

@@ -7,6 +7,8 @@ Works with stock Hugging Face causal LMs of the Llama family: the committed pref
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from . import cpu
@@ -21,15 +23,46 @@ def _cache_kwarg(model) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-def _features_and_logits(model, input_ids, position_ids, mask, cache, last_only: bool = False):
+def _features_and_logits(model, input_ids, position_ids, mask, cache, last_only: bool = False,
+                         layers: tuple[int, ...] | None = None):
+    """(features (T, F), logits (T or 1, V)). Features: the last hidden state (F = H, post final
+    norm, the feature the LM head consumes: EAGLE-2/HASS), or with ``layers`` the hidden states at
+    those ``output_hidden_states`` indices concatenated in that order (F = len(layers) * H: EAGLE-3).
+    Only the named layers are kept (no list of every layer's states)."""
+    taps = None if layers is None else dict.fromkeys(layers)
     if cpu.use_lean(model):  # the same computation without transformers' per-layer overhead
-        h = cpu.lean_forward(model, input_ids, position_ids, mask, cache)
+        h = cpu.lean_forward(model, input_ids, position_ids, mask, cache, taps)
     else:
         kw = {_cache_kwarg(model): cache}
-        h = model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
-                        **kw).last_hidden_state
-    # h: (1, T, H), post final-norm, the feature the LM head consumes
-    return h[0], model.lm_head(h[:, -1:] if last_only else h)[0].float()  # (T, H), (T or 1, V)
+        with _tapped(model, taps):
+            h = model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
+                            **kw).last_hidden_state
+        if taps is not None and len(model.model.layers) in taps:
+            taps[len(model.model.layers)] = h
+    # h: (1, T, H), post final-norm
+    feats = h[0] if taps is None else torch.cat([taps[i][0] for i in layers], dim=-1)
+    return feats, model.lm_head(h[:, -1:] if last_only else h)[0].float()  # (T, F), (T or 1, V)
+
+
+@contextlib.contextmanager
+def _tapped(model, taps: dict | None):
+    """Forward pre-hooks on the decoder layers named in ``taps`` (output_hidden_states index i = the
+    input of layer i) that store their input hidden states there, removed on exit."""
+    handles = []
+
+    def tap(i):
+        def hook(module, args, kwargs):
+            taps[i] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    try:
+        for i in taps or ():
+            if i < len(model.model.layers):
+                handles.append(model.model.layers[i].register_forward_pre_hook(tap(i), with_kwargs=True))
+        yield
+    finally:
+        for hd in handles:
+            hd.remove()
 
 
 def _grow_layer_class():
@@ -91,14 +124,15 @@ def new_cache():
 
 
 @torch.no_grad()
-def prefill(model, cache, input_ids: list[int]):
-    """Feed a prompt into an empty cache. Returns features (T, H) and the LAST position's logits
+def prefill(model, cache, input_ids: list[int], layers: tuple[int, ...] | None = None):
+    """Feed a prompt into an empty cache. Returns features (T, F) and the LAST position's logits
     (1, V): only the next token needs them. Projecting every prompt position through the LM head
     (49k x 576 per position on SmolLM2) cost ~50 ms of a ~330 ms 96-token prefill, which
-    transformers' generate does not pay (it keeps the last position's logits only)."""
+    transformers' generate does not pay (it keeps the last position's logits only). ``layers``: see
+    ``_features_and_logits``."""
     ids = torch.tensor([input_ids], device=model.device)  # (1, T)
     pos = torch.arange(len(input_ids), device=model.device)[None]  # (1, T)
-    return _features_and_logits(model, ids, pos, None, cache, last_only=True)
+    return _features_and_logits(model, ids, pos, None, cache, last_only=True, layers=layers)
 
 
 def tree_mask(parents: torch.Tensor, prefix_len: int, dtype, device) -> torch.Tensor:
@@ -112,8 +146,9 @@ def tree_mask(parents: torch.Tensor, prefix_len: int, dtype, device) -> torch.Te
 
 @torch.no_grad()
 def tree_forward(model, cache, prefix_len: int, root, tokens: torch.Tensor, parents: torch.Tensor,
-                 depths: torch.Tensor):
-    """Verify [root] + tree nodes in one pass. Returns features (N+1, H), logits (N+1, V).
+                 depths: torch.Tensor, layers: tuple[int, ...] | None = None):
+    """Verify [root] + tree nodes in one pass. Returns features (N+1, F), logits (N+1, V)
+    (``layers``: see ``_features_and_logits``).
 
     root: the last committed token (an int, or a 1-element tensor already on the model's device);
     the tree's tensors should be on the model's device (a host tree costs one copy per field)."""
@@ -123,7 +158,7 @@ def tree_forward(model, cache, prefix_len: int, root, tokens: torch.Tensor, pare
     ids = torch.cat([root_t, tokens])[None]  # (1, N+1)
     pos = (prefix_len + torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths]))[None]  # (1, N+1)
     mask = tree_mask(parents, prefix_len, model.dtype, dev)
-    return _features_and_logits(model, ids, pos, mask, cache)
+    return _features_and_logits(model, ids, pos, mask, cache, layers=layers)
 
 
 def _layers(cache):

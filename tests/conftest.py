@@ -40,6 +40,18 @@ def random_drafter_dirs(verifier, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def random_eagle3_dirs(verifier, tmp_path_factory):
+    """Two randomly initialised EAGLE-3 drafter checkpoints (seeds 0 and 1) for the embedded verifier,
+    over the whole vocabulary as ``random_drafter_dirs``' (the trained one in tests/test_eagle3_decoding.py
+    has a reduced draft vocabulary)."""
+    from drafters.eagle3 import Eagle3Config, init_eagle3, save_eagle3
+
+    root = tmp_path_factory.mktemp("eagle3-drafters")
+    return [str(save_eagle3(init_eagle3(Eagle3Config.for_verifier(verifier[0], VERIFIER, seed=seed)),
+                            root / f"random-e3-{seed}")) for seed in (0, 1)]
+
+
+@pytest.fixture(scope="session")
 def random_proposers(verifier, random_drafter_dirs):
     from decoding.runner import load_proposers
 

@@ -296,6 +296,18 @@ def _device_run_within_budget(verifier, dirs, prompt, greedy, case, temperature,
     assert worst["sync"] <= SYNC_BUDGET and worst["h2d"] <= COPY_BUDGET, (name, worst, acc.where)
 
 
+@pytest.mark.slow  # (T=1 in make test-full)
+@pytest.mark.parametrize("case,temperature", [
+    pytest.param(CASES[i], t, id=f"{_case_id(CASES[i])}-{t}", marks=[pytest.mark.full] if t else [])
+    for t in (0.0, 1.0) for i in (1, 5)])
+def test_eagle3_drafters_run_on_the_device_within_the_step_budget(verifier, random_eagle3_dirs, mt_prompt, greedy,
+                                                                  case, temperature):
+    """EAGLE-3 drafters, single and merged: the verifier passes capture the aux layers on the device
+    and each step holds the budget of the other backbones."""
+    _device_run_within_budget(verifier, random_eagle3_dirs, mt_prompt, greedy, case, temperature,
+                              TreeConfig(3, 3, 10), {}, f"eagle3 {_case_id(case)} T={temperature}")
+
+
 OTHER = {  # the settings the cases above leave at their defaults: (case, temperature, tree, DecodeConfig fields)
     "confidence-turn-node-score-paper-tree": (("confidence", 2, "turn", False, False), 0.0, TreeConfig(10, 6, 60),
                                               {"route_score": "node"}),

@@ -124,11 +124,13 @@ def _attend(q, keys, values, mask, is_causal: bool, scale: float) -> torch.Tenso
 
 @torch.no_grad()
 def forward(model, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor | None,
-            cache) -> torch.Tensor:
+            cache, taps: dict | None = None) -> torch.Tensor:
     """Last hidden states (1, T, H), post final norm, after writing the T new keys/values to ``cache``.
 
     ``input_ids``/``position_ids``: (1, T). ``mask``: None (causal after the cache) or an additive
-    float mask (1, 1, T, past + T) as ``tree_forward`` builds it."""
+    float mask (1, 1, T, past + T) as ``tree_forward`` builds it. ``taps``: {output_hidden_states
+    index: None}, filled in place with those hidden states (i = the input of decoder layer i; the
+    number of layers = the output, post final norm), as an EAGLE-3 drafter reads them."""
     inner = model.model
     t = input_ids.shape[1]
     past = cache.get_seq_length()
@@ -139,6 +141,8 @@ def forward(model, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: to
     if causal and past:
         mask = _causal(t, past, h.device)
     for i, layer in enumerate(inner.layers):
+        if taps is not None and i in taps:
+            taps[i] = h
         attn = layer.self_attn
         x = layer.input_layernorm(h)
         q = attn.q_proj(x).view(1, t, -1, attn.head_dim).transpose(1, 2)  # (1, heads, T, D)
@@ -149,4 +153,7 @@ def forward(model, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: to
         o = _attend(q, keys, values, mask, causal and not past, attn.scaling)
         h = h + attn.o_proj(o.transpose(1, 2).reshape(1, t, -1))
         h = h + layer.mlp(layer.post_attention_layernorm(h))
-    return inner.norm(h)
+    h = inner.norm(h)
+    if taps is not None and len(inner.layers) in taps:
+        taps[len(inner.layers)] = h
+    return h
