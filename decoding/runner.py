@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 
 from drafters.atomic import atomic_file
-from drafters.checkpoint import load_checkpoint, load_config
-from drafters.eagle3 import Eagle3Config, is_eagle3_checkpoint, load_eagle3
+from drafters.checkpoint import load_any, load_any_config
+from drafters.eagle3 import Eagle3Config
 from drafters.data.records import BenchmarkPrompt
 from drafters.data.templating import benchmark_prompt_ids
 
@@ -59,17 +59,6 @@ def read_prompts(path: str | os.PathLike) -> list[BenchmarkPrompt]:
     return out
 
 
-def drafter_config(path: str):
-    """The config of a drafter checkpoint of any backbone: an ``Eagle3Config`` for an eagle3 one
-    (drafters.eagle3's format), a ``DrafterConfig`` for an eagle2/hass one."""
-    if not is_eagle3_checkpoint(path):
-        return load_config(path)
-    if not (Path(path) / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{path} is not a drafter checkpoint (needs config.json and model.safetensors)")
-    d = json.loads((Path(path) / "config.json").read_text())
-    return Eagle3Config.from_dict(d)
-
-
 def _aux_layers(cfg) -> tuple[int, ...] | None:
     return tuple(cfg.aux_layers) if isinstance(cfg, Eagle3Config) else None
 
@@ -77,7 +66,7 @@ def _aux_layers(cfg) -> tuple[int, ...] | None:
 def check_drafter_files(paths: list[str], verifier_name: str) -> None:
     """Cheap checks before any model loads: checkpoint exists, config parses, verifier id matches, and
     the drafters read one kind of verifier features (no EAGLE-3 drafter beside EAGLE-2/HASS ones)."""
-    cfgs = [drafter_config(path) for path in paths]
+    cfgs = [load_any_config(path) for path in paths]
     for path, cfg in zip(paths, cfgs):
         if cfg.verifier != verifier_name:
             raise ValueError(f"drafter {path} was trained for verifier {cfg.verifier!r}, not {verifier_name!r}")
@@ -104,13 +93,13 @@ def load_proposers(model, paths: list[str], verifier_name: str) -> list[FeatureD
     format) gives an ``Eagle3Proposer``, an EAGLE-2/HASS one a ``FeatureDrafterProposer``."""
     out = []
     for i, path in enumerate(paths):
-        e3 = is_eagle3_checkpoint(path)
+        cfg = load_any_config(path)
+        e3 = isinstance(cfg, Eagle3Config)
         if e3:
-            _check_eagle3(drafter_config(path), model, verifier_name, path)
-            drafter = load_eagle3(path, device=str(model.device), dtype=model.dtype)
+            _check_eagle3(cfg, model, verifier_name, path)
         else:
-            load_config(path).check_compatible(model, verifier_name)
-            drafter = load_checkpoint(path, device=str(model.device), dtype=model.dtype)
+            cfg.check_compatible(model, verifier_name)
+        drafter = load_any(path, device=str(model.device), dtype=model.dtype)
         if model.device.type == "cpu":
             install(drafter)  # a draft level feeds top_k rows: the small-row matmul path (decoding/cpu/)
         name = Path(path).parent.name if Path(path).name == "final" else Path(path).name  # run/<drafter>/final

@@ -72,6 +72,15 @@ def load_any(path: str | os.PathLike, device: str = "cpu", dtype=torch.float32) 
     return (load_eagle3 if is_eagle3_checkpoint(path) else load_checkpoint)(path, device=device, dtype=dtype)
 
 
+def load_any_config(path: str | os.PathLike) -> DrafterConfig | Eagle3Config:
+    """The config of a checkpoint of any backbone, without loading its weights."""
+    if not is_eagle3_checkpoint(path):
+        return load_config(path)
+    if not (Path(path) / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{path} is not a drafter checkpoint (needs config.json and model.safetensors)")
+    return Eagle3Config.from_dict(json.loads((Path(path) / "config.json").read_text()))
+
+
 def save_any(model, out_dir: str | os.PathLike, config: DrafterConfig | Eagle3Config | None = None) -> Path:
     """``save_eagle3`` for an EAGLE-3 drafter, ``save_checkpoint`` for the others."""
     return (save_eagle3 if isinstance(model, Eagle3Drafter) else save_checkpoint)(model, out_dir, config)
