@@ -1,7 +1,14 @@
 """Test-only proposers (real Proposer implementations with scripted draft trees)."""
 from __future__ import annotations
 
+import warnings
+
+import torch
+
 from decoding.tree import TreeConfig, chain_tree
+from drafters.data.sources import load_corpus, subsample
+from drafters.data.templating import tokenize_conversation
+from drafters.vocab import count_targets, select_ids
 
 
 class ConstantProposer:
@@ -36,3 +43,23 @@ class OracleProposer:
         wrong = [(t + 7) % 49152 for t in truth[:2]] or [5]
         paths = ([wrong] if self.wrong_first else []) + ([truth] if truth else [])
         return chain_tree(paths, self.owner)
+
+
+def eagle3_math_batch(model, tok, eos, layers, n_draft: int) -> dict:
+    """Three real GSM8K/MATH training conversations (right-padded to one length), the verifier's
+    hidden states at ``layers`` concatenated, its logits, and an ``n_draft``-token draft vocabulary
+    of their targets: what the EAGLE-3 tests train and check on."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        convs, _ = load_corpus("mathinstruct")
+    examples = [tokenize_conversation(tok, c, 80, eos) for c in subsample(convs, 3, seed=7)]
+    L = max(len(e.input_ids) for e in examples)
+    ids, mask, attn = (torch.zeros(len(examples), L, dtype=torch.long) for _ in range(3))
+    for i, e in enumerate(examples):
+        n = len(e.input_ids)
+        ids[i, :n], mask[i, :n], attn[i, :n] = torch.tensor(e.input_ids), torch.tensor(e.loss_mask), 1
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
+    aux = torch.cat([out.hidden_states[i] for i in layers], dim=-1).float()
+    vocab = select_ids(count_targets(examples, model.config.vocab_size), n_draft, always=eos)
+    return {"ids": ids, "mask": mask, "aux": aux, "logits": out.logits.float(), "vocab": vocab, "layers": layers}

@@ -3,18 +3,14 @@ work, the unrolled training forward equals drafting (step 0 and the later steps,
 and 20 optimizer steps of the training-time-test loss lower it and raise step-0 top-1."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
-from drafters.data.sources import load_corpus, subsample
-from drafters.data.templating import tokenize_conversation
 from drafters.eagle3 import Eagle3Config, default_aux_layers, init_eagle3, load_eagle3, save_eagle3
 from drafters.eagle3_loss import ttt_loss, ttt_mask, ttt_unroll
 from drafters.model import KVCache, causal_mask
-from drafters.vocab import count_targets, select_ids
 from tests.conftest import VERIFIER
+from tests.helpers import eagle3_math_batch
 
 N_DRAFT = 1024
 
@@ -24,23 +20,7 @@ def batch(verifier, eos):
     """Three real GSM8K/MATH training conversations (right-padded to one length), the verifier's
     hidden states of the reference's three layers and its logits."""
     model, tok = verifier
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        convs, _ = load_corpus("mathinstruct")
-    examples = [tokenize_conversation(tok, c, 80, eos) for c in subsample(convs, 3, seed=7)]
-    L = max(len(e.input_ids) for e in examples)
-    ids = torch.zeros(len(examples), L, dtype=torch.long)
-    mask = torch.zeros(len(examples), L, dtype=torch.long)
-    attn = torch.zeros(len(examples), L, dtype=torch.long)
-    for i, e in enumerate(examples):
-        n = len(e.input_ids)
-        ids[i, :n], mask[i, :n], attn[i, :n] = torch.tensor(e.input_ids), torch.tensor(e.loss_mask), 1
-    layers = default_aux_layers(model.config.num_hidden_layers)
-    with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
-    aux = torch.cat([out.hidden_states[i] for i in layers], dim=-1).float()
-    vocab = select_ids(count_targets(examples, model.config.vocab_size), N_DRAFT, always=eos)
-    return {"ids": ids, "mask": mask, "aux": aux, "logits": out.logits.float(), "vocab": vocab, "layers": layers}
+    return eagle3_math_batch(model, tok, eos, default_aux_layers(model.config.num_hidden_layers), N_DRAFT)
 
 
 def _drafter(verifier, batch, seed=0, **kw):

@@ -5,8 +5,6 @@ trained briefly with the training-time-test loss (reduced draft vocabulary, acce
 A composition of EAGLE-3 and EAGLE-2/HASS drafters is refused before anything decodes."""
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
@@ -15,12 +13,11 @@ from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import check_drafter_files, decode_prompt, load_proposers
 from decoding.tree import TreeConfig
 from decoding.verifier_pass import new_cache, prefill, tree_forward
-from drafters.data.sources import load_corpus, subsample
-from drafters.data.templating import benchmark_prompt_ids, tokenize_conversation
+from drafters.data.templating import benchmark_prompt_ids
 from drafters.eagle3 import Eagle3Config, default_aux_layers, init_eagle3, save_eagle3
 from drafters.eagle3_loss import ttt_loss
-from drafters.vocab import count_targets, select_ids
 from tests.conftest import VERIFIER
+from tests.helpers import eagle3_math_batch
 from tests.test_lossless import greedy_reference
 
 pytestmark = pytest.mark.slow
@@ -149,23 +146,11 @@ def trained_eagle3(verifier, eos, tmp_path_factory):
     """30 AdamW steps of the training-time-test loss on the real features of three GSM8K/MATH
     conversations (as tests/test_eagle3.py), over a 1024-token draft vocabulary of their targets."""
     model, tok = verifier
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        convs, _ = load_corpus("mathinstruct")
-    examples = [tokenize_conversation(tok, c, 80, eos) for c in subsample(convs, 3, seed=7)]
-    L = max(len(e.input_ids) for e in examples)
-    ids, mask, attn = (torch.zeros(len(examples), L, dtype=torch.long) for _ in range(3))
-    for i, e in enumerate(examples):
-        n = len(e.input_ids)
-        ids[i, :n], mask[i, :n], attn[i, :n] = torch.tensor(e.input_ids), torch.tensor(e.loss_mask), 1
     cfg = Eagle3Config.for_verifier(model, VERIFIER, seed=0, draft_vocab_size=N_DRAFT)
-    with torch.no_grad():
-        out = model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
-    aux = torch.cat([out.hidden_states[i] for i in cfg.aux_layers], dim=-1).float()
-    vocab = select_ids(count_targets(examples, model.config.vocab_size), N_DRAFT, always=eos)
-    drafter = init_eagle3(cfg, vocab, model.get_output_embeddings().weight)
+    batch = eagle3_math_batch(model, tok, eos, cfg.aux_layers, N_DRAFT)
+    drafter = init_eagle3(cfg, batch["vocab"], model.get_output_embeddings().weight)
     opt = torch.optim.AdamW(drafter.parameters(), lr=2e-3)
-    args = (model.get_input_embeddings(), aux, ids, out.logits.float(), mask)
+    args = (model.get_input_embeddings(), batch["aux"], batch["ids"], batch["logits"], batch["mask"])
     for _ in range(30):
         loss, _ = ttt_loss(drafter, *args)
         opt.zero_grad()
