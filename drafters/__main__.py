@@ -8,19 +8,22 @@ import sys
 def _init(args) -> None:
     from decoding.verifiers import load_verifier, resolve
 
-    from .checkpoint import init_drafter, save_checkpoint
+    from .checkpoint import init_drafter, load_any, save_any
     from .config import DrafterConfig
+    from .eagle3 import Eagle3Config, init_eagle3
 
     name = resolve(args.verifier).name
     model, _ = load_verifier(args.verifier)
-    ids = None
-    if args.vocab_from:  # the same draft vocabulary as a trained drafter (a TIES / task-arithmetic base)
-        from .checkpoint import load_checkpoint
-
-        ids = load_checkpoint(args.vocab_from).draft_ids()
-    cfg = DrafterConfig.for_verifier(model, name, args.backbone, seed=args.seed,
-                                     draft_vocab_size=None if ids is None else int(ids.shape[0]))
-    out = save_checkpoint(init_drafter(cfg, ids), args.out)
+    # the same draft vocabulary as a trained drafter (a TIES / task-arithmetic base)
+    ids = load_any(args.vocab_from).draft_ids() if args.vocab_from else None
+    size = None if ids is None else int(ids.shape[0])
+    if args.backbone == "eagle3":  # its LM head starts as the verifier's rows (as the trainer's init)
+        cfg = Eagle3Config.for_verifier(model, name, seed=args.seed, draft_vocab_size=size)
+        drafter = init_eagle3(cfg, ids, model.get_output_embeddings().weight)
+    else:
+        cfg = DrafterConfig.for_verifier(model, name, args.backbone, seed=args.seed, draft_vocab_size=size)
+        drafter = init_drafter(cfg, ids)
+    out = save_any(drafter, args.out)
     print(f"wrote randomly initialised {args.backbone} drafter for {name} to {out}")
 
 
@@ -69,7 +72,7 @@ def main(argv=None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     q = sub.add_parser("init", help="write a randomly initialised drafter checkpoint")
     q.add_argument("--verifier", default="smollm2-135m-instruct")
-    q.add_argument("--backbone", choices=["eagle2", "hass"], required=True)
+    q.add_argument("--backbone", choices=["eagle2", "hass", "eagle3"], required=True)
     q.add_argument("--seed", type=int, default=0)
     q.add_argument("--vocab-from", default=None, help="copy the draft vocabulary of this checkpoint")
     q.add_argument("--out", required=True)

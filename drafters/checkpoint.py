@@ -1,6 +1,7 @@
 """Drafter checkpoints: a directory with config.json + model.safetensors, written atomically."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -10,7 +11,7 @@ from safetensors.torch import load_file, save_file
 
 from .atomic import atomic_dir
 from .config import DrafterConfig
-from .eagle3 import Eagle3Config, Eagle3Drafter, is_eagle3_checkpoint, load_eagle3, save_eagle3
+from .eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3, is_eagle3_checkpoint, load_eagle3, save_eagle3
 from .model import FeatureDrafter, seeded
 
 FORMAT = "taskspec-drafter-v1"
@@ -84,6 +85,22 @@ def load_any_config(path: str | os.PathLike) -> DrafterConfig | Eagle3Config:
 def save_any(model, out_dir: str | os.PathLike, config: DrafterConfig | Eagle3Config | None = None) -> Path:
     """``save_eagle3`` for an EAGLE-3 drafter, ``save_checkpoint`` for the others."""
     return (save_eagle3 if isinstance(model, Eagle3Drafter) else save_checkpoint)(model, out_dir, config)
+
+
+def initial_of(path: str | os.PathLike, lm_head_weight: torch.Tensor | None = None):
+    """The seeded initial drafter that a trained checkpoint started from: every variant of a
+    backbone starts from it, so it is the base of task arithmetic and TIES. An EAGLE-3 init holds
+    the verifier's LM-head rows of the draft vocabulary: pass the verifier's head (V, H) as
+    ``lm_head_weight`` for it (the trainer's init, drafters/eagle3_train.py); EAGLE-2/HASS need none.
+    Returns ``(model, config)``, the config marked ``training: {"init": True}``."""
+    cfg = dataclasses.replace(load_any_config(path), training={"init": True})
+    ids = load_any(path).draft_ids()
+    if isinstance(cfg, Eagle3Config):
+        if lm_head_weight is None:
+            raise ValueError(f"{path} is an eagle3 checkpoint: its initial drafter needs the verifier's LM head "
+                             "(lm_head_weight)")
+        return init_eagle3(cfg, ids, lm_head_weight), cfg
+    return init_drafter(cfg, ids), cfg
 
 
 # ---------------------------------------------------------------- training checkpoints (resume points)

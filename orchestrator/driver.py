@@ -19,7 +19,8 @@ import ray
 
 from decoding.runner import write_parquet_atomic
 from decoding.verifiers import eos_token_ids, load_verifier, resolve
-from drafters.checkpoint import init_drafter, load_checkpoint, load_config, save_checkpoint
+from drafters.checkpoint import initial_of, save_any
+from drafters.eagle3 import default_aux_layers
 from drafters.data.sources import load_benchmark, subsample
 from drafters.merge import merge_checkpoints
 from drafters.trainer import TrainConfig
@@ -75,10 +76,11 @@ def _ray_init(p: Profile) -> None:
         ray.init(dashboard_host="127.0.0.1", include_dashboard=True, runtime_env={"env_vars": env}, **quiet, **extra)
 
 
-def _features_task(verifier, dtype, corpus, spec_dict, root, online=False, relay=None):
+def _features_task(verifier, dtype, corpus, spec_dict, root, online=False, relay=None, aux=False):
     """Extract one corpus's caches under ``root`` (a path or URI; with a URI the remote copy is
     the truth: a cache is fetched if it is there, else extracted locally and published). Progress
-    goes to the worker log and, through ``relay``, to the driver log once a minute."""
+    goes to the worker log and, through ``relay``, to the driver log once a minute. ``aux``: the
+    caches also hold EAGLE-3's layers (the reference's three; EAGLE-2/HASS read the rest of them)."""
     model, tok = load_verifier(verifier, dtype=dtype)
     if online:  # fix the selection here; features are computed later, inside training
         return online_selection(tok, eos_token_ids(model, tok), corpus, DataSpec(**spec_dict))
@@ -102,11 +104,19 @@ def _features_task(verifier, dtype, corpus, spec_dict, root, online=False, relay
         print(f"[features {corpus}] {line}", flush=True)
         sender.send(line)
 
+    aux_layers = default_aux_layers(model.config.num_hidden_layers) if aux else None
     caches = ensure_features(model, tok, eos_token_ids(model, tok), resolve(verifier).name, corpus, DataSpec(**spec_dict),
-                             str(local), prefetch=prefetch, progress=progress)
+                             str(local), prefetch=prefetch, progress=progress, aux_layers=aux_layers)
     for part in ("train", "heldout"):
         storage.publish(local / caches[part], storage.join(root, caches[part]))
     return caches
+
+
+def _initial_task(verifier, dtype, src):
+    """(model, config): the initial drafter that the trained checkpoint ``src`` (a path or URI)
+    started from, built where the verifier loads (an EAGLE-3 init holds its LM-head rows)."""
+    model, _ = load_verifier(verifier, dtype=dtype)
+    return initial_of(storage.fetch(src), model.get_output_embeddings().weight)
 
 
 def _vocab_task(verifier, dtype, corpora, spec_dict, size, dest):
@@ -253,8 +263,9 @@ class Driver:
         root = self.ref("features")
         prog = Progress("features", len(corpora))
         caches, pending, relay = {}, {}, None
+        aux = "eagle3" in self.p.train.backbones  # one cache per corpus serves every backbone
         for c in corpora:
-            key = "features-" + key_of([self.verifier_name, c, self._data_spec()])
+            key = "features-" + key_of([self.verifier_name, c, self._data_spec()] + (["eagle3-aux"] if aux else []))
             rec = self.manifest.get(key)
             if rec and self.manifest.done(key):
                 caches[c] = rec["caches"]
@@ -269,7 +280,7 @@ class Driver:
             relay = relay or Relay.options(name=f"progress-relay:{os.getpid()}").remote()
             online = self.p.data.feature_mode == "online"
             pending[c] = (key, task.options(name=f"features:{c}").remote(
-                self.p.verifier, self.p.verifier_dtype, c, self._data_spec(), root, online, relay))
+                self.p.verifier, self.p.verifier_dtype, c, self._data_spec(), root, online, relay, aux))
         for c, (key, ref) in pending.items():
             caches[c] = wait_relaying(ref, relay, prog)
             files = [] if caches[c].get("online") else [
@@ -368,7 +379,7 @@ class Driver:
     def stage_merge(self, ckpts: dict) -> dict:
         cells = merge_cells(self.p)
         prog = Progress("merge", len(cells))
-        out = {}
+        out, inits = {}, {}
         for m in cells:
             src = [ckpts.get(f"{m.backbone}-math"), ckpts.get(f"{m.backbone}-chat")]
             key = "merge-" + key_of([m.kind, m.lam, self.p.merge.ties_density,
@@ -384,13 +395,8 @@ class Driver:
                 prog.step(f"{m.name} skipped: missing source", skipped=True)
                 continue
             try:
+                base = None if m.kind == "linear" else self._initial(m.backbone, src[0], inits)
                 src = [str(storage.fetch(s)) for s in src]
-                base = None
-                if m.kind != "linear":  # the shared random init (all variants start from it)
-                    base_dir = self.out / "checkpoints" / f"{m.backbone}-init"
-                    cfg = dataclasses.replace(load_config(src[0]), training={"init": True})
-                    save_checkpoint(init_drafter(cfg, load_checkpoint(src[0]).draft_ids()), base_dir, cfg)
-                    base = str(base_dir)
                 merge_checkpoints(m.kind, src, str(dest), lam=m.lam, base=base, density=self.p.merge.ties_density)
                 self._publish(f"checkpoints/{m.name}")
                 self.manifest.record(key, "merge", m.name, "done", files=[f"checkpoints/{m.name}/model.safetensors"])
@@ -400,6 +406,21 @@ class Driver:
                 self.manifest.record(key, "merge", m.name, "failed", error=f"{type(e).__name__}: {e}")
                 prog.step(f"{m.name} FAILED: {e}")
         return out
+
+    def _initial(self, backbone: str, src: str, inits: dict) -> str:
+        """The shared initial drafter of a backbone (every variant starts from it: the base of task
+        arithmetic and TIES), from its trained checkpoint ``src`` (a path or URI), written once per
+        run under checkpoints/<backbone>-init."""
+        if backbone not in inits:
+            if backbone == "eagle3":  # its init holds the verifier's head rows: built where the verifier loads
+                r = self.p.resources.features
+                task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(_initial_task)
+                model, cfg = ray.get(task.options(name=f"merge:{backbone}-init").remote(
+                    self.p.verifier, self.p.verifier_dtype, src))
+            else:
+                model, cfg = initial_of(storage.fetch(src))
+            inits[backbone] = str(save_any(model, self.out / "checkpoints" / f"{backbone}-init", cfg))
+        return inits[backbone]
 
     # ------------------------------------------------------------------ 4. evaluation
     def _prompts(self):

@@ -109,13 +109,16 @@ def print_plan(p: Profile, output: str | None = None, rates: str | None = None) 
     print(f"  features : {len(s['features'])} corpora {s['features']} (mode: {p.data.feature_mode}; n={p.data.n}/domain, max_length {p.data.max_length})"
           + (f"; self-distilled ({p.data.self_distill}): the verifier first regenerates the {p.data.n} training answers "
              "per corpus (decode time not in the estimate below)" if p.data.self_distill else ""))
-    print(f"  train    : {len(s['train'])} runs, {p.train.epochs} epochs, ZeRO-{p.train.zero_stage}, "
+    epochs = {b: p.train.for_backbone(b).epochs for b in p.train.backbones}
+    ep = f"{p.train.epochs}" if set(epochs.values()) == {p.train.epochs} else \
+        ", ".join(f"{b} {n}" for b, n in epochs.items())
+    print(f"  train    : {len(s['train'])} runs, {ep} epochs, ZeRO-{p.train.zero_stage}, "
           f"{r.train.num_workers} worker(s) x {r.train.cpus_per_worker} CPU{' + 1 GPU' if r.train.use_gpu else ''}, "
           f"{r.train.max_concurrent_trials} concurrent trial(s)")
     print(f"  merge    : {len(s['merge'])} checkpoints {s['merge']}")
     print(f"  eval     : {s['eval_cells']} cells, {s['eval_prompt_runs']} prompt runs, "
           f"{r.eval_actors} actor(s) x ({r.eval.num_cpus} CPU, {r.eval.num_gpus} GPU), shard size {p.eval.shard_size}")
-    r = rates_mod.load(rates) if rates else None
+    r = rates_mod.with_scaled_backbones(p, rates_mod.load(rates)) if rates else None
     e = estimate(p)
     a = ASSUMPTIONS
     if e.get("unknown_verifier"):

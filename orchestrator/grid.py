@@ -104,7 +104,7 @@ def decode_columns(cell: dict) -> dict:
 
 
 def train_cells(p: Profile) -> list[TrainCell]:
-    return [TrainCell(b, v) for b in p.train.backbones for v in p.train.variants]
+    return [TrainCell(b, v) for b in p.train.backbones for v in p.train.for_backbone(b).variants]
 
 
 def merge_cells(p: Profile) -> list[MergeCell]:
@@ -137,10 +137,11 @@ def eval_cells(p: Profile) -> list[EvalCell]:
 def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
     """One backbone's cells for one benchmark and temperature (``mk`` fills those in)."""
     e, tt, out = p.eval, p.eval.tree.total_tokens, []
-    names = [v for v in e.route_pair if v in p.train.variants]
+    variants = p.train.for_backbone(b).variants  # (train.per_backbone may train fewer)
+    names = [v for v in e.route_pair if v in variants]
     pair, pair_name = tuple(f"{b}-{v}" for v in names), "+".join(names)
     if "single" in e.strategies:
-        for v in p.train.variants:
+        for v in variants:
             out.append(mk(backbone=b, drafter=v, strategy="single", drafters=(f"{b}-{v}",)))
         for m in merge_cells(p):
             if m.backbone == b:
@@ -167,7 +168,8 @@ def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
         else:
             out.append(mk(backbone=b, drafter=pair_name, strategy=s, drafters=pair, tree="auto"))
     # the study's routers (posthoc_confidence has no cell: the report computes it from the single cells)
-    if "entropy_heads" in e.routers:  # its code: lowest draft entropy over four heads, per prompt turn
+    heads_ok = set(e.heads) <= set(variants) | {m.name.split("-", 1)[1] for m in merge_cells(p) if m.backbone == b}
+    if "entropy_heads" in e.routers and heads_ok:  # its code: lowest draft entropy over heads, per prompt turn
         out.append(mk(backbone=b, drafter="+".join(e.heads), strategy="entropy", routing_granularity="turn",
                       decide_steps=1, drafters=tuple(f"{b}-{h}" for h in e.heads)))
     # its text's router: once per prompt on mean node confidence; switching and depth_adaptive start from it
@@ -179,7 +181,7 @@ def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
             for to in e.switch_to:
                 out.append(mk(backbone=b, drafter=pair_name, strategy="switching", drafters=pair, switch_after=k,
                               switch_to=to, **per_prompt))
-    if "depth_adaptive" in e.strategies:  # (mixed, specialist a, specialist b), one tree's budget
+    if "depth_adaptive" in e.strategies and e.mixed_variant in variants:  # (mixed, specialists), one budget
         out.append(mk(backbone=b, drafter=f"{e.mixed_variant}+{pair_name}", strategy="depth_adaptive",
                       drafters=(f"{b}-{e.mixed_variant}", *pair), switch_depth=e.switch_depth, **per_prompt))
         if not (e.budget_matched and "merged" in e.strategies):  # its budget-matched rival, merged@total_tokens

@@ -206,7 +206,10 @@ class TrainCfg:
     # EAGLE up for 2,000 steps and HASS for 1% of its steps); the keys above hold for every other backbone
     per_backbone: dict = field(default_factory=dict)
 
-    PER_BACKBONE = ("epochs", "lr", "batch_size", "global_batch", "warmup_steps", "precision", "hass_steps")
+    # variants: a subset of train.variants (e.g. a slower backbone trains only the specialists); the
+    # cells that need a variant it lacks (eval.heads, eval.mixed_variant) are left out for it
+    PER_BACKBONE = ("epochs", "lr", "batch_size", "global_batch", "warmup_steps", "precision", "hass_steps",
+                    "variants")
 
     def for_backbone(self, backbone: str) -> "TrainCfg":
         """The settings one backbone trains with (its per_backbone values over the shared ones)."""
@@ -224,7 +227,8 @@ class TrainCfg:
              "loss_mask": one_of("next", "reference"), "bucket": BOOL,
              "checkpoint_every": optional(integer(1)), "keep_checkpoints": integer(1),
              "per_backbone": Rule(f"a mapping of backbone ({', '.join(BACKBONES)}) to {{key: value}} with keys from "
-                                  "[epochs, lr, batch_size, global_batch, warmup_steps, precision, hass_steps], "
+                                  "[epochs, lr, batch_size, global_batch, warmup_steps, precision, hass_steps, "
+                                  "variants], "
                                   "each value valid for that train key",
                                   lambda v: isinstance(v, dict) and all(
                                       b in BACKBONES and isinstance(o, dict) and all(
@@ -452,6 +456,14 @@ class Profile:
             _need({"math", "chat"} <= set(self.train.variants),
                   "merge kind 'linear' averages the math and chat drafters: train.variants must include both",
                   "train.variants")
+        for b, o in self.train.per_backbone.items():
+            own = o.get("variants", self.train.variants)
+            need = [v for v in self.eval.route_pair if v in self.train.variants] + (
+                ["math", "chat"] if "linear" in self.merge.kinds else [])
+            _need(set(own) <= set(self.train.variants) and set(need) <= set(own),
+                  f"train.per_backbone.{b}.variants {own} must be a subset of train.variants "
+                  f"{self.train.variants} that includes {sorted(set(need))} (eval.route_pair, the average)",
+                  f"train.per_backbone.{b}.variants")
         sweep = [b for b in self.train.backbones if b in self.merge.sweep_backbones]
         _need(set(self.merge.lambdas) <= {0.5} or "linear" not in self.merge.kinds or sweep,
               f"merge.lambdas {self.merge.lambdas} would not run: the lambda sweep runs on the trained "

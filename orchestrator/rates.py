@@ -123,6 +123,25 @@ def estimated(p: Profile) -> Rates:
         tokens_per_turn={}, max_new_tokens=None)
 
 
+def with_scaled_backbones(p: Profile, r: Rates) -> Rates:
+    """``r`` with a training rate for each backbone of ``p`` it did not measure, scaled from a
+    measured one (EAGLE-2's first) by the ratio of training FLOPs per token (orchestrator/costs.py),
+    each named in the notes as an estimate. Unchanged when nothing is missing or when the verifier
+    has no size constants (``_check`` then refuses the missing backbone)."""
+    missing = [b for b in p.train.backbones if b not in r.train_tokens_per_s]
+    v = VERIFIERS.get(p.verifier)
+    if not missing or v is None or not r.train_tokens_per_s:
+        return r
+    ref = "eagle2" if "eagle2" in r.train_tokens_per_s else sorted(r.train_tokens_per_s)[0]
+    flops = {b: train_flops_per_token(v, b, p.train.for_backbone(b).hass_steps) for b in [ref, *missing]}
+    rates, notes = dict(r.train_tokens_per_s), list(r.notes)
+    for b in missing:
+        rates[b] = r.train_tokens_per_s[ref] * flops[ref] / flops[b]
+        notes.append(f"{b}: training rate not measured in this run; {ref}'s scaled by FLOPs per token "
+                     f"(x{flops[ref] / flops[b]:.2f}): an estimate")
+    return replace(r, train_tokens_per_s=rates, notes=notes)
+
+
 def _for(table: dict, strategy: str) -> float:
     if strategy in table:
         return table[strategy]

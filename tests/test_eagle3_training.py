@@ -17,7 +17,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from drafters.checkpoint import init_drafter, load_any, save_checkpoint
+from drafters import eagle3_train
+from drafters.__main__ import main as drafters_cli
+from drafters.checkpoint import init_drafter, initial_of, load_any, save_checkpoint
 from drafters.config import DrafterConfig
 from drafters.eagle3 import (Eagle3Config, Eagle3Drafter, default_aux_layers, init_eagle3, is_eagle3_checkpoint,
                              save_eagle3)
@@ -101,6 +103,21 @@ def test_eagle3_training_lowers_the_ttt_loss_and_raises_heldout_top1(verifier, e
     assert {f"top1_depth{j}" for j in (1, 2, 3)} <= set(hist[-1])
     assert hist[-1]["train_loss"] < 0.8 * hist[1]["train_loss"], hist
     assert hist[-1]["top1_depth1"] > hist[0]["top1_depth1"] + 0.03, hist
+    # the base of task arithmetic / TIES (the grid's merges, `python -m drafters init`) is the init it started from
+    head = verifier[0].get_output_embeddings().weight
+    cfg = _cfg(e3, tmp_path / "unused")
+    ids = drafter.draft_ids()
+    start = eagle3_train.init_drafter(eagle3_train.drafter_config(cfg, verifier[0], ids), verifier[0], ids).state_dict()
+    base, base_cfg = initial_of(final, head)
+    assert base_cfg.training == {"init": True} and base_cfg.aux_layers == AUX
+    assert all(torch.equal(v, start[k]) for k, v in base.state_dict().items()) and set(start) == set(base.state_dict())
+    assert not torch.equal(drafter.state_dict()["fc.weight"], start["fc.weight"])  # it did train
+    with pytest.raises(ValueError, match="eagle3 checkpoint: its initial drafter needs the verifier's LM head"):
+        initial_of(final)
+    assert drafters_cli(["init", "--backbone", "eagle3", "--vocab-from", str(final), "--out", str(tmp_path / "init")]) \
+        in (0, None)
+    cli = load_any(tmp_path / "init").state_dict()
+    assert all(torch.equal(v, cli[k]) for k, v in start.items())
 
 
 def test_training_refuses_an_eagle2_cache_and_a_reference_mask(verifier, e3, tmp_path):

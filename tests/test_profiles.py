@@ -194,13 +194,17 @@ def test_decode_options_carry_only_what_a_cell_sets():
 
 def test_cpu_study_runs_the_lambda_sweep_hass_and_t1_in_one_invocation():
     """cpu-study's grid: five averaged EAGLE-2 drafters (lambda 0 to 1), each evaluated as a single drafter
-    on every benchmark and temperature, both backbones, T=0 and T=1."""
+    on every benchmark and temperature, three backbones (EAGLE-3's and HASS's specialists with their
+    average and compositions: RQ1 and RQ3a for each), T=0 and T=1."""
     p = load_profile("cpu-study")
-    assert len(p.merge.lambdas) >= 5 and set(p.train.backbones) == {"eagle2", "hass"}
+    assert len(p.merge.lambdas) >= 5 and set(p.train.backbones) == {"eagle2", "hass", "eagle3"}
     assert set(p.eval.temperatures) == {0.0, 1.0}
     cells = eval_cells(p)
     avg = {(c.drafter, c.benchmark, c.temperature) for c in cells if c.strategy == "single"
            and c.backbone == "eagle2" and c.drafter.startswith("avg")}
     assert avg == {(f"avg{lam:g}", b, t) for lam in p.merge.lambdas for b in p.eval.benchmarks
                    for t in p.eval.temperatures}
-    assert {c.backbone for c in cells if c.strategy == "single" and c.temperature == 1.0} == {"eagle2", "hass"}
+    assert {c.backbone for c in cells if c.strategy == "single" and c.temperature == 1.0} == {"eagle2", "hass", "eagle3"}
+    for b in ("hass", "eagle3"):
+        mine = {(c.strategy, c.drafter) for c in cells if c.backbone == b}
+        assert {("single", "math"), ("single", "chat"), ("single", "avg0.5"), ("merged", "math+chat")} <= mine

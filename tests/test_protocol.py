@@ -158,17 +158,41 @@ def test_per_backbone_train_settings_reach_only_their_backbones_drafters(tmp_pat
     try:
         caches = {c: {"train": "k", "heldout": "h", "train_ids": list(range(8)), "heldout_ids": []}
                   for c in ("sharegpt", "mathinstruct")}
-        warm = {c.backbone: d._train_config(c, caches).warmup_steps for c in train_cells(p)}
+        cfgs = {c.backbone: d._train_config(c, caches) for c in train_cells(p)}
     finally:
         d.lease.release()
-    assert warm == {"eagle2": 2000, "hass": 1660}
+    assert {b: c.warmup_steps for b, c in cfgs.items()} == {"eagle2": 2000, "hass": 1660, "eagle3": 2000}
+    # EAGLE-3 with SpecForge's recipe (lr 1e-4, 10 epochs), the others with the study's
+    assert {b: (c.lr, c.epochs) for b, c in cfgs.items()} == {"eagle2": (3e-5, 20), "hass": (3e-5, 20),
+                                                              "eagle3": (1e-4, 10)}
     assert _train_key_settings(p, "hass")["warmup_steps"] == 1660
     assert _train_key_settings(p, "eagle2") == _train_key_settings(load_profile("paper", ["train.per_backbone={}"]),
                                                                      "eagle2")
     assert "per_backbone" not in _train_key_settings(p, "hass")
 
 
+def test_a_backbone_may_train_fewer_variants_and_gets_only_the_cells_they_allow():
+    """The demo: EAGLE-3 trains math and chat (one epoch) beside EAGLE-2's four variants; EAGLE-3 gets
+    its singles, average and compositions, not the cells that need a mixed drafter (the entropy
+    router's heads, depth_adaptive); EAGLE-2 keeps every cell it had."""
+    from orchestrator.grid import corpora, eval_cells, merge_cells, train_cells
+
+    p, alone = load_profile("demo"), load_profile("demo", ["train.backbones=[eagle2]"])
+    assert [c.name for c in train_cells(p) if c.backbone == "eagle3"] == ["eagle3-math", "eagle3-chat"]
+    assert p.train.for_backbone("eagle3").epochs == 1 and p.train.for_backbone("eagle2").epochs == 2
+    assert [m.name for m in merge_cells(p)] == ["eagle2-avg0.5", "eagle3-avg0.5"]
+    cells = eval_cells(p)
+    assert [c for c in cells if c.backbone != "eagle3"] == eval_cells(alone)
+    e3 = {(c.strategy, c.drafter) for c in cells if c.backbone == "eagle3"}
+    assert {d for s_, d in e3 if s_ == "single"} == {"math", "chat", "avg0.5"}
+    assert {s_ for s_, _ in e3} == {"single", "confidence", "merged", "switching"}
+    assert not any(s_ == "entropy" or "mixed" in d for s_, d in e3)
+    assert corpora(p) == corpora(alone)
+
+
 @pytest.mark.parametrize("value,match", [
+    ("{eagle3: {variants: [math, mixed_full]}}", r"train.per_backbone.eagle3.variants \['math', 'mixed_full'\] must"),
+    ("{eagle3: {variants: [chat, medusa]}}", "train.per_backbone must be a mapping of backbone"),
     ("{medusa: {lr: 1.0e-4}}", "train.per_backbone must be a mapping of backbone"),
     ("{hass: {zero_stage: 3}}", "train.per_backbone must be a mapping of backbone"),
     ("{hass: {warmup_steps: -1}}", "train.per_backbone must be a mapping of backbone"),

@@ -64,7 +64,8 @@ def test_bad_graphs_are_refused(tasks, devices, match):
 
 def _rates(**kw) -> rates.Rates:
     base = dict(hardware="test", verifier="smollm2-135m-instruct", device="cpu", measured=True, source="test",
-                features_tokens_per_s=1000.0, features_devices=2, train_tokens_per_s={"eagle2": 500.0, "hass": 250.0},
+                features_tokens_per_s=1000.0, features_devices=2, train_tokens_per_s={"eagle2": 500.0, "hass": 250.0,
+                                                                                             "eagle3": 70.0},
                 train_devices=1, train_overhead_s=30.0, merge_s=1.0, eval_steps_per_s={"single": 10.0, "merged": 5.0},
                 eval_tau={"single": 2.0, "merged": 3.0}, generate_tokens_per_s=20.0, eval_devices=1,
                 eval_overhead_s=2.0, tokens_per_example={"mathinstruct": 100.0, "sharegpt": 200.0},
@@ -131,6 +132,25 @@ def test_dry_run_times_a_cpu_profile_with_saved_rates(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "makespan from rates (measured: test" in r.stdout and "(as configured)" in r.stdout
     assert rates.load(f) == _rates()
+
+
+def test_an_unmeasured_backbone_is_scaled_from_a_measured_one_by_flops_and_said_so():
+    """A run without EAGLE-3 times a profile with it: EAGLE-2's rate x its FLOPs per token over EAGLE-3's
+    (orchestrator/costs.py), named in the notes; a profile with every rate measured is left alone."""
+    from orchestrator.costs import VERIFIERS, train_flops_per_token
+
+    p = load_profile("demo")
+    assert "eagle3" in p.train.backbones
+    r = _rates(train_tokens_per_s={"eagle2": 500.0})
+    with pytest.raises(ValueError, match=r"no training rate for backbone\(s\) \['eagle3'\]"):
+        rates.tasks(p, r)
+    s = rates.with_scaled_backbones(p, r)
+    v = VERIFIERS[p.verifier]
+    ratio = train_flops_per_token(v, "eagle2", 1) / train_flops_per_token(v, "eagle3", 1)
+    assert 0.1 < ratio < 0.2 and s.train_tokens_per_s["eagle3"] == pytest.approx(500.0 * ratio)
+    assert any(n.startswith("eagle3: training rate not measured") for n in s.notes) and r.notes == []
+    assert rates.tasks(p, s)
+    assert rates.with_scaled_backbones(p, _rates()) == _rates()
 
 
 @pytest.mark.parametrize("content,match", [(None, "no such file"), ("[1, 2]", "not a rates file"),
