@@ -411,3 +411,28 @@ def test_the_grid_comes_from_the_profile_and_refuses_an_empty_axis():
     assert Grid.from_profile({}, pp.with_columns(pl.lit("none").alias("backbone"))).backbones == ("none",)
     with pytest.raises(ValueError, match="claims grid: benchmarks is empty"):
         Grid(("hass",), (0.0,), ())
+
+
+def test_eagle3_is_compared_with_eagle2_on_matched_specialists_and_its_rows_are_exploratory():
+    """Issue #40: the third backbone. EAGLE-3's math drafter on gsm8k and chat drafter on mt_bench
+    against EAGLE-2's, paired by prompt (holds / does not hold); the study's claims on eagle3 are
+    checked like on the study's backbones but kept out of the study's Holm family (it is about
+    EAGLE-2 and HASS), so adding eagle3 to a run leaves the study's family and p_holm as they were."""
+    grid2 = Grid(("eagle2",), (0.0,), ("gsm8k", "mt_bench"))
+    grid3 = Grid(("eagle2", "eagle3"), (0.0,), ("gsm8k", "mt_bench"))
+    e2 = _pp(SPEC, backbone="eagle2")
+    for boost, expected, ratio in ((0.6, "holds", "gsm8k 1.20x"), (-0.6, "does not hold", "gsm8k 0.80x")):
+        e3 = _pp({k: (v + boost, 7) for k, v in SPEC.items()}, backbone="eagle3")
+        cl = check_claims(pl.concat([e2, e3]), None, None, grid=grid3)
+        r = _rows(cl, "eagle3").row(0, named=True)
+        assert r["backbone"] == "eagle3+eagle2" and r["family"] == "exploratory" and r["verdict"] == expected
+        assert r["estimate"] == pytest.approx(boost, abs=0.02) and ratio in r["comparison"], r["comparison"]
+        assert "6.23 vs 4.24" in r["study"]
+        e3_rq1 = cl.filter((pl.col("claim") == "RQ1-math") & (pl.col("backbone") == "eagle3"))
+        assert e3_rq1.height and set(e3_rq1["family"]) == {"exploratory"} and e3_rq1["verdict"][0] == "holds"
+    alone = check_claims(e2, None, None, grid=grid2)
+    assert _rows(alone, "eagle3").is_empty()  # no row at all without eagle3
+    both = cl.filter((pl.col("family") == "study"))
+    assert both["family_size"][0] == alone.filter(pl.col("family") == "study")["family_size"][0]
+    assert _rows(cl, "RQ1-math").filter(pl.col("backbone") == "eagle2")["p_holm"][0] == \
+        _rows(alone, "RQ1-math")["p_holm"][0]

@@ -19,6 +19,10 @@ import polars as pl
 from . import claims_study as cs
 from .claims_family import EXPLORATORY, Grid, family_of, family_size, holm_by_family
 from .claims_depth import depth_claims, ordering_claim
+from .claims_eagle3 import CLAIM as E3_CLAIM
+from .claims_eagle3 import NEEDS as E3_NEEDS
+from .claims_eagle3 import PAIR as E3_PAIR
+from .claims_eagle3 import eagle3_claim
 from .claims_next import BASE as NEXT_BASE
 from .claims_next import next_claims
 from .claims_study import STUDY_NUMBERS, WORDING, study_comparison  # noqa: F401 - re-exported
@@ -55,6 +59,7 @@ NEEDS = {  # what a claim needs from the run; shown when it is missing
     "switching-speed": f"switching and {NEXT_BASE} with wall-clock times",
     "depth-adaptive-merged": "depth_adaptive and budget-matched merged trees (merged@total_tokens)",
     "depth-adaptive-routing": f"depth_adaptive and {NEXT_BASE}",
+    E3_CLAIM: E3_NEEDS,
 }
 ORDER = list(WORDING)
 
@@ -63,7 +68,7 @@ def _row(claim, backbone, temp, what, est, lo, hi, v, n=None, p=None, ev=None, b
     if n is not None and n < MIN_PROMPTS and v != "inconclusive" and not v.startswith("inconclusive ("):
         v = f"inconclusive (n={n} < {MIN_PROMPTS} prompts)"
     ev = ev or cs.evidence(claim)
-    return {"claim": claim, "family": family or family_of(claim), "backbone": backbone, "temperature": temp,
+    return {"claim": claim, "family": family or family_of(claim, backbone), "backbone": backbone, "temperature": temp,
             "benchmark": bench, "comparison": what, "prompts": n,
             "estimate": est, "ci_lo": lo, "ci_hi": hi, "p_value": float("nan") if p is None else p, "verdict": v,
             "wording": ev["wording"], "study": ev["study"], "study_consistent": ev["study_consistent"],
@@ -84,7 +89,8 @@ def add_holm(cl: pl.DataFrame, alpha: float = ALPHA, study_size: int | None = No
     if cl.is_empty():
         return cl
     if "family" not in cl.columns:
-        cl = cl.with_columns(pl.col("claim").map_elements(family_of, return_dtype=pl.String).alias("family"))
+        bbs = cl["backbone"] if "backbone" in cl.columns else [None] * cl.height
+        cl = cl.with_columns(pl.Series("family", [family_of(c, b) for c, b in zip(cl["claim"], bbs)], dtype=pl.String))
     tested = np.array([np.isfinite(p) and (n is None or n >= MIN_PROMPTS)
                        for p, n in zip(cl["p_value"], cl["prompts"])], bool)
     p_holm, sizes = holm_by_family(cl["p_value"].to_numpy().astype(float), tested, cl["family"].to_list(),
@@ -150,6 +156,7 @@ def check_claims(pp: pl.DataFrame, steps: pl.DataFrame | None, depth: pl.DataFra
             rows += next_claims(pp, steps, backbone, temp, benches, methods & have, _row)
     for temp in temps:
         rows += ordering_claim(pp, temp, backbones, _row)
+        rows += eagle3_claim(pp, temp, benches, _test, cs.evidence)
     rows = _no_rows(rows, [b for b in grid.benchmarks if b not in present])
     rows += _missing(rows, sorted(set(grid.backbones) | set(backbones)),
                      sorted(set(grid.temperatures) | set(temps)))
@@ -360,6 +367,8 @@ def _missing(rows, backbones, temps) -> list[dict]:
     out = []
     for claim in ORDER:
         bbs = ["hass+eagle2"] if claim == "backbones" else backbones
+        if claim == E3_CLAIM:  # only where the run has both backbones
+            bbs = ["+".join(E3_PAIR)] if set(E3_PAIR) <= set(backbones) else []
         ts = sorted(set(temps) | {0.0, 1.0}) if claim == "RQ2-reversal" else temps
         for bb in bbs:
             for t in ts:

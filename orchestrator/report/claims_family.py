@@ -20,6 +20,7 @@ from .stats import holm
 from .tables import MATH_BENCH
 
 STUDY, EXPLORATORY = "study", "exploratory"
+STUDY_BACKBONES = ("eagle2", "hass")  # the backbones the study's claims are about
 VARIANTS = ("math", "chat", "mixed_half", "mixed_full", "avg0.5")  # RQ5: "every variant" (single checkpoints)
 MIXED = ("mixed_half", "mixed_full")
 
@@ -73,7 +74,7 @@ def keys(grid: Grid) -> list[tuple[str, str, float]]:
     lists them: the backbone comparison once per temperature, the reversal at T=0 and T=1)."""
     out = []
     for claim in STUDY_CLAIMS:
-        bbs = ["hass+eagle2"] if claim == "backbones" else list(grid.backbones)
+        bbs = ["hass+eagle2"] if claim == "backbones" else [b for b in grid.backbones if family_of(claim, b) == STUDY]
         ts = sorted(set(grid.temperatures) | {0.0, 1.0}) if claim == "RQ2-reversal" else list(grid.temperatures)
         out += [(claim, bb, float(t)) for bb in bbs for t in ts]
     return out
@@ -92,8 +93,12 @@ def family_size(grid: Grid, cl: pl.DataFrame | None = None) -> int:
     return size + sum(n for k, n in rows.items() if k not in set(grid_keys))
 
 
-def family_of(claim: str) -> str:
-    return STUDY if claim in STUDY_CLAIMS else EXPLORATORY
+def family_of(claim: str, backbone: str | None = None) -> str:
+    """The study's claims on the study's backbones (EAGLE-2, HASS) are the study family; the same claims
+    on another backbone (EAGLE-3) extend the study, and are exploratory like the project's own."""
+    if claim not in STUDY_CLAIMS:
+        return EXPLORATORY
+    return STUDY if backbone is None or set(backbone.split("+")) <= set(STUDY_BACKBONES) | {"none"} else EXPLORATORY
 
 
 def holm_by_family(p: np.ndarray, tested: np.ndarray, family: list[str],

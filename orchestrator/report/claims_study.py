@@ -12,6 +12,8 @@ import numpy as np
 import polars as pl
 
 from . import study_tables as st
+from .claims_eagle3 import CLAIM as E3_CLAIM
+from .claims_eagle3 import WORDING as E3_WORDING
 from .routers import POSTHOC
 from .stats import kendall_tau_b
 
@@ -55,9 +57,10 @@ WORDING = {
     "depth-adaptive-merged": "depth-adaptive composition beats budget-matched merged trees (proposed next experiment)",
     "depth-adaptive-routing": "depth-adaptive composition beats confidence routing at equal node budget "
                               "(proposed next experiment)",
+    E3_CLAIM: E3_WORDING,  # the third backbone (claims_eagle3): not the study's
 }
 STUDY_CLAIMS = tuple(c for c in WORDING if c not in ("switching", "switching-early", "switching-speed",
-                                                     "depth-adaptive-merged", "depth-adaptive-routing"))
+                                                     "depth-adaptive-merged", "depth-adaptive-routing", E3_CLAIM))
 NEXT = ("switching", "switching-early", "switching-speed", "depth-adaptive-merged", "depth-adaptive-routing")
 
 NAMES = {"math": "MathInstruct 70k", "chat": "ShareGPT 70k", "mixed_half": "Mixed 35k+35k",
