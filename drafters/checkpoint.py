@@ -97,8 +97,8 @@ def initial_of(path: str | os.PathLike, lm_head_weight: torch.Tensor | None = No
     ids = load_any(path).draft_ids()
     if isinstance(cfg, Eagle3Config):
         if lm_head_weight is None:
-            raise ValueError(f"{path} is an eagle3 checkpoint: its initial drafter needs the verifier's LM head "
-                             "(lm_head_weight)")
+            raise ValueError(f"{path} is an eagle3 checkpoint: its initial drafter needs the verifier's "
+                             "LM head (lm_head_weight)")
         return init_eagle3(cfg, ids, lm_head_weight), cfg
     return init_drafter(cfg, ids), cfg
 

@@ -265,7 +265,8 @@ class Driver:
         caches, pending, relay = {}, {}, None
         aux = "eagle3" in self.p.train.backbones  # one cache per corpus serves every backbone
         for c in corpora:
-            key = "features-" + key_of([self.verifier_name, c, self._data_spec()] + (["eagle3-aux"] if aux else []))
+            parts = [self.verifier_name, c, self._data_spec()] + (["eagle3-aux"] if aux else [])
+            key = "features-" + key_of(parts)
             rec = self.manifest.get(key)
             if rec and self.manifest.done(key):
                 caches[c] = rec["caches"]
@@ -414,8 +415,8 @@ class Driver:
         if backbone not in inits:
             if backbone == "eagle3":  # its init holds the verifier's head rows: built where the verifier loads
                 r = self.p.resources.features
-                task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(_initial_task)
-                model, cfg = ray.get(task.options(name=f"merge:{backbone}-init").remote(
+                task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)
+                model, cfg = ray.get(task(_initial_task).options(name=f"merge:{backbone}-init").remote(
                     self.p.verifier, self.p.verifier_dtype, src))
             else:
                 model, cfg = initial_of(storage.fetch(src))

@@ -168,7 +168,8 @@ def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
         else:
             out.append(mk(backbone=b, drafter=pair_name, strategy=s, drafters=pair, tree="auto"))
     # the study's routers (posthoc_confidence has no cell: the report computes it from the single cells)
-    heads_ok = set(e.heads) <= set(variants) | {m.name.split("-", 1)[1] for m in merge_cells(p) if m.backbone == b}
+    merged_names = {m.name.split("-", 1)[1] for m in merge_cells(p) if m.backbone == b}
+    heads_ok = set(e.heads) <= set(variants) | merged_names
     if "entropy_heads" in e.routers and heads_ok:  # its code: lowest draft entropy over heads, per prompt turn
         out.append(mk(backbone=b, drafter="+".join(e.heads), strategy="entropy", routing_granularity="turn",
                       decide_steps=1, drafters=tuple(f"{b}-{h}" for h in e.heads)))

@@ -90,7 +90,8 @@ def add_holm(cl: pl.DataFrame, alpha: float = ALPHA, study_size: int | None = No
         return cl
     if "family" not in cl.columns:
         bbs = cl["backbone"] if "backbone" in cl.columns else [None] * cl.height
-        cl = cl.with_columns(pl.Series("family", [family_of(c, b) for c, b in zip(cl["claim"], bbs)], dtype=pl.String))
+        fams = [family_of(c, b) for c, b in zip(cl["claim"], bbs)]
+        cl = cl.with_columns(pl.Series("family", fams, dtype=pl.String))
     tested = np.array([np.isfinite(p) and (n is None or n >= MIN_PROMPTS)
                        for p, n in zip(cl["p_value"], cl["prompts"])], bool)
     p_holm, sizes = holm_by_family(cl["p_value"].to_numpy().astype(float), tested, cl["family"].to_list(),

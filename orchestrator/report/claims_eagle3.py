@@ -21,7 +21,8 @@ def _relabelled(pp: pl.DataFrame) -> pl.DataFrame:
     """Both backbones' rows as one backbone whose methods are "<backbone>:<method>", so that
     ``aligned`` pairs a method of one backbone with a method of the other by prompt."""
     return (pp.filter(pl.col("backbone").is_in(list(PAIR)))
-            .with_columns((pl.col("backbone") + ":" + pl.col("method")).alias("method"), pl.lit("x").alias("backbone")))
+            .with_columns((pl.col("backbone") + ":" + pl.col("method")).alias("method"),
+                          pl.lit("x").alias("backbone")))
 
 
 def eagle3_claim(pp: pl.DataFrame, temp: float, benches: list[str], test, evidence) -> list[dict]:
