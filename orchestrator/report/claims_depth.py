@@ -152,7 +152,9 @@ def _deep(r, backbone, temp, benches, mixed, row) -> list[dict]:
 def ordering_claim(pp: pl.DataFrame, temp: float, backbones: list[str], row, seed: int = 0) -> list[dict]:
     """Kendall tau_b between the two backbones' orderings of the methods both ran (mean tau over
     benchmarks); bootstrap over prompts, the same resampled prompts for every cell of a benchmark."""
-    pair = ("hass", "eagle2") if {"hass", "eagle2"} <= set(backbones) else tuple(backbones[:2])
+    study = {"hass", "eagle2"} <= set(backbones)  # the study's pair; else EAGLE-3 against EAGLE-2 (or any two)
+    pair = ("hass", "eagle2") if study else ("eagle3", "eagle2") if {"eagle3", "eagle2"} <= set(backbones) \
+        else tuple(backbones[:2])
     if len(pair) < 2:
         return []
     sub = pp.filter((pl.col("temperature") == temp) & pl.col("backbone").is_in(list(pair))
@@ -198,7 +200,8 @@ def ordering_claim(pp: pl.DataFrame, temp: float, backbones: list[str], row, see
     what = (f"the same order of {len(methods)} methods' mean tau, {pair[0]} vs {pair[1]}: "
             f"{'the same' if point_same else 'a different'} order here, in {share:.1%} of resamples; "
             "estimate = Kendall tau_b (1 = same order)")
-    return [row("backbones", "+".join(pair), temp, what, est, float(lo), float(hi), v, n, p, cs.backbones(temp))]
+    ev = cs.backbones(temp) if study else cs.none_for("backbones", "+".join(pair), temp)  # the study's numbers: hass, eagle2
+    return [row("backbones", "+".join(pair), temp, what, est, float(lo), float(hi), v, n, p, ev)]
 
 
 def same_order(x: np.ndarray, y: np.ndarray) -> np.ndarray:
