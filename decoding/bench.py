@@ -75,6 +75,11 @@ class Timing:
         """tokens/s of the row over tokens/s of its paired generate runs."""
         return (self.toks / self.wall) / (self.gen_toks / self.gen_wall)
 
+    @property
+    def tau(self) -> float:
+        """Tokens per verifier call (the first token, from the prefill, not counted)."""
+        return self.new / max(self.calls, 1)
+
 
 def time_row(make_decoder, inputs, baseline, refs=None, classify=None) -> Timing:
     """Per prompt: ``baseline(ids)`` (generate, timed), then ``make_decoder(pid, ids).generate``.
@@ -137,7 +142,7 @@ def _row(label: str, runs: list[Timing]) -> Timing:
     spread = f"{lo:.2f}-{hi:.2f}" if len(runs) > 1 else "-"
     c = max(t.calls, 1)
     print(f"{label:<26}{t.toks / t.wall:8.1f}{t.ratio:8.2f}x{spread:>13}{t.gen_toks / t.gen_wall:11.1f}"
-          f"{t.new / c:7.2f}{t.tree / c:7.1f}{100 * t.t_draft / t.wall:8.1f}  {same_text(t)}", flush=True)
+          f"{t.tau:7.2f}{t.tree / c:7.1f}{100 * t.t_draft / t.wall:8.1f}  {same_text(t)}", flush=True)
     return t
 
 

@@ -7,30 +7,28 @@ eagle2 runs read its LM-head features and ignore the aux layers, so both backbon
 examples, batches and draft vocabulary. Each run is drafters.trainer.train (plain AdamW, fp32,
 no DeepSpeed); the rate is the trainer's own ``train_tokens_per_s`` (loss tokens over the epochs'
 wall time, held-out evaluation excluded), pooled over the epochs. Runs alternate between the
-backbones so that a busy machine slows both alike.
+backbones so that a busy machine slows both alike. The cache and training helpers are
+experiments/bench_backbones.py's, which also trains hass and decodes with all three.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import torch  # noqa: E402
+
+from decoding.verifiers import eos_token_ids, load_verifier  # noqa: E402
+from drafters.eagle3 import default_aux_layers  # noqa: E402
+from drafters.variants import DataSpec  # noqa: E402
+from experiments.bench_backbones import prepare, train_config, train_one  # noqa: E402
+
 
 def main(argv=None) -> int:
-    import torch
-
-    from decoding.verifiers import eos_token_ids, load_verifier
-    from drafters.eagle3 import default_aux_layers
-    from drafters.trainer import TrainConfig, train
-    from drafters.variants import DataSpec, ensure_features, heldout_data, select_examples, variant_data
-    from drafters.vocab import count_targets, save_vocab, select_ids
-
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--max-length", type=int, default=96)
@@ -44,31 +42,20 @@ def main(argv=None) -> int:
     eos = eos_token_ids(model, tok)
     spec = DataSpec(n=args.n, heldout=4, max_length=args.max_length)
     tmp = Path(tempfile.mkdtemp(prefix="bench-e3-"))
-    aux = default_aux_layers(model.config.num_hidden_layers)
-    caches = {"mathinstruct": ensure_features(model, tok, eos, "smollm2-135m-instruct", "mathinstruct", spec,
-                                              str(tmp), aux_layers=aux)}
-    train_exs, _ = select_examples(tok, eos, "mathinstruct", spec)
-    vocab = save_vocab(select_ids(count_targets(train_exs, model.config.vocab_size), args.vocab, eos), tmp / "vocab")
+    caches, vocab = prepare(model, tok, eos, "smollm2-135m-instruct", spec, args.vocab, tmp)
+    aux = list(default_aux_layers(model.config.num_hidden_layers))
     print(f"torch threads {torch.get_num_threads()}; n={args.n} math examples, max_length {args.max_length}, "
-          f"batch {args.batch_size}, {args.epochs} epochs, draft vocabulary {args.vocab}, aux layers {list(aux)}")
+          f"batch {args.batch_size}, {args.epochs} epochs, draft vocabulary {args.vocab}, aux layers {aux}")
     rates: dict[str, list[float]] = {"eagle2": [], "eagle3": []}
     for r in range(args.repeats):
         for backbone in ("eagle2", "eagle3"):
-            cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone=backbone, variant="math",
-                              out_dir=str(tmp / f"{backbone}-{r}"), draft_vocab=str(vocab),
-                              train_data=variant_data("math", str(tmp), caches, args.n),
-                              heldout_data=heldout_data(str(tmp), caches), epochs=args.epochs, lr=5e-3,
-                              batch_size=args.batch_size, deepspeed=False)
-            c0 = time.process_time()
-            final = train(cfg, model)
-            cpu = time.process_time() - c0
-            hist = json.loads((final / "config.json").read_text())["training"]["history"][1:]
-            toks = sum(h["train_tokens_per_s"] * h["epoch_seconds"] for h in hist)
-            secs = sum(h["epoch_seconds"] for h in hist)
-            rates[backbone].append(toks / secs)
-            print(f"{backbone} run {r}: {toks:.0f} loss tokens in {secs:.1f} s = {toks / secs:.1f} tokens/s "
-                  f"(process CPU {cpu:.1f} s, held-out evaluation included); held-out top-1 at depth 1 "
-                  f"{hist[-1]['top1_depth1']:.3f}", flush=True)
+            cfg = train_config(backbone, args.epochs, tmp / f"{backbone}-{r}", tmp, caches, vocab, args.n,
+                               "smollm2-135m-instruct", lr=5e-3, batch_size=args.batch_size)
+            t = train_one(cfg, model)
+            rates[backbone].append(t["train_tokens_per_s"])
+            print(f"{backbone} run {r}: {t['loss_tokens']} loss tokens in {t['train_seconds']:.1f} s = "
+                  f"{t['train_tokens_per_s']:.1f} tokens/s (process CPU {t['process_cpu_s']:.1f} s, held-out "
+                  f"evaluation included); held-out top-1 at depth 1 {t['heldout_top1']['depth1']:.3f}", flush=True)
     best = {b: max(v) for b, v in rates.items()}
     print(f"best of {args.repeats}: eagle2 {best['eagle2']:.1f} tokens/s, eagle3 {best['eagle3']:.1f} tokens/s "
           f"(eagle3 / eagle2 = {best['eagle3'] / best['eagle2']:.2f})")
