@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -365,8 +366,9 @@ def main(argv=None) -> int:
     kw = {"batch_size": spec.batch_size, "lr": spec.lr, "warmup_steps": spec.warmup_steps}
 
     def run(backbone, n_epochs, tag):
-        cfg = train_config(backbone, n_epochs, work / f"{backbone}-math{tag}", work, caches, vocab,
-                           spec.data.n, verifier, **kw)
+        out = work / f"{backbone}-math{tag}"
+        shutil.rmtree(out, ignore_errors=True)  # a fresh run (the trainer would resume a finished one in --work)
+        cfg = train_config(backbone, n_epochs, out, work, caches, vocab, spec.data.n, verifier, **kw)
         return train_one(cfg, model, progress=lambda m: log(
             f"train {backbone}{tag}: epoch {m['epoch']}/{n_epochs}, {m['train_tokens_per_s']:.1f} tokens/s, "
             f"held-out top-1 d1 {m.get('top1_depth1', float('nan')):.3f}"))
