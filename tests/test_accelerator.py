@@ -215,11 +215,10 @@ def _case_id(c) -> str:
     return f"{c[0]}-{c[2]}{'-dedup' if c[3] else ''}{'-budget' if c[4] else ''}"
 
 
-# every case at T=0; at T=1 (the sampling acceptance's syncs) the dedup merge here, per-turn entropy
-# routing and the paper's merged tree in the settings test below; the rest in make test-full
-T1_DEFAULT = {"merged-step-dedup"}  # (and the T=1 cases of the settings test below)
+# every case at T=0; at T=1 (the sampling acceptance's syncs) the settings test below (the merged tree
+# with top-p, per-turn entropy routing with top-k/top-p) and depth_adaptive; the rest in make test-full
 DEVICE_CASES = [pytest.param(c, t, id=f"{_case_id(c)}-{t}",
-                             marks=[pytest.mark.full] if t == 1.0 and _case_id(c) not in T1_DEFAULT else [])
+                             marks=[pytest.mark.full] if t == 1.0 else [])
                 for t in (0.0, 1.0) for c in CASES]
 
 
@@ -269,10 +268,9 @@ NEXT = {  # the study's proposed next experiments: (case, DecodeConfig fields)
 }
 
 
-@pytest.mark.slow  # (default: the merged switch at both temperatures, depth_adaptive at T=1)
+@pytest.mark.slow  # (default: the merged switch at T=0, depth_adaptive at T=1)
 @pytest.mark.parametrize("name,temperature", [
-    pytest.param(n, t, id=f"{n}-{t}", marks=[] if (n, t) in {("switching-merged-dedup", 0.0),
-                                                             ("switching-merged-dedup", 1.0), ("depth_adaptive", 1.0)}
+    pytest.param(n, t, id=f"{n}-{t}", marks=[] if (n, t) in {("switching-merged-dedup", 0.0), ("depth_adaptive", 1.0)}
                  else [pytest.mark.full]) for t in (0.0, 1.0) for n in NEXT])
 def test_new_strategies_run_on_the_device_within_the_step_budget(verifier, random_drafter_dirs, mt_prompt, greedy,
                                                                  name, temperature):

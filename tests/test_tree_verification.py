@@ -81,9 +81,10 @@ def _within_bounds(freq, p, n, sigmas=5.0):
     return bool(((f - e).abs() <= sigmas * sd).all())
 
 
-# (routing verifies one drafter's tree, as single; merged's tree is merged-dedup's with duplicates: make test-full)
-@pytest.mark.parametrize("strategy", ["single", *[pytest.param(s, marks=pytest.mark.full)
-                                                  for s in ("confidence", "entropy", "merged")],
+# (routing verifies one drafter's tree, as single; merged's tree is merged-dedup's with duplicates; single's
+# one chain is a sub-case of both merged trees and runs end to end in test_sampling_e2e.py: make test-full)
+@pytest.mark.parametrize("strategy", [*[pytest.param(s, marks=pytest.mark.full)
+                                        for s in ("single", "confidence", "entropy", "merged")],
                                       "merged-dedup", "merged-budget"])
 def test_temperature_one_matches_verifier_sampling(verifier, scenario, strategy):
     """N = 20,000 speculative steps from one state. The first committed token's empirical
