@@ -268,10 +268,13 @@ NEXT = {  # the study's proposed next experiments: (case, DecodeConfig fields)
 }
 
 
-@pytest.mark.slow  # (default: the merged switch at T=0, depth_adaptive at T=1)
+NEXT_DEFAULT = {("switching-merged-dedup", 0.0), ("depth_adaptive", 1.0)}  # the rest in make test-full
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name,temperature", [
-    pytest.param(n, t, id=f"{n}-{t}", marks=[] if (n, t) in {("switching-merged-dedup", 0.0), ("depth_adaptive", 1.0)}
-                 else [pytest.mark.full]) for t in (0.0, 1.0) for n in NEXT])
+    pytest.param(n, t, id=f"{n}-{t}", marks=[] if (n, t) in NEXT_DEFAULT else [pytest.mark.full])
+    for t in (0.0, 1.0) for n in NEXT])
 def test_new_strategies_run_on_the_device_within_the_step_budget(verifier, random_drafter_dirs, mt_prompt, greedy,
                                                                  name, temperature):
     case, fields = NEXT[name]

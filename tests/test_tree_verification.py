@@ -81,8 +81,8 @@ def _within_bounds(freq, p, n, sigmas=5.0):
     return bool(((f - e).abs() <= sigmas * sd).all())
 
 
-# (routing verifies one drafter's tree, as single; merged's tree is merged-dedup's with duplicates; single's
-# one chain is a sub-case of both merged trees and runs end to end in test_sampling_e2e.py: make test-full)
+# by default the two merged trees; in make test-full: single (one chain, a sub-case of both, and end to end
+# in test_sampling_e2e.py), routing (one drafter's tree, as single), merged (merged-dedup's with duplicates)
 @pytest.mark.parametrize("strategy", [*[pytest.param(s, marks=pytest.mark.full)
                                         for s in ("single", "confidence", "entropy", "merged")],
                                       "merged-dedup", "merged-budget"])
