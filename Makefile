@@ -5,6 +5,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROFILE ?= demo
 PYTEST_ARGS ?=
+# pytest-xdist workers: one per core, at most 4 (tests/conftest.py keeps every Ray-starting module on one)
+TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
+XDIST := -n $(TEST_WORKERS) --no-loadscope-reorder
 
 .PHONY: venv demo test test-full smoke bench clean ray-head
 
@@ -28,11 +31,11 @@ smoke: venv
 	$(BIN)/python experiments/full_grid.py --profile smoke
 
 test: venv
-	$(BIN)/python -m pytest -q -rs --durations=20 $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -rs --durations=20 $(XDIST) $(PYTEST_ARGS)
 
 # the default suite plus its breadth (marker `full`)
 test-full: venv
-	TASKSPEC_FULL_TESTS=1 $(BIN)/python -m pytest -q -rs --durations=30 $(PYTEST_ARGS)
+	TASKSPEC_FULL_TESTS=1 $(BIN)/python -m pytest -q -rs --durations=30 $(XDIST) $(PYTEST_ARGS)
 
 # A local Ray head with token authentication (README "Quick start"); submit jobs with the printed line.
 ray-head: venv

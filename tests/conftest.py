@@ -87,18 +87,57 @@ def train_features(verifier, eos, tmp_path_factory):
 FULL_ENV = "TASKSPEC_FULL_TESTS"
 
 
+# Modules that start Ray (a local instance, a head, a cluster or a grid driver): under pytest-xdist
+# (`make test` runs `-n <workers>`) they share one worker, one after the other, so two Ray instances
+# never meet (the README job's head must find 6379 and 8265 free) and their long waits overlap the
+# in-process tests on the other workers. Every other module is a unit of its own (its module fixtures
+# built once).
+RAY_GROUP = ("test_grid.py", "test_multinode.py", "test_faults.py", "test_lost_work.py", "test_eagle3_training.py",
+             "test_lease.py", "test_bad_input.py", "test_profiles.py", "test_grid_eagle3.py", "test_gpu_check.py")
+
+
+def _group(path: str) -> str:
+    name = path.split("::", 1)[0].rsplit("/", 1)[-1]
+    return "ray" if name in RAY_GROUP else name
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """Units of work for pytest-xdist: ``RAY_GROUP`` as one, every other module as one. (Its own
+    ``--dist loadgroup`` marks do not group anything under pytest 9, whose node ids it cannot suffix.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModulesAndRay(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return _group(nodeid)
+
+    return ModulesAndRay(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Tests marked ``full`` are breadth beyond what `make test` needs (a second granularity, a
+    """``RAY_GROUP`` first, the longest unit, so a worker starts it at once (the order within a module
+    is kept). Tests marked ``full`` are breadth beyond what `make test` needs (a second granularity, a
     second temperature for a strategy both temperatures already cover): `make test-full` (or
     TASKSPEC_FULL_TESTS=1) runs them; otherwise they are skipped, with the reason, so `-rs` shows them."""
     import os
 
+    items.sort(key=lambda item: _group(item.nodeid) != "ray")  # stable: file order otherwise
     if os.environ.get(FULL_ENV) == "1":
         return
     skip = pytest.mark.skip(reason=f"breadth (make test-full or {FULL_ENV}=1 runs it)")
     for item in items:
         if "full" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_configure(config):
+    """Under pytest-xdist each worker gets its share of the cores for torch's threads (two workers
+    each running two threads on two cores lose more to contention than they gain)."""
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
 
 
 _STARTED = {}
@@ -129,5 +168,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     except (OSError, subprocess.SubprocessError):
         commit = "?"
     suite = "make test-full" if os.environ.get(FULL_ENV) == "1" else "make test"
+    workers = getattr(config.option, "numprocesses", None) or 0
+    how = f"{workers} pytest-xdist workers" if workers else "one process"
     terminalreporter.write_line(f"suite time: {wall:.0f} s ({wall / 60:.1f} min) wall, {suite} at {commit}, "
-                                f"on {machine_class()}")
+                                f"{how}, on {machine_class()}")
