@@ -102,16 +102,19 @@ def _saved_dtype(source: VerifierSource) -> str | None:
     return saved if saved in ("bfloat16", "float16") else None
 
 
-def load_verifier(name: str = DEFAULT_VERIFIER, dtype: str | None = None, device: str = "cpu"):
+def load_verifier(name: str = DEFAULT_VERIFIER, dtype: str | None = None, device: str = "cpu",
+                  matmul_forms: bool = True):
     """Load (model, tokenizer) once per process per (verifier, dtype, device), however the call
     spells them (``dtype=None`` and the dtype it defaults to are one model); the model is in eval
-    mode with grads off."""
+    mode with grads off. ``matmul_forms=False`` (training) skips the CPU's row-count-aware matmuls:
+    training runs the plain product anyway, and tuning their tables costs a cold machine a minute
+    per process, retimed in every process while other processes hold the cores (never cached)."""
     source = resolve(name)
-    return _load_verifier(source, _dtype(dtype, source, device), device)
+    return _load_verifier(source, _dtype(dtype, source, device), device, matmul_forms)
 
 
 @functools.lru_cache(maxsize=4)
-def _load_verifier(source: VerifierSource, torch_dtype: torch.dtype, device: str):
+def _load_verifier(source: VerifierSource, torch_dtype: torch.dtype, device: str, matmul_forms: bool = True):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -136,7 +139,7 @@ def _load_verifier(source: VerifierSource, torch_dtype: torch.dtype, device: str
         model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype, device_map=device, **kwargs)
     model.to(device).eval().requires_grad_(False)
     model.verifier_name = source.name  # recorded in drafter checkpoints and traces
-    if device == "cpu":  # row-count-aware matmuls (decoding/cpu/); generate uses them too
+    if device == "cpu" and matmul_forms:  # row-count-aware matmuls (decoding/cpu/); generate uses them too
         install(model)
     else:  # tree passes without a copy of every KV head (decoding/grouped_attention.py)
         grouped_attention.install(model)

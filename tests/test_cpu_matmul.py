@@ -1,5 +1,7 @@
 """The CPU matmul forms the verifier's linear layers choose from (decoding/cpu/matmul.py), and the
 thin-GEMM kernel compiled on first use (decoding/cpu/kernel.py)."""
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -191,7 +193,8 @@ def test_timings_taken_while_other_processes_hold_the_cores_are_not_cached(fresh
     import multiprocessing as mp
 
     stop = mp.Event()
-    hogs = [mp.Process(target=_spin, args=(stop,)) for _ in range(2 * torch.get_num_threads())]
+    busy = 2 * max(torch.get_num_threads(), len(os.sched_getaffinity(0)))  # every core, whatever this process's threads
+    hogs = [mp.Process(target=_spin, args=(stop,)) for _ in range(busy)]
     for h in hogs:
         h.start()
     try:

@@ -38,6 +38,22 @@ def test_verifier_loads_once_and_answers_a_gsm8k_prompt(verifier, bench_prompts)
     assert "egg" in text.lower() and any(ch.isdigit() for ch in text), text
 
 
+
+def test_a_training_load_has_no_inference_matmul_forms(verifier):
+    """Ray Train workers load the verifier with ``matmul_forms=False``: no tables tuned (a minute of a
+    cold machine per process), the same weights, the same logits up to the forms' rounding."""
+    from decoding.cpu.matmul import installed
+    from decoding.verifiers import load_verifier
+
+    model, _ = verifier
+    plain, _ = load_verifier("smollm2-135m-instruct", matmul_forms=False)
+    assert plain is not model and installed(plain) == {} and installed(model)
+    assert load_verifier("smollm2-135m-instruct", matmul_forms=False)[0] is plain  # once per process too
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), model.state_dict().values()))
+    x = torch.tensor([[1, 504, 3101, 314, 260, 1789, 30]])
+    with torch.no_grad():
+        torch.testing.assert_close(plain(x).logits, model(x).logits, rtol=1e-4, atol=1e-4)
+
 def _masked_spans(ids, mask):
     spans, start = [], None
     for i, m in enumerate(list(mask) + [0]):

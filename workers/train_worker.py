@@ -36,7 +36,8 @@ def train_loop_per_worker(config: dict) -> None:
     t1 = time.time()
     cfg = artifacts.prepare(TrainConfig(**config["train"]), local_rank)  # with out_uri: inputs, last checkpoint
     t2 = time.time()
-    model, tok = load_verifier(cfg.verifier, dtype=cfg.verifier_dtype, device="cuda" if _cuda() else "cpu")
+    model, tok = load_verifier(cfg.verifier, dtype=cfg.verifier_dtype, device="cuda" if _cuda() else "cpu",
+                               matmul_forms=False)  # training never takes the inference forms
     if rank == 0:  # where a trial's start-up goes (a short trial is mostly this; DeepSpeed: the trainer's line)
         age = t0 - psutil.Process().create_time()
         print(f"[train {cfg.backbone}-{cfg.variant}] worker start-up: process {age:.1f}s "
