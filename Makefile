@@ -8,6 +8,11 @@ PYTEST_ARGS ?=
 # pytest-xdist workers: one per core, at most 4 (tests/conftest.py keeps every Ray-starting module on one)
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 XDIST := -n $(TEST_WORKERS) --no-loadscope-reorder
+# torch threads per test worker (tests/conftest.py sets the same, and TASKSPEC_THREADS for the CLIs it runs)
+TEST_THREADS = $(shell n=$$(( $$(nproc 2>/dev/null || echo 1) / $(TEST_WORKERS) )); [ $$n -lt 1 ] && n=1; echo $$n)
+# the verifier's matmul tables timed once, on quiet cores, before the workers start: timed under
+# load (as every process of a parallel suite is) they are never cached and every process retimes them
+WARM = $(BIN)/python -m decoding cache warm --threads $(shell echo 1 $(TEST_THREADS) | tr ' ' '\n' | sort -u | paste -sd,) --dtypes float32,bfloat16
 
 .PHONY: venv demo test test-full smoke bench clean ray-head
 
@@ -31,10 +36,12 @@ smoke: venv
 	$(BIN)/python experiments/full_grid.py --profile smoke
 
 test: venv
+	$(WARM)
 	$(BIN)/python -m pytest -q -rs --durations=20 $(XDIST) $(PYTEST_ARGS)
 
 # the default suite plus its breadth (marker `full`)
 test-full: venv
+	$(WARM)
 	TASKSPEC_FULL_TESTS=1 $(BIN)/python -m pytest -q -rs --durations=30 $(XDIST) $(PYTEST_ARGS)
 
 # A local Ray head with token authentication (README "Quick start"); submit jobs with the printed line.

@@ -5,13 +5,14 @@ tuner's choice per weight shape and row count, decoding/cpu/matmul.py), ``verify
 (tree auto's verifier pass costs, decoding/autotree.py), ``kernels/`` (the thin-GEMM kernel
 built for this CPU, decoding/cpu/kernel.py) and ``verifiers/`` (a GGUF verifier's de-quantized
 copy, decoding/verifier_copy.py). Keys name the machine, the device type, the dtype
-and (for verify costs) the verifier. ``python -m decoding cache show|clear`` prints or removes them.
+and (for verify costs) the verifier. ``python -m decoding cache show|clear|warm`` prints, removes or fills them.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 from drafters.atomic import write_text_atomic
@@ -66,3 +67,29 @@ def clear(root: Path | None = None) -> list[str]:
             shutil.rmtree(root / sub)
             gone.append(f"{sub}/")
     return gone
+
+
+def warm(verifier: str, threads: list[int], dtypes: list[str]) -> int:
+    """Fill this machine's caches for a verifier before work that runs many processes at once:
+    the de-quantized copy, the kernel, and the matmul tables per thread count and dtype, timed
+    now, on quiet cores (timings taken while other processes hold the cores are never cached, so
+    a busy test suite or grid would time them again in every process)."""
+    import torch
+
+    from .cpu import matmul as cpu_matmul  # (imports this module: lazily)
+    from .verifiers import load_verifier
+
+    bad = [d for d in dtypes if d not in ("float32", "bfloat16", "float16")]
+    if bad:
+        raise ValueError(f"--dtypes: unknown dtype(s) {bad}; use float32, bfloat16 or float16")
+    for dtype in dtypes:
+        for n in threads:
+            torch.set_num_threads(n)
+            t = time.time()
+            model, _ = load_verifier(verifier, dtype=dtype, matmul_forms=False)
+            before = len(load_json_cache(cpu_matmul.CACHE))
+            shapes = len(cpu_matmul.install(model))
+            added = len(load_json_cache(cpu_matmul.CACHE)) - before
+            print(f"[cache warm] {verifier} {dtype}, {n} thread(s): {shapes} weight shape(s), {added} newly "
+                  f"timed and cached, {time.time() - t:.0f}s", flush=True)
+    return 0

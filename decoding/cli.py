@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -107,10 +108,22 @@ def cmd_cache(args) -> int:
 
     if args.action == "show":
         print(caches.show())
+    elif args.action == "warm":
+        return caches.warm(args.verifier, parse_ints(args.threads, "--threads"), args.dtypes.split(","))
     else:
         gone = caches.clear()
         print(f"removed {', '.join(gone) if gone else 'nothing'} from {caches.cache_dir()}")
     return 0
+
+
+def parse_ints(text: str, flag: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError:
+        out = []
+    if not out or min(out) < 1:
+        raise ValueError(f"{flag} takes positive integers separated by commas, got {text!r}")
+    return out
 
 
 def main(argv=None) -> int:
@@ -122,9 +135,12 @@ def main(argv=None) -> int:
     g.add_argument("--out", required=True)
     g.add_argument("--trace-out", default=None)
     g.set_defaults(fn=cmd_generate)
-    c = sub.add_parser("cache", help="show or clear the per-machine measurement caches (matmul tuner, "
-                                     "verify costs, kernel builds)")
-    c.add_argument("action", choices=["show", "clear"])
+    c = sub.add_parser("cache", help="show, clear or warm the per-machine measurement caches (matmul "
+                                     "tuner, verify costs, kernel builds)")
+    c.add_argument("action", choices=["show", "clear", "warm"])
+    c.add_argument("--verifier", default="smollm2-135m-instruct", help="warm: the verifier whose caches to fill")
+    c.add_argument("--threads", default=str(os.cpu_count() or 1), help="warm: torch thread counts, e.g. 1,2")
+    c.add_argument("--dtypes", default="float32", help="warm: verifier dtypes, e.g. float32,bfloat16")
     c.set_defaults(fn=cmd_cache)
     b = sub.add_parser("bench", help="tokens/s and draft/verify split of every strategy vs autoregressive")
     from .bench import add_bench_args

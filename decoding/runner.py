@@ -195,7 +195,13 @@ def write_parquet_atomic(rows: list[dict], path: str | os.PathLike, schema=None)
 
 
 def default_threads() -> None:
-    """Use every core for the verifier's matmuls (torch defaults may be lower inside Ray workers)."""
-    n = os.cpu_count() or 1
-    if torch.get_num_threads() < n:
+    """Use every core this process may run on for the verifier's matmuls (torch defaults may be
+    lower inside Ray workers); ``TASKSPEC_THREADS=N`` sets N instead (e.g. a test worker's share)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    text = os.environ.get("TASKSPEC_THREADS")
+    if text is not None:
+        if not text.isdigit() or int(text) < 1:
+            raise ValueError(f"TASKSPEC_THREADS must be a positive integer, got {text!r}")
+        torch.set_num_threads(int(text))
+    elif torch.get_num_threads() < n:
         torch.set_num_threads(n)

@@ -137,13 +137,16 @@ def pytest_configure(config):
     """Under pytest-xdist each worker gets its share of the cores for torch's threads (two workers
     each running two threads on two cores lose more to contention than they gain), and runs at the
     niceness of Ray's workers: at 0, a worker's in-process tests took nearly all of the CPU from the
-    other worker's Ray trials and actors (niceness 15, 1/28 of the weight), and one smoke grid's
-    training stage took 818 s instead of 133 (2026-12-04, Zen 5)."""
+    other worker's Ray trials and actors (niceness 15, 1/28 of the weight). With the trials also
+    timing matmul tables then, one smoke grid's training stage took 818 s beside the other worker
+    and 133 s alone (2026-12-04, Zen 5). The CLIs the tests run get the same thread count."""
     import os
 
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
-        torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+        threads = max(1, len(os.sched_getaffinity(0)) // workers)
+        torch.set_num_threads(threads)
+        os.environ["TASKSPEC_THREADS"] = str(threads)  # the CLIs the tests run (decoding.runner.default_threads)
         os.nice(max(0, RAY_NICENESS - os.nice(0)))
 
 

@@ -272,3 +272,48 @@ def test_onednns_prepacked_linear_computes_the_product_and_packs_once(dtype):
 def test_a_torch_without_onednn_is_not_offered_the_form(monkeypatch):
     monkeypatch.setitem(onednn._OK, torch.float32, False)
     assert "onednn" not in cpu_matmul.forms_for(torch.zeros(8, 8))
+
+
+def test_cache_warm_times_the_verifiers_tables_once_per_thread_count(tmp_path, monkeypatch, capsys):
+    """`python -m decoding cache warm`: every weight shape of the verifier per thread count and dtype,
+    cached; a second warm times nothing; bad counts are one clear error (timings injected: quiet)."""
+    from decoding.cli import main
+
+    monkeypatch.setattr(cpu_matmul, "CACHE", tmp_path / "cpu_matmul.json")
+    monkeypatch.setattr(cpu_matmul, "_SESSION", {})
+    monkeypatch.setattr(cpu_matmul, "_time", lambda fn, reps: [0.001] * reps)
+    monkeypatch.setattr(cpu_matmul, "MIN_CPU_SHARE", 0.0)
+    threads = torch.get_num_threads()
+    try:
+        assert main(["cache", "warm", "--threads", "1,2"]) == 0
+        first = capsys.readouterr().out
+        assert main(["cache", "warm", "--threads", "2"]) == 0
+        again = capsys.readouterr().out
+    finally:
+        torch.set_num_threads(threads)
+    keys = cpu_matmul.load_json_cache(cpu_matmul.CACHE)
+    assert {k.split("|")[2] for k in keys} == {"threads=1", "threads=2"} and len(keys) == 10  # 5 shapes each
+    assert first.count("5 weight shape(s), 5 newly timed and cached") == 2
+    assert "5 weight shape(s), 0 newly timed and cached" in again
+    assert main(["cache", "warm", "--threads", "0"]) == 2
+    assert main(["cache", "warm", "--dtypes", "float64"]) == 2
+    err = capsys.readouterr().err
+    assert "--threads takes positive integers" in err and "unknown dtype(s) ['float64']" in err
+
+
+def test_taskspec_threads_sets_the_clis_thread_count(monkeypatch):
+    from decoding.runner import default_threads
+
+    threads = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("TASKSPEC_THREADS", "1")
+        default_threads()
+        assert torch.get_num_threads() == 1
+        monkeypatch.delenv("TASKSPEC_THREADS")
+        default_threads()  # every core this process may run on
+        assert torch.get_num_threads() == max(threads, len(os.sched_getaffinity(0)))
+        monkeypatch.setenv("TASKSPEC_THREADS", "two")
+        with pytest.raises(ValueError, match="TASKSPEC_THREADS must be a positive integer, got 'two'"):
+            default_threads()
+    finally:
+        torch.set_num_threads(threads)
