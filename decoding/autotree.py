@@ -32,7 +32,7 @@ import torch
 
 from . import cpu, timing
 from .accept import greedy_match
-from .caches import cache_dir, load_json_cache, save_json_cache
+from .caches import add_to_json_cache, cache_dir, load_json_cache
 from .timing import synced_now
 from .tree import TreeConfig, chain_tree
 
@@ -204,8 +204,7 @@ def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache:
     elif dev.type == "cpu" and share < timing.MIN_CPU_SHARE:
         why = f"this process got {share:.0%} of its threads' CPU time (other processes held the cores)"
     if use_cache and why is None:
-        disk[key] = out
-        save_json_cache(CACHE, disk)
+        add_to_json_cache(CACHE, key, out)
     elif use_cache:
         print(f"[tree auto] verify costs not cached, {why}; measured again next run", file=sys.stderr)
         _SESSION[key] = out

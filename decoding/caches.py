@@ -9,6 +9,7 @@ and (for verify costs) the verifier. ``python -m decoding cache show|clear|warm`
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -38,6 +39,21 @@ def save_json_cache(path: Path, data: dict) -> None:
         pass
 
 
+def add_to_json_cache(path: Path, key: str, value) -> None:
+    """Add one entry to a measurement cache that other processes on this machine write too (a
+    grid's workers, a parallel test suite): read, add and write under an exclusive lock, so no
+    process's entries are lost to another's write of what it read earlier."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            data = load_json_cache(path)
+            data[key] = value
+            save_json_cache(path, data)
+    except OSError:
+        pass
+
+
 def show(root: Path | None = None) -> str:
     """What the caches hold: one line per file and per entry key."""
     root = root or cache_dir()
@@ -62,6 +78,7 @@ def clear(root: Path | None = None) -> list[str]:
         if (root / name).exists():
             (root / name).unlink()
             gone.append(name)
+        (root / f"{name}.lock").unlink(missing_ok=True)
     for sub in ("kernels", "verifiers"):
         if (root / sub).is_dir():
             shutil.rmtree(root / sub)
@@ -87,9 +104,11 @@ def warm(verifier: str, threads: list[int], dtypes: list[str]) -> int:
             torch.set_num_threads(n)
             t = time.time()
             model, _ = load_verifier(verifier, dtype=dtype, matmul_forms=False)
-            before = len(load_json_cache(cpu_matmul.CACHE))
+            mine = f"|threads={n}|"  # (another process may be adding other thread counts or dtypes)
+            before = {k for k in load_json_cache(cpu_matmul.CACHE) if mine in k and k.endswith(str(model.dtype))}
             shapes = len(cpu_matmul.install(model))
-            added = len(load_json_cache(cpu_matmul.CACHE)) - before
+            after = {k for k in load_json_cache(cpu_matmul.CACHE) if mine in k and k.endswith(str(model.dtype))}
+            added = len(after - before)
             print(f"[cache warm] {verifier} {dtype}, {n} thread(s): {shapes} weight shape(s), {added} newly "
                   f"timed and cached, {time.time() - t:.0f}s", flush=True)
     return 0

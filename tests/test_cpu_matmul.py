@@ -317,3 +317,27 @@ def test_taskspec_threads_sets_the_clis_thread_count(monkeypatch):
             default_threads()
     finally:
         torch.set_num_threads(threads)
+
+
+def _add_keys(path, tag, n):
+    from decoding.caches import add_to_json_cache
+
+    for i in range(n):
+        add_to_json_cache(path, f"{tag}{i}", i)
+
+
+def test_processes_adding_to_one_cache_lose_no_entry(tmp_path):
+    """Two processes add 40 entries each to one cache file at once (as a grid's workers time their
+    tables): every entry is there afterwards."""
+    import multiprocessing as mp
+
+    from decoding.caches import load_json_cache
+
+    path = tmp_path / "cpu_matmul.json"
+    procs = [mp.Process(target=_add_keys, args=(path, tag, 40)) for tag in "ab"]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    assert all(p.exitcode == 0 for p in procs)
+    assert load_json_cache(path) == {f"{t}{i}": i for t in "ab" for i in range(40)}

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import timing
-from ..caches import cache_dir, load_json_cache, save_json_cache
+from ..caches import add_to_json_cache, cache_dir, load_json_cache
 from . import kernel as cpu_kernel
 from . import onednn
 
@@ -219,7 +219,7 @@ def table_for(W: torch.Tensor, disk: dict | None = None, machine: str | None = N
         table, why = tune(W.detach())
         if why is None:
             disk[key] = {str(m): v for m, v in table.items()}
-            save_json_cache(CACHE, disk)
+            add_to_json_cache(CACHE, key, disk[key])
         else:
             print(f"[cpu matmul] {tuple(W.shape)}: not cached, {why}; measured again next run", file=sys.stderr)
             _SESSION[key] = {str(m): v for m, v in table.items()}
