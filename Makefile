@@ -9,12 +9,14 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 4 ] && n=4; echo $$n)
 XDIST := -n $(TEST_WORKERS) --no-loadscope-reorder
 # torch threads per test worker (tests/conftest.py sets the same, and TASKSPEC_THREADS for the CLIs it runs)
-TEST_THREADS = $(shell n=$$(( $$(nproc 2>/dev/null || echo 1) / $(TEST_WORKERS) )); [ $$n -lt 1 ] && n=1; echo $$n)
+TEST_THREADS = $(shell n=$$(( $$(nproc 2>/dev/null || echo 1) / $(TEST_WORKERS) )); \
+	[ $$n -lt 1 ] && n=1; echo $$n)
 # the verifier's matmul tables timed once, before the workers start: timed under load (as every
 # process of a parallel suite is) they are never cached and every process retimes them. One process
 # per dtype, at once (each on its own core at one thread; a table timed while the other process held
 # its cores is not cached either, and is timed again where it is used)
-WARM = $(BIN)/python -m decoding cache warm --threads $(shell echo 1 $(TEST_THREADS) | tr ' ' '\n' | sort -u | paste -sd,)
+WARM_THREADS = $(shell echo 1 $(TEST_THREADS) | tr ' ' '\n' | sort -u | paste -sd,)
+WARM = $(BIN)/python -m decoding cache warm --threads $(WARM_THREADS)
 WARM_BOTH = $(WARM) --dtypes bfloat16 & pid=$$!; $(WARM) --dtypes float32 && wait $$pid
 
 .PHONY: venv demo test test-full smoke bench clean ray-head

@@ -5,7 +5,8 @@ tuner's choice per weight shape and row count, decoding/cpu/matmul.py), ``verify
 (tree auto's verifier pass costs, decoding/autotree.py), ``kernels/`` (the thin-GEMM kernel
 built for this CPU, decoding/cpu/kernel.py) and ``verifiers/`` (a GGUF verifier's de-quantized
 copy, decoding/verifier_copy.py). Keys name the machine, the device type, the dtype
-and (for verify costs) the verifier. ``python -m decoding cache show|clear|warm`` prints, removes or fills them.
+and (for verify costs) the verifier. ``python -m decoding cache show|clear|warm`` prints, removes or
+fills them.
 """
 from __future__ import annotations
 
@@ -104,11 +105,17 @@ def warm(verifier: str, threads: list[int], dtypes: list[str]) -> int:
             torch.set_num_threads(n)
             t = time.time()
             model, _ = load_verifier(verifier, dtype=dtype, matmul_forms=False)
-            mine = f"|threads={n}|"  # (another process may be adding other thread counts or dtypes)
-            before = {k for k in load_json_cache(cpu_matmul.CACHE) if mine in k and k.endswith(str(model.dtype))}
-            shapes = len(cpu_matmul.install(model))
-            after = {k for k in load_json_cache(cpu_matmul.CACHE) if mine in k and k.endswith(str(model.dtype))}
-            added = len(after - before)
+            before = _keys(cpu_matmul.CACHE, n, model.dtype)
+            # the tables alone: the model (shared by this process's other training-style loads) keeps
+            # its plain forward
+            shapes = len({cpu_matmul.table_for(m.weight)[0] for m in model.modules()
+                          if isinstance(m, torch.nn.Linear)})
+            added = len(_keys(cpu_matmul.CACHE, n, model.dtype) - before)
             print(f"[cache warm] {verifier} {dtype}, {n} thread(s): {shapes} weight shape(s), {added} newly "
                   f"timed and cached, {time.time() - t:.0f}s", flush=True)
     return 0
+
+
+def _keys(path: Path, threads: int, dtype) -> set[str]:
+    """The matmul tables cached for one thread count and dtype (another process may be adding others)."""
+    return {k for k in load_json_cache(path) if f"|threads={threads}|" in k and k.endswith(str(dtype))}

@@ -138,7 +138,8 @@ def main(argv=None) -> int:
     c = sub.add_parser("cache", help="show, clear or warm the per-machine measurement caches (matmul "
                                      "tuner, verify costs, kernel builds)")
     c.add_argument("action", choices=["show", "clear", "warm"])
-    c.add_argument("--verifier", default="smollm2-135m-instruct", help="warm: the verifier whose caches to fill")
+    c.add_argument("--verifier", default="smollm2-135m-instruct",
+                   help="warm: the verifier whose caches to fill")
     c.add_argument("--threads", default=str(os.cpu_count() or 1), help="warm: torch thread counts, e.g. 1,2")
     c.add_argument("--dtypes", default="float32", help="warm: verifier dtypes, e.g. float32,bfloat16")
     c.set_defaults(fn=cmd_cache)

@@ -92,8 +92,9 @@ FULL_ENV = "TASKSPEC_FULL_TESTS"
 # never meet (the README job's head must find 6379 and 8265 free) and their long waits overlap the
 # in-process tests on the other workers. Every other module is a unit of its own (its module fixtures
 # built once).
-RAY_GROUP = ("test_grid.py", "test_multinode.py", "test_faults.py", "test_lost_work.py", "test_eagle3_training.py",
-             "test_lease.py", "test_bad_input.py", "test_profiles.py", "test_grid_eagle3.py", "test_gpu_check.py")
+RAY_GROUP = ("test_grid.py", "test_multinode.py", "test_faults.py", "test_lost_work.py",
+             "test_eagle3_training.py", "test_lease.py", "test_bad_input.py", "test_profiles.py",
+             "test_grid_eagle3.py", "test_gpu_check.py")
 
 
 def _group(path: str) -> str:
@@ -146,7 +147,7 @@ def pytest_configure(config):
     if workers > 1:
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
         torch.set_num_threads(threads)
-        os.environ["TASKSPEC_THREADS"] = str(threads)  # the CLIs the tests run (decoding.runner.default_threads)
+        os.environ["TASKSPEC_THREADS"] = str(threads)  # for the CLIs the tests run (runner.default_threads)
         os.nice(max(0, RAY_NICENESS - os.nice(0)))
 
 

@@ -193,7 +193,7 @@ def test_timings_taken_while_other_processes_hold_the_cores_are_not_cached(fresh
     import multiprocessing as mp
 
     stop = mp.Event()
-    busy = 2 * max(torch.get_num_threads(), len(os.sched_getaffinity(0)))  # every core, whatever this process's threads
+    busy = 2 * max(torch.get_num_threads(), len(os.sched_getaffinity(0)))  # every core, whatever our threads
     hogs = [mp.Process(target=_spin, args=(stop,)) for _ in range(busy)]
     for h in hogs:
         h.start()
@@ -295,6 +295,9 @@ def test_cache_warm_times_the_verifiers_tables_once_per_thread_count(tmp_path, m
     assert {k.split("|")[2] for k in keys} == {"threads=1", "threads=2"} and len(keys) == 10  # 5 shapes each
     assert first.count("5 weight shape(s), 5 newly timed and cached") == 2
     assert "5 weight shape(s), 0 newly timed and cached" in again
+    from decoding.verifiers import load_verifier
+
+    assert cpu_matmul.installed(load_verifier("smollm2-135m-instruct", matmul_forms=False)[0]) == {}  # plain
     assert main(["cache", "warm", "--threads", "0"]) == 2
     assert main(["cache", "warm", "--dtypes", "float64"]) == 2
     err = capsys.readouterr().err
