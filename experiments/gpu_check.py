@@ -10,8 +10,9 @@
    tests/accelerator.py's SyncCounter on CUDA, and CUDA's own count of synchronizing calls under
    ``torch.cuda.set_sync_debug_mode``), and the peak device memory of each row;
 3. training: one DeepSpeed (ZeRO-1) run of a HASS drafter through Ray Train on the device, in bf16
-   on CUDA, from features extracted on the device; with ``--standalone`` that drafter is then the
-   first of the decoding rows' drafters.
+   on CUDA, from features extracted on the device; it fails the check (exit code 1) when its loss is
+   not finite or does not fall from the first epoch to the last. With ``--standalone`` that drafter
+   is then the first of the decoding rows' drafters.
 
 ``--standalone`` needs nothing outside the repository: the verifier is a random model with
 Llama-3-8B-Instruct's shape (``--shape llama3-8b``: 32 layers, hidden 4096, GQA 32/8, 128,256-token
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import os
 import resource
@@ -34,6 +36,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -42,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from decoding.timing import synchronize  # noqa: E402
 from decoding.verifiers import TIE_GAP  # noqa: E402
-from tests.accelerator import SyncCounter  # noqa: E402
+from tests.accelerator import SyncCounter, caller  # noqa: E402
 
 STRATEGIES = ("single", "confidence", "entropy", "merged", "merged-dedup", "merged-budget")
 COLUMNS = ("model", "dtype", "check", "equal", "near-tie", "MISMATCH", "tok/s", "vs gen", "tau", "syncs/step",
@@ -87,18 +90,29 @@ def _peak(device: str) -> str:
     return f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.1f} GiB RSS"
 
 
-def _count_syncs(device: str, run) -> tuple[dict, int]:
-    """(SyncCounter's counts, CUDA's synchronizing calls under set_sync_debug_mode) of one untimed run."""
-    with warnings.catch_warnings(record=True) as caught:
+def _count_syncs(device: str, run) -> tuple[SyncCounter, float, Counter, int]:
+    """One untimed run: SyncCounter (counts and where), CUDA's synchronizing calls per step under
+    ``set_sync_debug_mode("warn")``, and the source lines that made CUDA's calls."""
+    sites = Counter()
+
+    def seen(message, category, filename, lineno, file=None, line=None):  # called where the sync happens
+        if "synchroniz" in str(message):
+            sites[caller()] += 1
+
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = seen
         torch.cuda.set_sync_debug_mode("warn")
         try:
             with SyncCounter() as counter:
                 steps = run()
         finally:
             torch.cuda.set_sync_debug_mode("default")
-    cuda = sum("synchroniz" in str(w.message) for w in caught)
-    return {k: counter.counts[k] / steps for k in ("sync", "h2d")}, cuda / steps
+    return counter, sum(sites.values()) / steps, sites, steps
+
+
+def _sites(where: Counter, steps: int) -> str:
+    return ", ".join(f"{k} {n / steps:.2f}" for k, n in where.most_common(6)) or "none"
 
 
 def check_dtype(args, dtype: str, table: Table) -> None:
@@ -157,9 +171,11 @@ def check_dtype(args, dtype: str, table: Table) -> None:
                 res = [dec.generate(ids, seed_key=str(i)) for i, ids in enumerate(inputs)]
                 return max(1, sum(r.verifier_calls for r in res))
 
-            ours, cuda = _count_syncs(args.device, run)
-            per_step = {"syncs/step": f"{ours['sync']:.1f}", "h2d/step": f"{ours['h2d']:.1f}",
-                        "cuda-sync/step": f"{cuda:.1f}"}
+            ours, cuda, sites, steps = _count_syncs(args.device, run)
+            per_step = {"syncs/step": f"{ours.counts['sync'] / steps:.1f}",
+                        "h2d/step": f"{ours.counts['h2d'] / steps:.1f}", "cuda-sync/step": f"{cuda:.1f}"}
+            print(f"per step, by source line, {spec} ({dtype}): syncs {_sites(ours.where['sync'], steps)}; "
+                  f"h2d {_sites(ours.where['h2d'], steps)}; CUDA's {_sites(sites, steps)}", flush=True)
         tie_gap = args.tie_gap if args.tie_gap is not None else TIE_GAP[dtype]
         for ids, res, ref in zip(inputs, outs, refs):
             kind, gap = compare_greedy(model, ids, res.output_token_ids, ref, tie_gap)
@@ -195,10 +211,11 @@ def check_training(args, table: Table) -> Path:
     caches = {"mathinstruct": ensure_features(model, tok, eos_token_ids(model, tok), name, "mathinstruct", spec, root)}
     t_features = time.perf_counter() - t0
     per_epoch = max(1, spec.n // args.train_batch)
+    epochs = math.ceil(args.train_steps / per_epoch)
     cfg = TrainConfig(verifier=name, backbone="hass", variant="math", out_dir=tempfile.mkdtemp(prefix="gpu-check-train-"),
                       train_data=variant_data("math", root, caches, spec.n), heldout_data=heldout_data(root, caches),
-                      epochs=math.ceil(args.train_steps / per_epoch), lr=1e-3, batch_size=args.train_batch,
-                      deepspeed=True, zero_stage=1, precision=precision)
+                      epochs=epochs, lr=args.train_lr, warmup_steps=epochs * per_epoch // 8,
+                      batch_size=args.train_batch, deepspeed=True, zero_stage=1, precision=precision)
     ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False)
     t0 = time.perf_counter()
     try:
@@ -206,13 +223,29 @@ def check_training(args, table: Table) -> Path:
     finally:
         ray.shutdown()
     m = result.metrics or {}
+    history = json.loads((Path(final) / "state.json").read_text())["history"]  # epoch 0: before training
+    losses = [h.get("train_loss", float("nan")) for h in history if h["epoch"] > 0]
+    failed = training_failure(losses)
+    top1 = " > ".join(f"{h.get('top1_depth1', float('nan')):.3f}" for h in history)
     table.add(dict(model=args.model_label or name, dtype="bfloat16" if precision == "bf16" else "float32",
                    check="train (ZeRO-1)", **{"tok/s": f"{m.get('train_tokens_per_s', 0):.0f}"},
+                   MISMATCH=1 if failed else "",
                    note=f"features {spec.n} ex in {t_features:.0f}s; {m.get('steps')} steps of batch "
-                        f"{args.train_batch} in {time.perf_counter() - t0:.0f}s (Ray Train start-up included), "
-                        f"loss {m.get('train_loss', 0):.3f}, held-out top-1 {m.get('top1_depth1', 0):.3f} "
-                        "(tok/s: loss tokens)"))
+                        f"{args.train_batch}, lr {args.train_lr:g}, in {time.perf_counter() - t0:.0f}s "
+                        f"(Ray Train start-up included), loss {m.get('train_loss', 0):.3f} (by epoch "
+                        f"{' > '.join(f'{x:.3f}' for x in losses)}), held-out top-1 {top1} (untrained first) "
+                        f"(tok/s: loss tokens){'; FAILED: ' + failed if failed else ''}"))
     return Path(final)
+
+
+def training_failure(losses: list[float]) -> str:
+    """Why a training run failed the check ('' if it passed): a loss that is not finite, or one that
+    did not fall from the first epoch to the last (a run that diverged or learned nothing)."""
+    if not losses or not all(math.isfinite(x) for x in losses):
+        return f"loss not finite by epoch: {losses}"
+    if len(losses) > 1 and not losses[-1] < losses[0]:
+        return f"loss did not fall: first epoch {losses[0]:.3f}, last {losses[-1]:.3f}"
+    return ""
 
 
 def _standalone(args) -> None:
@@ -264,9 +297,11 @@ def main(argv=None) -> int:
     ap.add_argument("--shape", choices=("llama3-8b", "small"), default="llama3-8b")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's (memory)")
     ap.add_argument("--workdir", default=None, help="where the standalone model is written (default: a temp dir)")
-    ap.add_argument("--train-examples", type=int, default=512)
+    ap.add_argument("--train-examples", type=int, default=256)
     ap.add_argument("--train-batch", type=int, default=2)
-    ap.add_argument("--train-steps", type=int, default=256)
+    ap.add_argument("--train-steps", type=int, default=256, help="optimizer steps, rounded up to whole epochs")
+    ap.add_argument("--train-lr", type=float, default=1e-4,
+                    help="peak learning rate (linear warm-up over the first eighth of the steps, then decay)")
     ap.add_argument("--llama3-shaped", choices=("auto", "on", "off"), default="auto",
                     help="without --standalone: also run the exactness/speed rows on a small random model of "
                          "Llama-3's layout (GQA, 128k vocabulary), built locally; auto = on CUDA")
@@ -278,7 +313,10 @@ def main(argv=None) -> int:
     if args.device.startswith("cuda"):
         print(f"device: {torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} "
               f"GiB), torch {torch.__version__}", flush=True)
-    dtypes = (args.dtypes or ("bfloat16" if args.standalone else "float32,bfloat16")).split(",")
+    # standalone on a GPU: float32 first (exactness: a random verifier's top-2 logit gaps are ~0.2, within
+    # bf16's noise, so its bf16 rows part from generate at near-ties), then bfloat16 (speed, syncs, memory)
+    cpu_only = args.standalone and not args.device.startswith("cuda")
+    dtypes = (args.dtypes or ("bfloat16" if cpu_only else "float32,bfloat16")).split(",")
     table = Table()
     if args.standalone:
         _default_layers(args)
@@ -296,8 +334,8 @@ def main(argv=None) -> int:
         if not args.no_train:
             check_training(args, table)
     table.print()
-    bad = sum(int(r.get("MISMATCH", 0)) for r in table.rows)
-    print(f"\n{'FAILED' if bad else 'OK'}: {bad} mismatch(es) that are not near-ties")
+    bad = sum(int(r.get("MISMATCH") or 0) for r in table.rows)
+    print(f"\n{'FAILED' if bad else 'OK'}: {bad} mismatch(es) that are not near-ties or failed training run(s)")
     return 1 if bad else 0
 
 

@@ -168,7 +168,7 @@ class FakeCuda(TorchFunctionMode):
     # -- events ---------------------------------------------------------------------------------
     def _note(self, kind: str) -> None:
         self.counts[kind] += 1
-        self.where[kind][_caller()] += 1
+        self.where[kind][caller()] += 1
 
     def _synchronize(self, device=None) -> None:
         self._note("sync")
@@ -381,11 +381,13 @@ def _patch(obj, attr, value):
         setattr(obj, attr, before)
 
 
-def _caller() -> str:
-    """file:line of the nearest frame in this project (outside torch, transformers and this file)."""
+def caller() -> str:
+    """file:line of the nearest frame in this project (outside torch, transformers, the warnings
+    machinery, this file and the GPU check that uses it)."""
     for frame in reversed(traceback.extract_stack(sys._getframe(2), limit=40)):
         f = frame.filename
-        if "site-packages" in f or f.endswith("accelerator.py") or "/torch/" in f:
+        skip = Path(f).name in ("accelerator.py", "warnings.py", "gpu_check.py")
+        if skip or "site-packages" in f or "/torch/" in f:
             continue
         return f"{'/'.join(Path(f).parts[-2:])}:{frame.lineno}"
     return "?"
@@ -398,6 +400,11 @@ class SyncCounter(TorchFunctionMode):
     def __init__(self):
         super().__init__()
         self.counts = collections.Counter()
+        self.where = collections.defaultdict(collections.Counter)  # kind -> Counter of the caller's file:line
+
+    def _note(self, kind: str) -> None:
+        self.counts[kind] += 1
+        self.where[kind][caller()] += 1
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -405,11 +412,11 @@ class SyncCounter(TorchFunctionMode):
         t = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if t is not None and t.is_cuda and (name in _SYNC_METHODS or name == "cpu"
                                             or (name == "to" and _to_target(args, kwargs) == (True, False))):
-            self.counts["sync"] += 1
+            self._note("sync")
         elif t is not None and not t.is_cuda and (name == "cuda" or (name == "to" and _to_target(args, kwargs)[1])):
-            self.counts["h2d"] += 1
+            self._note("h2d")
         elif name in _FACTORY_COPY and _is_cuda(kwargs.get("device")):
-            self.counts["h2d"] += 1
+            self._note("h2d")
         elif name == "synchronize":
-            self.counts["sync"] += 1
+            self._note("sync")
         return func(*args, **kwargs)

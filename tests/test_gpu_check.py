@@ -4,13 +4,16 @@ DeepSpeed training through Ray Train, every strategy against ``generate``), at a
 prints on a GPU: docs/gpu-check.md."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,3 +47,33 @@ def test_the_gpu_check_script_runs_as_shipped_in_its_dry_mode(tmp_path, train):
     assert "small (2 layers, hidden 256)" in table[2]
     assert "OK: 0 mismatch(es)" in out.stdout
     assert any(p.name.startswith("small-2l") for p in tmp_path.iterdir())  # the verifier was built here
+
+
+def _gpu_check_module():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "experiments/gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_sync_counting_names_the_lines_that_synchronize(monkeypatch):
+    """On a GPU the check lists, per step, the source lines behind each count: its own (SyncCounter)
+    and CUDA's (the warnings of set_sync_debug_mode, attributed where they are raised). Here CUDA's
+    warning is raised by hand at a known line; the counting and attribution are the check's own."""
+    gc = _gpu_check_module()
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+
+    def run():
+        for _ in range(2):
+            torch.ones(2).tolist()  # a host tensor: not a device read
+            warnings.warn("called a synchronizing CUDA operation")  # what CUDA's debug mode raises
+        return 2
+
+    counter, per_step, sites, steps = gc._count_syncs("cuda", run)
+    lines = Path(__file__).read_text().splitlines()
+    line = next(i for i, s in enumerate(lines, 1) if "what CUDA's debug" in s)
+    assert steps == 2 and per_step == 1.0 and sites == {f"tests/test_gpu_check.py:{line}": 2}, sites
+    assert counter.counts["sync"] == 0
+    assert gc._sites(sites, steps) == f"tests/test_gpu_check.py:{line} 1.00"
+    assert gc.training_failure([5.0, 4.0]) == "" and "did not fall" in gc.training_failure([4.8, 4.9])
+    assert "not finite" in gc.training_failure([float("nan"), 4.0])
