@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .accept import accept_greedy, accept_sampling, entropy, logits_to_probs, sample
+from .device import to_device
 from .drafting import Proposer, feature_layers
 from .strategies import GRANULARITIES, SCORES, SWITCH_AFTER, SWITCH_TO, make_strategy
 from .timing import Clock
@@ -148,7 +149,7 @@ class SpeculativeDecoder:
         features[: len(input_ids)] = feats
         tokens = list(input_ids) + [self._first_token(logits[-1], gen)]
         tok_dev = torch.empty(cap + 1, dtype=torch.long, device=dev)  # the same tokens on the device
-        tok_dev[: len(tokens)] = torch.tensor(tokens).to(dev)
+        tok_dev[: len(tokens)] = to_device(torch.tensor(tokens), dev)
         out = tokens[len(input_ids):]
         for p in self.proposers:
             p.reset()
@@ -214,7 +215,8 @@ class SpeculativeDecoder:
         c = len(committed)
         rows = ([0] + acc.path)[:c]  # [root] + accepted nodes that were committed
         rej = acc.rejected or 0
-        idx = torch.tensor(committed + rows + acc.path + [rej], dtype=torch.long).to(dev)  # the one copy
+        ids = committed + rows + acc.path + [rej]
+        idx = to_device(torch.tensor(ids, dtype=torch.long), dev)  # the one copy
         tok_c, rows_d, path_d, rej_d = idx.split([c, c, len(acc.path), 1])
         commit_path(cache, n, rows, path_index=rows_d)
         features[n : n + c] = f_tree[rows_d]

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .device import to_device
+
 
 @dataclass(frozen=True)
 class TreeConfig:
@@ -235,7 +237,7 @@ def merge_trees(trees: list[DraftTree], dedup: bool = False) -> DraftTree:
     if not rows:
         return DraftTree.empty(dev)
     packed = torch.tensor(rows, dtype=torch.float64).T.contiguous()  # (7, N')
-    return DraftTree.unpack(packed.to(dev), bound)  # one host -> device copy
+    return DraftTree.unpack(to_device(packed, dev), bound)  # one host -> device copy
 
 
 def match_paths(tree: DraftTree, ref: DraftTree, max_depth: int) -> torch.Tensor:
