@@ -16,13 +16,30 @@ if [[ "${1:-}" == "--dry" ]]; then
   shift
 fi
 
+if [[ -n "${GPU_CHECK_WHEELS:-}" ]]; then  # a machine without a package index: experiments/gpu_wheels.sh
+  [[ -f "$GPU_CHECK_WHEELS/ray.tar.xz" ]] || { echo "[gpu-check] error: GPU_CHECK_WHEELS=$GPU_CHECK_WHEELS" \
+    "has no ray.tar.xz (make it with: bash experiments/gpu_wheels.sh $GPU_CHECK_WHEELS)" >&2; exit 2; }
+  site="${TMPDIR:-/tmp}/gpu-check-site"
+  echo "[gpu-check] installing the wheels in $GPU_CHECK_WHEELS into $site (no package index)"
+  mkdir -p "$site"
+  tar xJf "$GPU_CHECK_WHEELS/ray.tar.xz" -C "$site"
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$GPU_CHECK_WHEELS"/*.whl
+  export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
+fi
 if ! "$PY" -c "import torch" 2>/dev/null; then
   echo "[gpu-check] installing torch"
   "$PY" -m pip install -q "torch>=2.6"
 fi
-if ! "$PY" -c "import ray.train, deepspeed, transformers, accelerate, polars, pyarrow, yaml, orchestrator" 2>/dev/null; then
+# what the check imports (the project's packages from this checkout)
+NEEDS="import ray.train, deepspeed, transformers, accelerate, pyarrow, yaml, decoding, drafters, workers"
+if ! "$PY" -c "$NEEDS" 2>/dev/null; then
   echo "[gpu-check] installing the project and its pinned dependencies"
-  "$PY" -m pip install -q -c docker/constraints.txt -e .
+  "$PY" -m pip install -q -c docker/constraints.txt -e . || {
+    echo "[gpu-check] error: pip could not install the project (no package index here?). Make wheels" \
+      "where pip works (bash experiments/gpu_wheels.sh .whl), carry .whl, and run" \
+      "GPU_CHECK_WHEELS=.whl bash experiments/gpu_check.sh" >&2
+    exit 2
+  }
 fi
 
 if [[ "$mode" == dry ]]; then

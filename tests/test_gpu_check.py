@@ -77,3 +77,14 @@ def test_sync_counting_names_the_lines_that_synchronize(monkeypatch):
     assert gc._sites(sites, steps) == f"tests/test_gpu_check.py:{line} 1.00"
     assert gc.training_failure([5.0, 4.0]) == "" and "did not fall" in gc.training_failure([4.8, 4.9])
     assert "not finite" in gc.training_failure([float("nan"), 4.0])
+
+
+def test_a_wheels_folder_without_ray_is_refused_before_anything_runs(tmp_path):
+    """GPU_CHECK_WHEELS (a machine without a package index) must hold what experiments/gpu_wheels.sh
+    makes; a folder without it is named in one error, before anything is installed or built."""
+    env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_WHEELS": str(tmp_path)}
+    out = subprocess.run(["bash", str(ROOT / "experiments/gpu_check.sh"), "--dry"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"GPU_CHECK_WHEELS={tmp_path} has no ray.tar.xz" in out.stderr and "gpu_wheels.sh" in out.stderr
+    assert "row:" not in out.stdout and not any(tmp_path.iterdir())
