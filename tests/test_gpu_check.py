@@ -83,8 +83,8 @@ def test_a_wheels_folder_without_ray_is_refused_before_anything_runs(tmp_path):
     """GPU_CHECK_WHEELS (a machine without a package index) must hold what experiments/gpu_wheels.sh
     makes; a folder without it is named in one error, before anything is installed or built."""
     env = {**os.environ, "PYTHON": sys.executable, "GPU_CHECK_WHEELS": str(tmp_path)}
-    out = subprocess.run(["bash", str(ROOT / "experiments/gpu_check.sh"), "--dry"], env=env, capture_output=True,
-                         text=True, timeout=60)
+    cmd = ["bash", str(ROOT / "experiments/gpu_check.sh"), "--dry"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stdout + out.stderr
     assert f"GPU_CHECK_WHEELS={tmp_path} has no ray.tar.xz" in out.stderr and "gpu_wheels.sh" in out.stderr
     assert "row:" not in out.stdout and not any(tmp_path.iterdir())
