@@ -189,27 +189,37 @@ def test_a_single_spike_is_timed_again_and_the_table_cached(fresh_kernel, monkey
 
 
 def test_timings_taken_while_other_processes_hold_the_cores_are_not_cached(fresh_kernel, capsys):
-    """A real busy loop in another process on every core this process times on."""
+    """A real busy loop in another process on every core this process times on, spinning before
+    the timings start (hogs still starting up once let a 56 ms measurement have a whole core)."""
     import multiprocessing as mp
+    import time
 
     stop = mp.Event()
     busy = 2 * max(torch.get_num_threads(), len(os.sched_getaffinity(0)))  # every core, whatever our threads
-    hogs = [mp.Process(target=_spin, args=(stop,)) for _ in range(busy)]
+    spinning = mp.Barrier(busy + 1)
+    hogs = [mp.Process(target=_spin, args=(stop, spinning)) for _ in range(busy)]
     for h in hogs:
         h.start()
     try:
+        spinning.wait(timeout=60)
+        time.sleep(0.3)  # the scheduler shares the cores out evenly by now
         cpu_matmul.install(nn.Linear(256, 256))
     finally:
         stop.set()
         for h in hogs:
             h.join()
-    assert not cpu_matmul.CACHE.exists(), "timings taken on loaded cores were cached"
-    assert "not cached" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert not cpu_matmul.CACHE.exists(), f"timings taken on loaded cores were cached: {err}"
+    assert "not cached" in err
 
 
-def _spin(stop):
+def _spin(stop, spinning):
+    """Pure computation between rare looks at ``stop`` (an Event takes a process-shared lock: hogs
+    checking it in a tight loop sleep on that lock and left this process a whole core)."""
+    spinning.wait(timeout=60)
     while not stop.is_set():
-        pass
+        for _ in range(200_000):
+            pass
 
 
 def test_gradients_never_take_the_inference_forms(fresh_kernel):
