@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import warnings
 
 import pytest
@@ -120,8 +121,6 @@ def pytest_collection_modifyitems(config, items):
     is kept). Tests marked ``full`` are breadth beyond what `make test` needs (a second granularity, a
     second temperature for a strategy both temperatures already cover): `make test-full` (or
     TASKSPEC_FULL_TESTS=1) runs them; otherwise they are skipped, with the reason, so `-rs` shows them."""
-    import os
-
     items.sort(key=lambda item: _group(item.nodeid) != "ray")  # stable: file order otherwise
     if os.environ.get(FULL_ENV) == "1":
         return
@@ -131,24 +130,32 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-RAY_NICENESS = 15  # Ray's default for its worker processes (raylet's worker_niceness)
+IN_PROCESS_NICENESS = 19  # the in-process tests under pytest-xdist: below everything Ray runs
 
 
 def pytest_configure(config):
     """Under pytest-xdist each worker gets its share of the cores for torch's threads (two workers
-    each running two threads on two cores lose more to contention than they gain), and runs at the
-    niceness of Ray's workers: at 0, a worker's in-process tests took nearly all of the CPU from the
-    other worker's Ray trials and actors (niceness 15, 1/28 of the weight). With the trials also
-    timing matmul tables then, one smoke grid's training stage took 818 s beside the other worker
-    and 133 s alone (2026-12-04, Zen 5). The CLIs the tests run get the same thread count."""
-    import os
-
+    each running two threads on two cores lose more to contention than they gain); the CLIs the
+    tests run get the same thread count."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         threads = max(1, len(os.sched_getaffinity(0)) // workers)
         torch.set_num_threads(threads)
         os.environ["TASKSPEC_THREADS"] = str(threads)  # for the CLIs the tests run (runner.default_threads)
-        os.nice(max(0, RAY_NICENESS - os.nice(0)))
+
+
+def pytest_runtest_setup(item):
+    """Under pytest-xdist, a worker about to run an in-process test drops to niceness 19 (for good:
+    ``RAY_GROUP`` is scheduled first, so a worker runs it before any other unit). The worker that
+    runs ``RAY_GROUP`` stays at its niceness, and the Ray it starts adds 15 for its workers (Ray's
+    worker_niceness is an increment: a driver at 15 got workers at 19, measured). So Ray's work
+    (niceness 15) takes the cores first and the in-process tests fill its waits (Ray start-up,
+    polling, process exits), where one core sat idle: 14% of a suite's CPU time (2026-12-04, Zen 5).
+    Every worker at 15 (before) put Ray's workers at 19 behind the in-process tests: the README job
+    took 272 s in the suite and 145 s alone. (The reverse, in-process tests at 0, starved Ray:
+    one smoke grid's training took 818 s beside them, 133 s alone.)"""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and _group(item.nodeid) != "ray":
+        os.nice(max(0, IN_PROCESS_NICENESS - os.nice(0)))
 
 
 _STARTED = {}
@@ -163,7 +170,6 @@ def pytest_sessionstart(session):
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     """The suite's budget, checked where it is spent: wall time and the machine class (docs/testing.md
     records the figure per class), printed at the end of every run."""
-    import os
     import subprocess
     import time
     from pathlib import Path
