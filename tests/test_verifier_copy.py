@@ -95,3 +95,28 @@ def test_the_copy_is_keyed_by_the_gguf_file_and_shown_and_cleared_with_the_cache
     first.mkdir(parents=True)
     assert f"verifiers/: 1 de-quantized copy\n  {first.name}" in caches.show()
     assert "verifiers/" in caches.clear() and not first.exists()
+
+
+def test_the_verifiers_config_is_the_parsed_one_and_read_from_the_copy(verifier, monkeypatch, tmp_path):
+    """verifier_config (grid preflight, exports) reads the copy's config.json when there is a copy
+    (the session's, written by the first load) and gives exactly what parsing the GGUF file gives;
+    without a copy it parses the file."""
+    import transformers.integrations.gguf as hf_gguf
+    from transformers import AutoConfig
+
+    from decoding.verifiers import verifier_config
+
+    src = resolve("smollm2-135m-instruct")
+    parsed = AutoConfig.from_pretrained(src.path, gguf_file=src.gguf_file).to_dict()
+    assert (copy_dir(src.path, src.gguf_file, src.name) / "config.json").is_file()
+    read = hf_gguf.read_gguf_metadata
+
+    def no_parsing(*a, **k):
+        raise AssertionError("the GGUF file was parsed although a copy exists")
+
+    monkeypatch.setattr(hf_gguf, "read_gguf_metadata", no_parsing)
+    config, ref = verifier_config("smollm2-135m-instruct")
+    assert config == parsed and ref["architectures"] == ["LlamaForCausalLM"]  # (GGUF names none)
+    monkeypatch.setattr(hf_gguf, "read_gguf_metadata", read)
+    monkeypatch.setenv("TASKSPEC_CACHE", str(tmp_path))  # no copy there: the file is parsed
+    assert verifier_config("smollm2-135m-instruct")[0] == parsed
