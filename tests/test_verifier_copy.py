@@ -83,15 +83,17 @@ def test_a_broken_or_partial_copy_is_not_used_and_a_first_copy_is_kept(parsed_an
     model.to(torch.float32)
 
 
-def test_the_copy_is_keyed_by_the_gguf_file_and_shown_and_cleared_with_the_caches(tmp_path, monkeypatch):
+def test_the_copy_is_keyed_by_the_gguf_files_content_and_shown_and_cleared_with_the_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("TASKSPEC_CACHE", str(tmp_path))
     src = tmp_path / "src"
     src.mkdir()
     (src / SMOLLM2_GGUF).write_bytes(b"x" * 10)
     first = copy_dir(str(src), SMOLLM2_GGUF, "smollm2")
     assert first.parent == tmp_path / "verifiers" and first == copy_dir(str(src), SMOLLM2_GGUF, "smollm2")
-    (src / SMOLLM2_GGUF).write_bytes(b"y" * 11)  # another file: another copy
-    assert copy_dir(str(src), SMOLLM2_GGUF, "smollm2") != first
+    for where, content, same in (("another-venv", b"x" * 10, True), ("another-model", b"y" * 10, False)):
+        (tmp_path / where).mkdir()  # the same file elsewhere (a fresh clone's venv): the same copy;
+        (tmp_path / where / SMOLLM2_GGUF).write_bytes(content)  # other content, the same size: another
+        assert (copy_dir(str(tmp_path / where), SMOLLM2_GGUF, "smollm2") == first) is same
     first.mkdir(parents=True)
     assert f"verifiers/: 1 de-quantized copy\n  {first.name}" in caches.show()
     assert "verifiers/" in caches.clear() and not first.exists()
