@@ -150,7 +150,8 @@ def verifier_config(name: str) -> tuple[dict, dict]:
     """(the verifier's config as a dict, {name_or_path, architectures}) without loading its weights."""
     source = resolve(name)
     config = _config_dict(source)
-    archs = config.get("architectures") or ["LlamaForCausalLM" if config.get("model_type") == "llama" else None]
+    llama = "LlamaForCausalLM" if config.get("model_type") == "llama" else None
+    archs = config.get("architectures") or [llama]
     return config, {"name_or_path": source.hub_id or source.path, "architectures": archs}
 
 
@@ -165,7 +166,8 @@ def _config_dict(source: VerifierSource) -> dict:
     if source.gguf_file:
         copy = copy_dir(source.path, source.gguf_file, source.name)
         if (copy / "config.json").is_file():
-            return {**AutoConfig.from_pretrained(str(copy)).to_dict(), "_name_or_path": source.path, "dtype": None}
+            config = AutoConfig.from_pretrained(str(copy)).to_dict()
+            return {**config, "_name_or_path": source.path, "dtype": None}
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     if os.environ.get("HF_TOKEN") and not source.gguf_file:
         kwargs["token"] = os.environ["HF_TOKEN"]

@@ -83,7 +83,7 @@ def test_a_broken_or_partial_copy_is_not_used_and_a_first_copy_is_kept(parsed_an
     model.to(torch.float32)
 
 
-def test_the_copy_is_keyed_by_the_gguf_files_content_and_shown_and_cleared_with_the_caches(tmp_path, monkeypatch):
+def test_the_copy_is_keyed_by_the_files_content_and_shown_and_cleared_with_the_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("TASKSPEC_CACHE", str(tmp_path))
     src = tmp_path / "src"
     src.mkdir()
