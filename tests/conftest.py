@@ -149,11 +149,11 @@ def pytest_runtest_setup(item):
     ``RAY_GROUP`` is scheduled first, so a worker runs it before any other unit). The worker that
     runs ``RAY_GROUP`` stays at its niceness, and the Ray it starts adds 15 for its workers (Ray's
     worker_niceness is an increment: a driver at 15 got workers at 19, measured). So Ray's work
-    (niceness 15) takes the cores first and the in-process tests fill its waits (Ray start-up,
-    polling, process exits), where one core sat idle: 14% of a suite's CPU time (2026-12-04, Zen 5).
-    Every worker at 15 (before) put Ray's workers at 19 behind the in-process tests: the README job
-    took 272 s in the suite and 145 s alone. (The reverse, in-process tests at 0, starved Ray:
-    one smoke grid's training took 818 s beside them, 133 s alone.)"""
+    (niceness 15) takes the cores first. Every worker at 15 (before) put Ray's workers at 19 behind
+    the in-process tests: the README job took 272 s in the suite and 145 s alone. The Ray group's
+    tests went from 695 to 579 test-seconds; the wall did not change, the suite being CPU-bound
+    (docs/testing.md, 2026-12-04, Zen 5). (The reverse, in-process tests at 0, starved Ray: one
+    smoke grid's training took 818 s beside them, 133 s alone.)"""
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and _group(item.nodeid) != "ray":
         os.nice(max(0, IN_PROCESS_NICENESS - os.nice(0)))
 
