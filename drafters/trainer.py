@@ -38,6 +38,7 @@ from .vocab import DraftHead, load_vocab
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ONLINE_ROOTS = ("online", "online-heldout")  # data entries whose features the verifier computes in the worker
 SUMS = ("loss", "base", "batches", "tokens", "rows", "seconds")  # an epoch's running totals (checkpointed)
+SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's CPU op it would JIT-build at start-up (import_deepspeed)
 
 
 class TrainingDiverged(RuntimeError):
@@ -405,7 +406,8 @@ class _Plain:
 
 
 def _jit_build_setup() -> None:
-    """Build DeepSpeed's JIT ops (the CPU shm comm op) once per Python environment:
+    """Build any DeepSpeed JIT op once per Python environment (none is built by training: the CPU
+    shm comm op is skipped, import_deepspeed):
     - pip's ninja, next to this Python, first on PATH: a system ninja 1.11 and pip's 1.13 hash
       commands differently, and each rebuilt the other's objects (about a minute of both cores, at
       every switch between a shell's PATH and a Ray worker's);
@@ -429,7 +431,13 @@ def jit_build_dir() -> Path:
 def import_deepspeed():
     """DeepSpeed without the MLflow import its autotuner attempts (``try: import mlflow``): with
     mlflow installed (the tracking extra) that import is most of `import deepspeed`, 3-6 s of every
-    training process, for an autotuner nothing here runs. mlflow imports normally afterwards."""
+    training process, for an autotuner nothing here runs. mlflow imports normally afterwards.
+
+    Nor with the CPU accelerator's shm comm op: DeepSpeed's torch backend JIT-compiles it at
+    start-up (about a minute of both cores in every new Python environment, so in every fresh
+    clone's first training), and it serves only ``inference_all_reduce`` (tensor-parallel inference
+    kernels); training reduces gradients through torch.distributed (gloo on CPU) either way. Marked
+    incompatible, ``build_shm_op`` returns None and the backend runs without it."""
     _jit_build_setup()
     skip = "mlflow" not in sys.modules
     if skip:
@@ -439,6 +447,7 @@ def import_deepspeed():
     finally:
         if skip and "mlflow" in sys.modules and sys.modules["mlflow"] is None:
             del sys.modules["mlflow"]
+    deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
     return deepspeed
 
 

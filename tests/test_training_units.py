@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -137,6 +138,36 @@ def test_deepspeed_imports_without_mlflow_and_mlflow_still_imports_after():
                        cwd=Path(__file__).resolve().parents[1], env={**os.environ, "DS_ACCELERATOR": "cpu"})
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip().splitlines()[-2:] == ["False False deepspeed", "True"], r.stdout
+
+
+def test_deepspeed_trains_without_jit_building_its_cpu_comm_op(tmp_path):
+    """DeepSpeed's torch backend JIT-compiles its shm comm op at start-up on CPU (a minute of both
+    cores in every new environment) for inference all-reduces only. The trainer's engine (bf16,
+    ZeRO 1, a gloo process group) is built and steps with nothing compiled: the build dir stays empty."""
+    code = ("import torch; from drafters.trainer import TrainConfig, _DeepSpeed; "
+            "cfg = TrainConfig(backbone='eagle2', variant='math', verifier='toy', train_data=[['x', 'k', None]], "
+            "out_dir='.', epochs=1, lr=1e-2, batch_size=2, deepspeed=True, zero_stage=1, precision='bf16'); "
+            "torch.manual_seed(0); m = torch.nn.Linear(8, 8); before = m.weight.detach().clone(); "
+            "r = _DeepSpeed(m, torch.optim.AdamW(m.parameters(), lr=1e-2), cfg, 1); "
+            "loss = r.module(torch.randn(2, 8, dtype=torch.bfloat16)).float().square().mean(); "
+            "r.backward(loss); r.step(); from deepspeed.comm import comm as dist; "
+            "print(dist.cdb.shm_comm_op, r.module.weight.dtype, "
+            "bool((r.engine.module.weight.float() != before).any()))")
+    ext = tmp_path / "ext"
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext), "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port()), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=Path(__file__).resolve().parents[1], env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "None torch.bfloat16 True", r.stdout
+    assert "built successfully" not in r.stdout + r.stderr
+    assert not ext.exists() or not any(ext.iterdir()), sorted(ext.rglob("*"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def test_deepspeeds_jit_ops_build_once_per_python_environment(tmp_path):
