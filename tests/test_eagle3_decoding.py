@@ -1,7 +1,7 @@
 """EAGLE-3 drafters decode losslessly (issue #40): the verifier passes capture the drafter's three
 aux layers, the dynamic tree feeds the drafter its own hidden states, and every strategy reproduces
-transformers' greedy ``generate`` token for token at T=0, with random drafters (seeds 0/1, whole vocabulary, as tests/test_lossless.py's) and a drafter
-trained briefly with the training-time-test loss (reduced draft vocabulary, accepted tokens > 0).
+transformers' greedy ``generate`` token for token at T=0, with random drafters (seeds 0/1, whole vocabulary, as tests/test_lossless.py's) and (make test-full)
+a drafter trained briefly with the training-time-test loss (reduced draft vocabulary, accepted tokens > 0).
 A composition of EAGLE-3 and EAGLE-2/HASS drafters is refused before anything decodes."""
 from __future__ import annotations
 
@@ -159,7 +159,9 @@ def trained_eagle3(verifier, eos, tmp_path_factory):
     return str(save_eagle3(drafter, tmp_path_factory.mktemp("trained-e3") / "math"))
 
 
-@pytest.mark.parametrize("strategy", ["single", pytest.param("merged", marks=FULL)])
+# breadth (make test-full): 30 training steps cost ~40 s of the default suite; accepted eagle3 paths at
+# T=0 run there in tests/test_eagle3_sampling.py (table drafters: accepted by construction)
+@pytest.mark.parametrize("strategy", [pytest.param("single", marks=FULL), pytest.param("merged", marks=FULL)])
 def test_trained_eagle3_drafter_is_accepted_and_exact(verifier, eos, trained_eagle3, random_eagle3_dirs,
                                                       references, strategy):
     model, tok = verifier
