@@ -3,8 +3,9 @@
 Three measurements, then a pure choice (as Sequoia and OPT-Tree fit trees to hardware):
 
 1. ``measure_verify_costs``: ms per verifier pass against the number of tokens fed (a few timed
-   passes after a real-length prefix, made non-decreasing; cached per verifier, dtype, device,
-   threads, machine, matmul kernel and verifier pass, when the timings repeat).
+   passes after a real-length prefix, made non-decreasing, each capturing the features the
+   drafters read (EAGLE-3's aux layers or the last hidden state); cached per verifier, dtype, device,
+   threads, machine, matmul kernel, verifier pass and capture, when the timings repeat).
 2. ``calibrate``: decode a few calibration prompts at T=0 with a large tree per candidate top_k
    (1, 2, 4) and record, per step, every node's drafter, depth, path score and whether its whole
    path matches the verifier's argmax chain, plus the draft time per level. Because greedy
@@ -33,6 +34,7 @@ import torch
 from . import cpu, timing
 from .accept import greedy_match
 from .caches import add_to_json_cache, cache_dir, load_json_cache
+from .drafting import feature_layers
 from .timing import synced_now
 from .tree import TreeConfig, chain_tree
 
@@ -148,16 +150,21 @@ def _device_key(device: torch.device) -> str:
     return f"{name}|torch={torch.__version__}"
 
 
-def _cache_key(model) -> str:
-    """Verifier, dtype, device, machine and matmul kernel, and which pass runs (lean or transformers')."""
+def _cache_key(model, layers: tuple[int, ...] | None = None) -> str:
+    """Verifier, dtype, device, machine and matmul kernel, which pass runs (lean or transformers')
+    and, for EAGLE-3 drafters, the aux layers the passes capture (the last hidden state: no suffix)."""
     lean = "lean" if cpu.use_lean(model) else "hf"
     name = getattr(model, "verifier_name", type(model).__name__)
-    return f"{name}|{model.dtype}|{model.device}|{_device_key(model.device)}|{lean}"
+    aux = "" if layers is None else "|aux=" + ",".join(map(str, layers))
+    return f"{name}|{model.dtype}|{model.device}|{_device_key(model.device)}|{lean}{aux}"
 
 
 @torch.no_grad()
-def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache: bool = True) -> dict[int, float]:
-    """ms per verifier pass feeding n tokens (a chain) after ``prompt_ids`` (median of ``reps``).
+def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache: bool = True,
+                         layers: tuple[int, ...] | None = None) -> dict[int, float]:
+    """ms per verifier pass feeding n tokens (a chain) after ``prompt_ids`` (median of ``reps``),
+    each pass capturing the features the drafters read, as decoding does (``layers``: EAGLE-3's aux
+    layers, concatenated; None: the last hidden state), and cached under that capture.
 
     Cached only when repeatable, as the CPU matmul tuner's tables are: a pass size whose timings
     spread by more than ``timing.MAX_SPREAD`` of their median is timed once more, and costs where
@@ -165,14 +172,14 @@ def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache:
     ``timing.MIN_CPU_SHARE`` of its threads' CPU (on the CPU), serve this process only."""
     from .verifier_pass import commit_path, new_cache, prefill, tree_forward
 
-    key = _cache_key(model)
+    key = _cache_key(model, layers)
     disk = load_json_cache(CACHE) if use_cache else {}
     if key in disk:
         return monotone({int(n): v for n, v in disk[key].items()})
     if use_cache and key in _SESSION:
         return _SESSION[key]
     cache = new_cache()
-    prefill(model, cache, prompt_ids)
+    prefill(model, cache, prompt_ids, layers)
     dev = model.device
     n = len(prompt_ids) - 1
     commit_path(cache, n, [])
@@ -182,7 +189,7 @@ def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache:
         ts = []
         for _ in range(reps + 1):
             t0 = synced_now(dev)  # a device clock: kernels queued before and inside the pass count
-            tree_forward(model, cache, n, prompt_ids[-1], t.tokens, t.parents, t.depths)
+            tree_forward(model, cache, n, prompt_ids[-1], t.tokens, t.parents, t.depths, layers)
             ts.append(synced_now(dev) - t0)
             commit_path(cache, n, [])
         return ts[1:]
@@ -270,7 +277,7 @@ def auto_tree(model, proposers, strategy: str, eos: list[int], inputs: list[list
     """Measure, calibrate and choose; ``inputs`` are calibration prompts (token ids)."""
     if strategy == "autoregressive" or not proposers:
         raise ValueError("tree auto needs a speculative strategy with drafters")
-    costs = measure_verify_costs(model, inputs[0], use_cache=use_cache)
+    costs = measure_verify_costs(model, inputs[0], use_cache=use_cache, layers=feature_layers(proposers))
     cal = calibrate(model, proposers, strategy, eos, inputs, max_new_tokens, dedup, granularity)
     n = 1 if strategy == "single" else len(proposers)
     return choose(cal, costs, strategy == "merged", n)

@@ -143,6 +143,41 @@ def test_verify_costs_from_noisy_timings_serve_this_process_and_are_not_cached(v
     assert autotree.CACHE.exists() and "not cached" not in capsys.readouterr().err
 
 
+def test_verify_costs_time_the_passes_eagle3_drafters_need(verifier, random_eagle3_dirs, tmp_path, monkeypatch):
+    """With eagle3 drafters, tree auto times passes that capture their aux layers (as decoding runs
+    them), cached under a key of their own; with eagle2 ones, passes of the last hidden state."""
+    from decoding import autotree, timing, verifier_pass
+    from decoding.autotree import calibration_inputs, measure_verify_costs
+    from decoding.drafting import feature_layers
+    from decoding.runner import load_proposers
+    from tests.conftest import VERIFIER
+
+    model, tok = verifier
+    monkeypatch.setattr(autotree, "CACHE", tmp_path / "verify_cost.json")
+    monkeypatch.setattr(autotree, "_SESSION", {})
+    monkeypatch.setattr(autotree, "VERIFY_SIZES", (1, 2))
+    monkeypatch.setattr(timing, "MIN_CPU_SHARE", 0.0)  # cached whatever else runs meanwhile
+    monkeypatch.setattr(timing, "MAX_SPREAD", float("inf"))
+    seen, real = [], verifier_pass.tree_forward
+
+    def spy(*args):
+        seen.append(args[7] if len(args) > 7 else None)
+        return real(*args)
+
+    monkeypatch.setattr(verifier_pass, "tree_forward", spy)
+    layers = feature_layers(load_proposers(model, random_eagle3_dirs[:1], VERIFIER))
+    assert layers is not None and len(layers) == 3
+    prompt = calibration_inputs(tok)[0]
+    with_aux = measure_verify_costs(model, prompt, reps=1, layers=layers)
+    assert seen and set(seen) == {layers}
+    seen.clear()
+    plain = measure_verify_costs(model, prompt, reps=1)
+    assert seen and set(seen) == {None}
+    stored = autotree.load_json_cache(autotree.CACHE)
+    assert autotree._cache_key(model, layers) != autotree._cache_key(model) and set(with_aux) == set(plain) == {1, 2}
+    assert {autotree._cache_key(model, layers), autotree._cache_key(model)} <= set(stored)
+
+
 def test_the_cost_cache_key_of_a_non_cpu_model_builds_no_cpu_kernel(monkeypatch):
     """A GPU worker's tree auto keys its costs by the accelerator, never by the CPU matmul machine
     (whose key builds the C kernel): a model on the meta device must not reach the kernel."""
