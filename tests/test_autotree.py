@@ -143,7 +143,8 @@ def test_verify_costs_from_noisy_timings_serve_this_process_and_are_not_cached(v
     assert autotree.CACHE.exists() and "not cached" not in capsys.readouterr().err
 
 
-def test_verify_costs_time_the_passes_eagle3_drafters_need(verifier, random_eagle3_dirs, tmp_path, monkeypatch):
+def test_verify_costs_time_the_passes_eagle3_drafters_need(verifier, random_eagle3_dirs, tmp_path,
+                                                           monkeypatch):
     """With eagle3 drafters, tree auto times passes that capture their aux layers (as decoding runs
     them), cached under a key of their own; with eagle2 ones, passes of the last hidden state."""
     from decoding import autotree, timing, verifier_pass
@@ -174,7 +175,8 @@ def test_verify_costs_time_the_passes_eagle3_drafters_need(verifier, random_eagl
     plain = measure_verify_costs(model, prompt, reps=1)
     assert seen and set(seen) == {None}
     stored = autotree.load_json_cache(autotree.CACHE)
-    assert autotree._cache_key(model, layers) != autotree._cache_key(model) and set(with_aux) == set(plain) == {1, 2}
+    assert autotree._cache_key(model, layers) != autotree._cache_key(model)
+    assert set(with_aux) == set(plain) == {1, 2}
     assert {autotree._cache_key(model, layers), autotree._cache_key(model)} <= set(stored)
 
 

@@ -1,7 +1,8 @@
 """EAGLE-3 drafters decode losslessly (issue #40): the verifier passes capture the drafter's three
 aux layers, the dynamic tree feeds the drafter its own hidden states, and every strategy reproduces
-transformers' greedy ``generate`` token for token at T=0, with random drafters (seeds 0/1, whole vocabulary, as tests/test_lossless.py's) and (make test-full)
-a drafter trained briefly with the training-time-test loss (reduced draft vocabulary, accepted tokens > 0).
+transformers' greedy ``generate`` token for token at T=0, with random drafters (seeds 0/1, whole
+vocabulary, as tests/test_lossless.py's) and (make test-full) a drafter trained briefly with the
+training-time-test loss (reduced draft vocabulary, accepted tokens > 0).
 A composition of EAGLE-3 and EAGLE-2/HASS drafters is refused before anything decodes."""
 from __future__ import annotations
 

@@ -137,12 +137,14 @@ def speculators_site() -> str:
     if (site / "speculators" / "models" / "eagle3").is_dir():
         return str(site)
     with atomic_dir(site) as tmp:
-        r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check",
-                            "--target", str(tmp), *SPECULATORS], capture_output=True, text=True, timeout=600)
+        pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check"]
+        r = subprocess.run([*pip, "--target", str(tmp), *SPECULATORS], capture_output=True, text=True,
+                           timeout=600)
         if r.returncode != 0:
             err = (r.stderr or r.stdout).strip()
             if any(m in err for m in UNREACHABLE):
-                pytest.skip(f"the package index is unreachable or lacks {SPECULATORS[0]}: {err.splitlines()[-1]}")
+                last = err.splitlines()[-1]
+                pytest.skip(f"the package index is unreachable or lacks {SPECULATORS[0]}: {last}")
             raise AssertionError(f"pip install --target failed (rc {r.returncode}):\n{err[-3000:]}")
     return str(site)
 

@@ -138,7 +138,7 @@ def test_table_trees_are_accepted_and_exact_at_temperature_0(verifier, eos, setu
     res = SpeculativeDecoder(model, setup[4][: 1 if strategy == "single" else 2], cfg, eos).generate(ids)
     x = torch.tensor([ids])
     ref = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=MAX_NEW_T0)
-    assert res.output_token_ids == ref[0, len(ids):].tolist(), f"{strategy}: eagle3 decoding differs from generate"
+    assert res.output_token_ids == ref[0, len(ids):].tolist(), f"{strategy}: differs from generate"
     first = res.steps[0]
     assert first["accepted_depth"] >= 1 and first["accepted_owner"] == 0, first
 

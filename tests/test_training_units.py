@@ -145,8 +145,9 @@ def test_deepspeed_trains_without_jit_building_its_cpu_comm_op(tmp_path):
     cores in every new environment) for inference all-reduces only. The trainer's engine (bf16,
     ZeRO 1, a gloo process group) is built and steps with nothing compiled: the build dir stays empty."""
     code = ("import torch; from drafters.trainer import TrainConfig, _DeepSpeed; "
-            "cfg = TrainConfig(backbone='eagle2', variant='math', verifier='toy', train_data=[['x', 'k', None]], "
-            "out_dir='.', epochs=1, lr=1e-2, batch_size=2, deepspeed=True, zero_stage=1, precision='bf16'); "
+            "cfg = TrainConfig(backbone='eagle2', variant='math', verifier='toy', "
+            "train_data=[['x', 'k', None]], out_dir='.', epochs=1, lr=1e-2, batch_size=2, deepspeed=True, "
+            "zero_stage=1, precision='bf16'); "
             "torch.manual_seed(0); m = torch.nn.Linear(8, 8); before = m.weight.detach().clone(); "
             "r = _DeepSpeed(m, torch.optim.AdamW(m.parameters(), lr=1e-2), cfg, 1); "
             "loss = r.module(torch.randn(2, 8, dtype=torch.bfloat16)).float().square().mean(); "
