@@ -38,7 +38,6 @@ from .vocab import DraftHead, load_vocab
 PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16}
 ONLINE_ROOTS = ("online", "online-heldout")  # data entries whose features the verifier computes in the worker
 SUMS = ("loss", "base", "batches", "tokens", "rows", "seconds")  # an epoch's running totals (checkpointed)
-SHM_COMM_OP = "deepspeed_shm_comm"  # DeepSpeed's CPU op it would JIT-build at start-up (import_deepspeed)
 
 
 class TrainingDiverged(RuntimeError):
@@ -437,7 +436,8 @@ def import_deepspeed():
     start-up (about a minute of both cores in every new Python environment, so in every fresh
     clone's first training), and it serves only ``inference_all_reduce`` (tensor-parallel inference
     kernels); training reduces gradients through torch.distributed (gloo on CPU) either way. Marked
-    incompatible, ``build_shm_op`` returns None and the backend runs without it."""
+    incompatible, ``build_shm_op`` returns None and the backend runs without it. (Other accelerators
+    have no such op: nothing is marked there.)"""
     _jit_build_setup()
     skip = "mlflow" not in sys.modules
     if skip:
@@ -447,7 +447,11 @@ def import_deepspeed():
     finally:
         if skip and "mlflow" in sys.modules and sys.modules["mlflow"] is None:
             del sys.modules["mlflow"]
-    deepspeed.ops.__compatible_ops__[SHM_COMM_OP] = False
+    from deepspeed.accelerator import get_accelerator
+
+    shm = get_accelerator().get_op_builder("ShareMemCommBuilder")  # None but on the CPU accelerator
+    if shm is not None:  # (reading the table probes every op: ~50 ms here, left alone elsewhere)
+        deepspeed.ops.__compatible_ops__[shm.NAME] = False
     return deepspeed
 
 
