@@ -5,8 +5,8 @@
    submit`, the head's metrics endpoint scraped during the run and one eval worker SIGKILLed
    mid-stage. Its traces (no row lost or duplicated), report, lossless T=0 outputs, draft
    vocabulary, tree auto cells and metrics are checked; a rerun on the same output skips every
-   unit, the stage rates it recorded time it back, and a driver on a new machine resumes it at a
-   file:// URI.
+   unit, the stage rates it recorded time it back, and (make test-full) a driver on a new machine
+   resumes it at a file:// URI.
 2. ``forced_run``: on that output, ``--force train`` run directly (the driver starts its own local
    Ray, as `make smoke` does) with MLflow tracking, one trial and 2 eval cells: it retrains (not a restore
    of the finished Tune sweep), the MLflow store has the curves and the summary, and the console
@@ -271,6 +271,7 @@ def test_the_run_measures_its_stage_rates_and_predicts_its_own_time(readme_run):
         assert own["stages"][st] == pytest.approx(stages[st]["seconds"], rel=0.3), (st, own, stages)
 
 
+@pytest.mark.full  # breadth: the two-node grid resumes at s3:// from a driver with its own staging
 def test_a_driver_on_a_new_machine_resumes_a_run_at_a_uri(readme_run, tmp_path):
     """The finished run, copied to a file:// URI (without the epochs, Ray's records and the report:
     resuming needs none of them), and the same command from a
