@@ -10,6 +10,7 @@ there, and is skipped, saying so, only when pip cannot reach a package index tha
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
@@ -133,7 +134,8 @@ UNREACHABLE = ("No matching distribution", "Could not find a version", "NewConne
 @pytest.fixture(scope="module")
 def speculators_site() -> str:
     """A directory holding SPECULATORS (pip --no-deps --target), installed once per machine, atomically."""
-    site = cache_dir() / f"site-{SPECULATORS[0].replace('==', '-')}"  # site-speculators-0.9.0
+    pins = hashlib.sha256(" ".join(SPECULATORS).encode()).hexdigest()[:8]  # another pin: another directory
+    site = cache_dir() / f"site-{SPECULATORS[0].replace('==', '-')}-{pins}"
     if (site / "speculators" / "models" / "eagle3").is_dir():
         return str(site)
     with atomic_dir(site) as tmp:
