@@ -473,6 +473,8 @@ class Driver:
 
     def stage_eval(self, ckpts) -> dict:
         units = self._eval_units(ckpts)
+        self.manifest.set_plan("eval", [k for cell, _, keys, missing in units
+                                        for k in (["eval-missing-" + cell.key] if missing else keys)])
         prog = Progress("eval", len(units))
         todo, earlier = [], {}
         for cell, shard, keys, missing in units:
@@ -551,7 +553,7 @@ class Driver:
 
     def print_summary(self) -> None:
         """The last lines on screen: failures, the headline numbers, where the report is."""
-        failed = current_failures(self.manifest.cells())
+        failed = current_failures(self.manifest.cells(), self.manifest.data.get("plan"))
         print(f"summary: {len(failed)} failed unit(s)" + "".join(f"\n  FAILED {c['stage']}: {c['name']}" for c in failed[:5])
               + ("\n  ..." if len(failed) > 5 else ""))
         tables = self.out / "report" / "tables"

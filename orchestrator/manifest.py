@@ -99,6 +99,14 @@ class Manifest:
             self.data.setdefault("stages", {})[stage] = {"seconds": seconds, "units_run": units_run, "machine": machine}
             self._flush()
 
+    def set_plan(self, stage: str, keys) -> None:
+        """The unit keys ``stage`` has under this invocation's configuration. Records of an earlier
+        configuration (a retrained drafter gives its cells new eval keys) stay, files and all, but
+        what reads the run (the report, rates) takes only the planned units' files."""
+        with self._lock:
+            self.data.setdefault("plan", {})[stage] = sorted(set(keys))
+            self._flush()
+
     def forget_from(self, stage: str) -> int:
         """--force STAGE: drop that stage's records and every later stage's."""
         later = set(STAGES[STAGES.index(stage):])

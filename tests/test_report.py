@@ -150,6 +150,36 @@ def test_only_manifest_recorded_traces_are_read(tmp_path):
     assert "not recorded by the manifest" in md and "old-math.parquet" in md
 
 
+def test_units_of_an_earlier_configuration_are_not_read(tmp_path):
+    """A rerun that retrains a drafter (e.g. ``--set`` more epochs) gives its cells new eval keys; the
+    old units stay recorded done in the manifest, files and all. Only the units the last eval stage
+    planned (``Manifest.set_plan``) are read: no DuplicateRows, the new numbers, the old file listed
+    as ignored, and an old configuration's failure no longer reported."""
+    from orchestrator.manifest import Manifest
+    from orchestrator.report.duplicates import DuplicateRows
+
+    run = _make_run(tmp_path / "run", failed=True)
+    part = "backbone=hass/benchmark=gsm8k/temperature=0"
+    retrained = _prompt_rows("math", "gsm8k")
+    for r in retrained:
+        r["new_tokens"], r["unit_key"] = 30, "math-gsm8k-retrained"  # tau 30 / 20 calls
+    write_parquet_atomic(retrained, run / "traces/prompts" / part / "math-retrained.parquet")
+    man = Manifest(run / "manifest.json")
+    man.record("eval-math-gsm8k-retrained", "eval", "math|gsm8k", "done",
+               files=[f"traces/prompts/{part}/math-retrained.parquet"])
+    with pytest.raises(DuplicateRows):  # what the report did before plans: both units read, rows twice
+        build_report(run)
+    plan = [k for k in man.cells("eval") if k not in ("eval-math-gsm8k", "k1")]
+    man.set_plan("eval", plan)
+    build_report(run)
+    t1 = pl.read_parquet(run / "report/tables/table1_acceptance.parquet")
+    row = t1.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k")).row(0, named=True)
+    assert row["prompts"] == N_PROMPTS and row["tau"] == pytest.approx(30 / 20)
+    md = (run / "report/report.md").read_text()
+    assert "not recorded by the manifest" in md and "math.parquet" in md and "math-retrained.parquet" not in md
+    assert "FAILED" not in md  # k1 failed under the earlier configuration only
+
+
 def _pp(rows):
     """Per-prompt rows (the report's per_prompt frame) from (method, benchmark, [tau per prompt], choice)."""
     out = []

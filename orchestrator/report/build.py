@@ -44,8 +44,9 @@ def missing_section(run: Path, pp: pl.DataFrame | None) -> list[str]:
     lines = []
     man = run / "manifest.json"
     if man.is_file():
-        cells = json.loads(man.read_text())["cells"]
-        failed = [(c["stage"], c["name"], (c.get("error") or "")[:160]) for c in current_failures(cells)]
+        data = json.loads(man.read_text())
+        failed = [(c["stage"], c["name"], (c.get("error") or "")[:160])
+                  for c in current_failures(data["cells"], data.get("plan"))]
         for stage, name, err in sorted(failed):
             lines.append(f"- FAILED {stage}: `{name}` — {err}")
         prof = run / "profile.json"
@@ -60,19 +61,32 @@ def missing_section(run: Path, pp: pl.DataFrame | None) -> list[str]:
     return lines
 
 
-def current_failures(cells: dict) -> list[dict]:
-    """Failed records not superseded: a unit that failed and was later done under the same stage
-    and name (e.g. a cell skipped for a missing drafter, then run once the drafter was trained)."""
+def planned(cells: dict, plan: dict | None) -> dict:
+    """The records of ``cells`` that belong to the last configuration run: a stage with a plan in
+    the manifest (``Manifest.set_plan``) keeps only its planned keys; a stage without one (and a
+    manifest from before plans) keeps every record."""
+    plan = plan or {}
+    return {k: c for k, c in cells.items() if c["stage"] not in plan or k in set(plan[c["stage"]])}
+
+
+def current_failures(cells: dict, plan: dict | None = None) -> list[dict]:
+    """Failed records of the planned units (see ``planned``) not superseded: a unit that failed and
+    was later done under the same stage and name (e.g. a cell skipped for a missing drafter, then
+    run once the drafter was trained)."""
+    cells = planned(cells, plan)
     done = {(c["stage"], c["name"]) for c in cells.values() if c["status"] == "done"}
     return [c for c in cells.values() if c["status"] != "done" and (c["stage"], c["name"]) not in done]
 
 
 def recorded_traces(run: Path) -> set[str] | None:
-    """Trace files the manifest records for finished eval units (None without a manifest)."""
+    """Trace files the manifest records for the finished eval units of the last configuration run
+    (None without a manifest). A rerun that retrains a drafter gives its cells new keys; the old
+    units' records and files stay, and are not read (the report lists their files as ignored)."""
     man = run / "manifest.json"
     if not man.is_file():
         return None
-    cells = json.loads(man.read_text())["cells"].values()
+    data = json.loads(man.read_text())
+    cells = planned(data["cells"], data.get("plan")).values()
     return {f for c in cells if c["stage"] == "eval" and c["status"] == "done" for f in c.get("files", [])}
 
 
