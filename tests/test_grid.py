@@ -246,7 +246,10 @@ def test_rerun_skips_every_finished_unit(readme_run):
         shutil.rmtree(ray_tmp, ignore_errors=True)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "Tune sweep" not in r.stdout and _nothing_redone(r.stdout)
-    assert json.loads(before)["cells"].keys() == json.loads((run / "manifest.json").read_text())["cells"].keys()
+    man = json.loads((run / "manifest.json").read_text())
+    assert json.loads(before)["cells"].keys() == man["cells"].keys()
+    # the eval plan (what the report reads) holds every unit of this configuration, done earlier or not
+    assert set(man["plan"]["eval"]) >= set(_eval_units(run))
     _check_traces(run)
 
 
