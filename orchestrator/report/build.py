@@ -65,8 +65,8 @@ def planned(cells: dict, plan: dict | None) -> dict:
     """The records of ``cells`` that belong to the last configuration run: a stage with a plan in
     the manifest (``Manifest.set_plan``) keeps only its planned keys; a stage without one (and a
     manifest from before plans) keeps every record."""
-    plan = plan or {}
-    return {k: c for k, c in cells.items() if c["stage"] not in plan or k in set(plan[c["stage"]])}
+    keep = {stage: set(keys) for stage, keys in (plan or {}).items()}
+    return {k: c for k, c in cells.items() if c["stage"] not in keep or k in keep[c["stage"]]}
 
 
 def current_failures(cells: dict, plan: dict | None = None) -> list[dict]:
