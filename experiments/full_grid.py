@@ -27,7 +27,11 @@ def main(argv=None) -> int:
     ap.add_argument("--dry-run", action="store_true", help="print the plan; load no model")
     ap.add_argument("--rates", default=None, metavar="RUN_DIR|FILE",
                     help="with --dry-run: time the plan with the stage rates measured on a finished run "
-                         "(its directory) or saved from one (python -m orchestrator.rates RUN_DIR)")
+                         "(its directory) or saved from one (python -m orchestrator.rates RUN_DIR), or the GPU "
+                         "check's packing file (or a directory holding it as gpu_rates.json)")
+    ap.add_argument("--cluster", action="append", default=[], metavar="NODESxGPUS[xCPUS]",
+                    help="with --dry-run: the makespan, billed and used GPU-hours on this cluster (e.g. 4x8; "
+                         "repeatable), at the concurrency the driver would derive there")
     ap.add_argument("--take-over", action="store_true",
                     help="take the output over from a driver that holds its lease (one that is gone)")
     ap.add_argument("--tracking", choices=["none", "mlflow", "wandb"], default=None,
@@ -61,7 +65,7 @@ def main(argv=None) -> int:
         from orchestrator.dryrun import print_plan
 
         try:
-            print_plan(profile, out, args.rates)
+            print_plan(profile, out, args.rates, args.cluster)
         except (OSError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 2

@@ -37,7 +37,8 @@ from .manifest import STAGES, Lease, Manifest
 from .preflight import check_cluster, check_train_resources, preflight
 from .profile import Profile, batch_plan, profile_dict
 from .progress import Progress, Relay, RelaySender, wait_relaying
-from .rates import hardware
+from .plan import Plan, derive, max_nodes
+from .rates import hardware, trial_order
 from .report.build import build_report, current_failures
 from .report.tables import KEYS as TABLE_KEYS
 from .tracking import Tracker
@@ -136,6 +137,33 @@ def _machine() -> str:
     kinds = sorted(k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:"))
     gpus = f" {res.get('GPU', 0):g} GPU" + (f" ({', '.join(kinds)})" if kinds else "")
     return f"driver {hardware()}; cluster {len(ray.nodes())} node(s), {res.get('CPU', 0):g} CPU,{gpus}"
+
+
+def cluster_nodes() -> tuple[list[dict], str]:
+    """(per-node resources, where they come from) that the plan is derived from: the autoscaler's
+    maximum when it publishes a cluster config (the alive nodes plus what each node group's
+    max_count can still add, orchestrator.plan.max_nodes), else the alive nodes."""
+    from ray._private.state import state
+
+    alive = [dict(n.get("Resources") or {}) for n in ray.nodes() if n["Alive"]]
+    try:
+        config = state.get_cluster_config()
+    except Exception:  # noqa: BLE001 - an older Ray or no GCS entry: the cluster as it is
+        config = None
+    groups = [(dict(g.resources), g.max_count) for g in (config.node_group_configs if config else [])]
+    if not groups:
+        return alive, f"the Ray cluster as it is now ({len(alive)} node(s); no autoscaler config)"
+    nodes, notes = max_nodes(alive, groups)
+    return nodes, f"the autoscaler's maximum ({len(nodes)} node(s))" + "".join(f"; {n}" for n in notes)
+
+
+def eval_pool(p: Profile, n: int, log=print, worker=EvalWorker) -> EvalPool:
+    """``n`` evaluation actors with ``p``'s resources.eval: a fractional num_gpus packs several onto
+    one GPU (Ray places 1/num_gpus per GPU), each with num_cpus CPUs (its torch threads)."""
+    r = p.resources.eval
+    cls = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=-1, max_task_retries=0)(worker)
+    args = (p.verifier, p.verifier_dtype, max(1, int(r.num_cpus)), r.drafter_cache_gb, r.checkpoint_disk_gb)
+    return EvalPool(lambda name: cls.options(name=name).remote(*args), n, log=log)
 
 
 def _train_key_settings(p, backbone: str) -> dict:
@@ -245,6 +273,7 @@ class Driver:
         _ray_init(self.p)
         check_cluster(self.p, local_output=self.uri is None)  # (PreflightError)
         self.machine = _machine()
+        self.plan = self._plan(len(train_cells(self.p)), None, quiet=False)
         caches = self._timed("features", self.stage_features)
         ckpts = self._timed("train", self.stage_train, caches)
         ckpts.update(self._timed("merge", self.stage_merge, ckpts))
@@ -256,6 +285,18 @@ class Driver:
         if not os.environ.get("RAY_ADDRESS"):
             ray.shutdown()
         return summary
+
+    def _plan(self, trials: int | None, eval_units: int | None, quiet: bool = True) -> Plan:
+        """Trial concurrency and eval actors for the cluster as it is now (or at the autoscaler's
+        maximum), the profile's numbers as caps (orchestrator/plan.py); printed at the start, and
+        again at a stage whose numbers differ from the start's."""
+        nodes, source = cluster_nodes()
+        plan = derive(self.p, nodes, trials, eval_units)
+        start = getattr(self, "plan", None)
+        changed = start and (plan.train.units, plan.eval.units) != (start.train.units, start.eval.units)
+        if not quiet or changed:
+            print(f"{plan.line()}; from {source}", flush=True)
+        return plan
 
     # ------------------------------------------------------------------ 1. features
     def stage_features(self) -> dict:
@@ -360,8 +401,10 @@ class Driver:
             prog.log(f"Tune sweep over {sorted(todo)}")
             per_trial = {"num_workers": r.num_workers, "cpus_per_worker": r.cpus_per_worker, "use_gpu": r.use_gpu,
                          "max_failures": self.p.retries}
-            grid = run_sweep(todo, self.ref("ray_results"), per_trial,
-                             max_concurrent=r.max_concurrent_trials, callbacks=self.tracker.tune_callbacks())
+            todo = {n: todo[n] for n in trial_order(self.p, list(todo))}  # longest first, as the dry run plans
+            trials = self._plan(len(todo), None).train.units  # as many as the cluster holds, up to the cap
+            grid = run_sweep(todo, self.ref("ray_results"), per_trial, max_concurrent=trials,
+                             callbacks=self.tracker.tune_callbacks())
             errors = {res.config["cell"]: res.error for res in grid if res.error}
             for name in todo:
                 final = self.ref(f"checkpoints/{name}/final")
@@ -490,12 +533,8 @@ class Driver:
                 earlier[keys[0]] = prev.get("attempts", 1) if prev and prev["status"] != "done" else 0
         if not todo:
             return {"eval_units": len(units)}
-        r = self.p.resources.eval
-        actor_cls = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=-1, max_task_retries=0)(EvalWorker)
-        n_act = max(1, min(self.p.resources.eval_actors, len(todo)))
-        args = (self.p.verifier, self.p.verifier_dtype, max(1, int(r.num_cpus)), r.drafter_cache_gb,
-                r.checkpoint_disk_gb)
-        pool = EvalPool(lambda name: actor_cls.options(name=name).remote(*args), n_act, log=prog.log)
+        n_act = self._plan(None, len(todo)).eval.units  # as many as the cluster holds, up to the cap
+        pool = eval_pool(self.p, n_act, log=prog.log)
         decode = {"top_k": self.p.eval.tree.top_k, "depth": self.p.eval.tree.depth, "max_new_tokens": self.p.eval.max_new_tokens,
                   "seed": self.p.eval.seed, "routing_decide_steps": self.p.eval.routing_decide_steps,
                   "paired_baseline": self.p.eval.paired_baseline, "system_prompt": self.p.eval.system_prompt}

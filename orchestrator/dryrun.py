@@ -10,7 +10,8 @@ from __future__ import annotations
 from . import rates as rates_mod
 from .costs import ASSUMPTIONS, VERIFIERS, drafter_params, train_flops_per_token
 from .grid import cell_prompts, corpora, eval_cells, merge_cells, plan_summary, train_cells
-from .makespan import schedule
+from .billing import print_makespan
+from .plan import parse_cluster
 from .profile import Profile
 
 def estimate(p: Profile) -> dict:
@@ -36,12 +37,14 @@ def estimate(p: Profile) -> dict:
     storage_gb = 0.0 if online else sum(corpus_tokens.values()) * fbytes / 1e9
     prompts = {"mt_bench": (80, 2), "gsm8k": (1319, 1), "math500": (500, 1), "svamp": (1000, 1)}
     eval_h = 0.0
+    # GPU-time an eval actor holds per unpacked step: its GPU share x its packed step (orchestrator/packing.py)
+    hold = rates_mod.eval_hold_factor(p, rates_mod.estimated(p)) if p.resources.eval.num_gpus else 1.0
     for cell in eval_cells(p):
         total, turns = prompts[cell.benchmark]
         k = cell_prompts(p, cell) or total
         gen = min(a["generated_tokens_per_turn"], p.eval.max_new_tokens) * turns * k
         tau = 1.0 if cell.strategy == "autoregressive" else a["assumed_tau"]
-        eval_h += gen / tau * a["verify_step_seconds"] / 3600
+        eval_h += gen / tau * a["verify_step_seconds"] * hold / 3600
     weights = drafter_params(v) * 2  # bytes of one drafter's weights (bf16/fp16-sized estimate)
     # every epoch keeps the weights plus the optimizer state (fp32 master + Adam m, v = 12 bytes/param,
     # sharded over ranks by ZeRO but the same in total); finals and merges keep the weights only
@@ -51,50 +54,8 @@ def estimate(p: Profile) -> dict:
             "checkpoint_storage_gb": ckpt_gb, "corpus_tokens": corpus_tokens}
 
 
-GPU_COUNTS = (8, 16, 64)  # the cluster sizes a GPU profile's makespan is shown for
-
-
-def _fmt(seconds: float) -> str:
-    return f"{seconds / 60:.1f} min" if seconds < 3 * 3600 else f"{seconds / 3600:.1f} h"
-
-
-def makespans(p: Profile, r: rates_mod.Rates) -> list[dict]:
-    """Per cluster size: stage spans and total with the driver's stage barriers, and the bound
-    without them. A CPU profile gets its own size; a GPU profile that and GPU_COUNTS, with the
-    trial and actor concurrency filled to the GPUs (as a profile for that cluster would set it)."""
-    tasks = rates_mod.tasks(p, r)
-    own = rates_mod.profile_devices(p)
-    sizes = [(own, None)] + ([(n, n) for n in GPU_COUNTS] if rates_mod._device(p) == "gpu" else [])
-    out = []
-    for n, fill in sizes:
-        caps = rates_mod.caps(p, fill)
-        s = schedule(tasks, n, caps, barriers=True)
-        free = schedule(tasks, n, caps, barriers=False)
-        spans = {st: b - a for st, (a, b) in s["stages"].items()}
-        out.append({"devices": n, "filled": fill is not None, "caps": caps, "stages": spans,
-                    "total": s["makespan"], "pipelined": free["makespan"],
-                    "utilisation": s["busy"] / (n * s["makespan"]) if s["makespan"] else 0.0})
-    return out
-
-
-def print_makespan(p: Profile, r: rates_mod.Rates) -> None:
-    kind = "measured" if r.measured else "ESTIMATE, not measured"
-    unit = "GPU" if rates_mod._device(p) == "gpu" else "CPU"
-    print(f"makespan from rates ({kind}: {r.hardware}; from {r.source}):")
-    for note in r.notes:
-        print(f"  note: {note}")
-    print(f"  {'devices':<32}{'features':>10}{'train':>10}{'merge':>10}{'eval':>10}{'total':>10}"
-          f"{'no barriers':>13}{'busy':>6}")
-    for m in makespans(p, r):
-        label = f"{m['devices']} {unit}" + (f" (trials {m['caps']['train']}, actors {m['caps']['eval']})"
-                                          if m["filled"] else " (as configured)")
-        label = f"{label:<32}"
-        cols = "".join(f"{_fmt(m['stages'].get(s, 0.0)):>10}" for s in ("features", "train", "merge", "eval"))
-        print(f"  {label}{cols}{_fmt(m['total']):>10}{_fmt(m['pipelined']):>13}{m['utilisation']:>6.0%}")
-    print("  (total: stage after stage, as the driver runs; no barriers: the same graph if stages overlapped)")
-
-
-def print_plan(p: Profile, output: str | None = None, rates: str | None = None) -> None:
+def print_plan(p: Profile, output: str | None = None, rates: str | None = None,
+               clusters: list[str] | None = None) -> None:
     s = plan_summary(p)
     r = p.resources
     print(f"profile {p.name!r}: verifier {p.verifier}; {p.description}")
@@ -114,17 +75,19 @@ def print_plan(p: Profile, output: str | None = None, rates: str | None = None) 
         ", ".join(f"{b} {n}" for b, n in epochs.items())
     print(f"  train    : {len(s['train'])} runs, {ep} epochs, ZeRO-{p.train.zero_stage}, "
           f"{r.train.num_workers} worker(s) x {r.train.cpus_per_worker} CPU{' + 1 GPU' if r.train.use_gpu else ''}, "
-          f"{r.train.max_concurrent_trials} concurrent trial(s)")
+          f"up to {r.train.max_concurrent_trials} concurrent trial(s) (the driver fills the cluster to this cap)")
     print(f"  merge    : {len(s['merge'])} checkpoints {s['merge']}")
     print(f"  eval     : {s['eval_cells']} cells, {s['eval_prompt_runs']} prompt runs, "
-          f"{r.eval_actors} actor(s) x ({r.eval.num_cpus} CPU, {r.eval.num_gpus} GPU), shard size {p.eval.shard_size}")
-    r = rates_mod.with_scaled_backbones(p, rates_mod.load(rates)) if rates else None
+          f"up to {r.eval_actors} actor(s) x ({r.eval.num_cpus} CPU, {r.eval.num_gpus} GPU), shard size {p.eval.shard_size}")
+    for c in clusters or []:  # a bad --cluster is refused before anything is timed
+        parse_cluster(c)
+    r = rates_mod.with_scaled_backbones(p, rates_mod.load(rates, p)) if rates else None
     e = estimate(p)
     a = ASSUMPTIONS
     if e.get("unknown_verifier"):
         print(f"estimate: none -- no size constants for verifier {p.verifier!r} (known: {sorted(VERIFIERS)})")
         if r is not None:
-            print_makespan(p, r)
+            print_makespan(p, r, clusters)
         return
     print("estimate (assumptions: tokens/example " + str(a["tokens_per_example"]) + f", verifier FLOPs/token = 2 x params, "
           f"GPU {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s peak at {a['mfu']:.0%} MFU, verify step {a['verify_step_seconds'] * 1e3:.0f} ms, "
@@ -137,6 +100,6 @@ def print_plan(p: Profile, output: str | None = None, rates: str | None = None) 
     if r is None and rates_mod._device(p) == "gpu":
         r = rates_mod.estimated(p)
     if r is not None:
-        print_makespan(p, r)
+        print_makespan(p, r, clusters)
     else:
         print("makespan: pass --rates RUN_DIR (a finished run on this hardware) or a rates JSON file")

@@ -15,6 +15,7 @@ import heapq
 from dataclasses import dataclass
 
 STAGE_ORDER = ("features", "train", "merge", "eval", "report")
+EPS = 1e-9  # fractional needs (1/3 of a GPU) add up with rounding
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class Task:
     name: str
     stage: str
     seconds: float
-    need: int = 1  # devices held while it runs (0: runs beside them, e.g. a merge on the CPU)
+    need: float = 1  # devices held while it runs (0: beside them, e.g. a merge on the CPU; 0.5: half a GPU)
     deps: tuple = ()  # names of tasks that must finish first
     group: str | None = None  # a concurrency cap shared with other tasks (``caps``)
 
@@ -70,8 +71,9 @@ def _topological(tasks: dict[str, Task]) -> list[str]:
 
 def schedule(tasks: list[Task], devices: int, caps: dict[str, int] | None = None,
              barriers: bool = True) -> dict:
-    """{"makespan": s, "stages": {stage: (first start, last end)}, "busy": device-seconds}.
-    Raises ValueError when a task needs more devices than there are."""
+    """{"makespan": s, "stages": {stage: (first start, last end)}, "busy": device-seconds held,
+    "stage_busy": {stage: device-seconds held}}. ``devices`` and a task's ``need`` may be fractions
+    (actors sharing a GPU). Raises ValueError when a task needs more devices than there are."""
     caps = caps or {}
     if barriers:
         tasks = _with_barriers(tasks)
@@ -82,7 +84,7 @@ def schedule(tasks: list[Task], devices: int, caps: dict[str, int] | None = None
         for d in t.deps:
             if d not in by_name:
                 raise ValueError(f"task {t.name!r} depends on unknown task {d!r}")
-        if t.need > devices:
+        if t.need > devices + EPS:
             raise ValueError(f"task {t.name!r} needs {t.need} devices; there are {devices}")
         if t.group is not None and caps.get(t.group, 1) < 1:
             raise ValueError(f"group {t.group!r} of task {t.name!r} has no slot (cap {caps[t.group]})")
@@ -105,9 +107,10 @@ def schedule(tasks: list[Task], devices: int, caps: dict[str, int] | None = None
     running: list[tuple[float, str]] = []
     free, used, now, busy = devices, {}, 0.0, 0.0
     stages: dict[str, list[float]] = {}
+    stage_busy: dict[str, float] = {}
     while any(ready.values()) or running:
         while True:  # start the highest-priority ready task that fits, until none does
-            fits = [(h[0], cls) for cls, h in ready.items() if h and cls[0] <= free
+            fits = [(h[0], cls) for cls, h in ready.items() if h and cls[0] <= free + EPS
                     and (cls[1] is None or used.get(cls[1], 0) < caps.get(cls[1], 10**9))]
             if not fits:
                 break
@@ -118,6 +121,7 @@ def schedule(tasks: list[Task], devices: int, caps: dict[str, int] | None = None
                 used[t.group] = used.get(t.group, 0) + 1
             heapq.heappush(running, (now + t.seconds, n))
             busy += t.need * t.seconds
+            stage_busy[t.stage] = stage_busy.get(t.stage, 0.0) + t.need * t.seconds
             span = stages.setdefault(t.stage, [now, now])
             span[0] = min(span[0], now)
         if not running:
@@ -133,4 +137,5 @@ def schedule(tasks: list[Task], devices: int, caps: dict[str, int] | None = None
             waiting[c] -= 1
             if waiting[c] == 0:
                 make_ready(c)
-    return {"makespan": now, "stages": {s: tuple(v) for s, v in stages.items()}, "busy": busy}
+    return {"makespan": now, "stages": {s: tuple(v) for s, v in stages.items()}, "busy": busy,
+            "stage_busy": stage_busy}

@@ -400,9 +400,16 @@ class Resources:
     features: StageResources = field(default_factory=StageResources)
     train: TrainResources = field(default_factory=TrainResources)
     eval: EvalResources = field(default_factory=EvalResources)
+    # caps: the driver runs as many trials and eval actors at once as the cluster holds, up to these
     eval_actors: int = 2
 
     RULES = {"eval_actors": integer(1)}
+
+    def validate(self):
+        g = self.eval.num_gpus  # a batch-1 actor decodes on one device; Ray packs fractions onto one GPU
+        _need(g == 0 or (g <= 1 and abs(1 / g - round(1 / g)) < 1e-6),
+              f"resources.eval.num_gpus must be 0 (CPU) or 1/n for a whole n (1, 0.5, 0.25, ...: n eval "
+              f"actors share one GPU; an actor decodes on one device), got {g!r}", "resources.eval.num_gpus")
 
 
 @dataclass(frozen=True)
@@ -451,6 +458,7 @@ class Profile:
         self.data.validate()
         self.merge.validate()
         self.eval.validate()
+        self.resources.validate()
         eval_checks(self)
         if "linear" in self.merge.kinds:
             _need({"math", "chat"} <= set(self.train.variants),

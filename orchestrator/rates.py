@@ -7,8 +7,10 @@ traces' verifier calls) or estimated from the dry run's stated GPU assumptions
 turns a profile into the grid's task graph timed with those rates, for ``makespan.schedule``.
 
 Scaling rules, stated because they are assumptions: a stage's rate grows linearly with the
-devices one task holds (features task, training trial, eval actor) relative to the measuring
-run's; eval time per prompt is turns x tokens per turn / tau / verifier steps per second, with
+devices one task holds (features task, training trial; on a CPU profile the eval actor) relative
+to the measuring run's; a GPU eval actor is host-bound at batch 1, so its step follows the packing
+model (orchestrator/packing.py: k actors per GPU, saturating at k* = t_step / t_dev), never a
+share of the GPU's rate; eval time per prompt is turns x tokens per turn / tau / verifier steps per second, with
 tau and steps/s per strategy from the measuring run (a strategy it did not run takes the
 mean of the ones it did); tokens per turn are measured when the profile's max_new_tokens is the
 measuring run's, else min(max_new_tokens, the assumed 400).
@@ -26,7 +28,9 @@ from drafters.corpora import CORPUS_OF
 
 from .costs import ASSUMPTIONS, VERIFIERS, train_flops_per_token
 from .grid import BENCHMARK_SIZES, cell_prompts, corpora, eval_cells, merge_cells, train_cells
+from . import packing
 from .makespan import Task, schedule
+from .plan import actors_per_gpu
 from .profile import Profile, batch_plan
 
 TURNS = {"mt_bench": 2}  # turns per prompt (every other benchmark: 1)
@@ -56,21 +60,39 @@ class Rates:
     report_s: float = 0.0
     features_overhead_s: float = 0.0  # per features task: loading the verifier, the draft vocabulary
     notes: list = field(default_factory=list)
+    sources: dict = field(default_factory=dict)  # what -> where its rate came from (measured, assumed)
+    # GPU eval packing (orchestrator/packing.py): t_step_s, t_dev_s and their sources; None: estimated
+    packing: dict | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
 
-def load(path: str | os.PathLike) -> Rates:
-    """A rates JSON file, or a finished run's directory (measured on the spot)."""
-    p = Path(path)
-    if p.is_dir():
-        return measure(p)
-    if not p.is_file():
+GPU_RATES = "gpu_rates.json"  # a directory holding the GPU check's packing file under this name
+
+
+def load(path: str | os.PathLike, p: Profile | None = None) -> Rates:
+    """A rates JSON file, the GPU check's packing file (``kind: gpu-check-packing``, or a directory
+    holding one as ``gpu_rates.json``: its eval steps over ``p``'s estimated rates), or a finished
+    run's directory (measured on the spot)."""
+    path = Path(path)
+    if path.is_dir() and (path / GPU_RATES).is_file():
+        path = path / GPU_RATES
+    elif path.is_dir():
+        return measure(path)
+    if not path.is_file():
         raise FileNotFoundError(f"--rates {path}: no such file or run directory")
     try:
-        return Rates(**json.loads(p.read_text()))
-    except (ValueError, TypeError) as e:
+        data = json.loads(path.read_text())
+    except ValueError as e:
+        raise ValueError(f"--rates {path}: not a rates file ({e})") from None
+    if isinstance(data, dict) and data.get("kind") == packing.PACKING_KIND:
+        if p is None:
+            raise ValueError(f"--rates {path}: a packing file times a profile's evaluation only; load it with one")
+        return from_packing(p, packing.read_packing(path), str(path))
+    try:
+        return Rates(**data)
+    except TypeError as e:
         raise ValueError(f"--rates {path}: not a rates file ({e})") from None
 
 
@@ -113,6 +135,9 @@ def estimated(p: Profile) -> Rates:
     per_token = {b: train_flops_per_token(v, b, p.train.for_backbone(b).hass_steps) + (2 * v["params"] if online else 0)
                  for b in dict.fromkeys(("eagle2", "hass", *p.train.backbones))}
     step = 1.0 / a["verify_step_seconds"]
+    flops = f"assumed: {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s at {a['mfu']:.0%} MFU"
+    step_src = (f"assumed: {a['verify_step_seconds'] * 1e3:.0f} ms per verifier step, host-bound at batch 1 "
+                "(orchestrator/costs.py)")
     return Rates(
         hardware=f"GPU at {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s peak, {a['mfu']:.0%} MFU (estimate)",
         verifier=p.verifier, device="gpu", measured=False, source="the dry run's assumptions",
@@ -120,7 +145,39 @@ def estimated(p: Profile) -> Rates:
         train_tokens_per_s={b: eff / f for b, f in per_token.items()}, train_devices=1, train_overhead_s=0.0,
         merge_s=0.0, eval_steps_per_s={"*": step}, eval_tau={"*": a["assumed_tau"]}, generate_tokens_per_s=step,
         eval_devices=1, eval_overhead_s=0.0, tokens_per_example=dict(a["tokens_per_example"]),
-        tokens_per_turn={}, max_new_tokens=None)
+        tokens_per_turn={}, max_new_tokens=None,
+        sources={"features": f"{flops}, 2 x params FLOPs per token", "train": f"{flops}, FLOPs per token "
+                 "of each backbone (orchestrator/costs.py)", "eval steps": step_src,
+                 "eval tau": f"assumed: {a['assumed_tau']}", "generate": step_src},
+        packing=packing.estimate(a["verify_step_seconds"], step_src, v, packing.DTYPE_BYTES[p.verifier_dtype],
+                                 p.eval.tree.depth))
+
+
+def from_packing(p: Profile, data: dict, source: str) -> Rates:
+    """``p``'s estimated rates with evaluation's verifier step from the GPU check's packing file
+    (``packing.read_packing``): its one-process step for every strategy, and the packing model
+    fitted to its rows. Its tau counts where its verifier is the profile's (the check's own
+    random-weight model accepts nothing real). Every other rate stays the stated assumption."""
+    base = estimated(p)
+    v = VERIFIERS.get(p.verifier)
+    pk = packing.fit(data, source, v, p.eval.tree.depth)
+    step = 1.0 / pk["t_step_s"]
+    one = next(r for r in data["packing"] if r["processes"] == 1)
+    sources = dict(base.sources, **{"eval steps": pk["step_source"]})
+    notes = [f"eval: verifier steps measured with strategy {data.get('strategy', '?')!r}, tree "
+             f"{data.get('tree', '?')}, {data.get('dtype', '?')}, verifier {data.get('verifier', '?')!r} on "
+             f"{data.get('device', '?')} ({data.get('date', 'undated')}); every strategy takes that step "
+             f"(the profile's tree: {p.eval.tree.top_k}/{p.eval.tree.depth}/{p.eval.tree.total_tokens})"]
+    tau = dict(base.eval_tau)
+    if data.get("verifier") == p.verifier and isinstance(one.get("tau"), (int, float)) and one["tau"] > 0:
+        tau = {"*": float(one["tau"])}
+        sources["eval tau"] = f"measured: {source}"
+    else:
+        notes.append(f"eval tau: the packing file's ({one.get('tau')}) comes from verifier "
+                     f"{data.get('verifier')!r}, not {p.verifier!r}: the assumed {base.eval_tau['*']} stands")
+    return replace(base, hardware=f"{data.get('device', 'a GPU')} (eval steps measured; other stages estimated)",
+                   measured=False, source=source, eval_steps_per_s={"*": step}, eval_tau=tau,
+                   notes=base.notes + notes, sources=sources, packing=pk)
 
 
 def with_scaled_backbones(p: Profile, r: Rates) -> Rates:
@@ -204,24 +261,57 @@ def tasks(p: Profile, r: Rates) -> list[Task]:
         deps = tuple(d for d in (f"train:{m.backbone}-math", f"train:{m.backbone}-chat") if d in trained)
         out.append(Task(f"merge:{m.name}", "merge", r.merge_s, 0, deps, "merge"))
     made = {t.name.split(":", 1)[1]: t.name for t in out if t.stage in ("train", "merge")}
-    scale = r.eval_devices / need["eval"]
+    slow = eval_slowdown(p, r)
     size = p.eval.shard_size
     for cell in eval_cells(p):
         k = min(cell_prompts(p, cell) or BENCHMARK_SIZES[cell.benchmark], BENCHMARK_SIZES[cell.benchmark])
         toks = TURNS.get(cell.benchmark, 1) * _tokens_per_turn(r, cell.benchmark, p.eval.max_new_tokens)
-        gen = toks / r.generate_tokens_per_s
+        gen = toks / r.generate_tokens_per_s * slow(1 / r.generate_tokens_per_s)
         if cell.strategy == "autoregressive":  # the project's loop, then generate on the same prompt
-            per_prompt = toks / r.eval_steps_per_s.get("autoregressive", r.generate_tokens_per_s) + gen
+            ar = r.eval_steps_per_s.get("autoregressive", r.generate_tokens_per_s)
+            per_prompt = toks / ar * slow(1 / ar) + gen
         else:
-            per_prompt = toks / _for(r.eval_tau, cell.strategy) / _for(r.eval_steps_per_s, cell.strategy)
+            steps = _for(r.eval_steps_per_s, cell.strategy)
+            per_prompt = toks / _for(r.eval_tau, cell.strategy) / steps * slow(1 / steps)
             per_prompt += gen if p.eval.paired_baseline else 0.0
         deps = tuple(made[d] for d in cell.drafters if d in made)
         for s in range(0, k, size):
             m = min(size, k - s)
-            out.append(Task(f"eval:{cell.key}:{s}", "eval", r.eval_overhead_s + m * per_prompt * scale,
+            out.append(Task(f"eval:{cell.key}:{s}", "eval", r.eval_overhead_s + m * per_prompt,
                             need["eval"], deps, "eval"))
     out.append(Task("report", "report", r.report_s, 0, tuple(t.name for t in out if t.stage == "eval")))
     return out
+
+
+def packing_model(p: Profile, r: Rates) -> dict:
+    """The GPU packing model of ``r`` (orchestrator/packing.py): its own (an estimate, or fitted to a
+    GPU check's packing rows), else estimated from the step it measured and the bytes a step reads
+    at its hardware's bandwidth."""
+    if r.packing:
+        return r.packing
+    t = 1.0 / _for(r.eval_steps_per_s, "single")
+    return packing.estimate(t, f"measured: {r.source}" if r.measured else r.source, VERIFIERS.get(p.verifier),
+                            packing.DTYPE_BYTES[p.verifier_dtype], p.eval.tree.depth, r.hardware)
+
+
+def eval_slowdown(p: Profile, r: Rates):
+    """t -> how many times longer an eval actor's step of ``t`` seconds (at the rates' own eval
+    devices) takes at ``p``'s: on a CPU profile the ratio of CPUs (linear); on a GPU profile the
+    packing model's step at ``p``'s actors per GPU over the measuring run's (an actor holding a
+    whole GPU or more decodes at batch 1 on one device: no faster)."""
+    need = devices_per_task(p)["eval"]
+    if r.device != "gpu":
+        return lambda t: r.eval_devices / need
+    d = packing_model(p, r)["t_dev_s"]
+    k_p, k_m = max(1, actors_per_gpu(need)), max(1, actors_per_gpu(r.eval_devices))
+    return lambda t: packing.step_time(t, min(d, t), k_p) / packing.step_time(t, min(d, t), k_m)
+
+
+def eval_hold_factor(p: Profile, r: Rates) -> float:
+    """GPU-seconds an eval actor of ``p`` holds per second of one unpacked actor's step: its GPU
+    share x its packed step's slowdown (1 for an unpacked one-GPU actor), at ``r``'s step."""
+    g = p.resources.eval.num_gpus
+    return g * eval_slowdown(p, r)(1.0 / _for(r.eval_steps_per_s, "single")) if g else 0.0
 
 
 def optimizer_step_seconds(p: Profile, r: Rates) -> dict:
@@ -243,14 +333,28 @@ def trial_tokens(variant: str, n: int, tpe: dict) -> float:
     return sum(per * tpe[c] for c in CORPUS_OF[variant])
 
 
-def caps(p: Profile, devices: int | None = None) -> dict:
-    """Concurrency caps: the profile's (``devices`` None), or filled to ``devices``."""
-    need = devices_per_task(p)
+def trial_order(p: Profile, names: list[str]) -> list[str]:
+    """Training cells ``names`` ("<backbone>-<variant>") longest first: by tokens x epochs x
+    training FLOPs per token (the verifier's forward too in online mode), the sizes of the profile's
+    verifier or, unknown, SmolLM2's. The driver submits trials in this order, so that a long one
+    does not start last (the dry run's scheduler starts the longest first too)."""
+    v = VERIFIERS.get(p.verifier) or VERIFIERS["smollm2-135m-instruct"]
+    tpe = {c: min(t, p.data.max_length) for c, t in ASSUMPTIONS["tokens_per_example"].items()}
+    online = 2 * v["params"] if p.data.feature_mode == "online" else 0
+
+    def cost(name: str) -> float:
+        backbone, variant = name.split("-", 1)
+        t = p.train.for_backbone(backbone)
+        return trial_tokens(variant, p.data.n, tpe) * t.epochs * (
+            train_flops_per_token(v, backbone, t.hass_steps) + online)
+
+    return sorted(names, key=lambda n: (-cost(n), n))
+
+
+def caps(p: Profile) -> dict:
+    """The profile's own concurrency: its caps, as if the cluster held them all."""
     r = p.resources
-    if devices is None:
-        return {"train": r.train.max_concurrent_trials, "eval": r.eval_actors, "merge": 1}
-    trials = min(len(train_cells(p)), max(1, int(devices // max(need["train"], 1))))
-    return {"train": trials, "eval": max(1, int(devices // max(need["eval"], 1))), "merge": 1}
+    return {"train": r.train.max_concurrent_trials, "eval": r.eval_actors, "merge": 1}
 
 
 def profile_devices(p: Profile) -> int:

@@ -488,13 +488,14 @@ def test_image_pins_the_versions_the_tests_ran_with():
     assert {k: version(k) for k in pins} == pins
 
 
-def test_the_paper_profiles_units_fit_the_rayjobs_gpu_nodes_and_both_trials_fit_one():
+def test_the_paper_profiles_units_fit_the_rayjobs_gpu_nodes_and_a_trial_fits_one():
     """The paper profile on deploy/rayjob.yaml's GPU nodes: every stage's unit fits one node, and
-    its concurrent trials' workers (2 x 4 of 8 CPU + 1 GPU) fit one 64-CPU, 8-GPU node. That
-    holds only because the trials' own Tune actors hold no CPU (the head has none to offer): with
-    0.01 CPU each on that node, it would hold 7 such workers, and the last would wait for the
-    autoscaler's second 8-GPU node."""
+    the driver's plan puts one trial there, its workers (8 of 8 CPU + 1 GPU) filling one 64-CPU,
+    8-GPU node. That holds only because the trial's own Tune actor holds no CPU (the head has none
+    to offer): with 0.01 CPU on that node, it would hold 7 such workers, and the last would wait
+    for the autoscaler's second 8-GPU node."""
     from orchestrator import preflight
+    from orchestrator.plan import derive
     from orchestrator.profile import load_profile
     from workers.tune_sweep import TRIAL_RESOURCES
 
@@ -506,7 +507,8 @@ def test_the_paper_profiles_units_fit_the_rayjobs_gpu_nodes_and_both_trials_fit_
     assert preflight.placement_problems(p, [node]) == []
     r = p.resources.train
     slots = min(node["CPU"] // r.cpus_per_worker, node["GPU"])  # training workers one node holds
-    assert TRIAL_RESOURCES.get("cpu", 0) == 0 and slots >= r.max_concurrent_trials * r.num_workers
+    trials = derive(p, [node]).train.units  # what the driver runs at once there
+    assert TRIAL_RESOURCES.get("cpu", 0) == 0 and trials == 1 and slots >= trials * r.num_workers
 
 
 def _gib(quantity: str) -> float:

@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import rates
-from orchestrator.dryrun import makespans
+from orchestrator import billing, rates
 from orchestrator.grid import cell_prompts, eval_cells, merge_cells, train_cells
 from orchestrator.makespan import Task, schedule
 from orchestrator.profile import load_profile
@@ -105,19 +104,21 @@ def test_unmeasured_strategies_take_the_mean_and_unknown_lengths_the_assumption(
 
 
 def test_more_gpus_never_take_longer_and_the_estimate_says_so():
+    from orchestrator.plan import parse_cluster
+
     p = load_profile("paper")
     r = rates.estimated(p)
     assert not r.measured and "estimate" in r.hardware
-    rows = makespans(p, r)
-    filled = [m for m in rows if m["filled"]]
-    assert [m["devices"] for m in filled] == [8, 16, 64]
-    totals = [m["total"] for m in filled]
+    rows = [billing.on_cluster(p, r, parse_cluster(c)) for c in billing.DEFAULT_CLUSTERS]
+    assert [m["devices"] for m in rows] == [8, 16, 32, 64]
+    totals = [m["total"] for m in rows]
     assert totals == sorted(totals, reverse=True) and totals[0] > totals[-1]
     assert all(m["pipelined"] <= m["total"] + 1e-6 for m in rows)
-    # 8 GPUs, fully busy in training: the trials' GPU-hours over 8 (the GPU-h estimate's own figure)
+    # 8 GPUs, one 8-GPU trial at a time, fully busy in training: the trials' GPU-hours over 8 (the
+    # GPU-h estimate's own figure)
     from orchestrator.dryrun import estimate
 
-    assert filled[0]["stages"]["train"] == pytest.approx(estimate(p)["train_gpu_h"] * 3600 / 8, rel=0.05)
+    assert rows[0]["stages"]["train"] == pytest.approx(estimate(p)["train_gpu_h"] * 3600 / 8, rel=0.05)
 
 
 def _dry(*args: str) -> subprocess.CompletedProcess:

@@ -70,7 +70,7 @@ def run_sweep(configs: dict, storage_path: str, resources: dict, max_concurrent:
     trainable = tune.with_resources(tune.with_parameters(_trial, configs=cfgs, resources=resources),
                                     TRIAL_RESOURCES)
     shown = {k: {f: v[f] for f in SHOWN} for k, v in cfgs.items()}
-    param_space = {"cell": tune.grid_search(sorted(configs)),
+    param_space = {"cell": tune.grid_search(list(configs)),  # the caller's order: Tune starts trials in it
                    "train": tune.sample_from(lambda config: shown[config["cell"]])}
     if tune.Tuner.can_restore(path):  # the same sweep was interrupted: Tune's own restore
         tuner = tune.Tuner.restore(path, trainable=trainable, resume_errored=True, param_space=param_space)
