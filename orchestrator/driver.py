@@ -206,7 +206,7 @@ class Driver:
         if note:
             print(f"lease: {note}", flush=True)
         if self.uri:
-            (self.out / "manifest.json").unlink(missing_ok=True)  # the remote manifest is the truth
+            Manifest.remove(self.out / "manifest.json")  # the remote manifest is the truth (journal too)
             if storage.exists(storage.join(self.uri, "manifest.json")):
                 storage.sync(storage.join(self.uri, "manifest.json"), str(self.out / "manifest.json"), force=True)
         # with a URI, "done" means its files are at the URI (one listing now, not a request per unit)
@@ -240,7 +240,9 @@ class Driver:
         return spec
 
     def _sync(self) -> None:
-        """Publish the manifest (after the files it records, which are published as they finish)."""
+        self.manifest.compact()
+        """Publish the manifest (after the files it records, which are published as they finish):
+        its journal folded into manifest.json first (orchestrator/manifest.py), which is uploaded."""
         self.lease.check()  # taken over by another driver: stop before writing over its manifest
         if self.uri:
             storage.sync(str(self.out / "profile.json"), self.ref("profile.json"), force=True)

@@ -410,12 +410,13 @@ def measure(run: str | os.PathLike) -> Rates:
     per-task overheads are fitted so that the scheduler gives back each stage's wall time."""
     import polars as pl
 
+    from .manifest import read_manifest
     from .profile import load_profile
 
     run = Path(run)
     if not (run / "manifest.json").is_file() or not (run / "profile.json").is_file():
         raise FileNotFoundError(f"--rates {run}: not a run directory (needs manifest.json and profile.json)")
-    man = json.loads((run / "manifest.json").read_text())
+    man = read_manifest(run / "manifest.json")  # (its journal too: a run that stopped before compacting)
     p = load_profile(str(run / "profile.json"))
     notes = []
     done = lambda st: sum(c["stage"] == st and c["status"] == "done" for c in man["cells"].values())  # noqa: E731

@@ -48,7 +48,9 @@ FORCED = ["train.variants=[math]", "merge.kinds=[]", "eval.temperatures=[0.0]", 
 
 
 def _eval_units(run: Path) -> dict:
-    cells = json.loads((run / "manifest.json").read_text())["cells"]
+    from orchestrator.manifest import read_manifest
+
+    cells = read_manifest(run / "manifest.json")["cells"]  # mid-run too: manifest.json and its journal
     return {k: c for k, c in cells.items() if c["stage"] == "eval"}
 
 

@@ -37,6 +37,7 @@ from drafters.trainer import weights_digest
 from orchestrator.grid import eval_cells
 from orchestrator.profile import load_profile
 from orchestrator.report.build import build_report
+from orchestrator.manifest import read_manifest
 from orchestrator.report.duplicates import DuplicateRows
 
 pytestmark = pytest.mark.slow
@@ -151,7 +152,7 @@ def _wait_to_kill(proc: subprocess.Popen, log: Path, staging: Path, s3fs, t_max:
     t0 = time.time()
     while proc.poll() is None and time.time() - t0 < t_max:
         try:
-            cells = _eval_cells(json.loads(next(staging.glob("*/manifest.json")).read_text()))
+            cells = _eval_cells(read_manifest(next(staging.glob("*/manifest.json"))))  # and its journal
         except (StopIteration, OSError, ValueError):
             cells = {}
         done = sum(c["status"] == "done" for c in cells.values())
