@@ -9,12 +9,17 @@ import polars as pl
 
 from drafters.atomic import atomic_file, write_text_atomic
 
+from ..manifest import read_manifest
+
 from . import figures
 from .claims import MIN_PROMPTS, ROUTED, SPEED_ROUTED, check_claims, study_comparison
-from .duplicates import check_unique
+from .claims_next import BASE as NEXT_BASE
+from .claims_next import EARLY_STEPS
+from .duplicates import check_unique, refuse
 from .claims_family import STUDY, Grid
 from .claims_study import comparison_note
 from .routers import HEADS_LAST, NOT_DEPLOYABLE, POSTHOC, POSTHOCS, describe, is_router, table2, with_posthoc
+from .steps import PASS_ROWS, read_steps
 from .tables import (GENERATE, depth_table, depth_table_deeper, entropy_table, lambda_table, per_prompt, scan,
                      speed, table1, table1_wide, trace_files)
 
@@ -42,9 +47,8 @@ def _save_table(df: pl.DataFrame, out: Path, name: str) -> None:
 
 def missing_section(run: Path, pp: pl.DataFrame | None) -> list[str]:
     lines = []
-    man = run / "manifest.json"
-    if man.is_file():
-        data = json.loads(man.read_text())
+    data = read_manifest(run / "manifest.json")
+    if data is not None:
         failed = [(c["stage"], c["name"], (c.get("error") or "")[:160])
                   for c in current_failures(data["cells"], data.get("plan"))]
         for stage, name, err in sorted(failed):
@@ -82,22 +86,24 @@ def recorded_traces(run: Path) -> set[str] | None:
     """Trace files the manifest records for the finished eval units of the last configuration run
     (None without a manifest). A rerun that retrains a drafter gives its cells new keys; the old
     units' records and files stay, and are not read (the report lists their files as ignored)."""
-    man = run / "manifest.json"
-    if not man.is_file():
+    data = read_manifest(run / "manifest.json")
+    if data is None:
         return None
-    data = json.loads(man.read_text())
     cells = planned(data["cells"], data.get("plan")).values()
     return {f for c in cells if c["stage"] == "eval" and c["status"] == "done" for f in c.get("files", [])}
 
 
-def build_report(run_dir) -> Path:
+def build_report(run_dir, pass_rows: int = PASS_ROWS) -> Path:
+    """The report of a run. The step table is never held whole: its per-prompt reductions are read
+    in passes of at most about ``pass_rows`` rows (steps.py), its per-cell tables are lazy queries."""
     run = Path(run_dir)
     out = run / "report"
     out.mkdir(parents=True, exist_ok=True)
     recorded = recorded_traces(run)
     prompts, steps = scan(run, "prompts", recorded), scan(run, "steps", recorded)
-    for kind, lf in (("prompts", prompts), ("steps", steps)):  # (DuplicateRows) before anything is summed
-        check_unique(lf, kind, str(run / "traces" / kind))
+    check_unique(prompts, "prompts", str(run / "traces" / "prompts"))  # (DuplicateRows) before any sum
+    summary = read_steps(run, trace_files(run, "steps", recorded)[0], NEXT_BASE, EARLY_STEPS, pass_rows)
+    refuse(summary.duplicates if summary else pl.DataFrame(), str(run / "traces" / "steps"), "steps")
     md = [f"# Task-aware speculative decoding — report for `{run.name}`\n"]
     pp = per_prompt(prompts) if prompts is not None else None
     miss = missing_section(run, pp)
@@ -115,15 +121,14 @@ def build_report(run_dir) -> Path:
         return p
     prof = json.loads((run / "profile.json").read_text()) if (run / "profile.json").is_file() else {}
     pair = tuple(prof.get("eval", {}).get("route_pair", ("math", "chat")))
-    steps_df = steps.collect() if steps is not None else None
-    pp = with_posthoc(pp, steps_df, pair[:2], prof.get("eval", {}).get("mixed_variant", "mixed_full"))
+    pp = with_posthoc(pp, summary, pair[:2], prof.get("eval", {}).get("mixed_variant", "mixed_full"))
     t1 = table1(pp)
     sp = speed(pp)
     rt = table2(pp, steps)
-    ent = entropy_table(steps) if steps is not None else pl.DataFrame()
+    ent = entropy_table(summary) if summary is not None else pl.DataFrame()
     dep = depth_table(steps) if steps is not None else pl.DataFrame()
     dep_deep = depth_table_deeper(steps) if steps is not None else pl.DataFrame()
-    cl = check_claims(pp, steps_df, dep if not dep.is_empty() else None, pair, Grid.from_profile(prof, pp))
+    cl = check_claims(pp, summary, dep if not dep.is_empty() else None, pair, Grid.from_profile(prof, pp))
     study = study_comparison(t1)
     for name, df in (("table1_acceptance", t1), ("speed", sp), ("table2_routing", rt), ("table3_4_entropy", ent),
                      ("table5_8_depth", dep), ("table5_8_depth_deeper", dep_deep), ("claims", cl),

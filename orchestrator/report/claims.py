@@ -24,10 +24,12 @@ from .claims_eagle3 import NEEDS as E3_NEEDS
 from .claims_eagle3 import PAIR as E3_PAIR
 from .claims_eagle3 import eagle3_claim
 from .claims_next import BASE as NEXT_BASE
+from .claims_next import EARLY_STEPS
 from .claims_next import next_claims
 from .claims_study import STUDY_NUMBERS, WORDING, study_comparison  # noqa: F401 - re-exported
 from .routers import HEADS, HEADS_LAST, POSTHOC, PROMPT_NODE, chosen_name, last_turn_rows, matched_expr
 from .stats import mean_diff_ci, paired_avg_diff_ci, paired_diff_ci, verdict
+from .steps import as_summary
 from .tables import MATH_BENCH, aligned
 
 # The headline routing (RQ3a, RQ3b, RQ4): the study's Table 1 "confidence routed" numbers are its code's
@@ -129,14 +131,16 @@ def _mean_tau(pp, bb, temp, m, benches) -> float:
     return float(np.mean(vals)) if vals else float("-inf")
 
 
-def check_claims(pp: pl.DataFrame, steps: pl.DataFrame | None, depth: pl.DataFrame | None,
+def check_claims(pp: pl.DataFrame, steps, depth: pl.DataFrame | None,
                  route_pair: tuple = ("math", "chat"), grid: Grid | None = None) -> pl.DataFrame:
     """Each claim compares what the study compared: RQ3a/RQ3b use ``ROUTED``, RQ4 maps routing
     choices to drafters by the profile's ``route_pair``, the entropy claim uses the math drafter on
     GSM8K where present; then rows for claims without cells and the family-wise view (add_holm).
     ``grid``: what the profile asks for (claims_family.Grid.from_profile; default: what the traces
-    hold); it fixes the study family and names the benchmarks the prompt rule counts."""
+    hold); it fixes the study family and names the benchmarks the prompt rule counts. ``steps``: the
+    step frame, or its StepSummary (steps.py: the report reads the step table once, in passes)."""
     rows = []
+    steps = as_summary(steps, NEXT_BASE, EARLY_STEPS)
     present = sorted(pp["benchmark"].unique().to_list())
     backbones = sorted(set(pp["backbone"].unique().to_list()) - {"none"})
     temps = sorted(pp["temperature"].unique().to_list())
@@ -308,12 +312,12 @@ def _entropy_claim(steps, backbone, temp, kind: str = "draft"):
     """Rejected minus accepted ``kind`` (draft or verifier) entropy, one value per prompt, for the
     study's cell (the math drafter on GSM8K) where present, else the mean over single drafters per
     (benchmark, prompt) (labelled as such). Prompts without both numbers are dropped before they are
-    counted."""
+    counted. ``steps``: a step frame or its StepSummary (its per-prompt means, steps.entropy)."""
     claim = "entropy" if kind == "draft" else "verifier-entropy"
-    s = steps.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)
-                     & (pl.col("strategy") == "single"))
-    if f"accepted_{kind}_entropy" not in s.columns:
+    per_prompt = as_summary(steps, NEXT_BASE, EARLY_STEPS).entropy.get(kind)
+    if per_prompt is None:
         return []
+    s = per_prompt.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp))
     cell = s.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k"))
     what, bench = f"rejected - accepted {kind} entropy (nats), math drafter on gsm8k", "gsm8k"
     ev = cs.entropy(backbone, temp, "math", "gsm8k") if kind == "draft" else cs.verifier_entropy(backbone, temp)
@@ -324,10 +328,7 @@ def _entropy_claim(steps, backbone, temp, kind: str = "draft"):
               else cs.verifier_entropy(backbone, temp))
     if cell.is_empty():
         return []
-    acc = pl.col(f"accepted_{kind}_entropy").list.eval(pl.element().fill_nan(None)).list.mean()
-    per = (cell.with_columns(acc.alias("acc"), pl.col(f"rejected_{kind}_entropy").fill_nan(None).alias("rej"))
-           .group_by(["method", "benchmark", "prompt_id"]).agg(pl.col("acc").mean(), pl.col("rej").mean())
-           .with_columns((pl.col("rej") - pl.col("acc")).alias("diff")).drop_nulls("diff")
+    per = (cell.with_columns((pl.col("rej") - pl.col("acc")).alias("diff")).drop_nulls("diff")
            .group_by("benchmark", "prompt_id").agg(pl.col("diff").mean()).sort("benchmark", "prompt_id"))
     if per.is_empty():
         return []

@@ -10,6 +10,7 @@ import polars as pl
 
 from . import claims_study as cs
 from .stats import B_TEST, data_rng, kendall_tau_b, mean_diff_ci, verdict
+from .steps import as_summary
 from .tables import MATH_BENCH
 
 STUDY_DEPTH = 5  # the study's tables stop at depth 5
@@ -18,15 +19,14 @@ DEEP = (4, 5)  # "the matched specialist dominates at depths 4-5"
 CHUNK = 1000  # bootstrap draws per block in ordering_claim (memory: 2 x methods x CHUNK x prompts)
 
 
-def _rates(steps: pl.DataFrame, backbone: str, temp: float) -> pl.DataFrame:
-    """Acceptance rate at each depth per (method, benchmark, prompt): accepted at d / reached d."""
-    return (steps.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)
-                         & (pl.col("strategy") == "single"))
-            .select("method", "benchmark", "prompt_id", "depth_accept")
-            .with_columns(pl.int_ranges(1, pl.col("depth_accept").list.len() + 1).alias("depth"))
-            .explode(["depth_accept", "depth"]).drop_nulls("depth")
-            .group_by("method", "benchmark", "prompt_id", "depth")
-            .agg(pl.col("depth_accept").cast(pl.Float64).mean().alias("rate"), pl.len().alias("reached")))
+def _rates(steps, backbone: str, temp: float) -> pl.DataFrame:
+    """Acceptance rate at each depth per (method, benchmark, prompt): accepted at d / reached d
+    (``steps``: a step frame or its StepSummary, steps.rates)."""
+    r = as_summary(steps).rates
+    if r is None:
+        return pl.DataFrame()
+    r = r.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp))
+    return r.drop("backbone", "temperature")
 
 
 def _per_prompt(frames: list[pl.DataFrame]):

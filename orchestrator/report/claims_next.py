@@ -12,6 +12,7 @@ import polars as pl
 from . import claims_study as cs
 from .routers import PROMPT_NODE
 from .stats import corr_ci, paired_avg_diff_ci, verdict
+from .steps import as_summary
 from .tables import aligned
 
 BASE = PROMPT_NODE
@@ -84,12 +85,14 @@ def early_acceptance(pp, steps, backbone, temp, row) -> list[dict]:
     BASE router's traces (the generation switching would revise); mean over benchmarks. The early
     calls are part of the whole; prompts with <= EARLY_STEPS calls are left out."""
     cell = (pl.col("backbone") == backbone) & (pl.col("temperature") == temp) & (pl.col("method") == BASE)
-    s = steps.filter(cell)
-    if s.is_empty():
+    per_prompt = as_summary(steps, BASE, EARLY_STEPS).early  # (steps.early)
+    if per_prompt is None:
         return []
     k = ["benchmark", "prompt_id"]
-    first = s.filter(pl.col("turn") == pl.col("turn").min().over(k)).sort(*k, "step")
-    early = first.group_by(k, maintain_order=True).agg(pl.col("committed").head(EARLY_STEPS).mean().alias("early"))
+    early = (per_prompt.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp))
+             .select(*k, "early"))
+    if early.is_empty():
+        return []
     whole = (pp.filter(cell & (pl.col("verifier_calls") > EARLY_STEPS))
              .select(*k, (pl.col("new_tokens") / pl.col("verifier_calls")).alias("whole")))
     j = early.join(whole, on=k).sort(k)

@@ -33,7 +33,11 @@ def duplicates(lf: pl.LazyFrame, kind: str) -> pl.DataFrame:
 
 def check_unique(lf: pl.LazyFrame | None, kind: str, where: str) -> None:
     """Raise :class:`DuplicateRows` if ``lf`` (the ``kind`` traces under ``where``) repeats a row."""
-    d = duplicates(lf, kind) if lf is not None else pl.DataFrame()
+    refuse(duplicates(lf, kind) if lf is not None else pl.DataFrame(), where, kind)
+
+
+def refuse(d: pl.DataFrame, where: str, kind: str) -> None:
+    """Raise :class:`DuplicateRows` for the repeated rows ``d`` (duplicates' frame), if any."""
     if d.is_empty():
         return
     r = d.row(0, named=True)

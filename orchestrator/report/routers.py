@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import polars as pl
 
+from .steps import as_summary
 from .tables import KEYS, MATH_BENCH
 
 POSTHOC = "confidence(post hoc)"  # the study's code's router exactly (its Table 1 numbers)
@@ -59,30 +60,18 @@ def describe(method: str) -> str:
     return "the project's own routing variant"
 
 
-def whole_confidence(steps: pl.DataFrame, score: str = "path") -> pl.DataFrame:
+def whole_confidence(steps, score: str = "path") -> pl.DataFrame:
     """Per (backbone, temperature, benchmark, method, prompt) of the single-drafter cells: the post
     hoc router's ``confidence``. ``score="path"`` (TAPS): the mean path score V over every drafted
     node of every step (accepted path and off it), 0 where no node was drafted (its
-    ``overall_confidence``); ``"node"``: the mean c(v) over accepted nodes and first rejected children."""
-    k = KEYS + ["prompt_id"]
-    need = ({"accepted_path_confidence", "offpath_confidence_sum", "offpath_nodes"} if score == "path"
-            else {"accepted_draft_confidence", "rejected_draft_confidence"})
-    if steps is None or not need <= set(steps.columns):
-        return pl.DataFrame()
-    s = steps.filter(pl.col("strategy") == "single")
-    if score == "path":
-        acc = pl.col("accepted_path_confidence")
-        total = (acc.list.sum().fill_null(0.0) + pl.col("offpath_confidence_sum").fill_null(0.0)).sum()
-        n = (acc.list.len().fill_null(0) + pl.col("offpath_nodes").fill_null(0)).sum()
-        return s.group_by(k).agg(pl.when(n > 0).then(total / n).otherwise(0.0).alias("confidence"))
-    acc = s.select(*k, pl.col("accepted_draft_confidence").alias("c")).explode("c")
-    rej = s.select(*k, pl.col("rejected_draft_confidence").cast(pl.Float64).alias("c"))
-    both = pl.concat([acc.with_columns(pl.col("c").cast(pl.Float64)), rej])
-    return (both.filter(pl.col("c").is_not_null() & pl.col("c").is_not_nan())
-            .group_by(k).agg(pl.col("c").mean().alias("confidence")))
+    ``overall_confidence``); ``"node"``: the mean c(v) over accepted nodes and first rejected children.
+    ``steps``: a step frame or its StepSummary (steps.py); empty without the columns it needs."""
+    s = as_summary(steps)
+    conf = s.confidence.get(score) if s is not None else None
+    return conf if conf is not None else pl.DataFrame()
 
 
-def posthoc_rows(pp: pl.DataFrame, steps: pl.DataFrame | None, pair=("math", "chat"),
+def posthoc_rows(pp: pl.DataFrame, steps, pair=("math", "chat"),
                  mixed: str = "mixed_full", method: str = POSTHOC) -> pl.DataFrame:
     """A post hoc router's per-prompt rows (empty without the traces it needs): the chosen run's
     row with ``method`` (POSTHOC: TAPS's scores; POSTHOC_NODE: c(v)), ``routing_choice`` indexing
@@ -124,9 +113,10 @@ def posthoc_rows(pp: pl.DataFrame, steps: pl.DataFrame | None, pair=("math", "ch
     return rows.select([c for c in pp.columns if c in rows.columns] + ["posthoc_margin", "posthoc_tie_fallback"])
 
 
-def with_posthoc(pp: pl.DataFrame, steps: pl.DataFrame | None, pair=("math", "chat"),
-                 mixed: str = "mixed_full") -> pl.DataFrame:
-    """``pp`` plus both post hoc routers' rows (POSTHOC, POSTHOC_NODE) where the run has what each needs."""
+def with_posthoc(pp: pl.DataFrame, steps, pair=("math", "chat"), mixed: str = "mixed_full") -> pl.DataFrame:
+    """``pp`` plus both post hoc routers' rows (POSTHOC, POSTHOC_NODE) where the run has what each needs
+    (``steps``: a step frame or its StepSummary, read once for both)."""
+    steps = as_summary(steps)
     rows = [r for r in (posthoc_rows(pp, steps, pair, mixed, m) for m in POSTHOCS) if r.height]
     return pl.concat([pp, *rows], how="diagonal_relaxed") if rows else pp
 
