@@ -4,27 +4,36 @@ Per token: the feature the LM head consumes (post final-norm last hidden state, 
 verifier's top-10 next-token ids and probabilities (HASS distillation). An EAGLE-3 cache
 (``aux_layers`` given) also holds the verifier's hidden states at those ``output_hidden_states``
 indices, concatenated (float16), captured by hooks on those layers only. Sharded safetensors files
-plus a manifest.json, each written to a temp file and renamed, under a content key (verifier +
-corpus + selected example ids + max length). Readers stream one shard at a time.
+plus a manifest.json (the shard index, written last), under a content key (verifier + corpus +
+selected example ids + max length). Shards are cut from the examples' lengths before any forward
+pass, so a resumed extraction skips the shards already stored; a cache at a URI is streamed there
+shard by shard (StreamingFeatureStore). Readers stream one shard at a time, through a node-local
+cache when one is set (``reading_through``).
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
-from .atomic import atomic_file, write_text_atomic
+from .atomic import write_text_atomic
 from .data.templating import TokenizedExample
 
 TOPK = 10
+SHARD_TOKENS = 200_000  # the most tokens a shard holds
+SHARD_BYTES = 1 << 30  # and about the most bytes (a big verifier's shards hold fewer tokens)
+FORMAT = 2  # the index lists each shard's ids, lengths and bytes; shard names carry a digest of their ids
 
 
 @dataclass
@@ -115,17 +124,107 @@ def verifier_features(model, examples: list[TokenizedExample], batch_tokens: int
     return out
 
 
-def _atomic_save(tensors: dict, path: Path, metadata: dict | None = None) -> None:
-    with atomic_file(path) as tmp:
-        save_file(tensors, tmp, metadata=metadata)
+def extraction_device(gpu_ids, cuda_available: bool) -> str:
+    """Where a features task runs the verifier: ``cuda`` when Ray gave it a GPU (``gpu_ids``,
+    ``ray.get_gpu_ids()``), else ``cpu``. A task that holds a GPU torch cannot see is refused:
+    running an 8B verifier on the host instead would take days and say nothing."""
+    if not gpu_ids:
+        return "cpu"
+    if not cuda_available:
+        raise RuntimeError(f"the features task holds GPU(s) {list(gpu_ids)} but torch sees no CUDA device "
+                           "(CUDA_VISIBLE_DEVICES, the driver or the torch build): not extracting on the CPU")
+    return "cuda"
+
+
+def token_bytes(hidden: int, n_aux: int = 0) -> int:
+    """Bytes one token takes in a shard: float16 features (+ the aux layers), top-K ids (int32) and
+    probabilities (float16), its input id (int64) and loss mask (uint8)."""
+    return 2 * hidden * (1 + n_aux) + TOPK * (4 + 2) + 8 + 1
+
+
+def shard_tokens_for(hidden: int, n_aux: int = 0, target_bytes: int = SHARD_BYTES,
+                     cap: int = SHARD_TOKENS) -> int:
+    """Tokens per shard: ``cap``, or fewer so that a shard stays near ``target_bytes`` (an 8B
+    verifier's EAGLE-3 cache takes 32 KiB a token: 1 GiB is about 32k tokens)."""
+    return max(1, min(cap, target_bytes // token_bytes(hidden, n_aux)))
+
+
+def plan_shards(lengths: list[int], shard_tokens: int) -> list[tuple[int, int]]:
+    """[start, stop) example ranges of the shards: a shard closes once it holds >= ``shard_tokens``
+    tokens. From lengths alone, so a resumed extraction knows every shard before any forward pass."""
+    if shard_tokens < 1:
+        raise ValueError(f"shard_tokens must be >= 1, got {shard_tokens}")
+    out, start, n = [], 0, 0
+    for i, L in enumerate(lengths):
+        n += L
+        if n >= shard_tokens:
+            out.append((start, i + 1))
+            start, n = i + 1, 0
+    if start < len(lengths):
+        out.append((start, len(lengths)))
+    return out
+
+
+def shard_name(i: int, ids: list[str]) -> str:
+    """``shard-00003-<digest of its example ids>.safetensors``: a file of that name at the store
+    holds exactly those examples, so a resumed extraction skips it (a shard plan cut otherwise, e.g.
+    at another shard size, names its shards otherwise)."""
+    return f"shard-{i:05d}-{hashlib.sha256(json.dumps(ids).encode()).hexdigest()[:12]}.safetensors"
+
+
+def _shard_tensors(buf: list[FeatureExample]) -> dict:
+    tensors = {
+        "lengths": torch.tensor([len(e.input_ids) for e in buf]),
+        "input_ids": torch.cat([e.input_ids for e in buf]),
+        "loss_mask": torch.cat([e.loss_mask for e in buf]).to(torch.uint8),
+        "features": torch.cat([e.features for e in buf]), "top_ids": torch.cat([e.top_ids for e in buf]),
+        "top_probs": torch.cat([e.top_probs for e in buf]),
+    }
+    if buf[0].aux is not None:  # an EAGLE-3 cache (EAGLE-2/HASS shards are unchanged)
+        tensors["aux"] = torch.cat([e.aux for e in buf])
+    return tensors
+
+
+# ---------------------------------------------------------------- reading shards through a node cache
+_OPENER: contextvars.ContextVar = contextvars.ContextVar("shard_opener", default=None)
+
+
+@contextlib.contextmanager
+def reading_through(opener) -> Iterator[None]:
+    """Inside the block, shards are opened through ``opener.open(store_dir, file, nbytes)`` (a
+    context manager yielding a local path: workers/shard_cache.py downloads a shard of a cache at a
+    URI into a bounded node-local cache and holds it while it is read)."""
+    token = _OPENER.set(opener)
+    try:
+        yield
+    finally:
+        _OPENER.reset(token)
+
+
+@contextlib.contextmanager
+def open_shard(store_dir: Path, file: str, nbytes: int | None = None) -> Iterator[Path]:
+    opener = _OPENER.get()
+    if opener is not None:
+        with opener.open(store_dir, file, nbytes) as path:
+            yield path
+        return
+    path = store_dir / file
+    if not path.is_file():
+        raise FileNotFoundError(f"feature shard {path} is missing (its cache's manifest lists it)")
+    yield path
 
 
 class FeatureStore:
-    """One cache entry: DIR/<key>/{manifest.json, shard-00000.safetensors, ...}."""
+    """One cache entry: DIR/<key>/{manifest.json, shard-00000-<digest>.safetensors, ...}. The
+    manifest (the shard index: per shard its file, example ids, lengths, tokens and bytes) is
+    written last: it is the commit point. Caches written before the index held ids and lengths
+    (``format`` absent) are read the same way."""
 
-    def __init__(self, root: str | os.PathLike, key: str):
+    def __init__(self, root: str | os.PathLike, key: str, shard_tokens: int = SHARD_TOKENS):
         self.dir = Path(root) / key
         self.key = key
+        self.shard_tokens = shard_tokens
+        self.extra_meta: dict = {}  # recorded in the manifest too (where and in what dtype it was computed)
 
     @property
     def manifest_path(self) -> Path:
@@ -137,51 +236,97 @@ class FeatureStore:
     def manifest(self) -> dict:
         return json.loads(self.manifest_path.read_text())
 
-    def write(self, examples_iter, meta: dict, shard_tokens: int = 200_000) -> dict:
-        """Consume FeatureExamples, write shards, then the manifest (the commit point)."""
+    # where finished files go: here, in place; StreamingFeatureStore: to object storage
+    def _finished(self) -> dict[str, int]:
+        """{shard file: bytes} already at the store."""
+        return {p.name: p.stat().st_size for p in self.dir.glob("shard-*.safetensors")}
+
+    def _commit(self, tmp: Path, name: str) -> None:
+        os.replace(tmp, self.dir / name)
+
+    def _drain(self) -> None:
+        pass
+
+    def _write_index(self, text: str) -> None:
+        write_text_atomic(self.manifest_path, text)
+
+    def _put_shard(self, name: str, buf: list[FeatureExample]) -> dict:
         self.dir.mkdir(parents=True, exist_ok=True)
-        shards, buf, ntok, ids_all, t0 = [], [], 0, [], time.perf_counter()
+        tmp = self.dir / f".{name}.{os.getpid()}.tmp"
+        ids = [e.id for e in buf]
+        try:
+            save_file(_shard_tensors(buf), str(tmp), metadata={"ids": json.dumps(ids)})
+            nbytes = tmp.stat().st_size
+            self._commit(tmp, name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        return _entry(name, ids, [len(e.input_ids) for e in buf], nbytes)
 
-        def flush():
-            nonlocal buf, ntok
-            if not buf:
-                return
-            name = f"shard-{len(shards):05d}.safetensors"
-            lens = torch.tensor([len(e.input_ids) for e in buf])
-            tensors = {
-                "lengths": lens, "input_ids": torch.cat([e.input_ids for e in buf]),
-                "loss_mask": torch.cat([e.loss_mask for e in buf]).to(torch.uint8),
-                "features": torch.cat([e.features for e in buf]), "top_ids": torch.cat([e.top_ids for e in buf]),
-                "top_probs": torch.cat([e.top_probs for e in buf]),
-            }
-            if buf[0].aux is not None:  # an EAGLE-3 cache (EAGLE-2/HASS shards are unchanged)
-                tensors["aux"] = torch.cat([e.aux for e in buf])
-            _atomic_save(tensors, self.dir / name, {"ids": json.dumps([e.id for e in buf])})
-            shards.append({"file": name, "examples": len(buf), "tokens": int(lens.sum())})
-            buf, ntok = [], 0
-
-        for e in examples_iter:
-            buf.append(e)
-            ids_all.append(e.id)
-            ntok += len(e.input_ids)
-            if ntok >= shard_tokens:
-                flush()
-        flush()
-        # seconds: the verifier's forward passes included (the iterator computes them): the
-        # extraction rate orchestrator/rates.py reads
-        manifest = {"key": self.key, **meta, "examples": len(ids_all), "tokens": sum(s["tokens"] for s in shards),
-                    "seconds": time.perf_counter() - t0, "shards": shards}
-        write_text_atomic(self.manifest_path, json.dumps(manifest, indent=1))
+    def _finish(self, meta: dict, shards: list[dict], seconds: float | None, resumed: int = 0) -> dict:
+        manifest = {"key": self.key, **meta, **self.extra_meta, "format": FORMAT,
+                    "examples": sum(s["examples"] for s in shards),
+                    "tokens": sum(s["tokens"] for s in shards), "shard_tokens": self.shard_tokens,
+                    "resumed_shards": resumed, "shards": shards}
+        if seconds is not None:  # the extraction rate orchestrator/rates.py reads (not for a resumed one)
+            manifest["seconds"] = seconds
+        self._write_index(json.dumps(manifest))
         return manifest
 
-    def iter_examples(self, select: set[str] | None = None) -> Iterator[FeatureExample]:
-        """Stream examples shard by shard (only one shard in memory)."""
-        for s in self.manifest()["shards"]:
-            from safetensors import safe_open
+    def write(self, examples_iter, meta: dict, shard_tokens: int | None = None) -> dict:
+        """Consume FeatureExamples, write shards, then the manifest (the commit point)."""
+        limit, t0 = shard_tokens or self.shard_tokens, time.perf_counter()
+        shards, buf, ntok = [], [], 0
+        try:
+            for e in examples_iter:
+                buf.append(e)
+                ntok += len(e.input_ids)
+                if ntok >= limit:
+                    shards.append(self._put_shard(shard_name(len(shards), [x.id for x in buf]), buf))
+                    buf, ntok = [], 0
+            if buf:
+                shards.append(self._put_shard(shard_name(len(shards), [x.id for x in buf]), buf))
+        finally:
+            self._drain()
+        # seconds: the verifier's forward passes included (the iterator computes them)
+        return self._finish(meta, shards, time.perf_counter() - t0)
 
-            with safe_open(str(self.dir / s["file"]), "pt") as f:
-                ids = json.loads(f.metadata()["ids"])
-            t = load_file(str(self.dir / s["file"]))
+    def extract(self, examples: list, compute, meta: dict, progress=None, chunk: int = 16) -> dict:
+        """Features of tokenized ``examples`` (``compute(list) -> list[FeatureExample]``, ``chunk`` at
+        a time), shard by shard as ``plan_shards`` cuts them; a shard already at the store (a resumed
+        extraction) is skipped without a forward pass. ``progress(done, total)`` after each chunk."""
+        lengths = [len(e.input_ids) for e in examples]
+        have, shards, resumed, t0 = self._finished(), [], 0, time.perf_counter()
+        try:
+            for i, (a, b) in enumerate(plan_shards(lengths, self.shard_tokens)):
+                ids = [e.id for e in examples[a:b]]
+                name = shard_name(i, ids)
+                if name in have:
+                    shards.append(_entry(name, ids, lengths[a:b], have[name]))
+                    resumed += 1
+                    continue
+                buf = []
+                for j in range(a, b, chunk):
+                    buf += compute(examples[j : min(j + chunk, b)])
+                    if progress:
+                        progress(min(j + chunk, b), len(examples))
+                shards.append(self._put_shard(name, buf))
+        finally:
+            self._drain()
+        return self._finish(meta, shards, None if resumed else time.perf_counter() - t0, resumed)
+
+    def iter_examples(self, select: set[str] | None = None,
+                      files: set[str] | None = None) -> Iterator[FeatureExample]:
+        """Stream examples shard by shard (only one shard in memory); ``files``: only those shards."""
+        from safetensors import safe_open
+
+        for s in self.manifest()["shards"]:
+            if files is not None and s["file"] not in files:
+                continue
+            with open_shard(self.dir, s["file"], s.get("bytes")) as path:  # held while it is read
+                with safe_open(str(path), "pt") as f:
+                    ids = json.loads(f.metadata()["ids"])
+                t = load_file(str(path))
             offsets = torch.cat([torch.zeros(1, dtype=torch.long), t["lengths"].cumsum(0)])
             for j, eid in enumerate(ids):
                 if select is not None and eid not in select:
@@ -190,3 +335,71 @@ class FeatureStore:
                 yield FeatureExample(eid, t["input_ids"][a:b], t["loss_mask"][a:b].bool(), t["features"][a:b],
                                      t["top_ids"][a:b], t["top_probs"][a:b],
                                      t["aux"][a:b] if "aux" in t else None)
+
+
+def _entry(name: str, ids: list[str], lengths: list[int], nbytes: int) -> dict:
+    return {"file": name, "examples": len(ids), "tokens": int(sum(lengths)), "bytes": int(nbytes),
+            "ids": list(ids), "lengths": [int(n) for n in lengths]}
+
+
+class StreamingFeatureStore(FeatureStore):
+    """A cache whose files live at ``remote`` (object storage: ``put(local, name)``,
+    ``put_text(name, text)``, ``read_text(name)``, ``sizes()``, e.g. workers.artifacts.RemoteDir).
+    Each shard is written to a temp file under ``staging/<key>/``, uploaded while the next one is
+    computed, and deleted there once up; the index goes up last. Local disk holds at most two
+    shards (``staging_peak`` bytes, measured)."""
+
+    def __init__(self, staging: str | os.PathLike, key: str, remote, shard_tokens: int = SHARD_TOKENS):
+        super().__init__(staging, key, shard_tokens)
+        self.remote = remote
+        self.staging_peak = 0
+        self._staged, self._lock, self._pending, self._pool = 0, threading.Lock(), None, None
+
+    def exists(self) -> bool:
+        return self.remote.read_text("manifest.json") is not None
+
+    def manifest(self) -> dict:
+        text = self.remote.read_text("manifest.json")
+        if text is None:
+            raise FileNotFoundError(f"feature cache {self.key}: no manifest.json at its store")
+        return json.loads(text)
+
+    def _finished(self) -> dict[str, int]:
+        return {n: b for n, b in self.remote.sizes().items() if n.startswith("shard-") and "/" not in n}
+
+    def _commit(self, tmp: Path, name: str) -> None:
+        size = tmp.stat().st_size
+        with self._lock:  # this shard and the one still uploading: the most on local disk
+            self._staged += size
+            self.staging_peak = max(self.staging_peak, self._staged)
+        self._wait()
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"upload-{self.key}")
+        self._pending = self._pool.submit(self._upload, tmp, name, size)
+
+    def _upload(self, tmp: Path, name: str, size: int) -> None:
+        try:
+            self.remote.put(tmp, name)
+        finally:
+            tmp.unlink(missing_ok=True)
+            with self._lock:
+                self._staged -= size
+
+    def _wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()  # an upload's error stops the extraction here
+
+    def _drain(self) -> None:
+        try:
+            self._wait()
+        finally:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    def _write_index(self, text: str) -> None:
+        self.remote.put_text("manifest.json", text)
+
+    def _finish(self, meta: dict, shards: list[dict], seconds: float | None, resumed: int = 0) -> dict:
+        return super()._finish({**meta, "staging_peak_bytes": self.staging_peak}, shards, seconds, resumed)

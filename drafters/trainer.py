@@ -31,6 +31,7 @@ from .config import BACKBONES, DrafterConfig
 from .data.templating import TokenizedExample
 from .features import FeatureExample, FeatureStore
 from .losses import MASK_MODES, aligned_passes, collate, eagle_losses, noise, step_mask
+from .shards import rank_plan
 from .variants import DataSpec
 from .vocab import DraftHead, load_vocab
 
@@ -155,12 +156,12 @@ class OnlineFeatures:
             yield from self.features(exs[j : j + chunk])
 
 
-def _source(root, key, ids, online: OnlineFeatures | None, features: bool = True):
+def _source(root, key, ids, online: OnlineFeatures | None, features: bool = True, file: str | None = None):
     if root in ONLINE_ROOTS:
         if online is None:
             raise ValueError("train_data has 'online' entries but no online feature source was given")
         return online.iter_examples(key, ids, "heldout" if root == "online-heldout" else "train", features=features)
-    return FeatureStore(root, key).iter_examples(None if ids is None else set(ids))
+    return FeatureStore(root, key).iter_examples(None if ids is None else set(ids), None if file is None else {file})
 
 
 def iter_examples(data: list, seed: int | None, buffer: int = 256, online: OnlineFeatures | None = None,
@@ -168,14 +169,15 @@ def iter_examples(data: list, seed: int | None, buffer: int = 256, online: Onlin
     """Stream examples from feature stores (or the online source); shard order and a shuffle
     buffer seeded per epoch, so memory stays at about one shard plus the buffer. ``features=False``:
     online entries yield their tokenized examples (no verifier pass); the order depends only on
-    the examples' count, so it is the same either way and the same as the cache's."""
+    the examples' count, so it is the same either way and the same as the cache's. An entry may
+    name one shard of its cache (``[root, key, ids, file]``: a rank's own shard, drafters/shards.py)."""
     rng = random.Random(seed) if seed is not None else None
     sources = list(data)
     if rng:
         rng.shuffle(sources)
     buf = []
-    for root, key, ids in sources:
-        for e in _source(root, key, ids, online, features):
+    for root, key, ids, *file in sources:
+        for e in _source(root, key, ids, online, features, *file):
             if rng is None:
                 yield e
                 continue
@@ -229,8 +231,17 @@ def batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket
     rank's batches only. ``skip``: the rank's first ``skip`` batches are passed over unbuilt (a
     resume inside an epoch). With a plan of N batches the first N % world ranks get one more than
     the others; the training loop drops that remainder (every rank steps N // world times, see
-    ``train``), since a rank that steps alone waits forever in its gradient all-reduce."""
-    for i, group in enumerate(plan_batches(data, batch_size, seed, online, bucket, pool)):
+    ``train``), since a rank that steps alone waits forever in its gradient all-reduce.
+    Cached data that splits by shards (drafters/shards.py ``rank_plan``) is planned otherwise: the
+    rank reads and batches only its own shards, for the step count every rank shares."""
+    cached = world > 1 and not any(e[0] in ONLINE_ROOTS for e in data)
+    plan = rank_plan(data, world, batch_size) if cached else None
+    if plan is not None and plan.sharded:
+        groups = _own_groups(plan.data(rank), plan.steps, batch_size, seed, bucket, pool)
+        rank, world = 0, 1
+    else:
+        groups = plan_batches(data, batch_size, seed, online, bucket, pool)
+    for i, group in enumerate(groups):
         if i % world != rank:
             continue
         if skip:
@@ -243,6 +254,23 @@ def batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket
             for j, f in zip(need, computed):
                 group[j] = f
         yield collate_fn(group, mask_mode=mask_mode)
+
+
+def _own_groups(data, steps: int, batch_size: int, seed, bucket: bool, pool: int):
+    """``steps`` batches of a rank's own shards: its plan, then (a rank with fewer batches than the
+    others) its plan again in another order, for the batches it lacks."""
+    made, round_ = 0, 0
+    while made < steps:
+        before = made
+        again = None if seed is None else seed + 7919 * round_  # round 0: the plan's own seed
+        for group in plan_batches(data, batch_size, again, bucket=bucket, pool=pool):
+            if made == steps:
+                return
+            yield group
+            made += 1
+        if made == before:  # nothing with a target in these shards
+            return
+        round_ += 1
 
 
 def count_examples(data: list, online_spec: dict | None = None) -> int:
@@ -266,7 +294,10 @@ def schedule_steps(cfg: TrainConfig, world: int) -> int:
     """Micro-batches each rank's schedule spans (optimizer steps x grad_accum): epochs x
     ceil(examples / batch_size) with one rank, epochs x (that // world) with more (the remainder
     is dropped, see ``batches``). From counts alone, so warmup, linear decay and HASS's two-stage
-    switch are the same in cached and online mode."""
+    switch are the same in cached and online mode. Cached data split by shards: epochs x the step
+    count every rank shares (drafters/shards.py)."""
+    if world > 1 and not any(e[0] in ONLINE_ROOTS for e in cfg.train_data):
+        return cfg.epochs * rank_plan(cfg.train_data, world, cfg.batch_size).steps
     n_batches = -(-count_examples(cfg.train_data, cfg.online_spec) // cfg.batch_size)
     return cfg.epochs * max(1, n_batches // world)
 
@@ -508,6 +539,9 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
         clamp_grads_by_value(model, cfg.grad_clip)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95))
     total_steps = schedule_steps(cfg, world)  # optimizer steps x grad_accum, cached and online alike
+    if rank == 0 and world > 1 and not cfg.online_spec:
+        print(f"[train {cfg.backbone}-{cfg.variant}] data: "
+              f"{rank_plan(cfg.train_data, world, cfg.batch_size).describe()}", flush=True)
     t_init = time.perf_counter()
     runner = _DeepSpeed(model, opt, cfg, world) if cfg.deepspeed else _Plain(model, opt, cfg)
     if rank == 0 and cfg.deepspeed:

@@ -65,7 +65,7 @@ def select_conversations(tokenizer, eos_ids, corpus: str, spec: DataSpec, option
 
 def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec: DataSpec, root: str,
                     options: SourceOptions = SourceOptions(), progress=None, prefetch=None,
-                    aux_layers=None) -> dict:
+                    aux_layers=None, store_for=FeatureStore) -> dict:
     """Extract (or reuse) the feature caches of one corpus: {"train": key, "heldout": key, ...}.
 
     A second call with the same content key runs no verifier forward pass. ``prefetch(key)``, if
@@ -74,6 +74,7 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
     same conversations and user turns); the held-out slice stays original, so agreement is comparable.
     ``aux_layers`` (EAGLE-3): the caches also hold those layers' hidden states, under their own keys
     (``<corpus>-<part>-aux2-15-27-<hash>``); without it the keys and contents are EAGLE-2/HASS's.
+    ``store_for(root, key)``: the store a cache is written to (e.g. one streaming it to a URI).
     """
     if aux_layers is not None:
         aux_layers = check_aux_layers(model, aux_layers)  # before any work
@@ -90,19 +91,15 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
         key = content_key(verifier, f"{corpus}-{label}{aux_tag(aux_layers)}", [e.id for e in exs], spec.max_length)
         if prefetch is not None:
             prefetch(key)
-        store = FeatureStore(root, key)
+        store = store_for(root, key)
         if not store.exists():
-            def gen(exs=exs):
-                for j in range(0, len(exs), 16):
-                    yield from verifier_features(model, exs[j : j + 16], aux_layers=aux_layers)
-                    if progress:
-                        progress(f"features {corpus}/{part}", min(j + 16, len(exs)), len(exs))
-
             meta = {"verifier": verifier, "corpus": corpus, "part": part, "max_length": spec.max_length,
                     "seed": spec.seed, "self_distill": spec.self_distill if part == "train" else None}
             if aux_layers is not None:
                 meta["aux_layers"] = [int(i) for i in aux_layers]
-            store.write(gen(), meta)
+            what = f"features {corpus}/{part}"
+            store.extract(exs, lambda b: verifier_features(model, b, aux_layers=aux_layers), meta,
+                          progress=progress and (lambda done, n, w=what: progress(w, done, n)))
         keys[part] = key
         keys[f"{part}_ids"] = [e.id for e in exs]
     return keys
