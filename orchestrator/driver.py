@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import time
 import traceback
 import warnings
@@ -22,10 +21,12 @@ from decoding.verifiers import eos_token_ids, load_verifier, resolve
 from drafters.checkpoint import initial_of, save_any
 from drafters.eagle3 import default_aux_layers
 from drafters.data.sources import load_benchmark, subsample
+from drafters.features import extraction_device
 from drafters.merge import merge_checkpoints
 from drafters.trainer import TrainConfig
 from drafters.variants import DataSpec, build_vocab, ensure_features, heldout_data, online_selection, variant_data
 from drafters.vocab import save_vocab
+from workers import artifacts
 from workers.eval_worker import EvalWorker
 from workers.tune_sweep import run_sweep
 
@@ -78,22 +79,19 @@ def _ray_init(p: Profile) -> None:
 
 
 def _features_task(verifier, dtype, corpus, spec_dict, root, online=False, relay=None, aux=False):
-    """Extract one corpus's caches under ``root`` (a path or URI; with a URI the remote copy is
-    the truth: a cache is fetched if it is there, else extracted locally and published). Progress
-    goes to the worker log and, through ``relay``, to the driver log once a minute. ``aux``: the
-    caches also hold EAGLE-3's layers (the reference's three; EAGLE-2/HASS read the rest of them)."""
-    model, tok = load_verifier(verifier, dtype=dtype)
+    """Extract one corpus's caches under ``root`` (a path or URI), on the task's GPU when it holds
+    one (in the profile's dtype), else on the CPU. With a URI the remote copy is the truth: a cache
+    whose manifest is there is done; else its shards are computed and uploaded one by one (local
+    disk: about two shards), those already there skipped. Progress goes to the worker log and,
+    through ``relay``, to the driver log once a minute. ``aux``: the caches also hold EAGLE-3's
+    layers (the reference's three; EAGLE-2/HASS read the rest of them)."""
     if online:  # fix the selection here; features are computed later, inside training
+        model, tok = load_verifier(verifier, dtype=dtype)
         return online_selection(tok, eos_token_ids(model, tok), corpus, DataSpec(**spec_dict))
-    local = storage.node_cache(root)
+    import torch
 
-    def prefetch(key: str) -> None:
-        if storage.is_uri(root):
-            if storage.exists(storage.join(root, key, "manifest.json")):
-                storage.fetch(storage.join(root, key))
-            else:
-                shutil.rmtree(local / key, ignore_errors=True)
-
+    device = extraction_device(ray.get_gpu_ids(), torch.cuda.is_available())
+    model, tok = load_verifier(verifier, dtype=dtype, device=device)
     t0, started, last, sender = time.time(), {}, [time.time()], RelaySender(relay, corpus)
 
     def progress(what: str, done: int, total: int) -> None:  # worker log (dashboard) and the driver log
@@ -106,11 +104,10 @@ def _features_task(verifier, dtype, corpus, spec_dict, root, online=False, relay
         sender.send(line)
 
     aux_layers = default_aux_layers(model.config.num_hidden_layers) if aux else None
-    caches = ensure_features(model, tok, eos_token_ids(model, tok), resolve(verifier).name, corpus, DataSpec(**spec_dict),
-                             str(local), prefetch=prefetch, progress=progress, aux_layers=aux_layers)
-    for part in ("train", "heldout"):
-        storage.publish(local / caches[part], storage.join(root, caches[part]))
-    return caches
+    print(f"[features {corpus}] verifier on {device} in {model.dtype}", flush=True)
+    return ensure_features(model, tok, eos_token_ids(model, tok), resolve(verifier).name, corpus, DataSpec(**spec_dict),
+                           str(storage.node_cache(root)), progress=progress, aux_layers=aux_layers,
+                           store_for=artifacts.feature_stores(root, model, aux_layers))
 
 
 def _initial_task(verifier, dtype, src):

@@ -129,6 +129,12 @@ def list_files(ref: str) -> set[str]:
     return set(_files(filesystem, path))
 
 
+def file_sizes(ref: str) -> dict[str, int]:
+    """{relative path: bytes} of every file under ``ref`` (one recursive listing)."""
+    filesystem, path = _fs(ref)
+    return {r: int(i.size) for r, i in _files(filesystem, path).items()}
+
+
 def exists(ref: str) -> bool:
     filesystem, path = _fs(ref)
     return bool(_files(filesystem, path))

@@ -5,16 +5,23 @@ Layout at the URI mirrors the local run directory: ``epoch-N/`` and ``step-N-B/`
 is complete) and ``final/``. Once a checkpoint is at the URI, the ones it makes stale are deleted
 there (older step checkpoints; epochs beyond ``keep_checkpoints``) and every node drops its local
 copies but the newest (the final checkpoint is made from it).
+
+Feature caches at the URI: a rank fetches their manifests (shard indexes) only; the shards it reads
+come through the node's bounded shard cache (workers/shard_cache.py). The features task streams a
+cache's shards to the URI as they are finished (:class:`RemoteDir`, :func:`feature_stores`).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 
 from drafters.checkpoint import checkpoint_position, latest_checkpoint, stale_checkpoints
 from orchestrator import storage
+
+SHARD_TOKENS_ENV = "TASKSPEC_FEATURE_SHARD_TOKENS"  # tokens per feature shard (default: about 1 GiB a shard)
 
 
 def _barrier() -> None:
@@ -25,11 +32,14 @@ def _barrier() -> None:
 
 
 def localize_data(entries: list) -> list:
-    """[[root, key, ids], ...] with URI roots replaced by node-local copies of the caches."""
+    """[[root, key, ids], ...] with URI roots replaced by their node-local mirrors, holding each
+    cache's manifest (its shard index) only: shards are downloaded when a rank opens them, through
+    the node's bounded cache (:func:`shard_cache`)."""
     out = []
     for root, key, ids in entries:
         if storage.is_uri(root):
-            root = str(storage.fetch(storage.join(root, key)).parent)
+            storage.fetch(storage.join(root, key, "manifest.json"))  # a temp name, renamed: ranks may race
+            root = str(storage.node_cache(root))
         out.append([root, key, ids])
     return out
 
@@ -104,3 +114,58 @@ def publish_final(cfg, final: Path, rank: int) -> None:
     if cfg.out_uri and rank == 0:
         storage.sync(str(final), storage.join(cfg.out_uri, "final"))
         drop_local(final.parent, keep="final")
+
+
+def shard_cache(cfg, rank: int):
+    """The node's bounded cache for the shards of ``cfg``'s caches at URIs (before ``prepare``
+    localizes them); budget from TASKSPEC_FEATURE_CACHE_GB (workers/shard_cache.py)."""
+    from .shard_cache import ShardCache, budget_bytes
+
+    roots = {root for root, _, _ in cfg.train_data + cfg.heldout_data if storage.is_uri(root)}
+    return ShardCache(budget_bytes(), {str(storage.node_cache(r)): r for r in roots}, rank)
+
+
+class RemoteDir:
+    """One feature cache's directory at a URI, as drafters.features.StreamingFeatureStore writes it."""
+
+    def __init__(self, uri: str):
+        self.uri = uri
+
+    def sizes(self) -> dict[str, int]:
+        return storage.file_sizes(self.uri)
+
+    def put(self, local: Path, name: str) -> None:
+        storage.sync(str(local), storage.join(self.uri, name), force=True)
+
+    def put_text(self, name: str, text: str) -> None:
+        storage.write_text(storage.join(self.uri, name), text)
+
+    def read_text(self, name: str) -> str | None:
+        return storage.read_text(storage.join(self.uri, name))
+
+
+def feature_stores(root: str, model, aux_layers=None, env: dict | None = None):
+    """``store_for(local_root, key)`` for drafters.variants.ensure_features: with a URI ``root``
+    a StreamingFeatureStore (shards staged under the node mirror, uploaded one by one), else a
+    FeatureStore in place. Shards of about 1 GiB for ``model``'s hidden size and aux layers, or
+    ``TASKSPEC_FEATURE_SHARD_TOKENS`` tokens; the manifest records the device and dtype."""
+    from drafters.features import FeatureStore, StreamingFeatureStore, shard_tokens_for
+
+    raw = (os.environ if env is None else env).get(SHARD_TOKENS_ENV)
+    if raw:
+        if not raw.isdigit() or int(raw) < 1:
+            raise ValueError(f"{SHARD_TOKENS_ENV}={raw!r} is not a positive number of tokens")
+        tokens = int(raw)
+    else:
+        tokens = shard_tokens_for(model.config.hidden_size, 0 if aux_layers is None else len(aux_layers))
+    extra = {"device": str(model.device), "dtype": str(model.dtype).removeprefix("torch.")}
+
+    def store_for(local_root: str, key: str):
+        if storage.is_uri(root):
+            store = StreamingFeatureStore(local_root, key, RemoteDir(storage.join(root, key)), tokens)
+        else:
+            store = FeatureStore(local_root, key, tokens)
+        store.extra_meta = extra
+        return store
+
+    return store_for

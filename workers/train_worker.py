@@ -26,6 +26,7 @@ def train_loop_per_worker(config: dict) -> None:
     import ray.train
 
     from decoding.verifiers import load_verifier
+    from drafters.features import reading_through
     from drafters.trainer import TrainConfig, train
 
     from . import artifacts
@@ -34,7 +35,9 @@ def train_loop_per_worker(config: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     local_rank = node_local_rank(rank, world)
     t1 = time.time()
-    cfg = artifacts.prepare(TrainConfig(**config["train"]), local_rank)  # with out_uri: inputs, last checkpoint
+    cfg = TrainConfig(**config["train"])
+    shards = artifacts.shard_cache(cfg, rank)  # this node's bounded cache of the shards at URIs
+    cfg = artifacts.prepare(cfg, local_rank)  # with out_uri: cache manifests, draft vocabulary, last checkpoint
     t2 = time.time()
     model, tok = load_verifier(cfg.verifier, dtype=cfg.verifier_dtype, device="cuda" if _cuda() else "cpu",
                                matmul_forms=False)  # training never takes the inference forms
@@ -57,7 +60,12 @@ def train_loop_per_worker(config: dict) -> None:
             ckpt = ray.train.Checkpoint.from_directory(str(ckpt_ref))
         ray.train.report({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, checkpoint=ckpt)
 
-    final = train(cfg, model, rank=rank, world=world, report=report, tokenizer=tok, saved=saved)
+    with reading_through(shards):  # a rank downloads only the shards it reads
+        final = train(cfg, model, rank=rank, world=world, report=report, tokenizer=tok, saved=saved)
+    if shards.downloaded:
+        print(f"[train {cfg.backbone}-{cfg.variant}] rank {rank}: downloaded {len(shards.downloaded)} feature "
+              f"shard(s); the node holds {shards.nbytes() / 2**20:.1f} of {shards.budget / 2**20:.0f} MiB",
+              flush=True)
     artifacts.publish_final(cfg, final, rank)
 
 
