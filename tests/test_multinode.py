@@ -11,6 +11,7 @@ unit has its prompts x turns rows exactly once, the units cut off are retried (t
 attempts), and it prints its figures (work redone, seconds to recover)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -19,6 +20,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -388,3 +390,124 @@ def test_training_on_two_nodes_with_an_odd_batch_count_in_bf16(cluster, s3, tmp_
     # the workers ran on both nodes: each node's own staging dir holds the checkpoints it fetched or wrote
     used = [d.name for d in cluster.tmp.glob("node-*") if list(d.rglob("two-node-train/checkpoints/hass-math"))]
     assert len(used) >= 2, used
+
+
+class _DiskWatch(threading.Thread):
+    """Samples, every few milliseconds, the feature shard bytes in each worker node's mirror of
+    ``part`` (shards and their temp copies, staged or downloading; not the manifests): the peak per
+    node and phase."""
+
+    def __init__(self, tmp: Path, part: str):
+        super().__init__(daemon=True)
+        self.tmp, self.part, self.samples, self.stop = tmp, part, [], threading.Event()
+
+    def run(self):
+        while not self.stop.is_set():
+            for node in self.tmp.glob("node-*"):
+                total = 0
+                for p in (node / "cache").rglob("*") if (node / "cache").is_dir() else ():
+                    try:
+                        shard = p.name.lstrip(".").startswith("shard-") and self.part in str(p)
+                        total += p.stat().st_size if shard and p.is_file() else 0
+                    except FileNotFoundError:  # renamed or evicted while counted
+                        pass
+                self.samples.append((time.time(), node.name, total))
+            time.sleep(0.02)
+
+    def peak(self, t0: float, t1: float) -> dict:
+        out = {}
+        for t, node, b in self.samples:
+            if t0 <= t <= t1:
+                out[node] = max(out.get(node, 0), b)
+        return out
+
+
+@contextlib.contextmanager
+def _environ(**kv):
+    saved = {k: os.environ.get(k) for k in kv}
+    os.environ.update(kv)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+
+
+def _downloads(tmp: Path) -> dict:
+    """{node: [download records]} from each worker node's shard cache log."""
+    out = {}
+    for node in tmp.glob("node-*"):
+        log = node / "feature-shards" / "downloads.jsonl"
+        out[node.name] = [json.loads(x) for x in log.read_text().splitlines()] if log.is_file() else []
+    return out
+
+
+def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(cluster, s3, tmp_path):
+    """The features task streams a corpus's shards to s3:// one by one (its node's disk: at most
+    two shards), and two ranks, one per node, train from it: each downloads exactly the shards the
+    partition of the index gives it (rank 0 also the held-out set), both take the same steps, and
+    each node's shard cache stays under its bound (smaller than a rank's share, so shards are
+    evicted and fetched again in the second epoch). tests/sharded_training.py runs the job."""
+    from drafters.shards import rank_plan
+    from workers.artifacts import localize_data
+
+    endpoint, s3fs = s3
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_"))}
+    env.update(RAY_ADDRESS=cluster.address, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+               TASKSPEC_STAGING=str(tmp_path / "job"), AWS_ENDPOINT_URL_S3=endpoint, AWS_DEFAULT_REGION=REGION,
+               **CREDS)
+    uri = f"s3://{BUCKET}/sharded"
+    watch = _DiskWatch(cluster.tmp, "/sharded/features/")  # (the node mirror's path: the bucket is hashed)
+    watch.start()
+    try:
+        r = subprocess.run([sys.executable, str(ROOT / "tests/sharded_training.py"), uri], capture_output=True,
+                           text=True, timeout=1800, env=env, cwd=ROOT)
+    finally:
+        watch.stop.set()
+        watch.join()
+    log = r.stdout + r.stderr
+    assert r.returncode == 0, log[-6000:]
+    s = json.loads(r.stdout.strip().splitlines()[-1])
+    t, bound = s["times"], s["cache_bytes"]
+    # the index, as a rank reads it (the manifest fetched to this process's own staging dir)
+    with _environ(AWS_ENDPOINT_URL_S3=endpoint, AWS_DEFAULT_REGION=REGION, TASKSPEC_STAGING=str(tmp_path / "reader"),
+                  **CREDS):
+        train, held = (localize_data([[s["features"], s["caches"]["mathinstruct"][p], None]])[0]
+                       for p in ("train", "heldout"))
+        index = json.loads((Path(train[0]) / train[1] / "manifest.json").read_text())
+        held_files = {x["file"] for x in json.loads((Path(held[0]) / held[1] / "manifest.json").read_text())["shards"]}
+        plan = rank_plan([train], 2, 4)
+    biggest = max(x["bytes"] for x in index["shards"])
+    share = [sum(u.tokens for u in plan.mine(r)) for r in range(2)]
+    # extraction: streamed, at most two shards on its node's disk, none left there
+    extract_peak = watch.peak(t["extract_start"], t["extract_end"])
+    assert len(index["shards"]) >= 16 and plan.sharded, plan.describe()
+    assert index["device"] == "cpu" and index["resumed_shards"] == 0
+    # (the writer's own count is exact; a sample may miss a shard that is staged for milliseconds)
+    assert 0 < index["staging_peak_bytes"] <= 2 * biggest and max(extract_peak.values()) <= 2 * biggest
+    # training: each rank downloaded exactly its own shards (and rank 0 the held-out set), within the bound
+    logs = _downloads(cluster.tmp)
+    by_rank = {}
+    for node, records in logs.items():
+        assert len({x["rank"] for x in records}) <= 1, (node, records)  # one rank per node
+        for x in records:
+            by_rank.setdefault(x["rank"], []).append(x["ref"].rsplit("/", 1)[1])
+    for rank in range(2):
+        own = {u.file for u in plan.mine(rank)}
+        got = set(by_rank.get(rank, []))
+        assert got - held_files == own, (rank, sorted(got - held_files), sorted(own))
+        assert (got & held_files) == (held_files if rank == 0 else set())
+        assert len(by_rank[rank]) > len(got)  # the bound bit: some shards evicted and fetched again
+    train_peak = watch.peak(t["train_start"], t["train_end"])
+    held_max = max(x["held_bytes"] for records in logs.values() for x in records)
+    print(f"sharded features on two nodes: {len(index['shards'])} shards ({index['tokens']} tokens, largest "
+          f"{biggest} B), extraction {t['extract_end'] - t['extract_start']:.0f}s with a staging peak of "
+          f"{index['staging_peak_bytes']} B (sampled {max(extract_peak.values())} B; bound 2 shards = {2 * biggest} B); "
+          f"training {t['train_end'] - t['train_start']:.0f}s: {plan.describe()}; tokens per rank {share}; "
+          f"downloads per rank {[len(by_rank[r]) for r in range(2)]} of {[len(plan.mine(r)) for r in range(2)]} own "
+          f"shards; node disk peak {train_peak} B sampled, {held_max} B by the cache's count, bound {bound} B")
+    assert held_max <= bound and 0 < max(train_peak.values()) <= bound
+    assert abs(share[0] - share[1]) <= max(x["tokens"] for x in index["shards"])
+    ranks = s["ranks"]
+    assert len(ranks) == 2 and ranks[0] == ranks[1] and ranks[0]["micro_batches"] == 2 * plan.steps, ranks
+    assert [h["steps"] for h in s["history"][1:]] == [plan.steps] * 2

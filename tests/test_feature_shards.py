@@ -1,0 +1,329 @@
+"""Feature shards: cut before any forward pass, streamed to a store, split between ranks, and read
+through a bounded node cache (drafters/features.py, drafters/shards.py, workers/shard_cache.py).
+
+Fast and CPU-only: synthetic feature examples (the shard layout is what is checked, not the
+verifier's numbers; tests/test_multinode.py extracts with the real verifier and trains on two
+nodes over S3). The store "at a URI" here is a file:// URI, read and written through
+orchestrator.storage as an s3:// one is."""
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import threading
+
+import pytest
+import torch
+
+from drafters import shards
+from drafters.features import (FeatureExample, FeatureStore, StreamingFeatureStore, extraction_device,
+                               plan_shards, reading_through, shard_tokens_for, token_bytes)
+from drafters.data.templating import TokenizedExample
+from drafters.trainer import TrainConfig, batches, schedule_steps
+from orchestrator import storage
+from workers.artifacts import RemoteDir, localize_data
+from workers.shard_cache import ShardCache, budget_bytes
+
+H = 8
+
+
+def _tokenized(n: int, seed: int = 0) -> list[TokenizedExample]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        L = rng.randrange(6, 40)
+        p = rng.randrange(1, L - 2)
+        ids = [rng.randrange(3, 60) for _ in range(L)]
+        out.append(TokenizedExample(f"ex{i}", ids, [0] * p + [1] * (L - p)))
+    return out
+
+
+class Compute:
+    """Synthetic features (a deterministic function of the ids); counts the examples it saw."""
+
+    def __init__(self):
+        self.seen: list[str] = []
+
+    def __call__(self, exs):
+        self.seen += [e.id for e in exs]
+        out = []
+        for e in exs:
+            L = len(e.input_ids)
+            g = torch.Generator().manual_seed(int(e.id[2:]))
+            out.append(FeatureExample(e.id, torch.tensor(e.input_ids), torch.tensor(e.loss_mask, dtype=torch.bool),
+                                      torch.randn(L, H, generator=g).half(), torch.randint(0, 60, (L, 10)).int(),
+                                      torch.rand(L, 10).half()))
+        return out
+
+
+# ------------------------------------------------------------------ pure functions
+
+
+def test_partition_is_balanced_deterministic_and_uses_every_shard_once():
+    rng = random.Random(3)
+    for trial in range(200):
+        tokens = [rng.randrange(1, 5000) for _ in range(rng.randrange(1, 80))]
+        world = rng.randrange(1, 9)
+        owner = shards.partition(tokens, world)
+        assert owner == shards.partition(list(tokens), world)  # deterministic
+        assert len(owner) == len(tokens) and set(owner) <= set(range(world))  # each shard once, to one rank
+        loads = [sum(t for t, r in zip(tokens, owner) if r == k) for k in range(world)]
+        if len(tokens) >= world:
+            assert max(loads) - min(loads) <= max(tokens), (tokens, world, loads)  # within one shard
+    assert shards.partition([5, 5, 5, 5], 2) == [0, 1, 0, 1]  # ties: the earlier shard, the lower rank
+    with pytest.raises(ValueError, match="world must be >= 1"):
+        shards.partition([1], 0)
+
+
+def test_plan_shards_cuts_as_the_writer_always_has():
+    exs = _tokenized(57)
+    lengths = [len(e.input_ids) for e in exs]
+    plan = plan_shards(lengths, 100)
+    assert [a for a, _ in plan] == [0] + [b for _, b in plan[:-1]] and plan[-1][1] == len(exs)
+    assert all(sum(lengths[a:b]) >= 100 for a, b in plan[:-1])  # every shard but the last is full
+    assert all(sum(lengths[a : b - 1]) < 100 for a, b in plan)  # and closes at the first example that fills it
+    with pytest.raises(ValueError, match="shard_tokens must be >= 1"):
+        plan_shards(lengths, 0)
+
+
+def test_extraction_device_and_shard_size():
+    assert extraction_device([], True) == "cpu" and extraction_device([], False) == "cpu"
+    assert extraction_device([0], True) == "cuda"
+    with pytest.raises(RuntimeError, match=r"holds GPU\(s\) \[1\] but torch sees no CUDA device"):
+        extraction_device([1], False)
+    # Llama-3-8B (hidden 4096) with EAGLE-3's three aux layers: 32 KiB a token, ~32k tokens a GiB shard
+    assert token_bytes(4096, 3) == 32837 and shard_tokens_for(4096, 3) == (1 << 30) // 32837 == 32699
+    assert shard_tokens_for(576) == 200_000  # SmolLM2-135M: the old 200k-token cap
+
+
+def test_shard_cache_budget_from_the_environment():
+    assert budget_bytes({}) == 100 * 2**30 and budget_bytes({"TASKSPEC_FEATURE_CACHE_GB": "0.5"}) == 2**29
+    for bad in ("x", "0", "-1"):
+        with pytest.raises(ValueError, match="TASKSPEC_FEATURE_CACHE_GB"):
+            budget_bytes({"TASKSPEC_FEATURE_CACHE_GB": bad})
+
+
+# ------------------------------------------------------------------ writing
+
+
+def test_a_resumed_extraction_skips_the_shards_already_stored(tmp_path):
+    exs = _tokenized(40)
+    first = Compute()
+    m = FeatureStore(tmp_path, "c", shard_tokens=120).extract(exs, first, {"corpus": "toy"})
+    assert sorted(first.seen) == sorted(e.id for e in exs) and len(m["shards"]) > 3
+    assert m["format"] == 2 and "seconds" in m and m["resumed_shards"] == 0
+    assert [i for s in m["shards"] for i in s["ids"]] == [e.id for e in exs]
+    # a crash before the index: the index and one shard gone
+    store = FeatureStore(tmp_path, "c", shard_tokens=120)
+    store.manifest_path.unlink()
+    lost = m["shards"][2]
+    (store.dir / lost["file"]).unlink()
+    again = Compute()
+    m2 = store.extract(exs, again, {"corpus": "toy"})
+    assert again.seen == lost["ids"]  # only the missing shard is computed
+    assert m2["shards"] == m["shards"] and m2["resumed_shards"] == len(m["shards"]) - 1 and "seconds" not in m2
+    # another shard size names other shards: none is taken for another plan's
+    other = Compute()
+    FeatureStore(tmp_path, "c", shard_tokens=70).extract(exs, other, {"corpus": "toy"})
+    assert sorted(other.seen) == sorted(e.id for e in exs)
+    got = {e.id: e for e in FeatureStore(tmp_path, "c").iter_examples()}
+    ref = {e.id: e for e in Compute()(exs)}
+    assert got.keys() == ref.keys() and all(torch.equal(got[k].features, ref[k].features) for k in got)
+
+
+class _SlowRemote(RemoteDir):
+    """A store at a URI that records how many staged shard bytes are on local disk at each upload."""
+
+    def __init__(self, uri, staging):
+        super().__init__(uri)
+        self.staging, self.on_disk = staging, []
+
+    def put(self, local, name):
+        self.on_disk.append(sum(p.stat().st_size for p in self.staging.rglob("*") if p.is_file()))
+        super().put(local, name)
+
+
+def test_a_streamed_cache_keeps_about_two_shards_on_local_disk(tmp_path):
+    uri = (tmp_path / "bucket" / "features").as_uri()
+    staging = tmp_path / "staging"
+    exs = _tokenized(60)
+    remote = _SlowRemote(storage.join(uri, "k"), staging)
+    store = StreamingFeatureStore(staging, "k", remote, shard_tokens=150)
+    assert not store.exists()
+    m = store.extract(exs, Compute(), {"corpus": "toy"})
+    biggest = max(s["bytes"] for s in m["shards"])
+    assert len(m["shards"]) >= 5 and max(remote.on_disk) <= 2 * biggest
+    assert 0 < m["staging_peak_bytes"] <= 2 * biggest
+    assert not [p for p in staging.rglob("*") if p.is_file()]  # every staged shard deleted once up
+    index = len(store.remote.read_text("manifest.json"))
+    assert storage.file_sizes(storage.join(uri, "k")) == {**{s["file"]: s["bytes"] for s in m["shards"]},
+                                                          "manifest.json": index}
+    assert store.exists() and store.manifest()["shards"] == m["shards"]
+
+
+def test_a_failed_upload_stops_the_extraction_before_the_index(tmp_path):
+    uri = (tmp_path / "bucket").as_uri()
+
+    class Failing(RemoteDir):
+        n = 0
+
+        def put(self, local, name):
+            Failing.n += 1
+            if Failing.n == 3:
+                raise OSError("injected: the store refused the upload")
+            super().put(local, name)
+
+    store = StreamingFeatureStore(tmp_path / "staging", "k", Failing(storage.join(uri, "k")), shard_tokens=150)
+    with pytest.raises(OSError, match="injected"):
+        store.extract(_tokenized(60), Compute(), {})
+    assert not store.exists() and not [p for p in (tmp_path / "staging").rglob("*") if p.is_file()]
+    done = Compute()  # the rerun computes only the shards that did not get up
+    m = StreamingFeatureStore(tmp_path / "staging", "k", RemoteDir(storage.join(uri, "k")), 150).extract(
+        _tokenized(60), done, {})
+    assert 0 < len(done.seen) < 60 and m["resumed_shards"] >= 2
+
+
+# ------------------------------------------------------------------ reading
+
+
+@pytest.fixture
+def cache(tmp_path):
+    """A 'train' cache of 120 examples in ~40 shards, and a 2-shard 'held' one, in one root."""
+    root = tmp_path / "features"
+    m = FeatureStore(root, "train", shard_tokens=60).extract(_tokenized(120), Compute(), {})
+    FeatureStore(root, "held", shard_tokens=120).extract(_tokenized(8, seed=5), Compute(), {})
+    return str(root), m
+
+
+class Recorder:
+    """An opener that reads shards in place and records which (drafters.features.reading_through)."""
+
+    def __init__(self):
+        self.opened = []
+
+    def open(self, store_dir, file, nbytes=None):
+        self.opened.append((store_dir.name, file))
+        return contextlib.nullcontext(store_dir / file)
+
+
+def _rank_batches(data, world, rank, bs=3, seed=1, **kw):
+    rec = Recorder()
+    with reading_through(rec):
+        got = [b.lengths.tolist() for b in batches(data, bs, seed, bucket=True, rank=rank, world=world, **kw)]
+    return got, rec.opened
+
+
+def test_each_rank_reads_only_its_own_shards_with_equal_steps(cache):
+    root, m = cache
+    data = [[root, "train", None]]
+    plan = shards.rank_plan(data, 3, 3)
+    assert plan.sharded and plan.padded <= shards.MAX_PAD * 120, plan.describe()
+    toks = [sum(u.tokens for u in plan.mine(r)) for r in range(3)]
+    assert max(toks) - min(toks) <= max(s["tokens"] for s in m["shards"])
+    cfg = TrainConfig(verifier="v", backbone="hass", variant="math", out_dir="x", train_data=data, batch_size=3,
+                      epochs=2)
+    assert schedule_steps(cfg, 3) == 2 * plan.steps
+    seen, lengths = {}, {}
+    for rank in range(3):
+        for epoch in (1, 2):
+            got, opened = _rank_batches(data, 3, rank, seed=epoch)
+            assert len(got) == plan.steps  # the same number of micro-batches on every rank
+            assert {f for _, f in opened} == {u.file for u in plan.mine(rank)}  # its own shards only
+            seen.setdefault(epoch, []).extend({f for _, f in opened})
+            lengths[rank, epoch] = got
+        assert _rank_batches(data, 3, rank, seed=1)[0] == lengths[rank, 1]  # deterministic
+        assert lengths[rank, 1] != lengths[rank, 2]  # reshuffled each epoch
+        # every own example in the epoch, the few batches a short rank lacks taken again from its own
+        own = sum(u.tokens for u in plan.mine(rank))
+        assert own <= sum(map(sum, lengths[rank, 1])) <= own + max(s["tokens"] for s in m["shards"])
+    for epoch in (1, 2):  # every shard read in each epoch, by one rank
+        assert sorted(seen[epoch]) == sorted(s["file"] for s in m["shards"])
+    # a resume inside the epoch: the rank's later batches, the same limit
+    got, _ = _rank_batches(data, 3, 1, seed=1)
+    assert _rank_batches(data, 3, 1, seed=1, skip=2)[0] == got[2:]
+
+
+def test_subsets_split_by_the_index_and_small_caches_keep_the_interleaved_plan(cache):
+    root, m = cache
+    half = [i for s in m["shards"] for i in s["ids"]][:60]  # mixed_half: the first half of the selection
+    plan = shards.rank_plan([[root, "train", half], [root, "held", None]], 2, 3)
+    assert plan.sharded and sum(u.examples for u in plan.units) == 60 + 8
+    assert {i for u in plan.units if u.key == "train" for i in u.ids} == set(half)
+    small = shards.rank_plan([[root, "held", None]], 4, 3)  # 2 shards for 4 ranks
+    assert not small.sharded and "2 shards for 4 ranks" in small.reason
+    # every rank reads the whole cache and takes every world-th batch, as before
+    got = [_rank_batches([[root, "held", None]], 2, r)[0] for r in range(2)]
+    every = {s["file"] for s in FeatureStore(root, "held").manifest()["shards"]}
+    assert len(got[0]) + len(got[1]) == 3 and {f for _, f in _rank_batches([[root, "held", None]], 2, 1)[1]} == every
+    old = FeatureStore(root, "train").manifest()  # an index written before it listed ids
+    for s in old["shards"]:
+        del s["ids"], s["lengths"], s["bytes"]
+    FeatureStore(root, "train").manifest_path.write_text(json.dumps(old))
+    assert not shards.rank_plan([[root, "train", half]], 2, 3).sharded
+    assert shards.rank_plan([[root, "train", None]], 2, 3).sharded  # a whole old cache still splits
+
+
+@pytest.fixture
+def remote_cache(cache, tmp_path, monkeypatch):
+    """The cache at a file:// URI, this 'node' with its own staging dir."""
+    root, m = cache
+    uri = (tmp_path / "bucket" / "features").as_uri()
+    storage.sync(root, uri)
+    monkeypatch.setenv("TASKSPEC_STAGING", str(tmp_path / "node"))
+    return uri, m
+
+
+def test_the_node_cache_downloads_only_what_is_read_and_stays_under_its_budget(remote_cache):
+    uri, m = remote_cache
+    data = localize_data([[uri, "train", None]])  # the manifest only
+    local = storage.node_cache(uri) / "train"
+    assert sorted(p.name for p in local.iterdir()) == ["manifest.json"]
+    sizes = sorted(s["bytes"] for s in m["shards"])
+    budget = sizes[-1] + sizes[-2] + 1  # two of the largest shards, not three
+    cache = ShardCache(budget, {str(storage.node_cache(uri)): uri}, rank=1)
+    plan = shards.rank_plan(data, 2, 3)
+    with reading_through(cache):
+        for epoch in (1, 2):
+            list(batches(data, 3, epoch, bucket=True, rank=1, world=2))
+            assert cache.nbytes() <= budget
+    logged = [json.loads(x) for x in (cache.dir / "downloads.jsonl").read_text().splitlines()]
+    mine = {u.file for u in plan.mine(1)}
+    assert {x["ref"].rsplit("/", 1)[1] for x in logged} == mine  # only rank 1's shards
+    assert max(x["held_bytes"] for x in logged) <= budget and len(mine) > 2  # evictions happened
+    assert {p.name for p in local.iterdir()} - {"manifest.json"} <= mine
+    # a shard larger than the budget is refused with the numbers
+    tiny = ShardCache(sizes[0] - 1, {str(storage.node_cache(uri)): uri})
+    with reading_through(tiny), pytest.raises(ValueError, match="does not fit the node's shard cache"):
+        list(FeatureStore(storage.node_cache(uri), "train").iter_examples())
+
+
+def test_ranks_on_one_node_share_shards_and_a_held_shard_is_never_evicted(remote_cache):
+    uri, m = remote_cache
+    data = localize_data([[uri, "train", None]])
+    remotes = {str(storage.node_cache(uri)): uri}
+    big = ShardCache(10 * sum(s["bytes"] for s in m["shards"]), remotes)
+    caches = [ShardCache(big.budget, remotes, rank=r) for r in range(3)]
+    errors = []
+
+    def read(c):
+        try:
+            with reading_through(c):
+                list(FeatureStore(data[0][0], "train").iter_examples())
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=read, args=(c,)) for c in caches]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert sorted(r for c in caches for r in c.downloaded) == sorted(
+        storage.join(uri, "train", s["file"]) for s in m["shards"])  # each shard downloaded once on the node
+    # a shard held by one reader survives another's make-room
+    first, second = m["shards"][0], m["shards"][1]
+    small = ShardCache(first["bytes"] + 1, remotes)
+    store = storage.node_cache(uri) / "train"
+    with small.open(store, first["file"], first["bytes"]) as held:
+        with ShardCache(small.budget, remotes).open(store, second["file"], second["bytes"]):
+            assert held.is_file()  # over budget for the moment rather than delete a shard being read
