@@ -38,7 +38,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     add_decode_args(p)
     p.add_argument("--benchmarks", default="gsm8k,mt_bench", help="comma list; first turn of each prompt")
     p.add_argument("--n-prompts", type=int, default=2, help="prompts per benchmark")
-    p.add_argument("--strategies", default="autoregressive,single,confidence,entropy,merged,merged-dedup")
+    p.add_argument("--strategies", default="autoregressive,single,confidence,entropy,merged,merged-dedup",
+                   help="comma list of strategies; 'single' drafts with the first --drafter, 'single@I' "
+                        "with the I-th (from 0); 'posthoc': the study's post hoc router over the first two "
+                        "(both generate, the higher mean path score is kept, the row pays both)")
     p.add_argument("--oracle-depths", default="3,5,8", help="oracle chain depths ('' = none)")
     p.add_argument("--micro", action="store_true", help="also time verify passes by node count and draft levels")
     p.add_argument("--repeats", type=int, default=1, help="time every row this many times (median ratio, range)")
@@ -107,6 +110,60 @@ def time_row(make_decoder, inputs, baseline, refs=None, classify=None) -> Timing
         t.prompts += 1
     t.checked = refs is not None
     return t
+
+
+def posthoc_score(steps: list[dict]) -> float:
+    """The study's code's post hoc router score of one generation (orchestrator/report/routers.py
+    ``whole_confidence``, score "path"): the mean path score V over every drafted node of every step,
+    accepted or not; 0 where nothing was drafted."""
+    total = sum(sum(s["accepted_path_confidence"]) + s["offpath_confidence_sum"] for s in steps)
+    nodes = sum(len(s["accepted_path_confidence"]) + s["offpath_nodes"] for s in steps)
+    return total / nodes if nodes else 0.0
+
+
+def time_posthoc(decoders, inputs, baseline, refs=None, classify=None) -> Timing:
+    """The post hoc router as the study's code ran it (not deployable: it sees finished generations):
+    per prompt every ``single`` decoder generates, the one of the highest ``posthoc_score`` is kept
+    (ties to the first), and the row pays the wall time of all of them."""
+    t = Timing()
+    for pid, ids in inputs:
+        ref, gen_s = baseline(ids)
+        t.gen_toks, t.gen_wall = t.gen_toks + len(ref), t.gen_wall + gen_s
+        runs = []
+        for dec in decoders:
+            t0 = time.perf_counter()
+            runs.append(dec.generate(ids, seed_key=pid))
+            t.wall += time.perf_counter() - t0
+        r = max(runs, key=posthoc_score)  # the first of equal scores
+        t.toks, t.calls, t.new = t.toks + len(r.output_token_ids), t.calls + r.verifier_calls, \
+            t.new + len(r.output_token_ids) - 1
+        t.tree += sum(s["tree_size"] for s in r.steps)
+        t.t_draft += sum(s["t_draft_s"] for x in runs for s in x.steps)
+        if refs is not None and r.output_token_ids == refs[pid]:
+            t.same += 1
+        elif refs is not None and classify is not None:
+            kind = classify(ids, r.output_token_ids, refs[pid])
+            t.ties += kind == "near-tie"
+            t.mismatches += kind == "MISMATCH"
+        t.prompts += 1
+    t.checked = refs is not None
+    return t
+
+
+def parse_spec(spec: str) -> tuple[str, bool, int]:
+    """A --strategies entry -> (strategy, merge dedup, first drafter index); refused with one clear line."""
+    from .strategies import STRATEGIES
+
+    strat, dedup = (spec[:-6], True) if spec.endswith("-dedup") else (spec, False)
+    first = 0
+    if strat.startswith("single@"):
+        if not strat[7:].isdigit():
+            raise ValueError(f"--strategies entry {spec!r}: single@I takes a drafter index I >= 0")
+        strat, first = "single", int(strat[7:])
+    if strat not in STRATEGIES and strat != "posthoc":
+        raise ValueError(f"--strategies entry {spec!r}: choose from {sorted(STRATEGIES) + ['posthoc']} "
+                         "(merged-dedup, single@I)")
+    return strat, dedup, first
 
 
 def _tps(runs) -> float:
@@ -220,6 +277,8 @@ def cmd_bench(args) -> int:
 
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
+    for spec in args.strategies.split(","):
+        parse_spec(spec)  # before any model loads
     default_threads()
     name = resolve(args.verifier).name
     with warnings.catch_warnings():
@@ -285,8 +344,16 @@ def cmd_bench(args) -> int:
 
     cal_inputs = None
     for spec in args.strategies.split(","):
-        strat, dedup = (spec[:-6], True) if spec.endswith("-dedup") else (spec, False)
-        n = {"autoregressive": 0, "single": 1, "depth_adaptive": 3}.get(strat, 2)
+        if spec == "posthoc":
+            cfg = dataclasses.replace(base, strategy="single")
+            decs = [SpeculativeDecoder(model, [p], cfg, eos) for p in proposers[:2]]
+            runs = [time_posthoc(decs, inputs, run_gen, refs if T == 0 else None, classify)
+                    for _ in range(args.repeats)]
+            _row(f"posthoc {cfg.tree.top_k}/{cfg.tree.depth}/{cfg.tree.total_tokens}", runs)
+            continue
+        strat, dedup, first = parse_spec(spec)
+        n = {"autoregressive": 0, "single": 1, "depth_adaptive": 3, "hedge": len(proposers)}.get(strat, 2)
+        props = proposers[first : first + n]
         cfg = dataclasses.replace(base, strategy=strat, merge_dedup=dedup)
         shapes = [("", cfg.tree)]
         if args.tree == "auto" and strat != "autoregressive":
@@ -295,11 +362,11 @@ def cmd_bench(args) -> int:
             benches = args.benchmarks.split(",")  # held-out prompts of the scored tasks
             cal_inputs = cal_inputs or calibration_inputs(tok, max(1, 2 // len(benches)), benches,
                                                           exclude={p.id for p in prompts})
-            choice = auto_tree(model, proposers[:n], strat, eos, cal_inputs, dedup, cfg.routing_granularity)
+            choice = auto_tree(model, props, strat, eos, cal_inputs, dedup, cfg.routing_granularity)
             print(f"  {spec}: {choice.describe()}")
             shapes.append((" auto", choice.tree))
         for suffix, shape in shapes:
-            dec = SpeculativeDecoder(model, proposers[:n], dataclasses.replace(cfg, tree=shape), eos)
+            dec = SpeculativeDecoder(model, props, dataclasses.replace(cfg, tree=shape), eos)
             label = spec if strat == "autoregressive" else f"{spec}{suffix} {shape.top_k}/{shape.depth}/{shape.total_tokens}"
             timed(lambda pid, ids, dec=dec: dec, label)
         if strat == "autoregressive" and lean:  # attribution: the same loop through transformers' forward

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .engine import DecodeConfig
+from .hedge import PRIORS, RESETS
 from .strategies import GRANULARITIES, SCORES, STRATEGIES, SWITCH_TO
 from .tree import TreeConfig
 
@@ -32,6 +33,12 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--switch-to", default="specialist", help=f"switching: one of {list(SWITCH_TO)}")
     p.add_argument("--switch-depth", type=int, default=2,
                    help="depth_adaptive: deepest level from the mixed (first) drafter (1..tree depth - 1)")
+    p.add_argument("--hedge-eta", type=float, default=0.5, help="hedge: learning rate (> 0)")
+    p.add_argument("--hedge-prior", default="uniform",
+                   help=f"hedge: one of {list(PRIORS)} (mixed-first: the first drafter starts ahead)")
+    p.add_argument("--hedge-reset", default="turn",
+                   help=f"hedge: one of {list(RESETS)} (fresh weights every turn, or carried across a "
+                        "prompt's turns)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--top-k-sampling", type=int, default=None)
@@ -51,6 +58,7 @@ def decode_config(args) -> DecodeConfig:
         routing_decide_steps=args.routing_decide_steps, merge_budget=args.merge_budget,
         top_k_sampling=args.top_k_sampling, top_p=args.top_p, route_score=args.route_score,
         switch_after=args.switch_after, switch_to=args.switch_to, switch_depth=args.switch_depth,
+        hedge_eta=args.hedge_eta, hedge_prior=args.hedge_prior, hedge_reset=args.hedge_reset,
         tree=TreeConfig(args.tree_top_k, args.tree_depth, args.tree_total_tokens),
     )
 
@@ -67,7 +75,8 @@ def cmd_generate(args) -> int:
     # validate everything cheap before loading any model
     cfg = decode_config(args)
     make_strategy(cfg.strategy, len(args.drafter), cfg.routing_granularity, score=cfg.route_score,
-                  switch_after=cfg.switch_after, switch_to=cfg.switch_to, switch_depth=cfg.switch_depth)
+                  switch_after=cfg.switch_after, switch_to=cfg.switch_to, switch_depth=cfg.switch_depth,
+                  hedge=cfg.hedge)
     prompts = read_prompts(args.prompts)
     name = resolve(args.verifier).name
     check_drafter_files(args.drafter, name)

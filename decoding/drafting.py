@@ -60,13 +60,54 @@ def draft_together(proposers: list[Proposer], tokens: torch.Tensor, features: to
     Proposers without ``draft_steps`` (oracle, chains) draft on their own."""
     out: list[DraftTree | None] = [None] * len(proposers)
     gens: dict[int, Generator] = {}
-    pending: dict[int, torch.Tensor] = {}  # proposer index -> hidden rows waiting for logits
     for i, p in enumerate(proposers):
         if hasattr(p, "draft_steps"):
             gens[i] = p.draft_steps(tokens, features, cfg, temperature)
-            pending[i] = next(gens[i])
         else:
             out[i] = p.draft(tokens, features, cfg, temperature)
+    for i, tree in _lock_step(proposers, gens).items():
+        out[i] = tree
+    return out  # type: ignore[return-value]
+
+
+def predict_together(proposers: list[Proposer], tokens: torch.Tensor, features: torch.Tensor,
+                     start: int) -> list[torch.Tensor]:
+    """Per proposer, (c,) its top-1 draft token for each committed token ``tokens[start:]`` when
+    teacher-forced on every committed token before it. tokens (n+1,) committed incl. the new root;
+    features (n, F) of tokens[:n]. Feature drafters run ``agree_steps`` in lock step (one head
+    matmul per shared head for all of them); scripted proposers give ``predict(tokens, features, start)``."""
+    preds: list[torch.Tensor | None] = [None] * len(proposers)
+    gens: dict[int, Generator] = {}
+    for i, p in enumerate(proposers):
+        if hasattr(p, "agree_steps"):
+            gens[i] = p.agree_steps(tokens, features, start)
+        else:
+            preds[i] = p.predict(tokens, features, start).to(tokens.device)
+    for i, pred in _lock_step(proposers, gens).items():
+        preds[i] = pred
+    return preds  # type: ignore[return-value]
+
+
+def agreement_together(proposers: list[Proposer], tokens: torch.Tensor, features: torch.Tensor,
+                       start: int) -> torch.Tensor:
+    """(D,) long, on the tokens' device: how many of the committed tokens ``tokens[start:]`` each
+    proposer would have proposed as its top-1 token (``predict_together``; hedge's feedback)."""
+    target = tokens[start:]  # (c,)
+    preds = predict_together(proposers, tokens, features, start)
+    return torch.stack([(pred == target).sum() for pred in preds])
+
+
+def can_agree(proposer: Proposer) -> bool:
+    """Whether ``agreement_together`` can score the proposer (teacher-forced pass or a scripted one)."""
+    return hasattr(proposer, "agree_steps") or hasattr(proposer, "predict")
+
+
+def _lock_step(proposers: list[Proposer], gens: dict[int, Generator]) -> dict[int, object]:
+    """Drive coroutines that yield hidden rows (r, H) and are sent their head logits (r, N): every
+    round, the rows of all coroutines whose proposers share a head go through ONE head matmul (its
+    weights stream once per round, not once per drafter). Returns each coroutine's return value."""
+    out: dict[int, object] = {}
+    pending = {i: next(g) for i, g in gens.items()}  # proposer index -> hidden rows waiting for logits
     with torch.no_grad():
         while pending:
             groups: dict[int, list[int]] = {}
@@ -80,7 +121,7 @@ def draft_together(proposers: list[Proposer], tokens: torch.Tensor, features: to
                         pending[i] = gens[i].send(part)
                     except StopIteration as stop:
                         out[i] = stop.value
-    return out  # type: ignore[return-value]
+    return out
 
 
 def composition_features(readers: list[tuple[str, tuple[int, ...] | None]]) -> tuple[int, ...] | None:
@@ -134,6 +175,33 @@ class FeatureDrafterProposer:
     def draft(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig, temperature: float) -> DraftTree:
         """tokens (n+1,) committed incl. root; features (n, H) verifier features of tokens[:n]."""
         return draft_together([self], tokens, features, cfg, temperature)[0]
+
+    @torch.no_grad()
+    def agree_steps(self, tokens: torch.Tensor, features: torch.Tensor,
+                    start: int) -> Generator[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Teacher-forced top-1 predictions of the committed tokens ``tokens[start:]`` (c,) as a
+        coroutine (yields the c hidden rows, is sent their head logits, returns verifier ids).
+
+        The pair (f_i, x_{i+1}) predicts x_{i+2}, so tokens[start:] come from pairs start-2 .. n-2
+        (features (n, F) of tokens[:n]; tokens[n] is the new root). The pass feeds the pairs its KV
+        cache lacks up to n-2 (re-feeding pair start-2 for the drafter that just drafted from it: its
+        cache was cropped after the tree), which is the catch-up the next draft would feed anyway:
+        that draft then feeds only the root's pair."""
+        n = features.shape[0]
+        first = start - 2  # the pair that predicts tokens[start]
+        if not 0 <= first <= n - 2:
+            raise ValueError(f"committed tokens start at {start}: need 2 <= start <= {n} "
+                             f"(features of {n} tokens)")
+        if len(self.cache) > first:
+            self.cache.crop(first)
+        m = len(self.cache)
+        dev = features.device
+        emb = self.embed(tokens[m + 1 : n].to(dev))  # (n-1-m, H): x_{i+1} for pairs i = m..n-2
+        pos = torch.arange(m, n - 1, device=dev)
+        h, _ = self.drafter(emb[None], self._context(features[m : n - 1])[None], pos,
+                            causal_mask(n - 1 - m, m, dev), cache=self.cache)
+        logits = yield h[0, first - m :]  # (c, H) -> (c, N) over the draft vocabulary
+        return self.head.to_verifier(logits.argmax(-1))  # (c,) verifier ids
 
     @torch.no_grad()
     def draft_steps(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig,

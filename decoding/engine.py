@@ -9,6 +9,7 @@ import torch
 from .accept import accept_greedy, accept_sampling, entropy, logits_to_probs, sample
 from .device import to_device
 from .drafting import Proposer, feature_layers
+from .hedge import HedgeConfig
 from .strategies import GRANULARITIES, SCORES, SWITCH_AFTER, SWITCH_TO, make_strategy
 from .timing import Clock
 from .tree import TreeConfig
@@ -31,6 +32,9 @@ class DecodeConfig:
     switch_after: int = 2  # switching: k consecutive steps with nothing accepted switch (1..5)
     switch_to: str = "specialist"  # switching: to the other specialist | to merged trees
     switch_depth: int = 2  # depth_adaptive: deepest level from the mixed drafter (1..tree.depth - 1)
+    hedge_eta: float = 0.5  # hedge: learning rate (> 0)
+    hedge_prior: str = "uniform"  # hedge: uniform | mixed-first (the first drafter starts ahead)
+    hedge_reset: str = "turn"  # hedge: fresh weights every turn | carry them across a prompt's turns
     tree: TreeConfig = field(default_factory=TreeConfig)
 
     def __post_init__(self):
@@ -52,6 +56,11 @@ class DecodeConfig:
                 self.strategy == "depth_adaptive" and self.switch_depth >= self.tree.depth):
             raise ValueError(f"switch_depth must be an int in 1..tree.depth - 1 (tree depth {self.tree.depth}), "
                              f"got {self.switch_depth!r}")
+        HedgeConfig(self.hedge_eta, self.hedge_prior, self.hedge_reset)  # refuses a bad hedge_* field by name
+
+    @property
+    def hedge(self) -> HedgeConfig:
+        return HedgeConfig(self.hedge_eta, self.hedge_prior, self.hedge_reset)
 
 
 @dataclass
@@ -90,7 +99,8 @@ class SpeculativeDecoder:
         self.strategy = make_strategy(config.strategy, len(self.proposers), config.routing_granularity, config.merge_dedup,
                                       config.routing_decide_steps, config.merge_budget, score=config.route_score,
                                       switch_after=config.switch_after, switch_to=config.switch_to,
-                                      switch_depth=config.switch_depth)
+                                      switch_depth=config.switch_depth, hedge=config.hedge)
+        self.strategy.check(self.proposers)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.observer = None  # optional callback(tree, verifier argmax (N+1,), proposal) per step (tree auto)
 
@@ -130,8 +140,9 @@ class SpeculativeDecoder:
         Device discipline: the verifier, the drafters and every tree live on the model's device;
         the host keeps the committed token list. They meet at one boundary per step (``_commit``):
         one read of the acceptance walk, one copy of the committed tokens and path indices to
-        the device, one read of the step record. Routing adds one read (which tree), a trie merge
-        one read and one copy; T > 0 one copy of the walk's uniforms."""
+        the device, one read of the step record (hedge's drafter scores ride on it). Routing adds
+        one read (which tree), a trie merge one read and one copy; T > 0 one copy of the walk's
+        uniforms."""
         if not input_ids:
             raise ValueError("empty prompt")
         if self.max_positions and len(input_ids) + self.cfg.max_new_tokens + self.cfg.tree.depth + 1 > self.max_positions:
@@ -180,19 +191,30 @@ class SpeculativeDecoder:
                 acc = accept_sampling(tree.tokens, tree.parents, q, gen, max_depth=tree.depth_bound)
             # 4. commit: the cache keeps exactly prefix + root + accepted path
             committed = self._committed(acc, tree, len(out))
+            c = len(committed)
             self.strategy.observe(len(acc.path))  # acceptance history (switching), a host value already
-            record = self._commit(cache, features, tok_dev, n, acc, committed, tree, prop, f_tree, l_tree, q)
+            idx = self._commit(cache, features, tok_dev, n, acc, committed, f_tree)
+            # 5. feedback: a strategy that scores its drafters on the committed tokens (hedge's teacher-
+            #    forced passes) runs them here, timed as drafting; its values ride on the step's one read
+            last = committed[-1] in self.eos or len(out) + c >= self.cfg.max_new_tokens  # the turn's last step
+            t3 = clock.mark()
+            fb = self.strategy.feedback(self.proposers, tok_dev[: n + 1 + c], features[: n + c], n + 1, last)
+            t4 = clock.mark()
+            record, fb_vals = self._read(idx, tree, prop, l_tree, q, fb)
+            if fb is not None:
+                self.strategy.learn(fb_vals, c)
             tokens += committed
             out += committed
             calls += 1
-            new_tokens += len(committed)
-            marks.append((t0, t1, t2, clock.mark()))
-            steps.append(self._step_record(calls - 1, tree, prop, acc, committed, record))
+            new_tokens += c
+            marks.append((t0, t1, t2, t3, t4, clock.mark()))
+            steps.append(self._step_record(calls - 1, tree, prop, acc, committed, record, fb_vals))
         t_end = clock.mark()
         clock.finish()  # one device sync closes every timer of the turn
-        for st, (t0, t1, t2, t3) in zip(steps, marks):
-            st.update(t_draft_s=clock.seconds(t0, t1), t_verify_s=clock.seconds(t1, t2),
-                      t_bookkeeping_s=clock.seconds(t2, t3))
+        for st, (t0, t1, t2, t3, t4, t5) in zip(steps, marks):
+            fb_s = clock.seconds(t3, t4)  # the strategy's feedback passes count as drafting
+            st.update(t_draft_s=clock.seconds(t0, t1) + fb_s, t_verify_s=clock.seconds(t1, t2), t_feedback_s=fb_s,
+                      t_bookkeeping_s=clock.seconds(t2, t3) + clock.seconds(t4, t5))
         self.last_cache = cache  # kept for inspection (tests compare it with a fresh prefill)
         return TurnResult(out, calls, new_tokens, clock.seconds(t_start, t_end), steps)
 
@@ -207,10 +229,10 @@ class SpeculativeDecoder:
                 return committed[: j + 1]
         return committed
 
-    def _commit(self, cache, features, tok_dev, n, acc, committed, tree, prop, f_tree, l_tree, q) -> list[float]:
-        """The step's host/device boundary. Host -> device: one copy of [committed tokens, committed
-        rows, accepted path, first rejected node]; the cache, features and device tokens take them.
-        Device -> host: one read of the step record's numbers (entropies, owners, drafter stats)."""
+    def _commit(self, cache, features, tok_dev, n, acc, committed, f_tree) -> tuple:
+        """The step's host -> device boundary: one copy of [committed tokens, committed rows, accepted
+        path, first rejected node]; the cache, features and device tokens take them. Returns the
+        accepted path and the first rejected node on the device, for ``_read``."""
         dev = tok_dev.device
         c = len(committed)
         rows = ([0] + acc.path)[:c]  # [root] + accepted nodes that were committed
@@ -221,13 +243,20 @@ class SpeculativeDecoder:
         commit_path(cache, n, rows, path_index=rows_d)
         features[n : n + c] = f_tree[rows_d]
         tok_dev[n + 1 : n + 1 + c] = tok_c
+        return path_d, rej_d
+
+    def _read(self, idx, tree, prop, l_tree, q, feedback) -> tuple[list[float], list[float]]:
+        """The step's device -> host boundary: one read of the step record's numbers (entropies,
+        owners, drafter stats) and of the strategy's feedback values, if it gave any: (record, feedback)."""
+        path_d, rej_d = idx
+        dev = path_d.device
         # the record: verifier entropy at the parents of the accepted nodes and of the rejected one;
         # draft entropy and node confidence c(v) of the accepted nodes and of the rejected one; path
         # confidence V of the accepted nodes and its sum over every other drafted node (TAPS's router)
         par1 = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.parents + 1])  # (N+1,) node -> parent
         ent_rows = torch.cat([par1[path_d], par1[rej_d]])  # (L+1,)
         ent_q = entropy(q[ent_rows] if q is not None else self._next_dist(l_tree[ent_rows]))
-        last = path_d[-1:] - 1 if len(acc.path) else None
+        last = path_d[-1:] - 1 if path_d.numel() else None
         conf = tree.node_confidence  # (N,)
         rej_i = (rej_d - 1).clamp(min=0)  # (1,)
         path_v = tree.confidence.double()  # (N,) V, EAGLE-2's path score from the root
@@ -238,9 +267,13 @@ class SpeculativeDecoder:
             parts += [tree.owner[last], tree.owner_mask[last]]
         if prop.stats is not None:
             parts.append(prop.stats.flatten())
-        return torch.cat([p.double().reshape(-1) for p in parts]).tolist()  # the one read
+        k = 0 if feedback is None else feedback.numel()
+        if k:
+            parts.append(feedback.reshape(-1))
+        vals = torch.cat([p.double().reshape(-1) for p in parts]).tolist()  # the one read
+        return vals[: len(vals) - k], vals[len(vals) - k :]
 
-    def _step_record(self, step, tree, prop, acc, committed, vals: list[float]) -> dict:
+    def _step_record(self, step, tree, prop, acc, committed, vals: list[float], agreement: list) -> dict:
         L = len(acc.path)
         ent_q, vals = vals[: L + 1], vals[L + 1 :]
         acc_draft_ent, acc_conf, acc_v, vals = vals[:L], vals[L : 2 * L], vals[2 * L : 3 * L], vals[3 * L :]
@@ -273,4 +306,6 @@ class SpeculativeDecoder:
             "rejected_verifier_entropy": None if rej is None else ent_q[L],
             # a rejected child exists exactly when the last accepted node has a child
             "depth_accept": [True] * L + ([False] if rej is not None else []),
+            # hedge's feedback: per drafter, how many committed tokens its teacher-forced top-1 predicted
+            "drafter_agreement": agreement,
         }

@@ -18,6 +18,7 @@ KNOWN = {
     "offpath_nodes": I,
     "accepted_draft_entropy": pa.list_(F), "accepted_verifier_entropy": pa.list_(F), "rejected_draft_entropy": F,
     "rejected_verifier_entropy": F, "depth_accept": pa.list_(B), "t_bookkeeping_s": F,
+    "drafter_agreement": pa.list_(F), "t_feedback_s": F,
     # cell columns
     "backbone": S, "benchmark": S, "temperature": F, "drafter": S, "strategy": S, "routing_granularity": S,
     "merge_dedup": B, "total_tokens": I, "budget_matched": B, "cell_key": S, "unit_key": S, "tree": S, "tree_shape": S,

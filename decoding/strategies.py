@@ -5,7 +5,9 @@ draft-side quantities (confidence, entropy), so they are lossless (the study's P
 trees are lossless by masked cross-subtree attention and depth positions (Prop. A.2). The study's
 proposed next experiments are here too: ``switching`` (acceptance history: a tree chosen from past
 steps' outcomes is fixed before its verification) and ``depth_adaptive`` (one composed tree with
-correct parents and depths: lossless under the tree mask like any tree).
+correct parents and depths: lossless under the tree mask like any tree). ``hedge`` is an online
+router: it scores every drafter against the tokens each verification committed and drafts the next
+step from the one its Hedge weights choose (decoding/hedge.py), so it too reads only verified tokens.
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .drafting import Proposer, draft_together
+from .drafting import Proposer, agreement_together, can_agree, draft_together
+from .hedge import HedgeConfig, hedge_choice, hedge_update, prior_log_weights
 from .tree import DraftTree, TreeConfig, graft_trees, merge_trees, rerank
 
 GRANULARITIES = ("step", "turn", "prompt")
@@ -45,7 +48,9 @@ class Strategy:
 
     def __init__(self, granularity: str = "step", dedup: bool = False, decide_steps: int = 1,
                  budget: bool = False, score: str = "path", switch_after: int = 2, switch_to: str = "specialist",
-                 switch_depth: int = 2):
+                 switch_depth: int = 2, hedge: HedgeConfig = HedgeConfig()):
+        if not isinstance(hedge, HedgeConfig):
+            raise ValueError(f"hedge options must be a HedgeConfig, got {type(hedge).__name__}")
         if granularity not in GRANULARITIES:
             raise ValueError(f"routing granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
         if not isinstance(decide_steps, int) or decide_steps < 1:
@@ -60,7 +65,10 @@ class Strategy:
             raise ValueError(f"switch_depth must be a positive int (below the tree depth), got {switch_depth!r}")
         self.granularity, self.dedup, self.decide_steps, self.budget = granularity, dedup, decide_steps, budget
         self.route_score, self.switch_after, self.switch_to = score, switch_after, switch_to
-        self.switch_depth = switch_depth
+        self.switch_depth, self.hedge = switch_depth, hedge
+
+    def check(self, drafters: list[Proposer]) -> None:
+        """Refuse drafters the strategy cannot use (called once, before any decoding)."""
 
     def start_prompt(self) -> None:
         """Called before the first turn of every prompt."""
@@ -71,6 +79,15 @@ class Strategy:
     def observe(self, accepted_depth: int) -> None:
         """Called once per verifier step with the number of draft tokens it accepted (a host value
         the engine already has: no extra device read)."""
+
+    def feedback(self, drafters: list[Proposer], tokens, features, start: int, last: bool):
+        """After a step's tokens are committed (``tokens[start:]``; tokens and features as ``propose``
+        gets them, the new root included; ``last``: the turn ends with this step): device values the
+        engine reads with the step record (no read of its own), or None. Timed as drafting."""
+        return None
+
+    def learn(self, values: list[float], committed: int) -> None:
+        """The host copy of ``feedback``'s values, and the number of tokens the step committed."""
 
     def propose(self, drafters: list[Proposer], tokens, features, cfg: TreeConfig, temperature: float) -> Proposal:
         raise NotImplementedError
@@ -242,13 +259,59 @@ class DepthAdaptive(Confidence):
         return Proposal(tree, choice, stats)
 
 
+class Hedge(Strategy):
+    """Online routing by Hedge with full information (decoding/hedge.py): after every verification,
+    each drafter's teacher-forced pass over the committed tokens counts how many of them it would
+    have proposed as its top-1 token (``drafting.agreement_together``; one head matmul for all
+    drafters of a head, the counts read with the step record); the weights take the step's losses;
+    the next step drafts only from the drafter of the highest weight. Weights restart at every turn
+    (``reset="turn"``) or every prompt (``"carry"``: carried across its turns); ``prior`` uniform or
+    the first drafter ahead (``"mixed-first"``). The tree is fixed before its verification."""
+
+    name, min_drafters = "hedge", 2
+
+    def check(self, drafters):
+        bad = [getattr(p, "name", repr(p)) for p in drafters if not can_agree(p)]
+        if bad:
+            raise ValueError(f"strategy 'hedge' scores every drafter by a teacher-forced pass; {bad} cannot "
+                             "be scored (a proposer needs agree_steps or predict)")
+
+    def _restart(self, n: int) -> None:
+        self.log_w = prior_log_weights(n, self.hedge.prior)
+
+    def start_prompt(self):
+        self.log_w = None  # set from the number of drafters at the first proposal
+
+    def start_turn(self):
+        if self.hedge.reset == "turn" or not hasattr(self, "log_w"):
+            self.log_w = None
+
+    def feedback(self, drafters, tokens, features, start, last):
+        if last and self.hedge.reset == "turn":  # the weights restart before they would be used
+            return None
+        return agreement_together(drafters, tokens, features, start)  # (D,) on the device
+
+    def learn(self, values, committed):
+        if getattr(self, "log_w", None) is None:
+            self._restart(len(values))
+        self.log_w = hedge_update(self.log_w, values, committed, self.hedge.eta)
+
+    def propose(self, drafters, tokens, features, cfg, temperature):
+        if getattr(self, "log_w", None) is None:
+            self._restart(len(drafters))
+        choice = hedge_choice(self.log_w)
+        trees, stats = self._draft(drafters, tokens, features, cfg, temperature, [choice])
+        return Proposal(trees[choice], choice, stats)
+
+
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Autoregressive, Single, Confidence, Entropy, Merged,
-                                                             Switching, DepthAdaptive)}
+                                                             Switching, DepthAdaptive, Hedge)}
 
 
 def make_strategy(name: str, n_drafters: int, granularity: str = "step", dedup: bool = False,
                   decide_steps: int = 1, budget: bool = False, score: str = "path", switch_after: int = 2,
-                  switch_to: str = "specialist", switch_depth: int = 2) -> Strategy:
+                  switch_to: str = "specialist", switch_depth: int = 2,
+                  hedge: HedgeConfig = HedgeConfig()) -> Strategy:
     """Build a strategy by name, checking the number of drafters it needs and every option (each
     option is checked whatever the strategy; those a strategy does not use are ignored)."""
     if name not in STRATEGIES:
@@ -259,4 +322,4 @@ def make_strategy(name: str, n_drafters: int, granularity: str = "step", dedup: 
     if cls.max_drafters is not None and n_drafters > cls.max_drafters:
         raise ValueError(f"strategy {name!r} takes at most {cls.max_drafters} drafter(s), got {n_drafters}")
     return cls(granularity=granularity, dedup=dedup, decide_steps=decide_steps, budget=budget, score=score,
-               switch_after=switch_after, switch_to=switch_to, switch_depth=switch_depth)
+               switch_after=switch_after, switch_to=switch_to, switch_depth=switch_depth, hedge=hedge)

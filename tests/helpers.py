@@ -24,6 +24,10 @@ class ConstantProposer:
         t = self.token
         return chain_tree([[t] * cfg.depth, [t + 1, t + 2]], self.owner)
 
+    def predict(self, tokens, features, start: int):
+        """hedge's feedback: its top-1 guess for each committed token ``tokens[start:]`` (always ``token``)."""
+        return torch.full((tokens.shape[0] - start,), self.token, dtype=torch.long)
+
 
 class OracleProposer:
     """Knows the verifier's greedy continuation; proposes a wrong branch first, then the truth.
@@ -43,6 +47,13 @@ class OracleProposer:
         wrong = [(t + 7) % 49152 for t in truth[:2]] or [5]
         paths = ([wrong] if self.wrong_first else []) + ([truth] if truth else [])
         return chain_tree(paths, self.owner)
+
+    def predict(self, tokens, features, start: int):
+        """hedge's feedback: the reference's tokens at the committed positions ``tokens[start:]``
+        (-1 past its end)."""
+        a, b = start - self.prompt_len, tokens.shape[0] - self.prompt_len
+        ref = self.ref[a:b]
+        return torch.tensor(ref + [-1] * (b - a - len(ref)), dtype=torch.long)
 
 
 def eagle3_math_batch(model, tok, eos, layers, n_draft: int) -> dict:

@@ -265,10 +265,12 @@ NEXT = {  # the study's proposed next experiments: (case, DecodeConfig fields)
     "switching-k1": (("switching", 2, "step", False, False), {"switch_after": 1}),
     "switching-merged-dedup": (("switching", 2, "step", True, False), {"switch_after": 1, "switch_to": "merged"}),
     "depth_adaptive": (("depth_adaptive", 3, "step", False, False), {"switch_depth": 1}),
+    "hedge-carry": (("hedge", 3, "step", False, False), {"hedge_reset": "carry"}),  # 3 drafters scored per step
 }
 
 
-NEXT_DEFAULT = {("switching-merged-dedup", 0.0), ("depth_adaptive", 1.0)}  # the rest in make test-full
+# the rest in make test-full
+NEXT_DEFAULT = {("switching-merged-dedup", 0.0), ("depth_adaptive", 1.0), ("hedge-carry", 0.0)}
 
 
 @pytest.mark.slow

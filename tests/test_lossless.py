@@ -36,7 +36,7 @@ def references(verifier, bench_prompts):
 
 CASES = [("autoregressive", 0, "step", False), ("single", 1, "step", False)] + [
     (s, 2, g, False) for s in ("confidence", "entropy") for g in ("step", "prompt")
-] + [("merged", 2, "step", False), ("merged", 2, "step", True)]
+] + [("merged", 2, "step", False), ("merged", 2, "step", True), ("hedge", 2, "step", False)]
 FULL = pytest.mark.full  # breadth: make test-full runs it (tests/conftest.py)
 
 
@@ -61,7 +61,7 @@ def test_random_drafters_match_generate(verifier, eos, random_proposers, referen
 
 
 @pytest.mark.parametrize("strategy", ["single", pytest.param("confidence", marks=FULL),
-                                      pytest.param("entropy", marks=FULL), "merged"])
+                                      pytest.param("entropy", marks=FULL), "merged", pytest.param("hedge", marks=FULL)])
 def test_adversarial_drafter_is_lossless(verifier, eos, random_proposers, references, strategy):
     model, tok = verifier
     bad = [ConstantProposer(1000, 0), ConstantProposer(2000, 1)]
@@ -163,7 +163,8 @@ def reduced_vocab_proposers(verifier, references, tmp_path_factory):
 
 
 @pytest.mark.parametrize("strategy,n,granularity,dedup", _breadth([c for c in CASES[1:] if c[2] == "step"],
-                                                                  [c for c in CASES if c[0] in ("confidence", "entropy")]
+                                                                  [c for c in CASES if c[0] in ("confidence", "entropy",
+                                                                                                "hedge")]
                                                                   + [("merged", 2, "step", False)]))
 def test_reduced_vocabulary_drafters_match_generate(verifier, eos, reduced_vocab_proposers, references, strategy, n,
                                                     granularity, dedup):

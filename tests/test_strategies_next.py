@@ -279,11 +279,16 @@ CASES = {  # id: (proposers, DecodeConfig fields)
                                                routing_granularity="prompt", merge_dedup=True)),
     "depth_adaptive-s1": ("graft", 3, dict(strategy="depth_adaptive", switch_depth=1)),
     "depth_adaptive-s2-node": ("graft", 3, dict(strategy="depth_adaptive", switch_depth=2, route_score="node")),
+    # hedge (tests/test_hedge.py): its weights carried across MT-Bench's turns; over four heads, the first ahead
+    "hedge-carry": ("four", 2, dict(strategy="hedge", hedge_reset="carry")),
+    "hedge-mixed-first-4": ("four", 4, dict(strategy="hedge", hedge_prior="mixed-first", hedge_eta=2.0)),
 }
 
 
-@pytest.mark.slow  # (switching-k1 and depth_adaptive-s1: the other cases cover their code, make test-full runs them)
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.full) if c in ("switching-k1", "depth_adaptive-s1")
+@pytest.mark.slow  # (switching-k1, depth_adaptive-s1, hedge-mixed-first-4: the other cases cover their code,
+#                     make test-full runs them)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.full)
+                                  if c in ("switching-k1", "depth_adaptive-s1", "hedge-mixed-first-4")
                                   else c for c in CASES])
 def test_new_strategies_match_generate(verifier, eos, four_proposers, refs, case):
     model, tok = verifier
@@ -305,6 +310,14 @@ def test_new_strategies_match_generate(verifier, eos, four_proposers, refs, case
         assert chosen == {0, 1} if fields.get("switch_to", "specialist") == "specialist" else -1 in chosen
     if fields["strategy"] == "depth_adaptive":
         assert chosen <= {1, 2} and all(s["tree_size"] == TREE.total_tokens - 1 for s in steps)
+    if fields["strategy"] == "hedge":  # one drafter drafts; every drafter is scored on every step (reset
+        #                                 per turn: but the turn's last, 3 turns in all)
+        scored = [s for s in steps if s["drafter_agreement"]]
+        assert len(steps) - len(scored) == (0 if fields.get("hedge_reset") == "carry" else 3)
+        assert chosen <= set(range(n)) and all(len(s["drafter_agreement"]) == n for s in scored)
+        assert all(0 <= a <= s["committed"] for s in scored for a in s["drafter_agreement"])
+    else:
+        assert all(s["drafter_agreement"] == [] for s in steps)
 
 
 @pytest.mark.slow
