@@ -182,6 +182,8 @@ def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
             for to in e.switch_to:
                 out.append(mk(backbone=b, drafter=pair_name, strategy="switching", drafters=pair, switch_after=k,
                               switch_to=to, **per_prompt))
+    if "hedge" in e.strategies:  # the online router over the route pair (decoding/hedge.py), at its defaults
+        out.append(mk(backbone=b, drafter=pair_name, strategy="hedge", drafters=pair))
     if "depth_adaptive" in e.strategies and e.mixed_variant in variants:  # (mixed, specialists), one budget
         out.append(mk(backbone=b, drafter=f"{e.mixed_variant}+{pair_name}", strategy="depth_adaptive",
                       drafters=(f"{b}-{e.mixed_variant}", *pair), switch_depth=e.switch_depth, **per_prompt))

@@ -21,8 +21,10 @@ import yaml
 from drafters.corpora import VARIANTS
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "experiments" / "profiles"
-STRATEGIES = ("autoregressive", "single", "confidence", "entropy", "merged", "switching", "depth_adaptive")
-STUDY_STRATEGIES = STRATEGIES[:5]  # the study's own; switching and depth_adaptive are its proposed next steps
+STRATEGIES = ("autoregressive", "single", "confidence", "entropy", "merged", "switching", "depth_adaptive",
+              "hedge")
+# the study's own; switching and depth_adaptive are its proposed next steps; hedge the online router (issue 57)
+STUDY_STRATEGIES = STRATEGIES[:5]
 # the study's routers by name: posthoc_confidence (its code's run_confidence_router_tau.py, computed by the
 # report from the single-drafter traces), entropy_heads (its gen_routing_eval.py: lowest draft entropy over
 # eval.heads, per prompt turn), prompt_confidence (its text: once per prompt, mean node confidence c(v))
@@ -335,7 +337,8 @@ def eval_checks(p: "Profile") -> None:
     """What the eval keys need from the rest of the profile (one ProfileError line each)."""
     e, t = p.eval, p.train
     pair = [v for v in e.route_pair if v in t.variants]
-    composing = sorted({"confidence", "entropy", "merged", "switching", "depth_adaptive"} & set(e.strategies))
+    composing = sorted({"confidence", "entropy", "merged", "switching", "depth_adaptive", "hedge"}
+                       & set(e.strategies))
     routers = sorted({"prompt_confidence", "posthoc_confidence"} & set(e.routers))
     users = f"strategies {composing}" + (f" and routers {routers}" if routers else "") if composing \
         else f"routers {routers}"
