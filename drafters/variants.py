@@ -45,7 +45,7 @@ def select_conversations(tokenizer, eos_ids, corpus: str, spec: DataSpec, option
     """(train, heldout) lists of (conversation, tokenized example), deterministic given spec.seed."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        convs, _ = load_corpus(corpus, options)
+        convs, _ = load_corpus(corpus, options, need=spec.n + spec.heldout)
     order = list(range(len(convs)))
     random.Random(spec.seed).shuffle(order)
     need = spec.n + spec.heldout

