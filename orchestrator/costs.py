@@ -1,11 +1,19 @@
-"""The dry run's stated assumptions: verifier sizes, GPU throughput, decoding constants, and the
-FLOPs per training token they imply. Used where nothing measured is at hand (orchestrator/rates.py)."""
+"""The dry run's stated assumptions: verifier shapes, GPU throughput, decoding constants, the
+drafters' parameter counts and training FLOPs per token, and the memory one training GPU needs.
+Used where nothing measured is at hand (orchestrator/rates.py). Torch-free: every count is
+arithmetic on the shapes the modules are built from (drafters/model.py, drafters/eagle3.py), and
+tests/test_costs.py checks it against the modules' own ``sum(p.numel())``."""
 from __future__ import annotations
 
-# Per-verifier constants: parameters, hidden size, vocabulary.
+GIB = 1 << 30
+
+# Per-verifier shapes (the Hugging Face config's hidden_size, vocab_size, num_attention_heads,
+# num_key_value_heads, intermediate_size, num_hidden_layers) and its whole parameter count.
 VERIFIERS = {
-    "llama3-8b-instruct": {"params": 8.0e9, "hidden": 4096, "vocab": 128256},
-    "smollm2-135m-instruct": {"params": 0.135e9, "hidden": 576, "vocab": 49152},
+    "llama3-8b-instruct": {"params": 8.03e9, "hidden": 4096, "vocab": 128256, "heads": 32, "kv_heads": 8,
+                           "intermediate": 14336, "layers": 32},
+    "smollm2-135m-instruct": {"params": 0.135e9, "hidden": 576, "vocab": 49152, "heads": 9, "kv_heads": 3,
+                              "intermediate": 1536, "layers": 30},
 }
 ASSUMPTIONS = {
     "tokens_per_example": {"mathinstruct": 350, "sharegpt": 900},  # after the chat template, capped by max_length
@@ -16,22 +24,64 @@ ASSUMPTIONS = {
     "generated_tokens_per_turn": 400,
     "feature_bytes_per_token": None,  # hidden * 2 (fp16) + top-10 ids/probs (60 bytes)
 }
-
-
-def drafter_params(v: dict) -> int:
-    """Parameters of a one-layer drafter for verifier ``v``: fc + one decoder layer (approx.)."""
-    return 2 * v["hidden"] ** 2 + 12 * v["hidden"] ** 2
-
-
 EAGLE3_TTT_STEPS = 7  # drafters.eagle3.Eagle3Config.ttt_steps (kept torch-free here)
+EAGLE3_AUX_LAYERS = 3  # drafters.eagle3.default_aux_layers: three verifier layers fused by fc
+TOPK_BYTES = 60  # a cached token's top-10 ids (int32) and probabilities (fp16): drafters/features.py
+
+
+# ---------------------------------------------------------------- parameters (drafters/model.py, eagle3.py)
+def _layer_params(v: dict, qkv_in: int) -> int:
+    """A Llama decoder layer's projections, q/k/v reading ``qkv_in`` features (norms not included)."""
+    h, hd = v["hidden"], v["hidden"] // v["heads"]
+    attn = qkv_in * v["heads"] * hd + 2 * qkv_in * v["kv_heads"] * hd + v["heads"] * hd * h
+    return attn + 3 * h * v["intermediate"]  # gate, up, down
+
+
+def head_rows(v: dict, draft_vocab: int | None = None) -> int:
+    """Rows of the LM head a drafter's loss runs over: the draft vocabulary, or the whole one."""
+    return draft_vocab or v["vocab"]
+
+
+def drafter_params(v: dict, backbone: str = "eagle2", draft_vocab: int | None = None) -> int:
+    """Trainable parameters of a drafter for verifier ``v``. EAGLE-2/HASS (FeatureDrafter): fc
+    (2H -> H) and one decoder layer with its post-attention RMSNorm; embedding and LM head are the
+    verifier's. EAGLE-3 (Eagle3Drafter): fc (3H -> H), a layer whose q/k/v read 2H with three
+    RMSNorms, the final norm and its own LM head (H x the draft vocabulary, or the whole one: 525 M
+    parameters for Llama-3-8B's 128,256 x 4,096)."""
+    h = v["hidden"]
+    if backbone == "eagle3":
+        return EAGLE3_AUX_LAYERS * h * h + _layer_params(v, 2 * h) + 4 * h + h * head_rows(v, draft_vocab)
+    return 2 * h * h + _layer_params(v, h) + h
 
 
 def train_flops_per_token(v: dict, backbone: str, hass_steps: int) -> float:
-    """Training FLOPs per token of a drafter (forward + backward, the LM head included);
-    HASS repeats the forward/backward ``hass_steps`` times. EAGLE-3 runs its fc (3H x H) once and
-    its layer and head ``EAGLE3_TTT_STEPS`` times; its layer (q/k/v read 2H) is about 14H^2, as
-    many as ``drafter_params``'s fc + layer, so one step costs what one EAGLE-2 pass does."""
-    one = 6 * drafter_params(v) + 3 * 2 * v["hidden"] * v["vocab"]
+    """Training FLOPs per token of a drafter (forward + backward of its matmuls, 6 per parameter,
+    and the LM head; attention's own products, about 2% at 1,024 tokens, are left out). EAGLE-2: the
+    verifier's frozen head forward and back to its input (4HV) and once for the target (2HV); HASS
+    repeats the pass ``hass_steps`` times. EAGLE-3: fc once, then its layer and its own trained head
+    (6HV) ``EAGLE3_TTT_STEPS`` times, and the target distribution once."""
+    h, n = v["hidden"], v["vocab"]
     if backbone == "eagle3":
-        return 6 * 3 * v["hidden"] ** 2 + EAGLE3_TTT_STEPS * one
+        step = 6 * _layer_params(v, 2 * h) + 6 * h * n
+        return 6 * EAGLE3_AUX_LAYERS * h * h + EAGLE3_TTT_STEPS * step + 2 * h * n
+    one = 6 * (2 * h * h + _layer_params(v, h)) + 4 * h * n + 2 * h * n
     return hass_steps * one if backbone == "hass" else one
+
+
+def checkpoint_bytes(v: dict, backbone: str, precision: str, draft_vocab: int | None = None) -> int:
+    """One epoch checkpoint (drafters/trainer.py ``_save``): the weights as trained (bf16: 2 bytes a
+    parameter) plus DeepSpeed's state, its module copy and the float32 master weights and Adam's m
+    and v (12 bytes): 16 bytes a parameter in bf16, 20 in fp32 (about 13 GB for Llama-3-8B's EAGLE-3)."""
+    w = 2 if precision == "bf16" else 4
+    return drafter_params(v, backbone, draft_vocab) * (2 * w + 12)
+
+
+def final_bytes(v: dict, backbone: str, precision: str, draft_vocab: int | None = None) -> int:
+    """A final or merged drafter: its weights only."""
+    return drafter_params(v, backbone, draft_vocab) * (2 if precision == "bf16" else 4)
+
+
+def feature_bytes_per_token(v: dict, eagle3: bool) -> int:
+    """A cached token (drafters/features.py): the LM head's input (fp16), its top-10, and with
+    EAGLE-3 in the run the three aux layers' hidden states (fp16) in the same cache."""
+    return v["hidden"] * 2 + TOPK_BYTES + (EAGLE3_AUX_LAYERS * v["hidden"] * 2 if eagle3 else 0)

@@ -8,11 +8,13 @@ the same assumptions marked as an estimate.
 from __future__ import annotations
 
 from . import rates as rates_mod
-from .costs import ASSUMPTIONS, VERIFIERS, drafter_params, train_flops_per_token
+from .costs import ASSUMPTIONS, VERIFIERS, checkpoint_bytes, final_bytes, train_flops_per_token
 from .grid import cell_prompts, corpora, eval_cells, merge_cells, plan_summary, train_cells
 from .billing import print_makespan
 from .plan import parse_cluster
+from .preflight import dry_run_checks
 from .profile import Profile
+from .sizing import feature_cache_bytes
 
 def estimate(p: Profile) -> dict:
     v = VERIFIERS.get(p.verifier)
@@ -33,8 +35,8 @@ def estimate(p: Profile) -> dict:
         f = per_token[c.backbone] + (flops_verifier if online else 0)
         train_h += toks * f / eff / 3600
     feat_h = 0.0 if online else sum(corpus_tokens.values()) * flops_verifier / eff / 3600
-    fbytes = v["hidden"] * 2 + 60
-    storage_gb = 0.0 if online else sum(corpus_tokens.values()) * fbytes / 1e9
+    cache = feature_cache_bytes(p)  # EAGLE-3's aux layers included (orchestrator/sizing.py)
+    storage_gb = 0.0 if online else cache["total"] / 1e9
     prompts = {"mt_bench": (80, 2), "gsm8k": (1319, 1), "math500": (500, 1), "svamp": (1000, 1)}
     eval_h = 0.0
     # GPU-time an eval actor holds per unpacked step: its GPU share x its packed step (orchestrator/packing.py)
@@ -45,11 +47,17 @@ def estimate(p: Profile) -> dict:
         gen = min(a["generated_tokens_per_turn"], p.eval.max_new_tokens) * turns * k
         tau = 1.0 if cell.strategy == "autoregressive" else a["assumed_tau"]
         eval_h += gen / tau * a["verify_step_seconds"] * hold / 3600
-    weights = drafter_params(v) * 2  # bytes of one drafter's weights (bf16/fp16-sized estimate)
-    # every epoch keeps the weights plus the optimizer state (fp32 master + Adam m, v = 12 bytes/param,
-    # sharded over ranks by ZeRO but the same in total); finals and merges keep the weights only
-    state = drafter_params(v) * 12
-    ckpt_gb = (len(train_cells(p)) * (p.train.epochs * (weights + state) + weights) + len(merge_cells(p)) * weights) / 1e9
+    # each drafter keeps its last train.keep_checkpoints epochs (weights + DeepSpeed's state: costs.py) and
+    # its final; merges keep weights only. Parameters per backbone: EAGLE-3's own LM head included
+    ckpt = 0
+    for c in train_cells(p):
+        t = p.train.for_backbone(c.backbone)
+        kept = min(t.epochs, p.train.keep_checkpoints)
+        ckpt += kept * checkpoint_bytes(v, c.backbone, t.precision, t.draft_vocab) + \
+            final_bytes(v, c.backbone, t.precision, t.draft_vocab)
+    ckpt += sum(final_bytes(v, m.backbone, p.train.for_backbone(m.backbone).precision, p.train.draft_vocab)
+                for m in merge_cells(p))
+    ckpt_gb = ckpt / 1e9
     return {"features_gpu_h": feat_h, "train_gpu_h": train_h, "eval_gpu_h": eval_h, "feature_storage_gb": storage_gb,
             "checkpoint_storage_gb": ckpt_gb, "corpus_tokens": corpus_tokens}
 
@@ -82,6 +90,9 @@ def print_plan(p: Profile, output: str | None = None, rates: str | None = None,
     for c in clusters or []:  # a bad --cluster is refused before anything is timed
         parse_cluster(c)
     r = rates_mod.with_scaled_backbones(p, rates_mod.load(rates, p)) if rates else None
+    problems = dry_run_checks(p)  # data per corpus, features mode, memory per training GPU
+    if problems:  # refused as the preflight would refuse the run: one line each
+        raise ValueError("\nerror: ".join(problems))
     e = estimate(p)
     a = ASSUMPTIONS
     if e.get("unknown_verifier"):
@@ -96,7 +107,8 @@ def print_plan(p: Profile, output: str | None = None, rates: str | None = None,
           + (" (online mode: computed inside training, no cache)" if p.data.feature_mode == "online" else ""))
     print(f"  train    : {e['train_gpu_h']:.1f} GPU-h")
     print(f"  eval     : {e['eval_gpu_h']:.1f} GPU-h")
-    print(f"  storage  : checkpoints {e['checkpoint_storage_gb']:.1f} GB (every epoch with optimizer state, finals, merges)")
+    print(f"  storage  : checkpoints {e['checkpoint_storage_gb']:.1f} GB (the last train.keep_checkpoints epochs with "
+          "optimizer state per drafter, finals, merges)")
     if r is None and rates_mod._device(p) == "gpu":
         r = rates_mod.estimated(p)
     if r is not None:

@@ -3,7 +3,9 @@
 Each benchmark the profile evaluates and each corpus its variants train on must be found (local
 data root, data package or Hub metadata: ``drafters.data.sources.locate``, no rows read), and
 the verifier must resolve: the GGUF file of a GGUF verifier is there (its header is read, not its
-weights), any other verifier's config loads. A missing benchmark is reported here, before hours of
+weights), any other verifier's config loads. A training corpus must hold ``data.n + data.heldout``
+records (counted, not tokenized), and training must fit ``resources.gpu_memory_gib`` per GPU
+(orchestrator/sizing.py's estimate). A missing benchmark is reported here, before hours of
 training, not when evaluation starts. Each problem is one line; all of them are reported together.
 Checked on the driver's node: workers on other nodes resolve the same names on theirs.
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from drafters.data.sources import DataSourceNotFound, SourceOptions, locate
+from drafters.data.sources import DataSourceNotFound, DataSourceTooSmall, SourceOptions, locate
 
 from .grid import corpora
 from .profile import Profile
@@ -39,16 +41,32 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())
 
 
-def _data(p: Profile, options: SourceOptions) -> tuple[list[str], list[str]]:
-    """(found lines, problem lines) for every benchmark and training corpus of ``p``."""
-    needs = [(b, "eval.benchmarks") for b in p.eval.benchmarks] + [(c, "train.variants") for c in corpora(p)]
+def corpus_lines(p: Profile, options: SourceOptions | None = None) -> tuple[list[str], list[str]]:
+    """(found lines, problem lines) for the training corpora of ``p``: each must hold
+    ``data.n + data.heldout`` records where it is found (counted, not tokenized). A short place is
+    passed over; a corpus that every place has too few of is one problem line naming each place,
+    what it holds and what was asked. The dry run checks this part."""
+    need = p.data.n + p.data.heldout
     found, problems = [], []
-    for name, key in needs:
+    for c in corpora(p):
         try:
-            found.append(f"{name}: {locate(name, options)}")
+            found.append(f"{c}: {locate(c, options or SourceOptions(), need=need)}")
         except DataSourceNotFound as e:
+            key = "data.n + data.heldout" if isinstance(e, DataSourceTooSmall) else "train.variants"
             problems.append(f"{key}: {_one_line(e)}")
     return found, problems
+
+
+def _data(p: Profile, options: SourceOptions) -> tuple[list[str], list[str]]:
+    """(found lines, problem lines) for every benchmark and training corpus of ``p``."""
+    found, problems = [], []
+    for b in p.eval.benchmarks:
+        try:
+            found.append(f"{b}: {locate(b, options)}")
+        except DataSourceNotFound as e:
+            problems.append(f"eval.benchmarks: {_one_line(e)}")
+    cfound, cproblems = corpus_lines(p, options)
+    return found + cfound, problems + cproblems
 
 
 def _verifier(p: Profile) -> tuple[list[str], list[str]]:
@@ -81,10 +99,14 @@ def _verifier(p: Profile) -> tuple[list[str], list[str]]:
 def preflight(p: Profile, options: SourceOptions | None = None) -> list[str]:
     """Resolve every data set and the verifier's config of ``p``; returns one line per thing found.
     Raises :class:`PreflightError` listing every problem (one line each) when anything is missing."""
+    from .sizing import memory_problem
+
     found, problems = _data(p, options or SourceOptions())
     vfound, vproblems = _verifier(p)
-    if problems or vproblems:
-        raise PreflightError(problems + vproblems)
+    memory = memory_problem(p)  # training that the profile's GPUs cannot hold (resources.gpu_memory_gib)
+    problems = problems + vproblems + ([memory] if memory else [])
+    if problems:
+        raise PreflightError(problems)
     return found + vfound
 
 
@@ -183,3 +205,27 @@ def check_cluster(p: Profile, local_output: bool) -> None:
         print(f"warning: {line} now; its units wait until such a node joins", flush=True)
     print(f"cluster: {nodes} node(s); resources checked against {source}: {capacity.get('CPU', 0):g} CPU / "
           f"{capacity.get('GPU', 0):g} GPU", flush=True)
+
+
+# ---------------------------------------------------------------- what the dry run checks (no model, no Ray)
+def dry_run_checks(p: Profile, options: SourceOptions | None = None) -> list[str]:
+    """Print what the dry run can check of ``p`` without a model or a cluster: the records each
+    training corpus can give against ``data.n + data.heldout``, the features mode and why, and the
+    memory one training GPU needs per backbone against ``resources.gpu_memory_gib``. Returns the
+    problem lines (the same lines the preflight refuses with)."""
+    from .sizing import feature_mode_reason, memory_problem, profile_memory
+
+    found, problems = corpus_lines(p, options)
+    for line in found:
+        print(f"  data     : {line}")
+    print(f"  features : mode {feature_mode_reason(p)}")
+    mem = profile_memory(p)
+    if mem:
+        cap = p.resources.gpu_memory_gib
+        limit = f"resources.gpu_memory_gib {cap:g}" if cap is not None else \
+            "resources.gpu_memory_gib not set: unchecked"
+        print(f"  memory   : per training GPU (estimate; {limit}):")
+        for m in mem.values():
+            print(f"             {m.describe()}")
+    problem = memory_problem(p)
+    return problems + ([problem] if problem else [])

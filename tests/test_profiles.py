@@ -1,6 +1,7 @@
 """Profiles are validated before any work; the dry run of every shipped profile loads no model."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,25 +10,28 @@ import pytest
 
 from orchestrator.grid import eval_cells, plan_summary
 from orchestrator.profile import PROFILE_DIR, ProfileError, load_profile
+from tests.hub_stub import paper_hub_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in PROFILE_DIR.glob("*.yaml")))
-def test_shipped_profiles_validate_and_dry_run(name):
+def test_shipped_profiles_validate_and_dry_run(name, tmp_path):
     p = load_profile(name)
     assert plan_summary(p)["eval_cells"] > 0
+    env = {**os.environ, **paper_hub_env(tmp_path)}  # paper's 70,512 a corpus: from a stubbed Hub (no network)
     r = subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", name, "--dry-run"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert "DAG:" in r.stdout and "GPU-h" in r.stdout and "eval" in r.stdout
 
 
-def test_dry_run_imports_no_model_code():
+def test_dry_run_imports_no_model_code(tmp_path):
     code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'experiments')!r}]; import full_grid; "
             "rc = full_grid.main(['--profile', 'paper', '--dry-run', '--output-dir', 's3://bucket/run']); "
             "print('MODULES', rc, 'torch' in sys.modules, 'transformers' in sys.modules, 'ray' in sys.modules)")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, **paper_hub_env(tmp_path)})
     assert "MODULES 0 False False False" in r.stdout, r.stdout + r.stderr
     assert "output: s3://bucket/run -- a URI" in r.stdout  # where artifacts go, and how
 
