@@ -405,12 +405,12 @@ class _DiskWatch(threading.Thread):
         while not self.stop.is_set():
             for node in self.tmp.glob("node-*"):
                 total = 0
-                for p in (node / "cache").rglob("*") if (node / "cache").is_dir() else ():
-                    try:
-                        shard = p.name.lstrip(".").startswith("shard-") and self.part in str(p)
-                        total += p.stat().st_size if shard and p.is_file() else 0
-                    except FileNotFoundError:  # renamed or evicted while counted
-                        pass
+                for d, _, files in os.walk(node / "cache"):  # (a directory that goes while walked is skipped)
+                    for f in files if self.part in f"{d}/" else ():
+                        try:
+                            total += os.stat(f"{d}/{f}").st_size if f.lstrip(".").startswith("shard-") else 0
+                        except FileNotFoundError:  # renamed or evicted while counted
+                            pass
                 self.samples.append((time.time(), node.name, total))
             time.sleep(0.02)
 
