@@ -259,10 +259,9 @@ def batches(data, batch_size, seed, online: OnlineFeatures | None = None, bucket
 def _own_groups(data, steps: int, batch_size: int, seed, bucket: bool, pool: int):
     """``steps`` batches of a rank's own shards: its plan, then (a rank with fewer batches than the
     others) its plan again in another order, for the batches it lacks."""
-    made, round_ = 0, 0
+    made, again = 0, seed  # the first pass: the plan's own seed
     while made < steps:
         before = made
-        again = None if seed is None else seed + 7919 * round_  # round 0: the plan's own seed
         for group in plan_batches(data, batch_size, again, bucket=bucket, pool=pool):
             if made == steps:
                 return
@@ -270,7 +269,7 @@ def _own_groups(data, steps: int, batch_size: int, seed, bucket: bool, pool: int
             made += 1
         if made == before:  # nothing with a target in these shards
             return
-        round_ += 1
+        again = None if again is None else again + 7919
 
 
 def count_examples(data: list, online_spec: dict | None = None) -> int:
