@@ -2,6 +2,7 @@
 # The GPU check, as is, on a machine with one GPU and only this repository (docs/gpu-check.md):
 #   bash experiments/gpu_check.sh          # one CUDA GPU: Llama-3-8B-shaped verifier, bf16 training, every strategy
 #   bash experiments/gpu_check.sh --dry    # the same code path on the CPU, small shape (what the test suite runs)
+#   ... --no-train                          # no Ray Train/DeepSpeed: the drafter trains in this process (torch only)
 # Extra arguments go to experiments/gpu_check.py (e.g. --layers 16, --max-new-tokens 32).
 # It installs what is missing with pip (torch from the package index's default build, which is CUDA on
 # Linux; the project with the GPU image's pins, docker/constraints.txt), then builds the verifier and
@@ -30,26 +31,43 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
   echo "[gpu-check] installing torch"
   "$PY" -m pip install -q "torch>=2.6"
 fi
-# what the check imports (the project's packages from this checkout)
-NEEDS="import ray.train, deepspeed, transformers, accelerate, pyarrow, yaml, decoding, drafters, workers"
-if ! "$PY" -c "$NEEDS" 2>/dev/null; then
+# what decoding imports (torch, transformers and the project's own packages), and what the Ray Train row adds
+DECODE_NEEDS="import transformers, safetensors, tokenizers, yaml, decoding, drafters"
+TRAIN_NEEDS="import ray.train, deepspeed, accelerate, pyarrow, workers"
+trainer=ray
+for a in "$@"; do
+  [[ "$a" == "--no-train" || "$a" == "torch" || "$a" == "--trainer=torch" ]] && trainer=torch
+done
+install_project() {
+  "$PY" -m pip install -q -c docker/constraints.txt -e . 2>/dev/null
+}
+if ! "$PY" -c "$DECODE_NEEDS" 2>/dev/null; then
   echo "[gpu-check] installing the project and its pinned dependencies"
-  "$PY" -m pip install -q -c docker/constraints.txt -e . || {
-    echo "[gpu-check] error: pip could not install the project (no package index here?). Make wheels" \
-      "where pip works (bash experiments/gpu_wheels.sh .whl), carry .whl, and run" \
-      "GPU_CHECK_WHEELS=.whl bash experiments/gpu_check.sh" >&2
+  install_project || {
+    echo "[gpu-check] error: transformers or the project's packages cannot be imported and pip could not" \
+      "install them (no package index here?). Make wheels where pip works (bash experiments/gpu_wheels.sh .whl)," \
+      "carry .whl, and run GPU_CHECK_WHEELS=.whl bash experiments/gpu_check.sh" >&2
     exit 2
   }
+fi
+extra=()
+if [[ "$trainer" == ray ]] && ! "$PY" -c "$TRAIN_NEEDS" 2>/dev/null; then
+  echo "[gpu-check] installing Ray Train and DeepSpeed (the project's pins)"
+  if ! install_project || ! "$PY" -c "$TRAIN_NEEDS" 2>/dev/null; then
+    echo "[gpu-check] Ray Train or DeepSpeed cannot be imported and pip could not install them: training" \
+      "in this process with torch alone (--trainer torch); the Ray Train + DeepSpeed row is not run"
+    extra=(--trainer torch)
+  fi
 fi
 
 if [[ "$mode" == dry ]]; then
   # small shape, few steps, CPU; the CPU matmul tuner stays off (a GPU never runs it)
   export TASKSPEC_CPU_SPEED=0
   exec "$PY" experiments/gpu_check.py --standalone --device cpu --shape small --n-prompts 1 \
-    --max-new-tokens 8 --train-examples 16 --train-batch 4 --train-steps 4 "$@"
+    --max-new-tokens 32 --train-examples 32 --train-batch 2 --train-steps 32 --train-lr 3e-3 "${extra[@]}" "$@"
 fi
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "[gpu-check] error: torch sees no CUDA device (nvidia-smi? a CPU build of torch?); --dry runs on the CPU" >&2
   exit 2
 fi
-exec "$PY" experiments/gpu_check.py --standalone --device cuda --shape llama3-8b --n-prompts 2 "$@"
+exec "$PY" experiments/gpu_check.py --standalone --device cuda --shape llama3-8b --n-prompts 2 "${extra[@]}" "$@"

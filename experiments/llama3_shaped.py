@@ -68,10 +68,70 @@ SHAPES = {"llama3-8b": dict(hidden=4096, intermediate=14_336, layers=32, heads=3
           "small": dict(hidden=256, intermediate=512, layers=2, heads=8, kv_heads=2)}
 
 
+def _branch_outputs(model) -> list:
+    """The projections that write into the residual stream: attention's o_proj and the MLP's down_proj."""
+    return [m for layer in model.model.layers for m in (layer.self_attn.o_proj, layer.mlp.down_proj)]
+
+
+def bigram_fraction(model, sigma, ids) -> float:
+    """Share of positions where the model's greedy next token is the planted successor ``sigma[id]``."""
+    import torch
+
+    with torch.no_grad():
+        top = model(ids).logits.argmax(-1)  # (B, T)
+    return (top == sigma[ids]).float().mean().item()
+
+
+def plant_bigram(model, seed: int = 0, target: float = 0.9, sharpness: float = 12.0, vocab: int = 4000) -> float:
+    """Give a random model a next token a drafter can learn; returns the residual-branch scale used.
+
+    1. The embedding rows are rescaled to RMS 1 (the scale of the final-norm hidden states that a
+       drafter predicts from them), and a random successor permutation ``sigma`` of the first ``vocab``
+       ids (the text tokens of build_tokenizer) is planted in the LM head: its row sigma(t) is token
+       t's embedding direction, scaled so that its logit is ``sharpness`` for a hidden state of norm
+       sqrt(hidden); the other rows are zero, so generated text stays among the text tokens (and never
+       ends early at EOS). Alone, a bigram model: t -> sigma(t).
+    2. The residual branches (o_proj, down_proj) are scaled by beta so that attention and the MLPs still
+       decide the greedy token at about ``1 - target`` of the positions (so context, the KV cache and
+       the tree pass still matter): beta is found by bisection (in log space) on random ids below
+       ``vocab``, for any shape (the branches' size relative to the embeddings depends on the width).
+    """
+    import torch
+
+    E = model.model.embed_tokens.weight  # (V, H)
+    V, H = E.shape
+    k = min(vocab, V)  # the ids a tokenizer trained on the texts emits (below build_tokenizer's fill tokens)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    sigma = torch.randperm(k, generator=g).to(E.device)
+    with torch.no_grad():
+        unit = E.float() / E.float().norm(dim=-1, keepdim=True).clamp_min(1e-6)  # the pad row is zero
+        E.copy_((unit * H ** 0.5).to(E.dtype))  # rows of RMS 1, the scale of the features a drafter predicts
+        model.lm_head.weight.zero_()  # ids >= k (fill and special tokens, EOS among them) are never the greedy token
+        model.lm_head.weight[sigma] = (sharpness / H ** 0.5 * unit[:k]).to(E.dtype)
+    ids = torch.randint(0, k, (2, 64), generator=g).to(E.device)
+    scale = [1.0]
+    hooks = [m.register_forward_hook(lambda _m, _i, out: out * scale[0]) for m in _branch_outputs(model)]
+    lo, hi = -3.0, 3.0  # log10 of the branches' scale
+    try:
+        for _ in range(12):  # the bigram fraction falls as the branches grow
+            mid = (lo + hi) / 2
+            scale[0] = 10 ** mid
+            lo, hi = (mid, hi) if bigram_fraction(model, sigma, ids) > target else (lo, mid)
+    finally:
+        for h in hooks:
+            h.remove()
+    with torch.no_grad():
+        for m in _branch_outputs(model):
+            m.weight.mul_(10 ** lo)
+    return 10 ** lo
+
+
 def build(out: str | Path, hidden: int = 256, layers: int = 2, seed: int = 0, *, intermediate: int | None = None,
-          heads: int = 8, kv_heads: int = 2, device: str = "cpu") -> Path:
+          heads: int = 8, kv_heads: int = 2, device: str = "cpu", learnable: bool = False) -> Path:
     """Write the model directory (config, bf16 safetensors, tokenizer, generation config). The weights
-    are drawn on ``device`` in bf16 (an 8B model is initialized on the GPU in seconds)."""
+    are drawn on ``device`` in bf16 (an 8B model is initialized on the GPU in seconds). ``learnable``
+    plants a near-bigram next token (:func:`plant_bigram`) that a drafter can learn; without it the
+    next token is near-uniform (top-2 logit gaps of about 0.2) and no drafter can predict it."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -82,13 +142,17 @@ def build(out: str | Path, hidden: int = 256, layers: int = 2, seed: int = 0, *,
                       tie_word_embeddings=False, bos_token_id=BASE, eos_token_id=[BASE + 1, BASE + 9],
                       pad_token_id=BASE + 1)
     torch.manual_seed(seed)
+    tokenizer = build_tokenizer()
     with torch.device(device):
         model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
+    if learnable:  # the successor map over the ids the tokenizer emits for text (below the fill tokens)
+        plant_bigram(model.eval(), seed=seed, vocab=min(i for t, i in tokenizer.get_vocab().items()
+                                                         if t.startswith("<|fill_")))
     model.generation_config = GenerationConfig(bos_token_id=BASE, eos_token_id=[BASE + 1, BASE + 9],
                                                pad_token_id=BASE + 1, do_sample=False)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
-    build_tokenizer().save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return out
 
 
