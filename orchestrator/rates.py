@@ -414,8 +414,10 @@ def measure(run: str | os.PathLike) -> Rates:
     from .profile import load_profile
 
     run = Path(run)
-    if not (run / "manifest.json").is_file() or not (run / "profile.json").is_file():
-        raise FileNotFoundError(f"--rates {run}: not a run directory (needs manifest.json and profile.json)")
+    has_manifest = (run / "manifest.json").is_file() or (run / "manifest.jsonl").is_file()
+    if not has_manifest or not (run / "profile.json").is_file():
+        raise FileNotFoundError(f"--rates {run}: not a run directory (needs manifest.json or its journal "
+                                "manifest.jsonl, and profile.json)")
     man = read_manifest(run / "manifest.json")  # (its journal too: a run that stopped before compacting)
     p = load_profile(str(run / "profile.json"))
     notes = []
