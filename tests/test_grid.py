@@ -260,7 +260,7 @@ def test_the_run_measures_its_stage_rates_and_predicts_its_own_time(readme_run):
     the rates measured from them, the caches and the traces time the same profile back to within
     30% of each stage's real time (overheads are fitted per unit, decode times are not)."""
     from orchestrator import rates
-    from orchestrator.dryrun import makespans
+    from orchestrator.billing import as_configured
     from orchestrator.profile import load_profile
 
     man = json.loads((readme_run.run / "manifest.json").read_text())
@@ -271,7 +271,7 @@ def test_the_run_measures_its_stage_rates_and_predicts_its_own_time(readme_run):
     p = load_profile("smoke")
     assert r.measured and r.features_tokens_per_s > 0 and set(r.train_tokens_per_s) == set(p.train.backbones)
     assert r.eval_tau["single"] >= 1.0 and r.eval_steps_per_s["autoregressive"] > 0 and not r.notes
-    (own,) = makespans(p, r)
+    own = as_configured(p, r)  # the profile's own concurrency on its own machine
     for st in ("train", "eval"):
         assert own["stages"][st] == pytest.approx(stages[st]["seconds"], rel=0.3), (st, own, stages)
 
