@@ -237,10 +237,10 @@ class Driver:
         return spec
 
     def _sync(self) -> None:
-        self.manifest.compact()
         """Publish the manifest (after the files it records, which are published as they finish):
         its journal folded into manifest.json first (orchestrator/manifest.py), which is uploaded."""
         self.lease.check()  # taken over by another driver: stop before writing over its manifest
+        self.manifest.compact()
         if self.uri:
             storage.sync(str(self.out / "profile.json"), self.ref("profile.json"), force=True)
             if (self.out / "manifest.json").is_file():

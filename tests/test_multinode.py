@@ -37,9 +37,9 @@ from ray.cluster_utils import Cluster
 from drafters.data.sources import load_benchmark
 from drafters.trainer import weights_digest
 from orchestrator.grid import eval_cells
+from orchestrator.manifest import read_manifest
 from orchestrator.profile import load_profile
 from orchestrator.report.build import build_report
-from orchestrator.manifest import read_manifest
 from orchestrator.report.duplicates import DuplicateRows
 
 pytestmark = pytest.mark.slow
