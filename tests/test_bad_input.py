@@ -62,7 +62,7 @@ FILES = [
     ("fraction out of range", "train: {topk_from: 1.5}\n",
      "train.topk_from must be a number in [0, 1], got 1.5"),
     ("unknown choice", "data: {feature_mode: streaming}\n",
-     "data.feature_mode must be cached or online, got 'streaming'"),
+     "data.feature_mode must be cached, online or auto, got 'streaming'"),
     ("repeated list value", "train: {backbones: [eagle2, eagle2]}\n",
      "train.backbones must be a non-empty list of distinct values from [eagle2, hass, eagle3], "
      "got ['eagle2', 'eagle2']"),

@@ -442,6 +442,7 @@ def _downloads(tmp: Path) -> dict:
     return out
 
 
+@pytest.mark.full  # 5-6 min on 2 cores; its placement of one rank per node is Ray's choice, not asserted
 def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(cluster, s3, tmp_path):
     """The features task streams a corpus's shards to s3:// one by one (its node's disk: at most
     two shards), and two ranks, one per node, train from it: each downloads exactly the shards the
@@ -489,7 +490,7 @@ def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(clus
     logs = _downloads(cluster.tmp)
     by_rank = {}
     for node, records in logs.items():
-        assert len({x["rank"] for x in records}) <= 1, (node, records)  # one rank per node
+        # (Ray may place both ranks on one node: they then share its cache, and each still fetches its own)
         for x in records:
             by_rank.setdefault(x["rank"], []).append(x["ref"].rsplit("/", 1)[1])
     for rank in range(2):
