@@ -101,15 +101,20 @@ def time_row(make_decoder, inputs, baseline, refs=None, classify=None) -> Timing
         t.new += len(r.output_token_ids) - 1
         t.tree += sum(s["tree_size"] for s in r.steps)
         t.t_draft += sum(s["t_draft_s"] for s in r.steps)
-        if refs is not None and r.output_token_ids == refs[pid]:
-            t.same += 1
-        elif refs is not None and classify is not None:
-            kind = classify(ids, r.output_token_ids, refs[pid])
-            t.ties += kind == "near-tie"
-            t.mismatches += kind == "MISMATCH"
+        _tally(t, ids, r.output_token_ids, None if refs is None else refs[pid], classify)
         t.prompts += 1
     t.checked = refs is not None
     return t
+
+
+def _tally(t: Timing, ids, out: list[int], ref: list[int] | None, classify) -> None:
+    """Count one output against ``generate``'s: equal, or (with ``classify``) a near-tie or a mismatch."""
+    if ref is not None and out == ref:
+        t.same += 1
+    elif ref is not None and classify is not None:
+        kind = classify(ids, out, ref)
+        t.ties += kind == "near-tie"
+        t.mismatches += kind == "MISMATCH"
 
 
 def posthoc_score(steps: list[dict]) -> float:
@@ -139,12 +144,7 @@ def time_posthoc(decoders, inputs, baseline, refs=None, classify=None) -> Timing
             t.new + len(r.output_token_ids) - 1
         t.tree += sum(s["tree_size"] for s in r.steps)
         t.t_draft += sum(s["t_draft_s"] for x in runs for s in x.steps)
-        if refs is not None and r.output_token_ids == refs[pid]:
-            t.same += 1
-        elif refs is not None and classify is not None:
-            kind = classify(ids, r.output_token_ids, refs[pid])
-            t.ties += kind == "near-tie"
-            t.mismatches += kind == "MISMATCH"
+        _tally(t, ids, r.output_token_ids, None if refs is None else refs[pid], classify)
         t.prompts += 1
     t.checked = refs is not None
     return t
