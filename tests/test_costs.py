@@ -57,14 +57,17 @@ def test_eagle3_at_llama3_8b_is_its_own_full_vocabulary_head_and_a_13_gb_checkpo
 
 def _saved_bytes(fn, skip) -> int:
     """Bytes of the distinct storages autograd saves for the backward while ``fn`` runs (weights not
-    counted: they are the states' part)."""
+    counted: they are the states' part). Every saved tensor is held until the end, so a pass whose
+    graph is freed cannot hand its address to the next pass's tensors (the allocator reuses
+    addresses differently by machine, and a reused address would count two storages once)."""
     skip = {p.untyped_storage().data_ptr() for p in skip}
-    seen = {}
+    seen, held = {}, []
 
     def pack(t):
         ptr = t.untyped_storage().data_ptr()
         if ptr not in skip:
             seen[ptr] = max(seen.get(ptr, 0), t.untyped_storage().nbytes())
+            held.append(t)
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
