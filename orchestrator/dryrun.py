@@ -112,6 +112,20 @@ def print_plan(p: Profile, output: str | None = None, rates: str | None = None,
     if r is None and rates_mod._device(p) == "gpu":
         r = rates_mod.estimated(p)
     if r is not None:
+        print_checkpoint_interval(p, r)
         print_makespan(p, r, clusters)
     else:
         print("makespan: pass --rates RUN_DIR (a finished run on this hardware) or a rates JSON file")
+
+
+def print_checkpoint_interval(p: Profile, r) -> None:
+    """Minutes between a trial's step checkpoints per backbone (train.checkpoint_every x the optimizer
+    step at ``r``, fastest to slowest corpus): what a lost node costs at most."""
+    steps = rates_mod.optimizer_step_seconds(p, r)
+    parts = []
+    for b in p.train.backbones:
+        every = p.train.for_backbone(b).checkpoint_every
+        mine = [s for (bb, _), s in steps.items() if bb == b]
+        parts.append(f"{b} every {every} steps = {every * min(mine) / 60:.1f}-{every * max(mine) / 60:.1f} min"
+                     if every else f"{b} at epoch ends only")
+    print("  checkpoints: " + "; ".join(parts) + " (train.checkpoint_every: a lost node loses at most that)")

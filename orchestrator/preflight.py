@@ -88,12 +88,29 @@ def _verifier(p: Profile) -> tuple[list[str], list[str]]:
             return [], [f"verifier {p.verifier!r}: {path} is not a GGUF file (starts with {magic!r})"]
         return [f"verifier: {path}"], []
     try:
-        _, meta = verifier_config(p.verifier)
+        config, meta = verifier_config(p.verifier)
     except Exception as e:  # noqa: BLE001 - what stops the config (network, gated, no file) is the problem
         token = "" if os.environ.get("HF_TOKEN") else " (HF_TOKEN is not set)"
         return [], [f"verifier {p.verifier!r}: its config does not load from {source.path}{token}: "
                     f"{type(e).__name__}: {_one_line(e)[:300]}"]
-    return [f"verifier: {meta['name_or_path']} ({', '.join(map(str, meta['architectures']))})"], []
+    found = [f"verifier: {meta['name_or_path']} ({', '.join(map(str, meta['architectures']))})"]
+    return found, [line for line in [_eagle3_layers_problem(p, config)] if line]
+
+
+def _eagle3_layers_problem(p: Profile, config: dict) -> str | None:
+    """EAGLE-3 fuses three distinct verifier layers (drafters.eagle3.default_aux_layers); a verifier
+    too shallow to give three is refused here, not in the training task after the cluster is up."""
+    if "eagle3" not in p.train.backbones or not isinstance(config.get("num_hidden_layers"), int):
+        return None
+    from drafters.eagle3 import default_aux_layers
+
+    n = config["num_hidden_layers"]
+    aux = default_aux_layers(n)
+    if len(set(aux)) == len(aux):
+        return None
+    return (f"train.backbones: eagle3 fuses the verifier's layers (2, L // 2, L - 3), but verifier {p.verifier!r} "
+            f"has {n} decoder layers, which gives {list(aux)} (not distinct); use a verifier of 7 or more "
+            "layers, or drop eagle3 from train.backbones")
 
 
 def preflight(p: Profile, options: SourceOptions | None = None) -> list[str]:

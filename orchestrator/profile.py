@@ -215,7 +215,7 @@ class TrainCfg:
     # variants: a subset of train.variants (e.g. a slower backbone trains only the specialists); the
     # cells that need a variant it lacks (eval.heads, eval.mixed_variant) are left out for it
     PER_BACKBONE = ("epochs", "lr", "batch_size", "global_batch", "warmup_steps", "precision", "hass_steps",
-                    "variants")
+                    "variants", "checkpoint_every")
 
     def for_backbone(self, backbone: str) -> "TrainCfg":
         """The settings one backbone trains with (its per_backbone values over the shared ones)."""
@@ -233,9 +233,7 @@ class TrainCfg:
              "loss_mask": one_of("next", "reference"), "bucket": BOOL,
              "checkpoint_every": optional(integer(1)), "keep_checkpoints": integer(1),
              "per_backbone": Rule(f"a mapping of backbone ({', '.join(BACKBONES)}) to {{key: value}} with keys from "
-                                  "[epochs, lr, batch_size, global_batch, warmup_steps, precision, hass_steps, "
-                                  "variants], "
-                                  "each value valid for that train key",
+                                  f"[{', '.join(PER_BACKBONE)}], each value valid for that train key",
                                   lambda v: isinstance(v, dict) and all(
                                       b in BACKBONES and isinstance(o, dict) and all(
                                           k in TrainCfg.PER_BACKBONE and TrainCfg.RULES[k].ok(x) for k, x in o.items())

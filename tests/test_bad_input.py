@@ -6,6 +6,7 @@ read back (the manifest). Fast: no verifier weights, no Ray. docs/bad-input.md l
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
 import pytest
 
 from orchestrator.manifest import Manifest
@@ -273,6 +275,26 @@ def test_verifier_dir_without_config_is_reported_by_the_preflight(tmp_path):
     (line,) = e.value.problems
     assert line.startswith(f"verifier '{tmp_path}': its config does not load from {tmp_path}")
     assert "config.json" in line
+
+
+@pytest.mark.parametrize("layers,refused", [(6, True), (7, False)])
+def test_a_verifier_too_shallow_for_eagle3s_three_layers_is_refused_by_the_preflight(tmp_path, layers, refused):
+    """EAGLE-3 fuses the verifier's layers (2, L // 2, L - 3): 6 layers give (2, 3, 3), refused before
+    any work with the numbers; 7 give (2, 3, 4). The same config without eagle3 trained passes."""
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": layers, "vocab_size": 256, "max_position_embeddings": 256}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    sets = ["eval.benchmarks={gsm8k: 1}", f"verifier={tmp_path}"]
+    if not refused:
+        assert preflight(load_profile("smoke", sets + ["train.backbones=[eagle2, eagle3]"]))[-1].startswith("verifier:")
+        return
+    with pytest.raises(PreflightError) as e:
+        preflight(load_profile("smoke", sets + ["train.backbones=[eagle2, eagle3]"]))
+    (line,) = e.value.problems
+    assert line.startswith("train.backbones: eagle3 fuses the verifier's layers (2, L // 2, L - 3)"), line
+    assert "has 6 decoder layers, which gives [2, 3, 3] (not distinct)" in line, line
+    assert preflight(load_profile("smoke", sets + ["train.backbones=[eagle2]"]))[-1].startswith("verifier:")
 
 
 # ---------------------------------------------------------------- the manifest: traces must read back
