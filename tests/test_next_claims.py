@@ -106,3 +106,36 @@ def test_early_acceptance_predicts_the_whole_generation(whole_of, expected):
         assert r["estimate"] == pytest.approx(0.0, abs=1e-9)
     else:
         assert abs(r["estimate"]) > 0.9
+
+
+# ---------------------------------------------------------------- hedge, the online router (claims_hedge)
+HEDGE = "hedge(step)"
+
+
+@pytest.mark.parametrize("tau,expected", [(3.0, "holds"), (2.0, "does not hold"), ((2.5, 3), "inconclusive")])
+def test_hedge_is_compared_with_the_home_specialist_per_benchmark_the_post_hoc_router_and_merged(tau, expected):
+    """hedge against the matched specialist on each benchmark (math on gsm8k, chat on mt_bench), against
+    TAPS's post hoc router and against merged trees on average, and in tokens/s against merged:
+    exploratory rows, Holm-adjusted with the project's own claims."""
+    from orchestrator.report.routers import POSTHOC
+
+    cells = {HEDGE: tau, "math": 2.5, "chat": 2.5, POSTHOC: 2.5, "merged": 2.5}
+    wall = {HEDGE: {3.0: 0.5, 2.0: 2.0}.get(tau, 1.0) if not isinstance(tau, tuple) else 1.0, "merged": 1.0}
+    cl = check_claims(_pp(cells, wall=wall), None, None)
+    home = _rows(cl, "hedge-home")
+    assert home.height == 2 and set(home["verdict"]) == {expected}, home
+    assert sorted(home["comparison"]) == [f"{HEDGE} - chat (matched specialist) on mt_bench (tau)",
+                                          f"{HEDGE} - math (matched specialist) on gsm8k (tau)"]
+    for claim, what in (("hedge-posthoc", f"{HEDGE} - {POSTHOC}, average (tau)"),
+                        ("hedge-merged", f"{HEDGE} - merged, average (tau)"),
+                        ("hedge-speed", f"{HEDGE} - merged, tokens/s, average")):
+        (r,) = _rows(cl, claim).iter_rows(named=True)
+        assert r["comparison"] == what and r["verdict"] == expected and r["family"] == "exploratory", r
+        assert r["verdict_holm"] in (expected, "inconclusive (Holm)") and "own online router" in r["study"]
+
+
+def test_hedge_claims_are_listed_as_not_run_without_hedge_cells():
+    cl = check_claims(_pp({"math": 2.5, "chat": 2.5}), None, None)
+    for claim in ("hedge-home", "hedge-posthoc", "hedge-merged", "hedge-speed"):
+        (r,) = _rows(cl, claim).iter_rows(named=True)
+        assert r["verdict"].startswith("inconclusive (not in this run: needs hedge"), r

@@ -23,6 +23,8 @@ from .claims_eagle3 import CLAIM as E3_CLAIM
 from .claims_eagle3 import NEEDS as E3_NEEDS
 from .claims_eagle3 import PAIR as E3_PAIR
 from .claims_eagle3 import eagle3_claim
+from .claims_hedge import NEEDS as HEDGE_NEEDS
+from .claims_hedge import hedge_claims
 from .claims_next import BASE as NEXT_BASE
 from .claims_next import EARLY_STEPS
 from .claims_next import next_claims
@@ -62,6 +64,7 @@ NEEDS = {  # what a claim needs from the run; shown when it is missing
     "depth-adaptive-merged": "depth_adaptive and budget-matched merged trees (merged@total_tokens)",
     "depth-adaptive-routing": f"depth_adaptive and {NEXT_BASE}",
     E3_CLAIM: E3_NEEDS,
+    **HEDGE_NEEDS,
 }
 ORDER = list(WORDING)
 
@@ -159,6 +162,7 @@ def check_claims(pp: pl.DataFrame, steps, depth: pl.DataFrame | None,
                 rows += depth_claims(steps, backbone, temp, _row)
             rows += _speed_claim(pp, backbone, temp, benches, methods & have)
             rows += next_claims(pp, steps, backbone, temp, benches, methods & have, _row)
+            rows += hedge_claims(pp, backbone, temp, benches, methods & have, _row)
     for temp in temps:
         rows += ordering_claim(pp, temp, backbones, _row)
         rows += eagle3_claim(pp, temp, benches, _test, cs.evidence)

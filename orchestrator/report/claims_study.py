@@ -14,6 +14,8 @@ import polars as pl
 from . import study_tables as st
 from .claims_eagle3 import CLAIM as E3_CLAIM
 from .claims_eagle3 import WORDING as E3_WORDING
+from .claims_hedge import CLAIMS as HEDGE_CLAIMS
+from .claims_hedge import WORDING as HEDGE_WORDING
 from .routers import POSTHOC
 from .stats import kendall_tau_b
 
@@ -58,10 +60,10 @@ WORDING = {
     "depth-adaptive-routing": "depth-adaptive composition beats confidence routing at equal node budget "
                               "(proposed next experiment)",
     E3_CLAIM: E3_WORDING,  # the third backbone (claims_eagle3): not the study's
+    **HEDGE_WORDING,  # the project's online router (claims_hedge): not the study's
 }
-STUDY_CLAIMS = tuple(c for c in WORDING if c not in ("switching", "switching-early", "switching-speed",
-                                                     "depth-adaptive-merged", "depth-adaptive-routing", E3_CLAIM))
 NEXT = ("switching", "switching-early", "switching-speed", "depth-adaptive-merged", "depth-adaptive-routing")
+STUDY_CLAIMS = tuple(c for c in WORDING if c not in (*NEXT, E3_CLAIM, *HEDGE_CLAIMS))
 
 NAMES = {"math": "MathInstruct 70k", "chat": "ShareGPT 70k", "mixed_half": "Mixed 35k+35k",
          "mixed_full": "Mixed 70k+70k", "avg0.5": "Averaged", POSTHOC: "Confidence routed",
