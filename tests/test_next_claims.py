@@ -139,3 +139,18 @@ def test_hedge_claims_are_listed_as_not_run_without_hedge_cells():
     for claim in ("hedge-home", "hedge-posthoc", "hedge-merged", "hedge-speed"):
         (r,) = _rows(cl, claim).iter_rows(named=True)
         assert r["verdict"].startswith("inconclusive (not in this run: needs hedge"), r
+
+
+def test_the_summary_grid_says_why_a_verdict_is_inconclusive_when_its_interval_excludes_zero():
+    """`+0.50 [+0.45, +0.55] inconclusive` alone would read as a contradiction: the grid shows the reason
+    (too few prompts) beside it; a multi-row cell counts such rows and names the reason."""
+    from orchestrator.report.build import claims_grid
+
+    cl = check_claims(_pp({BASE: 2.5, SW: 3.0, "math": 2.0, "chat": 3.0}, n=6), None, None)
+    grid = claims_grid(cl.filter(pl.col("claim").is_in(["switching", "RQ1-math", "RQ1-chat"])))
+    cells = dict(zip(grid["claim"], grid["hass T=0"]))
+    assert cells["switching"].endswith("inconclusive (n=6 < 10 prompts)"), cells
+    assert cells["RQ1-chat"].endswith("inconclusive (n=6 < 10 prompts)"), cells  # one benchmark: one row
+    wide = check_claims(_pp({"math": 2.0, "chat": 3.0, "mixed_full": 3.5}, n=6), None, None)
+    rq2 = claims_grid(wide.filter(pl.col("claim") == "RQ2"))["hass T=0"][0]  # one row per benchmark
+    assert rq2 == "inconclusive 2/2; 2 inconclusive with an interval excluding 0 (n < 10 prompts)", rq2

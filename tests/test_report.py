@@ -553,3 +553,25 @@ def test_the_lambda_figure_and_its_table_show_every_lambda_of_the_sweep(tmp_path
     assert "| math | — | 3.04 [" in section  # references: no λ (null, shown as a dash)
     # RQ3c is checked here (avg0.5 and the singles): the report says what result at scale would overturn it
     assert "**RQ3c at scale**" in md and "Llama-3-8B" in md
+
+
+def test_the_post_hoc_router_is_marked_not_lossless_at_t1_in_the_summary_and_table_1():
+    """At T>0 the post hoc router's output is a choice between two samples made from those samples: not
+    a sample of the verifier's distribution. Its T=1 cells carry ‡ with the sentence that says so; its
+    T=0 cells and every other method are left unmarked."""
+    from orchestrator.report.build import _marked_method, summary_section
+    from orchestrator.report.routers import NOT_LOSSLESS, POSTHOC, lossless
+
+    assert not lossless(POSTHOC, 1.0) and lossless(POSTHOC, 0.0) and lossless("merged", 1.0)
+    t1 = pl.DataFrame({"backbone": ["hass"] * 4, "method": [POSTHOC, "merged"] * 2,
+                       "temperature": [0.0, 0.0, 1.0, 1.0], "tau": [3.0, 3.5, 2.0, 2.5], "tau_taps": [3.1, 3.6, 2.1, 2.6]})
+    sp = pl.DataFrame({"backbone": ["none"], "temperature": [0.0], "method": ["generate (transformers)"],
+                       "speedup": [None], "baseline": ["generate (transformers)"]}, schema_overrides={"speedup": pl.Float64})
+    pp = pl.DataFrame({"benchmark": ["gsm8k"], "prompt_id": ["p0"]})
+    md = "\n".join(summary_section(t1, sp, pl.DataFrame(), [], pp))
+    assert f"| {POSTHOC} | 3.0 (3.1) | 2.0 (2.1) ‡ |" in md, md
+    assert "| merged | 3.5 (3.6) | 2.5 (2.6) |" in md and NOT_LOSSLESS in md
+    cold = "\n".join(summary_section(t1.filter(pl.col("temperature") == 0), sp, pl.DataFrame(), [], pp))
+    assert "‡" not in cold
+    methods = t1.select(_marked_method(1.0))["method"].to_list()
+    assert methods == [f"{POSTHOC} ‡", "merged"] * 2

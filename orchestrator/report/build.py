@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from pathlib import Path
 
 import polars as pl
@@ -18,7 +19,8 @@ from .claims_next import EARLY_STEPS
 from .duplicates import check_unique, refuse
 from .claims_family import STUDY, Grid
 from .claims_study import comparison_note
-from .routers import HEADS_LAST, NOT_DEPLOYABLE, POSTHOC, POSTHOCS, describe, is_router, table2, with_posthoc
+from .routers import (HEADS_LAST, LOSSY_MARK, NOT_DEPLOYABLE, NOT_LOSSLESS, POSTHOC, POSTHOCS, describe, is_router,
+                      lossless, table2, with_posthoc)
 from .steps import PASS_ROWS, read_steps
 from .tables import (GENERATE, depth_table, depth_table_deeper, entropy_table, lambda_table, per_prompt, scan,
                      speed, table1, table1_wide, trace_files)
@@ -167,7 +169,10 @@ def build_report(run_dir, pass_rows: int = PASS_ROWS) -> Path:
     for b in backbones:
         for t in temps:
             md.append(f"## Table 1 — {b}, T={t:g}: acceptance length [95% CI]\n")
-            md.append(_md(table1_wide(t1, b, t)))
+            tw = table1_wide(t1, b, t)
+            md.append(_md(tw.with_columns(_marked_method(t))))
+            if not all(lossless(m, t) for m in tw["method"]):
+                md.append(NOT_LOSSLESS + "\n")
             if t1.filter((pl.col("method") == POSTHOC) & (pl.col("backbone") == b)).height:
                 md.append(f"`{POSTHOC}`: {NOT_DEPLOYABLE}; the study's Table 1 routing numbers are this router's.\n")
     app = [f"# Appendix to the report for `{run.name}`\n",
@@ -282,6 +287,13 @@ def _p_text(df: pl.DataFrame) -> pl.DataFrame:
                            for c in ("p_value", "p_holm") if c in df.columns)
 
 
+def _marked_method(temperature: float) -> pl.Expr:
+    """The method column with LOSSY_MARK on the methods not lossless at ``temperature``."""
+    lossy = [m for m in POSTHOCS if not lossless(m, temperature)]
+    return (pl.when(pl.col("method").is_in(lossy)).then(pl.col("method") + f" {LOSSY_MARK}")
+            .otherwise(pl.col("method")).alias("method"))
+
+
 def _verdict_word(v: str) -> str:
     return v.split(" (")[0]
 
@@ -293,6 +305,28 @@ def _estimate_text(est, lo, hi) -> str:
     if lo is None or hi is None or lo != lo or hi != hi:
         return f"{est:+.2f} [no interval: fewer than 2 prompts]"
     return f"{est:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
+def _excludes_zero(r: dict) -> bool:
+    lo, hi = r.get("ci_lo"), r.get("ci_hi")
+    return lo is not None and hi is not None and lo == lo and hi == hi and (lo > 0 or hi < 0)
+
+
+def _verdict_shown(r: dict) -> str:
+    """The verdict's word, with its reason where the interval alone would suggest otherwise (an
+    inconclusive row whose interval excludes 0: too few prompts, timed apart)."""
+    v = r["verdict"]
+    return v if _verdict_word(v) == "inconclusive" and _excludes_zero(r) else _verdict_word(v)
+
+
+def _hidden_reasons(g: pl.DataFrame) -> str:
+    """For a multi-row cell: how many inconclusive rows have an interval excluding 0, and why."""
+    why = [r["verdict"].split(" (", 1)[1].rstrip(")") for r in g.iter_rows(named=True)
+           if _verdict_word(r["verdict"]) == "inconclusive" and " (" in r["verdict"] and _excludes_zero(r)]
+    if not why:
+        return ""
+    reasons = sorted(set(re.sub(r"n=\d+", "n", w) for w in why))
+    return f"; {len(why)} inconclusive with an interval excluding 0 ({'; '.join(reasons)})"
 
 
 def _counts(verdicts: list[str]) -> str:
@@ -316,11 +350,12 @@ def claims_grid(cl: pl.DataFrame) -> pl.DataFrame:
             cell = "not run"
         elif g.height == 1:
             r = g.row(0, named=True)
-            cell = f"{_estimate_text(r['estimate'], r['ci_lo'], r['ci_hi'])} {_verdict_word(r['verdict'])}"
+            cell = f"{_estimate_text(r['estimate'], r['ci_lo'], r['ci_hi'])} {_verdict_shown(r)}"
             cell += f" (Holm: {_verdict_word(holm[0])})" if _verdict_word(holm[0]) != _verdict_word(raw[0]) else ""
         else:
             cell = _counts(raw)
             cell += f" (Holm: {_counts(holm)})" if _counts(holm) != cell else ""
+            cell += _hidden_reasons(g)
         if has_study and (g["study_consistent"].fill_null(True) == False).any():  # noqa: E712
             cell += " †"
         rows.setdefault(claim, {"claim": claim})[col] = cell
@@ -376,11 +411,16 @@ def summary_section(t1: pl.DataFrame, sp: pl.DataFrame, cl: pl.DataFrame, miss: 
     wide = (cells.join(order, on="method").sort(["_mean", "method"], descending=[True, False])
             .select("method", *cols)
             .with_columns(pl.col(c).fill_null("—") for c in cols))
+    hot = [c for c in cols if any(c.endswith(f" {temp[t]}") for t in temp if t > 0)]  # T>0: mark the lossy
+    wide = wide.with_columns(pl.when(pl.col("method").is_in(list(POSTHOCS)) & (pl.col(c) != "—"))
+                             .then(pl.col(c) + f" {LOSSY_MARK}").otherwise(pl.col(c)).alias(c) for c in hot)
     more = max(0, wide.height - HEADLINE_ROWS)
     md.append("**Acceptance length τ**: ours (in brackets `tau_taps`, τ as the study's code computes the numbers "
               "of its tables); mean over benchmarks; per benchmark with CIs in Table 1"
               + (f"; {more} more method(s) there" if more else "") + "\n")
     md.append(_md(wide.head(HEADLINE_ROWS), 2))
+    if any(LOSSY_MARK in str(v) for c in hot for v in wide.head(HEADLINE_ROWS)[c]):
+        md.append(NOT_LOSSLESS + "\n")
     if "strategy" in pp.columns and pp.filter(is_router()).height:
         md.append(routing_headline())
     if not cl.is_empty():

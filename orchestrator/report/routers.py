@@ -29,6 +29,17 @@ HEADS = "entropy(turn, 4 heads)"  # the study's code's entropy router over math,
 LAST_TURN = ", last turn)"  # Table 2's variant of a per-turn router: the prompt's choice is its last turn's
 HEADS_LAST = HEADS[:-1] + LAST_TURN  # the study's Table 2 entropy column (its code records the last turn's)
 NOT_DEPLOYABLE = "not deployable (sees both whole generations)"
+LOSSY_MARK = "‡"
+NOT_LOSSLESS = (f"{LOSSY_MARK} not lossless at T>0: a post hoc router chooses between finished samples by a "
+                "function of those samples, so its output is no longer a sample of the verifier's distribution "
+                "(at T=0 both generations are the verifier's greedy output, so the choice changes only "
+                "acceptance). Every other strategy and router here decides from tokens already verified or "
+                "before verification, and is lossless at every temperature.")
+
+
+def lossless(method: str, temperature: float) -> bool:
+    """Whether a method's output is the verifier's (greedy at T=0, its distribution at T>0)."""
+    return not (method in POSTHOCS and temperature > 0)
 TIE = 0.01  # the study's near-tie margin
 SCORE = {POSTHOC: "path", POSTHOC_NODE: "node"}
 DESCRIBE = {
