@@ -59,7 +59,8 @@ def test_paper_and_readme_disagreements_are_kept_and_documented():
     ("1,tau,hass,Math,gsm8k,0,5.02,paper", "row 'Math' is not one of"),
     ("1,tau,hass,MathInstruct,gsm8k,0,five,paper", "must be numbers"),
     ("1,tau,hass,MathInstruct,gsm8k,0.7,5.02,paper", "temperature 0.7 is not one of"),
-    ("1,tau,hass,MathInstruct,gsm8k,0,-1,paper", "must be a finite number >= 0"),
+    ("1,tau,hass,MathInstruct,gsm8k,0,-1,paper", "must be >= 0 for quantity tau (only the gaps"),
+    ("1,tau,hass,MathInstruct,gsm8k,0,inf,paper", "must be a finite number"),
     ("1,tau,hass,MathInstruct,gsm8k,0,5.02,", "source must not be empty"),
     ("1,tau,hass,MathInstruct,gsm8k,0,5.03,paper Table 1", "repeats the cell of line 3"),
 ])
@@ -90,3 +91,12 @@ def test_the_comparison_reads_the_csv_and_the_taps_column():
     bare = cs.study_comparison(t1.drop("tau_taps"))
     assert bare["our_tau_taps"].null_count() == bare.height and bare["diff"].null_count() == bare.height
     assert "has no `tau_taps` column" in cs.comparison_note(t1.drop("tau_taps"))
+
+
+def test_entropy_gaps_are_signed(tmp_path):
+    """Table 4 reports rejected - accepted gaps below 0 for some checkpoints: a gap may be negative."""
+    f = tmp_path / "t.csv"
+    f.write_text(f"{HEADER}\n4,draft_entropy_gap,hass,Averaged,gsm8k,0,-0.5,paper Table 4\n"
+                 "4,verifier_entropy_gap,hass,Averaged,gsm8k,0,-0.25,paper Table 4\n")
+    cells = st.load(f)
+    assert [c.value for c in cells] == [-0.5, -0.25]

@@ -21,7 +21,9 @@ ROWS = {"MathInstruct": "math", "ShareGPT": "chat", "Mixed 35k+35k": "mixed_half
         "Averaged": "avg0.5", "Confidence Routed": POSTHOC, "Merged Trees": "merged",
         "Confidence router": "confidence", "Entropy router": "entropy"}
 QUANTITIES = ("tau", "matched_share", "draft_entropy_accepted", "draft_entropy_rejected", "draft_entropy_gap",
-              "accept_rate_d1", "accept_rate_d3", "accept_rate_d5", "speedup_lost_min", "speedup_lost_max")
+              "verifier_entropy_gap", "accept_rate_d1", "accept_rate_d3", "accept_rate_d5", "speedup_lost_min",
+              "speedup_lost_max")
+SIGNED = ("draft_entropy_gap", "verifier_entropy_gap")  # differences (rejected - accepted): Table 4 has negatives
 BACKBONES = ("hass", "eagle2", "any")
 BENCHMARKS = ("mt_bench", "gsm8k", "math500", "svamp", "average", "any")
 TEMPERATURES = (0.0, 1.0)
@@ -65,8 +67,11 @@ def _parse(path: Path, line: int, rec: dict) -> StudyCell:
         raise bad(f"temperature and value must be numbers ({e})") from None
     if temp is not None and temp not in TEMPERATURES:
         raise bad(f"temperature {temp:g} is not one of the study's {TEMPERATURES}")
-    if not math.isfinite(value) or value < 0:
-        raise bad(f"value {value} must be a finite number >= 0")
+    if not math.isfinite(value):
+        raise bad(f"value {value} must be a finite number")
+    if value < 0 and r["quantity"] not in SIGNED:
+        raise bad(f"value {value} must be >= 0 for quantity {r['quantity']} (only the gaps "
+                  f"{', '.join(SIGNED)} are signed)")
     return StudyCell(r["table"], r["quantity"], r["backbone"], r["row"], ROWS[r["row"]], r["benchmark"], temp,
                      value, r["source"])
 
