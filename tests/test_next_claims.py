@@ -154,3 +154,32 @@ def test_the_summary_grid_says_why_a_verdict_is_inconclusive_when_its_interval_e
     wide = check_claims(_pp({"math": 2.0, "chat": 3.0, "mixed_full": 3.5}, n=6), None, None)
     rq2 = claims_grid(wide.filter(pl.col("claim") == "RQ2"))["hass T=0"][0]  # one row per benchmark
     assert rq2 == "inconclusive 2/2; 2 inconclusive with an interval excluding 0 (n < 10 prompts)", rq2
+
+
+def test_the_verdict_table_has_one_row_per_comparison_with_its_interval_and_both_verdicts(tmp_path):
+    """experiments/verdicts.py: from a report's tables/claims.csv, every checked comparison with its
+    estimate [95% CI], the raw and the Holm verdict (with the reason) and the study's statement; the
+    claims the run could not check listed with what they need; a run without a report: one error."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from orchestrator.report.verdicts import verdict_table
+
+    cl = check_claims(_pp({BASE: 2.5, SW: 3.0, "math": 2.0, "chat": 3.0}, n=6), None, None)
+    (tmp_path / "report/tables").mkdir(parents=True)
+    cl.write_csv(tmp_path / "report/tables/claims.csv")
+    root = Path(__file__).resolve().parents[1]
+    r = subprocess.run([sys.executable, str(root / "experiments/verdicts.py"), "--run", str(tmp_path)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("study: ") and r.stdout.endswith(verdict_table(cl))
+    row = next(x for x in r.stdout.splitlines() if x.startswith("| switching | exploratory | hass | 0 |"))
+    assert "| 6 | +0.50 [+0.50, +0.50] | inconclusive (n=6 < 10 prompts) | same |" in row, row
+    assert "acceptance-history switching beats confidence routing" in row
+    assert "- `hedge-merged` (hass T=0): needs hedge and merged" in r.stdout
+    ran = cl.filter(~pl.col("verdict").str.contains("not in this run", literal=True)).height
+    assert sum(x.startswith("| ") for x in r.stdout.splitlines()) == ran + 1  # + the header
+    bad = subprocess.run([sys.executable, str(root / "experiments/verdicts.py"), "--run", str(tmp_path / "none")],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "claims.csv does not exist" in bad.stderr

@@ -24,6 +24,8 @@ from .routers import (HEADS_LAST, LOSSY_MARK, NOT_DEPLOYABLE, NOT_LOSSLESS, POST
 from .steps import PASS_ROWS, read_steps
 from .tables import (GENERATE, depth_table, depth_table_deeper, entropy_table, lambda_table, per_prompt, scan,
                      speed, table1, table1_wide, trace_files)
+from .verdicts import headline as verdict_headline
+from .verdicts import verdict_table
 
 
 def _md(df: pl.DataFrame, digits: int = 3) -> str:
@@ -136,6 +138,8 @@ def build_report(run_dir, pass_rows: int = PASS_ROWS) -> Path:
                      ("table5_8_depth", dep), ("table5_8_depth_deeper", dep_deep), ("claims", cl),
                      ("study_vs_ours", study)):
         _save_table(df, out, name)
+    if not cl.is_empty():  # the verdict table (experiments/verdicts.py prints the same from tables/claims.csv)
+        write_text_atomic(out / "tables" / "verdicts.md", f"{verdict_headline(cl)}\n\n{verdict_table(cl)}")
     backbones = sorted(set(pp["backbone"].unique().to_list()) - {"none"})
     temps = sorted(pp["temperature"].unique().to_list())
     md.append(TAU_NOTE + " 95% CIs are percentile bootstraps over prompts (2,000 resamples). Raw per-prompt rows: "
