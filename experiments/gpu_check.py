@@ -213,8 +213,9 @@ def check_dtype(args, dtype: str, table: Table) -> list[list[int]]:
 
 def _standalone(args) -> None:
     """Data and a Llama-3-shaped verifier built here: the check needs only the repository."""
-    data = _experiment("standalone_data").write_data_root(tempfile.mkdtemp(prefix="gpu-check-data-"),
-                                                          n_train=args.train_examples + 16, n_prompts=args.n_prompts)
+    sd = _experiment("standalone_data")
+    data = sd.write_data_root(tempfile.mkdtemp(prefix="gpu-check-data-"), n_train=args.train_examples + 16,
+                              n_prompts=args.n_prompts)
     os.environ["TASKSPEC_DATA_ROOT"] = str(data)  # every loader, and the Ray workers started below, read it
     l3 = _experiment("llama3_shaped")
     shape = dict(l3.SHAPES[args.shape])
@@ -222,11 +223,12 @@ def _standalone(args) -> None:
         shape["layers"] = args.layers
     t0 = time.perf_counter()
     out = Path(args.workdir or tempfile.mkdtemp(prefix="gpu-check-model-")) / f"{args.shape}-{shape['layers']}l"
-    path = l3.build(out, device=args.device, learnable=True, **shape)
+    # the planted successor map is the data's bigram table: the verifier speaks the corpus the drafter trains on
+    path = l3.build(out, device=args.device, learnable=True, corpus_texts=sd.texts(data), **shape)
     args.verifier = str(path)
     args.model_label = f"{args.shape} ({shape['layers']} layers, hidden {shape['hidden']})"
-    print(f"built {args.model_label}, random bf16 weights with a planted near-bigram next token "
-          f"(experiments/llama3_shaped.py plant_bigram), at {path} in {time.perf_counter() - t0:.0f}s; "
+    print(f"built {args.model_label}, random bf16 weights with the data's bigram table planted as a near-bigram "
+          f"next token (experiments/llama3_shaped.py plant_bigram), at {path} in {time.perf_counter() - t0:.0f}s; "
           f"data at {data}", flush=True)
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()  # the build's copy is gone: nothing of it stays on the device
@@ -290,7 +292,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--min-top1", type=float, default=0.5,
                     help="held-out top-1 at depth 1 the trained drafter must reach (the check fails below it)")
     ap.add_argument("--min-tau", type=float, default=None,
-                    help="tau every strategy must reach (default: 1.25 with a trained drafter on the planted "
+                    help="tau every strategy must reach (default: 2.0 with a trained drafter on the planted "
                          "verifier, i.e. drafts accepted and the commit path run; else 0)")
     ap.add_argument("--packing", default=None,
                     help="comma-separated process counts decoding at once on the device (default with "
@@ -319,7 +321,7 @@ def _settle(args) -> None:
     args.model_label = None
     trained = args.standalone and not args.skip_training
     if args.min_tau is None:
-        args.min_tau = 1.25 if trained else 0.0
+        args.min_tau = 2.0 if trained else 0.0
     text = args.packing or ("1,2,4" if trained else "none")
     args.packing = [] if text == "none" else [int(k) for k in text.split(",")]
 

@@ -93,8 +93,8 @@ def _run_torch(cfg, model, tok) -> tuple[Path, dict]:
 
 
 def check_training(args, table, peak) -> list[Path]:
-    """One training run on the device; returns [final checkpoint, first-epoch checkpoint] (the decoding
-    rows' two drafters: the trained one, and the same run after one epoch as a weaker second)."""
+    """One training run on the device; returns [final checkpoint, mid-run checkpoint] (the decoding
+    rows' two drafters: the trained one, and the same run halfway, epoch E // 2, as a weaker second)."""
     from decoding.verifiers import load_verifier, resolve
 
     name = resolve(args.verifier).name
@@ -130,4 +130,5 @@ def check_training(args, table, peak) -> list[Path]:
                         f"{m.get('train_loss', 0):.3f} (by epoch {' > '.join(f'{x:.3f}' for x in losses)}), "
                         f"held-out top-1 {top1} (untrained first; pass: >= {args.min_top1:g}) "
                         f"(tok/s: loss tokens){'; FAILED: ' + failed if failed else ''}"))
-    return [final, final.parent / "epoch-1"]
+    epochs = max(h["epoch"] for h in history)
+    return [final, final.parent / f"epoch-{max(1, epochs // 2)}"]

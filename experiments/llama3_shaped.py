@@ -82,19 +82,36 @@ def bigram_fraction(model, sigma, ids) -> float:
     return (top == sigma[ids]).float().mean().item()
 
 
-def plant_bigram(model, seed: int = 0, target: float = 0.9, sharpness: float = 12.0, vocab: int = 4000) -> float:
+def corpus_successors(sequences: list[list[int]], vocab: int) -> dict[int, int]:
+    """Each id's most frequent next id in ``sequences`` (ties: the smaller id), over ids below ``vocab``:
+    the bigram table of a corpus, for :func:`plant_bigram`."""
+    from collections import Counter
+
+    counts: dict[int, Counter] = {}
+    for seq in sequences:
+        for a, b in zip(seq, seq[1:]):
+            if a < vocab and b < vocab:
+                counts.setdefault(a, Counter())[b] += 1
+    return {a: min(c, key=lambda b: (-c[b], b)) for a, c in sorted(counts.items())}
+
+
+def plant_bigram(model, seed: int = 0, target: float = 0.9, sharpness: float = 12.0, vocab: int = 4000,
+                 successor: dict[int, int] | None = None) -> float:
     """Give a random model a next token a drafter can learn; returns the residual-branch scale used.
 
     1. The embedding rows are rescaled to RMS 1 (the scale of the final-norm hidden states that a
-       drafter predicts from them), and a random successor permutation ``sigma`` of the first ``vocab``
-       ids (the text tokens of build_tokenizer) is planted in the LM head: its row sigma(t) is token
-       t's embedding direction, scaled so that its logit is ``sharpness`` for a hidden state of norm
-       sqrt(hidden); the other rows are zero, so generated text stays among the text tokens (and never
-       ends early at EOS). Alone, a bigram model: t -> sigma(t).
+       drafter predicts from them), and a successor map ``sigma`` is planted in the LM head: row s is the
+       sum of the embedding directions of the tokens t with sigma(t) = s, scaled so that the logit of
+       sigma(t) is ``sharpness`` for a hidden state along t of norm sqrt(hidden); the other rows are
+       zero, so generated text stays among the planted successors (and never ends early at EOS).
+       Alone, a bigram model: t -> sigma(t). ``successor``: the map, e.g. a corpus's bigram table
+       (:func:`corpus_successors`: the verifier then speaks the corpus, and a drafter trained on it has
+       seen the pairs it generates); default: a random permutation of the first ``vocab`` ids (the
+       text tokens of build_tokenizer).
     2. The residual branches (o_proj, down_proj) are scaled by beta so that attention and the MLPs still
        decide the greedy token at about ``1 - target`` of the positions (so context, the KV cache and
-       the tree pass still matter): beta is found by bisection (in log space) on random ids below
-       ``vocab``, for any shape (the branches' size relative to the embeddings depends on the width).
+       the tree pass still matter): beta is found by bisection (in log space) on random ids of the
+       map's domain, for any shape (the branches' size relative to the embeddings depends on the width).
     """
     import torch
 
@@ -102,13 +119,22 @@ def plant_bigram(model, seed: int = 0, target: float = 0.9, sharpness: float = 1
     V, H = E.shape
     k = min(vocab, V)  # the ids a tokenizer trained on the texts emits (below build_tokenizer's fill tokens)
     g = torch.Generator(device="cpu").manual_seed(seed)
-    sigma = torch.randperm(k, generator=g).to(E.device)
+    if successor is None:
+        A, succ = torch.arange(k), torch.randperm(k, generator=g)
+    else:
+        A, succ = torch.tensor(list(successor)), torch.tensor(list(successor.values()))
+        if len(A) < 2 or int(A.min()) < 0 or max(int(A.max()), int(succ.max())) >= k:
+            raise ValueError(f"successor: a map of at least 2 ids in [0, {k}), got {len(A)}")
+    sigma = torch.arange(V)
+    sigma[A] = succ  # the successor of A[i] is succ[i]
+    sigma, A, succ = sigma.to(E.device), A.to(E.device), succ.to(E.device)
     with torch.no_grad():
         unit = E.float() / E.float().norm(dim=-1, keepdim=True).clamp_min(1e-6)  # the pad row is zero
         E.copy_((unit * H ** 0.5).to(E.dtype))  # rows of RMS 1, the scale of the features a drafter predicts
-        model.lm_head.weight.zero_()  # ids >= k (fill and special tokens, EOS among them) are never the greedy token
-        model.lm_head.weight[sigma] = (sharpness / H ** 0.5 * unit[:k]).to(E.dtype)
-    ids = torch.randint(0, k, (2, 64), generator=g).to(E.device)
+        head = torch.zeros(V, H, device=E.device)  # rows outside the map's image (fill, special, EOS) stay zero
+        head.index_add_(0, succ, sharpness / H ** 0.5 * unit[A])
+        model.lm_head.weight.copy_(head.to(E.dtype))
+    ids = A[torch.randint(0, len(A), (2, 64), generator=g).to(E.device)]
     scale = [1.0]
     hooks = [m.register_forward_hook(lambda _m, _i, out: out * scale[0]) for m in _branch_outputs(model)]
     lo, hi = -3.0, 3.0  # log10 of the branches' scale
@@ -127,11 +153,15 @@ def plant_bigram(model, seed: int = 0, target: float = 0.9, sharpness: float = 1
 
 
 def build(out: str | Path, hidden: int = 256, layers: int = 2, seed: int = 0, *, intermediate: int | None = None,
-          heads: int = 8, kv_heads: int = 2, device: str = "cpu", learnable: bool = False) -> Path:
+          heads: int = 8, kv_heads: int = 2, device: str = "cpu", learnable: bool = False,
+          corpus_texts: list[str] | None = None) -> Path:
     """Write the model directory (config, bf16 safetensors, tokenizer, generation config). The weights
     are drawn on ``device`` in bf16 (an 8B model is initialized on the GPU in seconds). ``learnable``
     plants a near-bigram next token (:func:`plant_bigram`) that a drafter can learn; without it the
-    next token is near-uniform (top-2 logit gaps of about 0.2) and no drafter can predict it."""
+    next token is near-uniform (top-2 logit gaps of about 0.2) and no drafter can predict it.
+    ``corpus_texts``: the planted successor map is these texts' bigram table (each token's most
+    frequent next token; :func:`corpus_successors`) instead of a random permutation: the verifier
+    speaks the corpus, so a drafter trained on it has seen the pairs the verifier generates."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -146,8 +176,10 @@ def build(out: str | Path, hidden: int = 256, layers: int = 2, seed: int = 0, *,
     with torch.device(device):
         model = LlamaForCausalLM._from_config(cfg, dtype=torch.bfloat16)
     if learnable:  # the successor map over the ids the tokenizer emits for text (below the fill tokens)
-        plant_bigram(model.eval(), seed=seed, vocab=min(i for t, i in tokenizer.get_vocab().items()
-                                                         if t.startswith("<|fill_")))
+        k = min(i for t, i in tokenizer.get_vocab().items() if t.startswith("<|fill_"))
+        successor = None if corpus_texts is None else corpus_successors(
+            [tokenizer.encode(text, add_special_tokens=False) for text in corpus_texts], k)
+        plant_bigram(model.eval(), seed=seed, vocab=k, successor=successor)
     model.generation_config = GenerationConfig(bos_token_id=BASE, eos_token_id=[BASE + 1, BASE + 9],
                                                pad_token_id=BASE + 1, do_sample=False)
     out.mkdir(parents=True, exist_ok=True)

@@ -51,7 +51,7 @@ def _check_dry_output(out, tmp_path, train_row: str) -> None:
     assert top1[-1] >= 0.5 > top1[0], train  # ... from an untrained drafter to one that predicts the verifier
     for r in rows[2 : 2 + len(STRATEGIES)]:
         assert "equal=2" in r and "MISMATCH=0" in r and "peak mem=" in r, r
-        assert float(re.search(r"tau=([\d.]+)", r).group(1)) >= 1.25, r  # drafts are accepted, every strategy
+        assert float(re.search(r"tau=([\d.]+)", r).group(1)) >= 2.0, r  # drafts are accepted, every strategy
     table = [line for line in out.stdout.splitlines() if line.startswith("| ")]
     assert len(table) == 2 + len(rows)  # then all of them again as one table
     assert "small (2 layers, hidden 256)" in table[2]
@@ -59,14 +59,14 @@ def _check_dry_output(out, tmp_path, train_row: str) -> None:
     assert any(p.name.startswith("small-2l") for p in tmp_path.iterdir())  # the verifier was built here
     rates = json.loads((tmp_path / "gpu_rates.json").read_text())
     assert rates["kind"] == "gpu-check-packing" and [r["processes"] for r in rates["packing"]] == [1, 2, 4]
-    assert all(r["tokens_per_s"] > 0 and r["step_s"] > 0 and r["tau"] >= 1.25 for r in rates["packing"]), rates
+    assert all(r["tokens_per_s"] > 0 and r["step_s"] > 0 and r["tau"] >= 2.0 for r in rates["packing"]), rates
 
 
 def test_the_dry_check_learns_and_decodes_with_torch_alone(tmp_path):
     """The default suite's run of the script as shipped, on a machine with nothing but torch and
     transformers (Ray, DeepSpeed, polars, datasets and pandas fail to import in every process): the
     planted verifier is learned in process (loss falls, held-out top-1 >= 0.5), every strategy equals
-    ``generate`` and accepts drafts (tau >= 1.25), and 1, 2 and 4 processes decode at once (rates file)."""
+    ``generate`` and accepts drafts (tau >= 2.0), and 1, 2 and 4 processes decode at once (rates file)."""
     _check_dry_output(_run_dry(tmp_path, "--no-train", block=True), tmp_path, "train (torch)")
 
 
@@ -135,6 +135,36 @@ def test_the_planted_verifier_has_a_learnable_next_token():
     beta = l3.plant_bigram(model, seed=0, vocab=2048)
     assert 1e-3 < beta < 1e3 and torch.isfinite(model.lm_head.weight).all()  # the zero pad row stays finite
     assert 0.8 <= l3.bigram_fraction(model, sigma, ids) <= 0.97
+
+
+def test_the_planted_successor_map_can_be_a_corpus_bigram_table():
+    """corpus_successors: each id's most frequent next id (ties: the smaller); plant_bigram with that map:
+    the head's rows outside its image are zero, so every greedy token is a planted successor, and
+    ~90% of greedy next tokens follow the map (two tokens may share a successor)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    l3 = _experiment("llama3_shaped")
+    assert l3.corpus_successors([[5, 6, 5, 7, 5, 6], [6, 5, 9000]], vocab=100) == {5: 6, 6: 5, 7: 5}
+    cfg = LlamaConfig(vocab_size=2048, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False, pad_token_id=1)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    g = torch.Generator().manual_seed(1)
+    domain = list(range(100, 1900, 31))  # 59 ids, each mapped to one of 40 successors (some shared)
+    image = list(range(200, 240))
+    successor = {a: image[int(torch.randint(0, 40, (1,), generator=g))] for a in domain}
+    l3.plant_bigram(model, seed=0, vocab=2048, successor=successor)
+    rows = set(model.lm_head.weight.abs().sum(-1).nonzero().flatten().tolist())
+    assert rows == set(successor.values())
+    sigma = torch.arange(2048)
+    sigma[torch.tensor(domain)] = torch.tensor([successor[a] for a in domain])
+    ids = torch.tensor(domain)[torch.randint(0, len(domain), (2, 64), generator=torch.Generator().manual_seed(3))]
+    with torch.no_grad():
+        top = model(ids).logits.argmax(-1)
+    assert set(top.flatten().tolist()) <= rows
+    assert 0.8 <= l3.bigram_fraction(model, sigma, ids) <= 0.97
+    with pytest.raises(ValueError, match=r"successor: a map of at least 2 ids in \[0, 2048\)"):
+        l3.plant_bigram(model, vocab=2048, successor={5: 5000, 6: 7})
 
 
 def test_transformers_outside_the_supported_range_is_refused_in_one_line():
