@@ -63,10 +63,9 @@ def _greedy(model, ids: list[int]) -> list[int]:
     return out[0, len(ids):].tolist()
 
 
-# the BLAS forms at every row count: make test-full (tuned mixes them with the kernel by default)
+# the kernel and the BLAS forms at every row count: make test-full (tuned, the default, mixes them)
 # (the kernel's two forms differ only in a prefetch hint: test_cpu_matmul shows them bit-identical)
-@pytest.mark.parametrize("form", ["tuned", "kernel"] + [pytest.param(f, marks=pytest.mark.full)
-                                                       for f in cpu_matmul.FORMS if f != "kernel"])
+@pytest.mark.parametrize("form", ["tuned"] + [pytest.param(f, marks=pytest.mark.full) for f in cpu_matmul.FORMS])
 def test_bf16_decoding_reproduces_bf16_generate_with_every_form(bf16, random_drafter_dirs, bench_prompts,
                                                                  form):
     model, tok, eos = bf16
