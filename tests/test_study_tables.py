@@ -100,3 +100,11 @@ def test_entropy_gaps_are_signed(tmp_path):
                  "4,verifier_entropy_gap,hass,Averaged,gsm8k,0,-0.25,paper Table 4\n")
     cells = st.load(f)
     assert [c.value for c in cells] == [-0.5, -0.25]
+
+
+def test_the_backbones_evidence_orders_the_methods_the_run_compares():
+    """The study's side of the `backbones` claim is ordered over the same methods as the run's side."""
+    every = cs.backbones(0.0)["study"]
+    assert "Averaged" in every and "Mixed 35k+35k" in every
+    three = cs.backbones(0.0, ["math", "chat", "merged", "hedge(step)"])["study"]
+    assert three.count(" > ") == 4 and "Averaged" not in three and "Merged trees" in three, three

@@ -200,7 +200,8 @@ def ordering_claim(pp: pl.DataFrame, temp: float, backbones: list[str], row, see
     what = (f"the same order of {len(methods)} methods' mean tau, {pair[0]} vs {pair[1]}: "
             f"{'the same' if point_same else 'a different'} order here, in {share:.1%} of resamples; "
             "estimate = Kendall tau_b (1 = same order)")
-    ev = cs.backbones(temp) if study else cs.none_for("backbones", "+".join(pair), temp)  # the study's numbers: hass, eagle2
+    # the study's numbers (hass, eagle2) over the same methods as the run's side
+    ev = cs.backbones(temp, methods) if study else cs.none_for("backbones", "+".join(pair), temp)
     return [row("backbones", "+".join(pair), temp, what, est, float(lo), float(hi), v, n, p, ev)]
 
 

@@ -279,11 +279,13 @@ def proposed(claim: str) -> dict:
     return evidence(claim, "no numbers: the study proposes this experiment (STUDY.md, 'What the paper left open')")
 
 
-def backbones(temp: float) -> dict:
+def backbones(temp: float, methods=None) -> dict:
     """Whether the study's own averages order the methods identically on both backbones (its claim),
-    with Kendall τ_b as the supporting number."""
+    with Kendall τ_b as the supporting number; over ``methods`` when given (the methods the run
+    compares), so the study's side and the run's side order the same set."""
     avg = {bb: {m: tau_of(bb, temp, m, "average")[0] for m in NAMES} for bb in ("hass", "eagle2")}
-    common = sorted(m for m in NAMES if avg["hass"][m] is not None and avg["eagle2"][m] is not None)
+    common = sorted(m for m in NAMES if avg["hass"][m] is not None and avg["eagle2"][m] is not None
+                    and (methods is None or m in methods))
     if len(common) < 3:
         return none_for("backbones", "hass+eagle2", temp)
 
