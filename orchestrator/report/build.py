@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import html
 import json
-import re
 from pathlib import Path
 
 import polars as pl
@@ -24,8 +23,12 @@ from .routers import (HEADS_LAST, LOSSY_MARK, NOT_DEPLOYABLE, NOT_LOSSLESS, POST
 from .steps import PASS_ROWS, read_steps
 from .tables import (GENERATE, depth_table, depth_table_deeper, entropy_table, lambda_table, per_prompt, scan,
                      speed, table1, table1_wide, trace_files)
+from .verdicts import estimate_text as _estimate_text
 from .verdicts import headline as verdict_headline
+from .verdicts import hidden_reasons as _hidden_reasons
+from .verdicts import verdict_shown as _verdict_shown
 from .verdicts import verdict_table
+from .verdicts import verdict_word as _verdict_word
 
 
 def _md(df: pl.DataFrame, digits: int = 3) -> str:
@@ -296,41 +299,6 @@ def _marked_method(temperature: float) -> pl.Expr:
     lossy = [m for m in POSTHOCS if not lossless(m, temperature)]
     return (pl.when(pl.col("method").is_in(lossy)).then(pl.col("method") + f" {LOSSY_MARK}")
             .otherwise(pl.col("method")).alias("method"))
-
-
-def _verdict_word(v: str) -> str:
-    return v.split(" (")[0]
-
-
-def _estimate_text(est, lo, hi) -> str:
-    """"+0.12 [+0.05, +0.20]"; an interval that cannot be computed (one prompt) is said, not printed as nan."""
-    if est is None or est != est:
-        return "no estimate"
-    if lo is None or hi is None or lo != lo or hi != hi:
-        return f"{est:+.2f} [no interval: fewer than 2 prompts]"
-    return f"{est:+.2f} [{lo:+.2f}, {hi:+.2f}]"
-
-
-def _excludes_zero(r: dict) -> bool:
-    lo, hi = r.get("ci_lo"), r.get("ci_hi")
-    return lo is not None and hi is not None and lo == lo and hi == hi and (lo > 0 or hi < 0)
-
-
-def _verdict_shown(r: dict) -> str:
-    """The verdict's word, with its reason where the interval alone would suggest otherwise (an
-    inconclusive row whose interval excludes 0: too few prompts, timed apart)."""
-    v = r["verdict"]
-    return v if _verdict_word(v) == "inconclusive" and _excludes_zero(r) else _verdict_word(v)
-
-
-def _hidden_reasons(g: pl.DataFrame) -> str:
-    """For a multi-row cell: how many inconclusive rows have an interval excluding 0, and why."""
-    why = [r["verdict"].split(" (", 1)[1].rstrip(")") for r in g.iter_rows(named=True)
-           if _verdict_word(r["verdict"]) == "inconclusive" and " (" in r["verdict"] and _excludes_zero(r)]
-    if not why:
-        return ""
-    reasons = sorted(set(re.sub(r"n=\d+", "n", w) for w in why))
-    return f"; {len(why)} inconclusive with an interval excluding 0 ({'; '.join(reasons)})"
 
 
 def _counts(verdicts: list[str]) -> str:

@@ -5,7 +5,7 @@ each needs. Generated from the claims frame alone, so a table in the docs can be
 run it names (``python experiments/verdicts.py --run DIR``)."""
 from __future__ import annotations
 
-import math
+import re
 
 import polars as pl
 
@@ -13,16 +13,40 @@ COLUMNS = ("claim", "family", "backbone", "temperature", "benchmark", "compariso
            "ci_lo", "ci_hi", "verdict", "verdict_holm", "wording")
 
 
-def _num(x) -> str:
-    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:+.2f}"
+def verdict_word(v: str) -> str:
+    """holds / does not hold / inconclusive, without the reason in brackets."""
+    return v.split(" (")[0]
 
 
-def _interval(r: dict) -> str:
-    if r["estimate"] is None or (isinstance(r["estimate"], float) and math.isnan(r["estimate"])):
+def estimate_text(est, lo, hi) -> str:
+    """"+0.12 [+0.05, +0.20]"; an interval that cannot be computed (one prompt) is said, not printed as nan."""
+    if est is None or est != est:
         return "no estimate"
-    if any(r[k] is None or (isinstance(r[k], float) and math.isnan(r[k])) for k in ("ci_lo", "ci_hi")):
-        return f"{_num(r['estimate'])} [no interval: fewer than 2 prompts]"
-    return f"{_num(r['estimate'])} [{_num(r['ci_lo'])}, {_num(r['ci_hi'])}]"
+    if lo is None or hi is None or lo != lo or hi != hi:
+        return f"{est:+.2f} [no interval: fewer than 2 prompts]"
+    return f"{est:+.2f} [{lo:+.2f}, {hi:+.2f}]"
+
+
+def _excludes_zero(r: dict) -> bool:
+    lo, hi = r.get("ci_lo"), r.get("ci_hi")
+    return lo is not None and hi is not None and lo == lo and hi == hi and (lo > 0 or hi < 0)
+
+
+def verdict_shown(r: dict) -> str:
+    """The verdict's word, with its reason where the interval alone would suggest otherwise (an
+    inconclusive row whose interval excludes 0: too few prompts, timed apart)."""
+    v = r["verdict"]
+    return v if verdict_word(v) == "inconclusive" and _excludes_zero(r) else verdict_word(v)
+
+
+def hidden_reasons(g: pl.DataFrame) -> str:
+    """For a multi-row cell: how many inconclusive rows have an interval excluding 0, and why."""
+    why = [r["verdict"].split(" (", 1)[1].rstrip(")") for r in g.iter_rows(named=True)
+           if verdict_word(r["verdict"]) == "inconclusive" and " (" in r["verdict"] and _excludes_zero(r)]
+    if not why:
+        return ""
+    reasons = sorted(set(re.sub(r"n=\d+", "n", w) for w in why))
+    return f"; {len(why)} inconclusive with an interval excluding 0 ({'; '.join(reasons)})"
 
 
 def _cell(v) -> str:
@@ -46,7 +70,8 @@ def verdict_table(cl: pl.DataFrame) -> str:
         holm = r["verdict_holm"] if r["verdict_holm"] != r["verdict"] else "same"
         lines.append("| " + " | ".join(_cell(x) for x in (
             r["claim"], r["family"], r["backbone"], f"{r['temperature']:g}", r["benchmark"] or "average",
-            r["comparison"], r["prompts"], _interval(r), r["verdict"], holm, r["wording"])) + " |")
+            r["comparison"], r["prompts"], estimate_text(r["estimate"], r["ci_lo"], r["ci_hi"]), r["verdict"], holm,
+            r["wording"])) + " |")
     out = "\n".join(lines) + "\n"
     if not_run.height:
         out += "\nNot checked in this run (what each needs):\n\n"
@@ -62,8 +87,8 @@ def headline(cl: pl.DataFrame) -> str:
     idle = pl.col("verdict").str.contains("not in this run", literal=True)
     parts = []
     for fam, g in cl.filter(~idle).group_by("family", maintain_order=True):
-        words = [v.split(" (")[0] for v in g["verdict"]]
-        holm = [v.split(" (")[0] for v in g["verdict_holm"]]
+        words = [verdict_word(v) for v in g["verdict"]]
+        holm = [verdict_word(v) for v in g["verdict_holm"]]
         parts.append(f"{fam[0]}: {g.height} comparisons; raw holds {words.count('holds')}, does not hold "
                      f"{words.count('does not hold')}; after Holm holds {holm.count('holds')}, does not hold "
                      f"{holm.count('does not hold')}")
