@@ -24,13 +24,11 @@ import threading
 import time
 from pathlib import Path
 
-import boto3
 import polars as pl
 import pyarrow.dataset as ds
 import pytest
 import safetensors.torch
 import torch
-from moto.server import ThreadedMotoServer
 from pyarrow import fs
 from ray.cluster_utils import Cluster
 
@@ -41,13 +39,13 @@ from orchestrator.manifest import read_manifest
 from orchestrator.profile import load_profile
 from orchestrator.report.build import build_report
 from orchestrator.report.duplicates import DuplicateRows
+from tests.s3_server import CREDS, moto_s3
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET, RUN = "taskspec-grid", "smoke/run"
 URI = f"s3://{BUCKET}/{RUN}"
 REGION = "us-east-1"
-CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}  # moto accepts any
 # every stage runs (features, both drafters, the merge, the report); evaluation keeps every
 # strategy on 3 prompts at T=0 (21 units): what crosses the store is the same, at half the cells;
 # every cell times generate next to its own prompts (eval.paired_baseline). Each drafter trains as
@@ -62,16 +60,8 @@ SMALL = ["eval.temperatures=[0.0]", "eval.tree_auto=[]", "eval.benchmarks={gsm8k
 @pytest.fixture(scope="module")
 def s3():
     """moto's S3 server on a free loopback port, with one bucket; yields (endpoint, pyarrow fs)."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name=REGION, aws_access_key_id="testing",
-                 aws_secret_access_key="testing").create_bucket(Bucket=BUCKET)
-    s3fs = fs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", access_key="testing",
-                           secret_key="testing", region=REGION)
-    yield endpoint, s3fs
-    server.stop()
+    with moto_s3(BUCKET, REGION) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

@@ -23,17 +23,15 @@ import sys
 import time
 from pathlib import Path
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 from pyarrow import fs
 from ray.cluster_utils import Cluster
 
 from orchestrator.manifest import read_manifest
+from tests.s3_server import CREDS, moto_s3
 
 ROOT = Path(__file__).resolve().parents[1]
 BUCKET, REGION = "taskspec-rehearsal", "us-east-1"
-CREDS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}  # moto accepts any
 # every process: no CPU kernel tuning (decoding/cpu; a GPU never runs it), which would time each new
 # shape's matmul tables in each task and actor on this loaded machine, as tests/test_eval_packing.py
 NODE_ENV = {**CREDS, "TASKSPEC_CPU_SPEED": "0", "TOKENIZERS_PARALLELISM": "false"}
@@ -68,16 +66,9 @@ def verifier_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def s3():
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name=REGION, **{k.lower(): v for k, v in CREDS.items()}
-                 ).create_bucket(Bucket=BUCKET)
-    s3fs = fs.S3FileSystem(endpoint_override=f"{host}:{port}", scheme="http", access_key="testing",
-                           secret_key="testing", region=REGION)
-    yield endpoint, s3fs
-    server.stop()
+    """moto's S3 server with the rehearsal's bucket; yields (endpoint, pyarrow fs)."""
+    with moto_s3(BUCKET, REGION) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
