@@ -10,11 +10,9 @@ hedge minus merged trees, average (merged trees verify the union of both trees: 
 (passed in, as in claims_next: claims imports this module)."""
 from __future__ import annotations
 
-import polars as pl
-
 from .routers import POSTHOC
 from .stats import paired_avg_diff_ci, paired_diff_ci, verdict
-from .tables import MATH_BENCH, aligned
+from .tables import MATH_BENCH, aligned, timed
 
 CLAIMS = ("hedge-home", "hedge-posthoc", "hedge-merged", "hedge-speed")
 WORDING = {
@@ -36,13 +34,6 @@ NOTE = "the project's own online router (issue 57): the study has no number for 
 def hedge_methods(methods) -> list[str]:
     """The report's names of the hedge cells (tables.method_expr: ``hedge(step)``)."""
     return sorted(m for m in methods if m == "hedge" or m.startswith("hedge("))
-
-
-def _timed(pp, bb, temp, methods) -> bool:
-    if not {"out_tokens", "wall_time_s"} <= set(pp.columns):
-        return False
-    w = pp.filter((pl.col("backbone") == bb) & (pl.col("temperature") == temp) & pl.col("method").is_in(methods))
-    return w.height > 0 and w["wall_time_s"].fill_null(0).min() > 0
 
 
 def hedge_claims(pp, backbone, temp, benches, methods, row) -> list[dict]:
@@ -68,7 +59,7 @@ def hedge_claims(pp, backbone, temp, benches, methods, row) -> list[dict]:
             out.append(test("hedge-posthoc", f"{h} - {POSTHOC}, average (tau)", *avg(h, POSTHOC)))
         if "merged" in methods:
             out.append(test("hedge-merged", f"{h} - merged, average (tau)", *avg(h, "merged")))
-            if _timed(pp, backbone, temp, [h, "merged"]):
+            if timed(pp, backbone, temp, [h, "merged"]):
                 out.append(test("hedge-speed", f"{h} - merged, tokens/s, average",
                                 *avg(h, "merged", "out_tokens", "wall_time_s")))
     return out

@@ -13,7 +13,7 @@ from . import claims_study as cs
 from .routers import PROMPT_NODE
 from .stats import corr_ci, paired_avg_diff_ci, verdict
 from .steps import as_summary
-from .tables import aligned
+from .tables import aligned, timed
 
 BASE = PROMPT_NODE
 EARLY_STEPS = 3  # "early": the first 3 verifier calls of a prompt's first turn
@@ -39,13 +39,6 @@ def _invocations_differ(pp, bb, temp, a, b) -> bool:
     return all(sets) and sets[0] != sets[1]
 
 
-def _timed(pp, bb, temp, methods) -> bool:
-    if not {"wall_time_s", "out_tokens"} <= set(pp.columns):
-        return False
-    w = pp.filter((pl.col("backbone") == bb) & (pl.col("temperature") == temp) & pl.col("method").is_in(methods))
-    return w.height > 0 and w["wall_time_s"].fill_null(0).min() > 0
-
-
 def budget_merged(methods) -> str | None:
     """The budget-matched merged trees (the union reranked to one tree's budget), e.g. merged@16."""
     hits = sorted(m for m in methods if re.fullmatch(r"merged@\d+", m))
@@ -61,7 +54,7 @@ def next_claims(pp, steps, backbone, temp, benches, methods, row) -> list[dict]:
         for m in switching:
             out.append(_test(row, "switching", backbone, temp, f"{m} - {BASE}, tau gain, average",
                              _avg(pp, backbone, temp, benches, m, BASE)))
-            if _timed(pp, backbone, temp, [m, BASE]):
+            if timed(pp, backbone, temp, [m, BASE]):
                 r = _test(row, "switching-speed", backbone, temp, f"{m} - {BASE}, tokens/s, average",
                           _avg(pp, backbone, temp, benches, m, BASE, "out_tokens", "wall_time_s"))
                 if _invocations_differ(pp, backbone, temp, m, BASE):

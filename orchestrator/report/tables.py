@@ -313,5 +313,13 @@ def aligned(pp: pl.DataFrame, backbone: str, temperature: float, bench: str, a: 
     return (j["n"].to_numpy(), j["d"].to_numpy(), j["n_b"].to_numpy(), j["d_b"].to_numpy())
 
 
+def timed(pp, bb, temp, methods) -> bool:
+    """Whether every row of these methods in the cell has a wall-clock time (speed claims need it)."""
+    if not {"wall_time_s", "out_tokens"} <= set(pp.columns):
+        return False
+    w = pp.filter((pl.col("backbone") == bb) & (pl.col("temperature") == temp) & pl.col("method").is_in(methods))
+    return w.height > 0 and w["wall_time_s"].fill_null(0).min() > 0
+
+
 def to_numpy_safe(x) -> np.ndarray:
     return np.asarray(x, dtype=float)
