@@ -33,7 +33,7 @@ import torch
 
 from . import cpu, timing
 from .accept import greedy_match
-from .caches import add_to_json_cache, cache_dir, load_json_cache
+from common.caches import add_to_json_cache, cache_dir, load_json_cache
 from .drafting import feature_layers
 from .timing import synced_now
 from .tree import TreeConfig, chain_tree

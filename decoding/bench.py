@@ -273,7 +273,8 @@ def cmd_bench(args) -> int:
     from .engine import SpeculativeDecoder
     from .oracle import OracleChainProposer
     from .runner import default_threads, generate_baseline, load_proposers
-    from .verifiers import TIE_GAP, compare_greedy, eos_token_ids, load_verifier, resolve
+    from common.verifiers import TIE_GAP, compare_greedy, eos_token_ids, resolve
+    from .verifiers import load_verifier
 
     if args.repeats < 1:
         raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")

@@ -70,9 +70,10 @@ def cmd_generate(args) -> int:
     from .runner import (check_drafter_files, check_prompt_lengths, decode_prompt, default_threads,
                          load_proposers, prompt_rows, read_prompts, write_parquet_atomic)
     from .strategies import make_strategy
-    from .verifiers import eos_token_ids, load_verifier, resolve
+    from common.verifiers import eos_token_ids, resolve
 
     # validate everything cheap before loading any model
+    from .verifiers import load_verifier
     cfg = decode_config(args)
     make_strategy(cfg.strategy, len(args.drafter), cfg.routing_granularity, score=cfg.route_score,
                   switch_after=cfg.switch_after, switch_to=cfg.switch_to, switch_depth=cfg.switch_depth,
@@ -113,12 +114,14 @@ def cmd_generate(args) -> int:
 
 
 def cmd_cache(args) -> int:
-    from . import caches
+    from common import caches
 
     if args.action == "show":
         print(caches.show())
     elif args.action == "warm":
-        return caches.warm(args.verifier, parse_ints(args.threads, "--threads"), args.dtypes.split(","))
+        from .cpu.warm import warm
+
+        return warm(args.verifier, parse_ints(args.threads, "--threads"), args.dtypes.split(","))
     else:
         gone = caches.clear()
         print(f"removed {', '.join(gone) if gone else 'nothing'} from {caches.cache_dir()}")

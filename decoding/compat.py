@@ -1,7 +1,7 @@
 """The library versions the decode path supports, checked once with one clear error.
 
 The decode path (the verifier's tree pass and in-place KV cache, decoding/verifier_pass.py; the
-grouped-attention interface, decoding/grouped_attention.py) subclasses and calls transformers'
+grouped-attention interface, common/grouped_attention.py) subclasses and calls transformers'
 cache and attention internals, which change between releases. ``TRANSFORMERS`` is the range the
 test suite runs: its lower bound in a scratch environment (tests/test_transformers_floor.py, in
 ``make test-full``), the pinned release (docker/constraints.txt) everywhere else.

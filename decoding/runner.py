@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from drafters.atomic import atomic_file
+from common.atomic import atomic_file
 from drafters.checkpoint import load_any, load_any_config
 from drafters.eagle3 import Eagle3Config
 from drafters.data.records import BenchmarkPrompt

@@ -6,7 +6,7 @@ import sys
 
 
 def _init(args) -> None:
-    from decoding.verifiers import load_verifier, resolve
+    from common.verifiers import load_verifier, resolve
 
     from .checkpoint import init_drafter, load_any, save_any
     from .config import DrafterConfig
@@ -28,7 +28,7 @@ def _init(args) -> None:
 
 
 def _export(args) -> None:
-    from decoding.verifiers import verifier_config
+    from common.verifiers import verifier_config
 
     from .checkpoint import load_config
     from .eagle3 import is_eagle3_checkpoint, load_eagle3
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     q.add_argument("--verifier", default=None)
     q.add_argument("--backbone", choices=["eagle2", "hass"], default=None)
     q.set_defaults(fn=_import)
-    from .cli_train import add_subcommands
+    from workers.train_cli import add_subcommands
 
     add_subcommands(sub)
     args = p.parse_args(argv)

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .atomic import atomic_dir
+from common.atomic import atomic_dir
 from .config import DrafterConfig
 from .eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3, is_eagle3_checkpoint, load_eagle3, save_eagle3
 from .model import FeatureDrafter, seeded

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from .atomic import write_text_atomic
+from common.atomic import write_text_atomic
 from .data.records import Conversation
 from .data.templating import prompt_ids
 from .features import content_key

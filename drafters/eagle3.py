@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .atomic import atomic_dir
+from common.atomic import atomic_dir
 from .model import KVCache, RMSNorm, seeded, self_attention
 
 BACKBONE = "eagle3"

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .atomic import atomic_dir
+from common.atomic import atomic_dir
 from .checkpoint import load_checkpoint
 from .config import DrafterConfig
 from .eagle3 import Eagle3Config, Eagle3Drafter, is_eagle3_checkpoint, load_eagle3

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .atomic import write_text_atomic
+from common.atomic import write_text_atomic
 from .data.templating import TokenizedExample
 
 TOPK = 10

@@ -10,10 +10,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from common.dtypes import torch_dtypes
+
 from .config import DrafterConfig
 
 # dtype names the verifier loader and the exporter accept (one table for both)
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = torch_dtypes()
 
 
 class RMSNorm(nn.Module):

@@ -123,7 +123,7 @@ class OnlineFeatures:
     before any feature is computed and each rank runs the verifier only on its own batches."""
 
     def __init__(self, model, tokenizer, spec: dict, aux_layers=None):
-        from decoding.verifiers import eos_token_ids
+        from common.verifiers import eos_token_ids
 
         from .variants import DataSpec
 

@@ -63,7 +63,7 @@ def save_vocab(ids: torch.Tensor, path: str | os.PathLike, meta: dict | None = N
 
     from safetensors.torch import save_file
 
-    from .atomic import atomic_file
+    from common.atomic import atomic_file
 
     out = Path(path)
     with atomic_file(out) as tmp:

@@ -46,8 +46,9 @@ from decoding.cli import add_decode_args, decode_config  # noqa: E402
 from decoding.cpu.machine import machine_class  # noqa: E402
 from decoding.engine import SpeculativeDecoder  # noqa: E402
 from decoding.runner import default_threads, generate_baseline, load_proposers  # noqa: E402
-from decoding.verifiers import TIE_GAP, compare_greedy, eos_token_ids, load_verifier, resolve  # noqa: E402
-from drafters.atomic import write_text_atomic  # noqa: E402
+from common.verifiers import TIE_GAP, compare_greedy, eos_token_ids, resolve  # noqa: E402
+from decoding.verifiers import load_verifier  # noqa: E402
+from common.atomic import write_text_atomic  # noqa: E402
 from drafters.config import BACKBONES  # noqa: E402
 from drafters.data.sources import BENCHMARKS, load_benchmark  # noqa: E402
 from drafters.data.templating import benchmark_prompt_ids  # noqa: E402

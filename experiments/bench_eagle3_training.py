@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from decoding.verifiers import eos_token_ids, load_verifier  # noqa: E402
+from common.verifiers import eos_token_ids  # noqa: E402
+
+from decoding.verifiers import load_verifier  # noqa: E402
 from drafters.eagle3 import default_aux_layers  # noqa: E402
 from drafters.variants import DataSpec  # noqa: E402
 from experiments.bench_backbones import prepare, train_config, train_one  # noqa: E402

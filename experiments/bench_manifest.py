@@ -45,7 +45,7 @@ class OldManifest:
         self.path, self.data = path, {"cells": {}}
 
     def record(self, key, stage, name, status, attempts=1, error=None, files=(), **extra):
-        from drafters.atomic import write_text_atomic
+        from common.atomic import write_text_atomic
 
         self.data["cells"][key] = {"stage": stage, "name": name, "status": status, "attempts": attempts,
                                    "error": error, "files": list(files), **extra}

@@ -1,4 +1,4 @@
-"""Cost of moving artifacts through an output URI (orchestrator.storage), against a plain local
+"""Cost of moving artifacts through an output URI (common.storage), against a plain local
 copy of the same tree in the same run.
 
     python experiments/bench_storage.py [--mb 256] [--files 8] [--uri file:///tmp/bench-uri]
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator import storage  # noqa: E402
+from common import storage  # noqa: E402
 
 
 def _timed(label: str, fn, mb: float) -> None:

@@ -23,7 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 def main(argv=None) -> int:
     import torch
 
-    from decoding.verifiers import eos_token_ids, load_verifier
+    from common.verifiers import eos_token_ids
+
+    from decoding.verifiers import load_verifier
     from drafters.checkpoint import init_drafter
     from drafters.config import DrafterConfig
     from drafters.features import verifier_features

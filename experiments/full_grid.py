@@ -52,7 +52,7 @@ def main(argv=None) -> int:
         return 2
     out = args.output_dir or f"runs/{profile.name}"
     from orchestrator.manifest import STAGES
-    from orchestrator.storage import is_uri
+    from common.storage import is_uri
 
     try:  # bad input is refused here, before the plan, the lease or any work
         if args.force is not None and args.force not in STAGES:

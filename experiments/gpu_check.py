@@ -42,7 +42,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from decoding.timing import synchronize  # noqa: E402
-from decoding.verifiers import TIE_GAP  # noqa: E402
+from common.verifiers import TIE_GAP  # noqa: E402
 from tests.accelerator import SyncCounter, caller  # noqa: E402
 
 _train = importlib.util.spec_from_file_location("gpu_check_train", Path(__file__).with_name("gpu_check_train.py"))
@@ -122,7 +122,7 @@ def _decoder_rows(args, model, props, eos, inputs, refs, gen_tps, dtype: str, mo
     """One row per strategy: exactness against ``generate``, tokens/s, tau, host round trips, memory."""
     from decoding.engine import DecodeConfig, SpeculativeDecoder
     from decoding.tree import TreeConfig
-    from decoding.verifiers import compare_greedy
+    from common.verifiers import compare_greedy
     for spec in STRATEGIES:
         strat, dedup, budget = spec.split("-")[0], spec.endswith("dedup"), spec.endswith("budget")
         n = 1 if strat == "single" else 2
@@ -176,7 +176,8 @@ def check_dtype(args, dtype: str, table: Table) -> list[list[int]]:
     verifier is freed at the end, so the next dtype's copy is the only one on the device."""
     from decoding.bench import hf_generate
     from decoding.runner import load_proposers
-    from decoding.verifiers import eos_token_ids, load_verifier, resolve
+    from common.verifiers import eos_token_ids, resolve
+    from decoding.verifiers import load_verifier
     from drafters.checkpoint import init_drafter, save_checkpoint
     from drafters.config import DrafterConfig
     from drafters.data.sources import load_benchmark

@@ -31,7 +31,8 @@ def _worker(args) -> int:
     from decoding.engine import DecodeConfig, SpeculativeDecoder
     from decoding.runner import load_proposers
     from decoding.tree import TreeConfig
-    from decoding.verifiers import eos_token_ids, load_verifier, resolve
+    from common.verifiers import eos_token_ids, resolve
+    from decoding.verifiers import load_verifier
 
     if args.threads:
         torch.set_num_threads(args.threads)

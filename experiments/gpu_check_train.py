@@ -42,8 +42,8 @@ def training_failure(losses: list[float], top1: float | None = None, min_top1: f
 
 
 def free_verifiers(device: str) -> None:
-    """Drop every verifier this process loaded (decoding.verifiers caches them), so one copy is held at a time."""
-    from decoding import verifiers
+    """Drop every verifier this process loaded (common.verifiers caches them), so one copy is held at a time."""
+    from common import verifiers
 
     verifiers._load_verifier.cache_clear()
     gc.collect()
@@ -53,7 +53,7 @@ def free_verifiers(device: str) -> None:
 
 def _config(args, name: str, model, tok, precision: str, deepspeed: bool):
     """Features of the generated corpus (extracted here, on the device) and the run's TrainConfig."""
-    from decoding.verifiers import eos_token_ids
+    from common.verifiers import eos_token_ids
     from drafters.trainer import TrainConfig
     from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
 
@@ -95,7 +95,8 @@ def _run_torch(cfg, model, tok) -> tuple[Path, dict]:
 def check_training(args, table, peak) -> list[Path]:
     """One training run on the device; returns [final checkpoint, mid-run checkpoint] (the decoding
     rows' two drafters: the trained one, and the same run halfway, epoch E // 2, as a weaker second)."""
-    from decoding.verifiers import load_verifier, resolve
+    from common.verifiers import resolve
+    from decoding.verifiers import load_verifier
 
     name = resolve(args.verifier).name
     gpu = args.device.startswith("cuda")

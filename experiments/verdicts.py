@@ -18,7 +18,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import polars as pl
 
-    from drafters.atomic import write_text_atomic
+    from common.atomic import write_text_atomic
     from orchestrator.report.verdicts import headline, verdict_table
 
     path = Path(args.run) / "report/tables/claims.csv"

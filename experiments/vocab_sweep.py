@@ -26,7 +26,8 @@ def main(argv=None) -> int:
     from decoding.engine import DecodeConfig, SpeculativeDecoder
     from decoding.runner import default_threads, load_proposers
     from decoding.tree import TreeConfig
-    from decoding.verifiers import eos_token_ids, load_verifier
+    from common.verifiers import eos_token_ids
+    from decoding.verifiers import load_verifier
     from drafters.data.sources import load_benchmark
     from drafters.data.templating import benchmark_prompt_ids
     from drafters.trainer import TrainConfig, train

@@ -17,7 +17,8 @@ import polars as pl
 import ray
 
 from decoding.runner import write_parquet_atomic
-from decoding.verifiers import eos_token_ids, load_verifier, resolve
+from common.verifiers import eos_token_ids, resolve
+from decoding.verifiers import load_verifier
 from drafters.checkpoint import initial_of, save_any
 from drafters.eagle3 import default_aux_layers
 from drafters.data.sources import load_benchmark, subsample
@@ -30,8 +31,9 @@ from workers import artifacts
 from workers.eval_worker import EvalWorker
 from workers.tune_sweep import run_sweep
 
-from . import storage
-from .grid import EvalCell, cell_prompts, eval_cells, key_of, merge_cells, pool_sizes, train_cells
+from common import storage
+from . import keys as unit_keys
+from .grid import EvalCell, cell_prompts, eval_cells, merge_cells, pool_sizes, train_cells
 from .eval_pool import EvalPool, NoEvalActor
 from .grid import corpora as grid_corpora
 from .manifest import STAGES, Lease, Manifest
@@ -163,18 +165,6 @@ def eval_pool(p: Profile, n: int, log=print, worker=EvalWorker) -> EvalPool:
     return EvalPool(lambda name: cls.options(name=name).remote(*args), n, log=log)
 
 
-def _train_key_settings(p, backbone: str) -> dict:
-    """The train settings a drafter's result depends on (its backbone's own values in), as unit keys
-    hash them; keys added later are left out at their defaults, so earlier runs' keys stay valid."""
-    tcfg = dataclasses.asdict(p.train.for_backbone(backbone))
-    for k in ("backbones", "variants", "checkpoint_every", "keep_checkpoints", "per_backbone"):  # not in the result
-        tcfg.pop(k)
-    for k, default in (("loss_mask", "next"), ("global_batch", None), ("precision", "fp32")):
-        if tcfg[k] == default:
-            tcfg.pop(k)
-    return tcfg
-
-
 class Driver:
     def __init__(self, profile: Profile, output_dir: str, force: str | None = None, take_over: bool = False):
         if force is not None and force not in STAGES:  # bad input: refused before the lease is taken
@@ -230,11 +220,7 @@ class Driver:
             storage.publish(self.out / rel, self.ref(rel))
 
     def _data_spec(self) -> dict:
-        d = self.p.data
-        spec = {"n": d.n, "heldout": d.heldout, "max_length": d.max_length, "seed": d.seed}
-        if d.self_distill:  # only when set, so the keys of runs without it stay what they were
-            spec["self_distill"] = d.self_distill
-        return spec
+        return unit_keys.data_spec(self.p)
 
     def _sync(self) -> None:
         """Publish the manifest (after the files it records, which are published as they finish):
@@ -305,8 +291,7 @@ class Driver:
         caches, pending, relay = {}, {}, None
         aux = "eagle3" in self.p.train.backbones  # one cache per corpus serves every backbone
         for c in corpora:
-            parts = [self.verifier_name, c, self._data_spec()] + (["eagle3-aux"] if aux else [])
-            key = "features-" + key_of(parts)
+            key = unit_keys.features_key(self.p, self.verifier_name, c, aux)
             rec = self.manifest.get(key)
             if rec and self.manifest.done(key):
                 caches[c] = rec["caches"]
@@ -339,7 +324,7 @@ class Driver:
         size = self.p.train.draft_vocab
         if size is None:
             return None
-        key = "vocab-" + key_of([self.verifier_name, corpora, self._data_spec(), size])
+        key = unit_keys.vocab_key(self.p, self.verifier_name, corpora)
         rel = f"features/vocab-{key[6:]}.safetensors"
         if self.manifest.done(key):
             return self.ref(rel)
@@ -380,8 +365,7 @@ class Driver:
             print(("" if not self.p.train.per_backbone else f"[{b}] ")
                   + batch_plan(self.p, self.p.train.for_backbone(b)).describe(), flush=True)
         for cell in cells:
-            key = "train-" + key_of([self.verifier_name, self._data_spec(), _train_key_settings(self.p, cell.backbone),
-                                     cell.backbone, cell.variant])
+            key = unit_keys.train_key(self.p, self.verifier_name, cell.backbone, cell.variant)
             keys[cell.name] = key
             self.ckpt_keys[cell.name] = key
             if self.manifest.done(key):
@@ -425,8 +409,7 @@ class Driver:
         out, inits = {}, {}
         for m in cells:
             src = [ckpts.get(f"{m.backbone}-math"), ckpts.get(f"{m.backbone}-chat")]
-            key = "merge-" + key_of([m.kind, m.lam, self.p.merge.ties_density,
-                                     [self.ckpt_keys.get(f"{m.backbone}-{v}") for v in ("math", "chat")]])
+            key = unit_keys.merge_key(self.p, m.kind, m.lam, [self.ckpt_keys.get(f"{m.backbone}-{v}") for v in ("math", "chat")])
             self.ckpt_keys[m.name] = key
             dest = self.out / "checkpoints" / m.name
             if self.manifest.done(key):
@@ -498,16 +481,7 @@ class Driver:
         return ref[len(self.root):].lstrip("/") if ref.startswith(self.root) else ref
 
     def _eval_key(self, cell: EvalCell, shard, ckpt_refs: list[str], ck_keys: list) -> str:
-        e = self.p.eval
-        parts = [cell.key, self.verifier_name, e.max_new_tokens, e.seed, e.tree.top_k, e.tree.depth,
-                 [p.id for p in shard], ckpt_refs, ck_keys]
-        if e.routing_decide_steps != 1 and cell.routing_granularity != "step":
-            parts.append(e.routing_decide_steps)  # (1 keeps the keys runs had before this setting)
-        if e.paired_baseline:  # the same: unpaired keys are the keys runs had before
-            parts.append("paired-baseline")
-        if e.system_prompt is not None:  # the same: without one, the keys runs had before
-            parts.append(["system", e.system_prompt])
-        return "eval-" + key_of(parts)
+        return unit_keys.eval_key(self.p, cell, self.verifier_name, [p.id for p in shard], ckpt_refs, ck_keys)
 
     def _paths(self, cell: EvalCell, key: str) -> tuple[str, str]:
         part = f"backbone={cell.backbone}/benchmark={cell.benchmark}/temperature={cell.temperature:g}"

@@ -68,7 +68,7 @@ def print_plan(p: Profile, output: str | None = None, rates: str | None = None,
     r = p.resources
     print(f"profile {p.name!r}: verifier {p.verifier}; {p.description}")
     if output:
-        from .storage import is_uri
+        from common.storage import is_uri
 
         how = ("a URI: every artifact moves through it with pyarrow filesystems; node-local copies go to $TASKSPEC_STAGING"
                if is_uri(output) else "a directory: a multi-node run needs it on a filesystem every node mounts at this path")

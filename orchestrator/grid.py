@@ -10,11 +10,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 from drafters.corpora import CORPORA, variant_corpora
 
+from .keys import key_of
 from .profile import Profile
-
-
-def key_of(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import storage
+from common import storage
 
 STAGES = ("features", "train", "merge", "eval", "report")
 COMPACT_MIN = 1000  # journal lines before compaction may run (then: as many lines as the snapshot has units)

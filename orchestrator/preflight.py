@@ -71,7 +71,7 @@ def _data(p: Profile, options: SourceOptions) -> tuple[list[str], list[str]]:
 
 def _verifier(p: Profile) -> tuple[list[str], list[str]]:
     """The verifier resolves: the GGUF file is there and is a GGUF file, or the config loads."""
-    from decoding.verifiers import resolve, verifier_config
+    from common.verifiers import resolve, verifier_config
 
     try:
         source = resolve(p.verifier)

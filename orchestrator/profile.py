@@ -18,6 +18,7 @@ from pathlib import Path
 
 import yaml
 
+from common.dtypes import NAMES as DTYPES
 from drafters.corpora import VARIANTS
 
 PROFILE_DIR = Path(__file__).resolve().parents[1] / "experiments" / "profiles"
@@ -34,7 +35,6 @@ BENCHMARKS = ("mt_bench", "gsm8k", "math500", "svamp")
 BACKBONES = ("eagle2", "hass", "eagle3")
 MERGE_KINDS = ("linear", "task_arithmetic", "ties")
 GRANULARITIES = ("step", "turn", "prompt")
-DTYPES = ("float32", "bfloat16", "float16")  # the keys of drafters.model.DTYPES (kept torch-free here)
 
 
 class ProfileError(ValueError):

@@ -501,7 +501,7 @@ def main(argv=None) -> int:
     import argparse
     import sys
 
-    from drafters.atomic import write_text_atomic
+    from common.atomic import write_text_atomic
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("run")

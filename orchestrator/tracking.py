@@ -16,7 +16,7 @@ import os
 import re
 from pathlib import Path
 
-from . import storage
+from common import storage
 
 BACKENDS = ("none", "mlflow", "wandb")
 

@@ -21,7 +21,7 @@ def verifier():
 
 @pytest.fixture(scope="session")
 def eos(verifier):
-    from decoding.verifiers import eos_token_ids
+    from common.verifiers import eos_token_ids
 
     return eos_token_ids(*verifier)
 

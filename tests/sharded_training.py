@@ -24,7 +24,7 @@ import ray  # noqa: E402
 
 from drafters.trainer import TrainConfig  # noqa: E402
 from drafters.variants import DataSpec, heldout_data, variant_data  # noqa: E402
-from orchestrator import storage  # noqa: E402
+from common import storage  # noqa: E402
 from orchestrator.driver import _features_task  # noqa: E402
 from workers.train_worker import run_training  # noqa: E402
 

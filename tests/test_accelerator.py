@@ -409,7 +409,7 @@ def test_features_training_steps_and_merges_run_on_the_device(verifier, bench_pr
 @pytest.mark.slow
 def test_checkpoints_and_exports_cross_the_device_boundary(verifier, tmp_path):
     """A drafter on the device is saved (as training saves it), exported, and read back onto the device."""
-    from decoding.verifiers import verifier_config
+    from common.verifiers import verifier_config
     from drafters.checkpoint import init_drafter, save_checkpoint
     from drafters.config import DrafterConfig
     from drafters.export import export, load_export

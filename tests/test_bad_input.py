@@ -351,7 +351,7 @@ MALFORMED = [  # (location, what the one line says after the quoted location)
 
 @pytest.mark.parametrize("where,msg", MALFORMED, ids=[m[0] for m in MALFORMED])
 def test_a_malformed_uri_is_refused_with_one_line(where, msg):
-    from orchestrator.storage import BadLocation, is_uri
+    from common.storage import BadLocation, is_uri
 
     with pytest.raises(BadLocation) as e:
         is_uri(where)

@@ -19,8 +19,9 @@ from decoding.cpu import matmul as cpu_matmul
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import decode_prompt, load_proposers
 from decoding.tree import TreeConfig
-from decoding.verifiers import TIE_GAP as TIE_GAPS
-from decoding.verifiers import compare_greedy, eos_token_ids, load_verifier
+from common.verifiers import TIE_GAP as TIE_GAPS
+from common.verifiers import compare_greedy, eos_token_ids
+from decoding.verifiers import load_verifier
 from drafters.data.templating import benchmark_prompt_ids
 from tests.conftest import VERIFIER
 from tests.helpers import OracleProposer

@@ -263,7 +263,7 @@ def test_gradients_never_take_the_inference_forms(fresh_kernel):
 
 
 def test_the_caches_can_be_shown_and_cleared(fresh_kernel, monkeypatch):
-    from decoding import caches
+    from common import caches
     from decoding.cli import main
 
     monkeypatch.setattr(cpu_matmul, "MIN_CPU_SHARE", 0.0)
@@ -354,7 +354,7 @@ def test_taskspec_threads_sets_the_clis_thread_count(monkeypatch):
 
 
 def _add_keys(path, tag, n):
-    from decoding.caches import add_to_json_cache
+    from common.caches import add_to_json_cache
 
     for i in range(n):
         add_to_json_cache(path, f"{tag}{i}", i)
@@ -365,7 +365,7 @@ def test_processes_adding_to_one_cache_lose_no_entry(tmp_path):
     tables): every entry is there afterwards."""
     import multiprocessing as mp
 
-    from decoding.caches import load_json_cache
+    from common.caches import load_json_cache
 
     path = tmp_path / "cpu_matmul.json"
     procs = [mp.Process(target=_add_keys, args=(path, tag, 40)) for tag in "ab"]

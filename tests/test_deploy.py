@@ -29,7 +29,7 @@ NODE_SIDE_VARIABLES = {"RAY_HEAD_IP"}  # the only variable the launcher sets whe
 DASHBOARD_PORT = 8265
 DOCKERFILE = ROOT / "docker/Dockerfile"
 IMAGE_HF_HOME = re.search(r"HF_HOME=(\S+)", DOCKERFILE.read_text()).group(1)  # the image's model cache
-DEFAULT_STAGING = "/tmp/taskspec-staging"  # TASKSPEC_STAGING unset (orchestrator.storage, in a container)
+DEFAULT_STAGING = "/tmp/taskspec-staging"  # TASKSPEC_STAGING unset (common.storage, in a container)
 GPU_INSTANCE = re.compile(r"^[pg]\d")  # AWS's GPU instance families (P and G: p4d, p5, g5, g6e...)
 ACCOUNT = r"(\d{12}|ACCOUNT_ID)"  # an AWS account, or the placeholder users replace
 INSTANCE_PROFILE_ARN = re.compile(rf"^arn:aws:iam::{ACCOUNT}:instance-profile/[\w+=,.@/-]+$")

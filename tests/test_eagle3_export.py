@@ -20,10 +20,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from decoding.caches import cache_dir
-from decoding.verifiers import verifier_config
+from common.caches import cache_dir
+from common.verifiers import verifier_config
 from drafters.__main__ import main as drafters_main
-from drafters.atomic import atomic_dir
+from common.atomic import atomic_dir
 from drafters.data.templating import prompt_ids
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3, load_eagle3, save_eagle3
 from drafters.eagle3_loss import ttt_unroll

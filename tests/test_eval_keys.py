@@ -2,7 +2,7 @@
 to another directory or copied to a URI resumes without evaluating anything again."""
 import shutil
 
-from decoding.verifiers import resolve
+from common.verifiers import resolve
 from orchestrator.driver import Driver
 from orchestrator.grid import eval_cells, merge_cells, train_cells
 from orchestrator.profile import load_profile

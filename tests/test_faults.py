@@ -184,7 +184,7 @@ def test_ray_train_restarts_after_a_crash_and_resumes_from_the_step_checkpoint_a
     import shutil
 
     from drafters.checkpoint import load_checkpoint
-    from orchestrator import storage
+    from common import storage
     from workers.train_worker import run_training
 
     root, caches = features

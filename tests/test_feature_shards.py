@@ -4,7 +4,7 @@ through a bounded node cache (drafters/features.py, drafters/shards.py, workers/
 Fast and CPU-only: synthetic feature examples (the shard layout is what is checked, not the
 verifier's numbers; tests/test_multinode.py extracts with the real verifier and trains on two
 nodes over S3). The store "at a URI" here is a file:// URI, read and written through
-orchestrator.storage as an s3:// one is."""
+common.storage as an s3:// one is."""
 from __future__ import annotations
 
 import contextlib
@@ -20,7 +20,7 @@ from drafters.features import (FeatureExample, FeatureStore, StreamingFeatureSto
                                plan_shards, reading_through, shard_tokens_for, token_bytes)
 from drafters.data.templating import TokenizedExample
 from drafters.trainer import TrainConfig, batches, schedule_steps
-from orchestrator import storage
+from common import storage
 from workers.artifacts import RemoteDir, localize_data
 from workers.shard_cache import ShardCache, budget_bytes
 

@@ -99,9 +99,9 @@ def test_the_decode_path_runs_on_the_lowest_supported_transformers(tmp_path):
     """decoding/compat.py's lower bound, in a scratch environment: transformers at TRANSFORMERS[0] (with
     the dependencies it asks for) ahead of the project's pin on PYTHONPATH, Ray and DeepSpeed absent;
     the dry check learns, decodes every strategy equal to ``generate`` and packs, as on the pin."""
-    from decoding.caches import cache_dir
+    from common.caches import cache_dir
     from decoding.compat import TRANSFORMERS
-    from drafters.atomic import atomic_dir
+    from common.atomic import atomic_dir
 
     site = cache_dir() / f"site-transformers-{TRANSFORMERS[0]}"
     if not (site / "transformers").is_dir():

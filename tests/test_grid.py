@@ -120,12 +120,12 @@ def readme_run(tmp_path_factory):
     home = tmp / "home"
     home.mkdir()
     ray_tmp = _private_tmp()
-    from decoding.caches import cache_dir
+    from common.caches import cache_dir
     from drafters.trainer import jit_build_dir
 
     # no RAY_* setting of ours reaches the commands (RAY_DASHBOARD_STARTUP_TIMEOUT_S excepted: a
     # loaded machine may need a longer wait); the machine's caches (matmul tuning, verify costs,
-    # the verifier's de-quantized copy: decoding/caches.py; DeepSpeed's JIT-built ops) stay the
+    # the verifier's de-quantized copy: common/caches.py; DeepSpeed's JIT-built ops) stay the
     # machine's, so the isolated HOME does not redo them
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_DASHBOARD_STARTUP_TIMEOUT_S"}
     ops = os.environ.get("TORCH_EXTENSIONS_DIR") or str(jit_build_dir())  # this environment's, as in-process

@@ -1,5 +1,5 @@
 """The verifier's tree passes on accelerators fold grouped query heads into the query length instead of
-copying key/value heads (decoding/grouped_attention.py): the same logits as transformers' SDPA path, and
+copying key/value heads (common/grouped_attention.py): the same logits as transformers' SDPA path, and
 SDPA sees equal head counts and no ``enable_gqa``."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from decoding import grouped_attention
+from common import grouped_attention
 from decoding.tree import chain_tree
 from decoding.verifier_pass import new_cache, prefill, tree_forward
 

@@ -14,7 +14,8 @@ import torch
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import load_proposers
 from decoding.tree import TreeConfig
-from decoding.verifiers import compare_greedy, eos_token_ids, load_verifier, resolve
+from common.verifiers import compare_greedy, eos_token_ids, resolve
+from decoding.verifiers import load_verifier
 from drafters.data.sources import load_benchmark
 from drafters.data.templating import benchmark_prompt_ids
 from drafters.trainer import TrainConfig, train

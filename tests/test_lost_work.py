@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import storage
-from orchestrator.fetch_cache import FetchCache, tree_bytes
+from common import storage
+from common.fetch_cache import FetchCache, tree_bytes
 from orchestrator.profile import load_profile
 from orchestrator.rates import estimated, optimizer_step_seconds
 from tests.conftest import VERIFIER
@@ -156,7 +156,7 @@ def test_a_checkpoint_another_actor_is_loading_is_not_pruned(tmp_path, monkeypat
     refs = _checkpoints(tmp_path, 21)
     held, others = refs[0], refs[1:]
     code = textwrap.dedent(f"""
-        from orchestrator.fetch_cache import FetchCache
+        from common.fetch_cache import FetchCache
         cache = FetchCache(1)
         for ref in {others!r}:
             with cache.use(ref):

@@ -127,7 +127,8 @@ def test_the_studys_routers_and_the_new_strategies_as_cells():
     (mixed, math, chat); cells at the defaults keep the keys they had before the new fields."""
     import dataclasses
 
-    from orchestrator.grid import KEY_DEFAULTS, key_of
+    from orchestrator.grid import KEY_DEFAULTS
+    from orchestrator.keys import key_of
 
     p = load_profile("paper")
     cells = [c for c in eval_cells(p) if c.backbone == "hass" and c.benchmark == "gsm8k" and c.temperature == 0.0]

@@ -147,7 +147,8 @@ def test_per_backbone_train_settings_reach_only_their_backbones_drafters(tmp_pat
     """train.per_backbone: the paper profile warms HASS up as the study's code does (1% of its steps),
     EAGLE-2 for 2,000 steps; each drafter's TrainConfig and unit key carry its own backbone's values,
     and a profile without per_backbone keeps the keys runs had before."""
-    from orchestrator.driver import Driver, _train_key_settings
+    from orchestrator.driver import Driver
+    from orchestrator.keys import train_key_settings as _train_key_settings
     from orchestrator.grid import train_cells
 
     p = load_profile("paper")

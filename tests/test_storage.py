@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import storage
+from common import storage
 
 
 @pytest.fixture
@@ -106,7 +106,7 @@ def test_object_store_transfer_path_round_trips(tmp_path):
 
 
 def test_atomic_file_leaves_the_old_file_on_error_and_no_temp_behind(tmp_path):
-    from drafters.atomic import atomic_file, write_text_atomic
+    from common.atomic import atomic_file, write_text_atomic
 
     out = tmp_path / "sub" / "x.json"
     write_text_atomic(out, "old")

@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from decoding.verifiers import known_verifiers, resolve
+from common.verifiers import known_verifiers, resolve
 from drafters.data.sources import load_corpus
 from drafters.data.templating import benchmark_prompt_ids, tokenize_conversation
 
@@ -118,7 +118,7 @@ def test_a_local_verifier_loads_straight_to_its_device(tmp_path, monkeypatch):
     assert seen == ["cpu"]
     assert model.dtype == torch.bfloat16 and model.device.type == "cpu"
     # no dtype asked: on an accelerator the dtype the weights were saved in, on a CPU float32
-    from decoding.verifiers import _dtype
+    from common.verifiers import _dtype
 
     model.to(torch.bfloat16).save_pretrained(tmp_path / "bf16")
     assert _dtype(None, resolve(str(tmp_path / "bf16")), "cuda") == torch.bfloat16

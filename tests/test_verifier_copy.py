@@ -1,4 +1,4 @@
-"""The GGUF verifier's de-quantized copy (decoding/verifier_copy.py) is the GGUF model: the same
+"""The GGUF verifier's de-quantized copy (common/verifier_copy.py) is the GGUF model: the same
 weights bit for bit (float32, and bfloat16 after the cast), config, generation config and
 tokenizer (real benchmark prompts through the chat template); a broken copy is never used."""
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from decoding import caches
-from decoding.verifier_copy import FILES, copy_dir, load_copy, save_copy
-from decoding.verifiers import SMOLLM2_GGUF, resolve
+from common import caches
+from common.verifier_copy import FILES, copy_dir, load_copy, save_copy
+from common.verifiers import SMOLLM2_GGUF, resolve
 from drafters.data.sources import load_benchmark
 from drafters.data.templating import benchmark_prompt_ids
 
@@ -106,7 +106,7 @@ def test_the_verifiers_config_is_the_parsed_one_and_read_from_the_copy(verifier,
     import transformers.integrations.gguf as hf_gguf
     from transformers import AutoConfig
 
-    from decoding.verifiers import verifier_config
+    from common.verifiers import verifier_config
 
     src = resolve("smollm2-135m-instruct")
     parsed = AutoConfig.from_pretrained(src.path, gguf_file=src.gguf_file).to_dict()

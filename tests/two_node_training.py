@@ -23,10 +23,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, f
 
 import ray  # noqa: E402
 
-from decoding.verifiers import eos_token_ids, load_verifier  # noqa: E402
+from common.verifiers import eos_token_ids  # noqa: E402
+
+from decoding.verifiers import load_verifier
 from drafters.trainer import TrainConfig
 from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
-from orchestrator import storage
+from common import storage
 from workers.train_worker import run_training
 
 VERIFIER = "smollm2-135m-instruct"

@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 from drafters.checkpoint import checkpoint_position, latest_checkpoint, stale_checkpoints
-from orchestrator import storage
+from common import storage
 
 SHARD_TOKENS_ENV = "TASKSPEC_FEATURE_SHARD_TOKENS"  # tokens per feature shard (default: about 1 GiB a shard)
 

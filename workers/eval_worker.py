@@ -45,8 +45,10 @@ class EvalWorker:
                  checkpoint_disk_gb: float = 20.0):
         import torch
 
-        from decoding.verifiers import eos_token_ids, load_verifier, resolve
-        from orchestrator.fetch_cache import FetchCache
+        from common.verifiers import eos_token_ids, resolve
+
+        from decoding.verifiers import load_verifier
+        from common.fetch_cache import FetchCache
 
         torch.set_num_threads(max(1, threads))
         self.device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -26,8 +26,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from drafters.atomic import write_text_atomic
-from orchestrator import storage
+from common.atomic import write_text_atomic
+from common import storage
 
 ENV = "TASKSPEC_FEATURE_CACHE_GB"
 DEFAULT_GB = 100.0

@@ -60,7 +60,7 @@ def run_sweep(configs: dict, storage_path: str, resources: dict, max_concurrent:
     tracking). Returns Tune's ResultGrid."""
     from ray import tune
 
-    from orchestrator.storage import is_uri, join
+    from common.storage import is_uri, join
 
     name = f"train-sweep-{sweep_id(configs, resources)}"
     if not is_uri(storage_path):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from ..caches import cache_dir
+from common.caches import cache_dir
 from .packed import PackedCopies
 
 SOURCE = Path(__file__).with_name("csrc") / "smallm.c"

@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import timing
-from ..caches import add_to_json_cache, cache_dir, load_json_cache
+from common.caches import add_to_json_cache, cache_dir, load_json_cache
 from . import kernel as cpu_kernel
 from . import onednn
 

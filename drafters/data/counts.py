@@ -13,7 +13,9 @@ import json
 import os
 from pathlib import Path
 
-from ..atomic import write_text_atomic
+from common.atomic import write_text_atomic
+from common.caches import cache_dir
+
 from .jsonstream import iter_json_array
 
 CACHE_FILE = "record_counts.json"
@@ -21,7 +23,7 @@ _MEMO: dict[str, int] = {}
 
 
 def _cache_path() -> Path:
-    return Path(os.environ.get("TASKSPEC_CACHE", Path.home() / ".cache" / "taskspec")) / CACHE_FILE
+    return cache_dir() / CACHE_FILE
 
 
 def _key(path: Path) -> str:

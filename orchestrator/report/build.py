@@ -7,7 +7,7 @@ from pathlib import Path
 
 import polars as pl
 
-from drafters.atomic import atomic_file, write_text_atomic
+from common.atomic import atomic_file, write_text_atomic
 
 from ..manifest import read_manifest
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from drafters.atomic import atomic_dir
+from .atomic import atomic_dir
 
 from .caches import cache_dir
 

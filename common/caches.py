@@ -1,12 +1,12 @@
-"""The measurement caches decoding keeps per machine, in one directory, and a way to see and clear them.
+"""The caches kept per machine (measurements, kernels, verifier copies), in one directory, and a way to see and clear them.
 
 ``$TASKSPEC_CACHE`` (default ``~/.cache/taskspec``) holds ``cpu_matmul.json`` (the CPU matmul
 tuner's choice per weight shape and row count, decoding/cpu/matmul.py), ``verify_cost.json``
 (tree auto's verifier pass costs, decoding/autotree.py), ``kernels/`` (the thin-GEMM kernel
 built for this CPU, decoding/cpu/kernel.py) and ``verifiers/`` (a GGUF verifier's de-quantized
-copy, decoding/verifier_copy.py). Keys name the machine, the device type, the dtype
+copy, common/verifier_copy.py). Keys name the machine, the device type, the dtype
 and (for verify costs) the verifier. ``python -m decoding cache show|clear|warm`` prints, removes or
-fills them.
+fills them (warm: decoding/cpu/warm.py).
 """
 from __future__ import annotations
 
@@ -14,10 +14,9 @@ import fcntl
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
-from drafters.atomic import write_text_atomic
+from .atomic import write_text_atomic
 
 
 def cache_dir() -> Path:
@@ -85,37 +84,3 @@ def clear(root: Path | None = None) -> list[str]:
             shutil.rmtree(root / sub)
             gone.append(f"{sub}/")
     return gone
-
-
-def warm(verifier: str, threads: list[int], dtypes: list[str]) -> int:
-    """Fill this machine's caches for a verifier before work that runs many processes at once:
-    the de-quantized copy, the kernel, and the matmul tables per thread count and dtype, timed
-    now, on quiet cores (timings taken while other processes hold the cores are never cached, so
-    a busy test suite or grid would time them again in every process)."""
-    import torch
-
-    from .cpu import matmul as cpu_matmul  # (imports this module: lazily)
-    from .verifiers import load_verifier
-
-    bad = [d for d in dtypes if d not in ("float32", "bfloat16", "float16")]
-    if bad:
-        raise ValueError(f"--dtypes: unknown dtype(s) {bad}; use float32, bfloat16 or float16")
-    for dtype in dtypes:
-        for n in threads:
-            torch.set_num_threads(n)
-            t = time.time()
-            model, _ = load_verifier(verifier, dtype=dtype, matmul_forms=False)
-            before = _keys(cpu_matmul.CACHE, n, model.dtype)
-            # the tables alone: the model (shared by this process's other training-style loads) keeps
-            # its plain forward
-            shapes = len({cpu_matmul.table_for(m.weight)[0] for m in model.modules()
-                          if isinstance(m, torch.nn.Linear)})
-            added = len(_keys(cpu_matmul.CACHE, n, model.dtype) - before)
-            print(f"[cache warm] {verifier} {dtype}, {n} thread(s): {shapes} weight shape(s), {added} newly "
-                  f"timed and cached, {time.time() - t:.0f}s", flush=True)
-    return 0
-
-
-def _keys(path: Path, threads: int, dtype) -> set[str]:
-    """The matmul tables cached for one thread count and dtype (another process may be adding others)."""
-    return {k for k in load_json_cache(path) if f"|threads={threads}|" in k and k.endswith(str(dtype))}

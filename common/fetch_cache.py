@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from drafters.atomic import write_text_atomic
+from .atomic import write_text_atomic
 
 from . import storage
 

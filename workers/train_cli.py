@@ -4,16 +4,17 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .config import BACKBONES
+from drafters.config import BACKBONES
 
 
 def _train(args) -> None:
     if args.backbone == "eagle3" and args.loss_mask != "next":  # before the verifier loads
         raise SystemExit(f"--backbone eagle3 trains with --loss-mask next only, got {args.loss_mask!r}")
-    from decoding.verifiers import eos_token_ids, load_verifier, resolve
+    from common.verifiers import eos_token_ids, resolve
+    from decoding.verifiers import load_verifier
 
-    from .trainer import TrainConfig
-    from .variants import DataSpec, ensure_features, heldout_data, variant_data
+    from drafters.trainer import TrainConfig
+    from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
 
     name = resolve(args.verifier).name
     spec = DataSpec(n=args.n, heldout=args.heldout, max_length=args.max_length, seed=args.data_seed,
@@ -24,15 +25,15 @@ def _train(args) -> None:
     corpora = {"math": ["mathinstruct"], "chat": ["sharegpt"]}.get(args.variant, ["mathinstruct", "sharegpt"])
     aux = None
     if args.backbone == "eagle3":  # its caches hold the aux layers' hidden states (their own keys)
-        from .eagle3 import default_aux_layers
+        from drafters.eagle3 import default_aux_layers
 
         aux = default_aux_layers(model.config.num_hidden_layers)
     caches = {c: ensure_features(model, tok, eos, name, c, spec, features, aux_layers=aux,
                                  progress=lambda s, d, t: print(f"[{s}] {d}/{t}", flush=True)) for c in corpora}
     vocab = None
     if args.draft_vocab:  # one file per (verifier, data spec, size): every variant trained with it shares it
-        from .variants import build_vocab
-        from .vocab import save_vocab
+        from drafters.variants import build_vocab
+        from drafters.vocab import save_vocab
 
         vocab = Path(features) / f"vocab-{name}-n{spec.n}-len{spec.max_length}-s{spec.seed}-{args.draft_vocab}.safetensors"
         if not vocab.is_file():
@@ -47,7 +48,7 @@ def _train(args) -> None:
         zero_stage=args.zero_stage, loss_mask=args.loss_mask, precision=args.precision,
     )
     if args.no_ray:
-        from .trainer import train
+        from drafters.trainer import train
 
         final = train(cfg, model)
     else:
@@ -65,7 +66,7 @@ def _train(args) -> None:
 
 
 def _merge(args) -> None:
-    from .merge import merge_checkpoints
+    from drafters.merge import merge_checkpoints
 
     out = merge_checkpoints(args.kind, args.checkpoints, args.out, lam=args.lam, base=args.base,
                             alpha=args.alpha, density=args.density)

@@ -1,0 +1,2 @@
+"""The bottom layer every room uses: storage URIs and the node fetch cache, atomic writes, the
+machine cache directory, dtype names, and the verifier registry and loader."""

@@ -1,0 +1,56 @@
+"""Unit keys are what let a run resume: every key the driver would write for the shipped profiles is
+the key the driver wrote at 7b1ea68 (tests/data/unit_keys_7b1ea68.json, computed there by the same
+walk), so a run started before the redesign resumes after it with every finished unit skipped."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from common.verifiers import resolve
+from orchestrator import keys
+from orchestrator.driver import Driver
+from orchestrator.grid import corpora, merge_cells, train_cells
+from orchestrator.profile import load_profile
+
+FIXTURE = Path(__file__).parent / "data" / "unit_keys_7b1ea68.json"
+
+
+def planned_keys(name: str, output: str) -> dict:
+    """{unit: key} for every unit of a shipped profile, the drafters' keys chained as the stages do."""
+    d = Driver(load_profile(name), output)
+    verifier, p = resolve(d.p.verifier).name, d.p
+    d.verifier_name = verifier  # (set by Driver.run's preflight)
+    try:
+        aux = "eagle3" in p.train.backbones
+        out = {f"features:{c}": keys.features_key(p, verifier, c, aux) for c in corpora(p)}
+        if p.train.draft_vocab is not None:
+            out["vocab"] = keys.vocab_key(p, verifier, corpora(p))
+        for c in train_cells(p):
+            out[f"train:{c.name}"] = d.ckpt_keys[c.name] = keys.train_key(p, verifier, c.backbone, c.variant)
+        for m in merge_cells(p):
+            sources = [d.ckpt_keys.get(f"{m.backbone}-{v}") for v in ("math", "chat")]
+            out[f"merge:{m.name}"] = d.ckpt_keys[m.name] = keys.merge_key(p, m.kind, m.lam, sources)
+        names = [c.name for c in train_cells(p)] + [m.name for m in merge_cells(p)]
+        ckpts = {n: d.ref(f"checkpoints/{n}/final") for n in names}
+        for cell, shard, ks, _ in d._eval_units(ckpts):
+            out[f"eval:{cell.key}:{shard[0].id}"] = ks[0]
+        return out
+    finally:
+        d.lease.release()
+
+
+@pytest.mark.parametrize("name", ["smoke", "demo", "cpu-study", "paper"])
+def test_unit_keys_are_the_keys_runs_wrote_at_7b1ea68(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("TASKSPEC_STAGING", str(tmp_path / "staging"))
+    want = json.loads(FIXTURE.read_text())[name]
+    got = planned_keys(name, str(tmp_path / "run"))
+    if name != "paper":
+        assert got == want
+        return
+    assert {k: v for k, v in got.items() if not k.startswith("eval:")} == want["not_eval"]
+    items = sorted(got.items())
+    assert len(items) == want["count"]
+    assert hashlib.sha256(json.dumps(items).encode()).hexdigest() == want["sha256"]
