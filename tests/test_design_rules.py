@@ -1,0 +1,135 @@
+"""The layout's rules (docs/design.md), kept by reading the source: imports point down the layers,
+no import circles, no module over 500 lines and no function over 60 (the exceptions listed here,
+each with its reason)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# bottom to top: a room imports only its own modules and the rooms below it
+LAYERS = ("common", "drafters", "decoding", "workers", "orchestrator", "experiments")
+MAX_MODULE_LINES = 500
+MAX_FUNCTION_LINES = 60
+# entry points sit above every room: `python -m drafters train` launches Ray Train (workers/), and
+# nothing imports an entry point
+ENTRY_POINTS = {"drafters.__main__", "decoding.__main__"}
+LONG_FUNCTIONS: dict[str, str] = {  # "module:function" -> why it stays longer than 60 lines
+}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for room in LAYERS:
+        for path in sorted((ROOT / room).rglob("*.py")):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules ``name`` imports, at module level or inside functions."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t and t not in modules:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_imports_point_down_the_layers():
+    rank = {room: i for i, room in enumerate(LAYERS)}
+    up = [f"{a} -> {b}" for a, targets in _graph().items() if a not in ENTRY_POINTS
+          for b in sorted(targets) if rank[b.split(".")[0]] > rank[a.split(".")[0]]]
+    assert not up, "imports pointing up a layer:\n" + "\n".join(sorted(up))
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(root: str) -> None:
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, children = work[-1]
+            w = next(children, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(graph.get(w, ())))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_circles():
+    circles = _circles(_graph())
+    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_finder_finds_one():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_module_over_500_lines():
+    long = {n: len(p.read_text().splitlines()) for n, p in _modules().items()}
+    over = {n: lines for n, lines in long.items() if lines > MAX_MODULE_LINES}
+    assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"
+
+
+def test_no_function_over_60_lines():
+    over = {}
+    for name, path in _modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                where = f"{name}:{node.name}"
+                if lines > MAX_FUNCTION_LINES and where not in LONG_FUNCTIONS:
+                    over[where] = lines
+    assert not over, f"functions over {MAX_FUNCTION_LINES} lines (split, or list with a reason): {over}"
+    modules = _modules()
+    stale = [w for w in LONG_FUNCTIONS if w.partition(":")[0] not in modules]
+    assert not stale, f"LONG_FUNCTIONS names modules that are gone: {stale}"
