@@ -13,37 +13,33 @@ import traceback
 import warnings
 from pathlib import Path
 
-import polars as pl
 import ray
 
+from common import storage
+from common.verifiers import resolve
 from decoding.runner import write_parquet_atomic
-from common.verifiers import eos_token_ids, resolve
-from decoding.verifiers import load_verifier
 from drafters.checkpoint import initial_of, save_any
-from drafters.eagle3 import default_aux_layers
 from drafters.data.sources import load_benchmark, subsample
-from drafters.features import extraction_device
 from drafters.merge import merge_checkpoints
 from drafters.trainer import TrainConfig
-from drafters.variants import DataSpec, build_vocab, ensure_features, heldout_data, online_selection, variant_data
-from drafters.vocab import save_vocab
-from workers import artifacts
-from workers.eval_worker import EvalWorker
+from drafters.variants import heldout_data, variant_data
+from workers import tasks
+from workers.relay import Relay
 from workers.tune_sweep import run_sweep
 
-from common import storage
 from . import keys as unit_keys
+from .cluster import cluster_nodes, eval_pool, machine, ray_init
+from .eval_pool import NoEvalActor
 from .grid import EvalCell, cell_prompts, eval_cells, merge_cells, pool_sizes, train_cells
-from .eval_pool import EvalPool, NoEvalActor
 from .grid import corpora as grid_corpora
 from .manifest import STAGES, Lease, Manifest
 from .preflight import check_cluster, check_train_resources, preflight
 from .profile import Profile, batch_plan, profile_dict
-from .progress import Progress, Relay, RelaySender, wait_relaying
-from .plan import Plan, derive, max_nodes
-from .rates import hardware, trial_order
-from .report.build import build_report, current_failures
-from .report.tables import KEYS as TABLE_KEYS
+from .progress import Progress, wait_relaying
+from .plan import Plan, derive
+from .rates import trial_order
+from .report.build import build_report
+from .summary import print_summary, track_summary
 from .tracking import Tracker
 
 PARTITIONS = ("backbone", "benchmark", "temperature")
@@ -60,109 +56,6 @@ def check_output_dir(out: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise PermissionError(f"output directory {out} is not writable: {e}") from e
-
-
-def _ray_init(p: Profile) -> None:
-    if ray.is_initialized():
-        return
-    env = {"TOKENIZERS_PARALLELISM": "false", "TASKSPEC_VERBOSE": os.environ.get("TASKSPEC_VERBOSE", "0")}
-    if env["TASKSPEC_VERBOSE"] != "1":  # transformers' GGUF loader draws a plain tqdm bar per process
-        env["TQDM_DISABLE"] = "1"
-    env.update(storage.endpoint_env())  # an S3-compatible endpoint set here reaches every worker
-    # quiet: workers' own output stays in Ray's log files (/tmp/ray/session_latest/logs, the dashboard);
-    # the console gets the driver's stage lines and summary. Failures reach the manifest and the report.
-    quiet = {} if env["TASKSPEC_VERBOSE"] == "1" else {"log_to_driver": False, "logging_level": "WARNING"}
-    if os.environ.get("RAY_ADDRESS"):  # inside `ray job submit` or a configured cluster
-        ray.init(address=os.environ["RAY_ADDRESS"], runtime_env={"env_vars": env}, **quiet)
-    else:  # TASKSPEC_METRICS_PORT: where the local head serves Prometheus metrics (default: a random port)
-        port = os.environ.get("TASKSPEC_METRICS_PORT")
-        extra = {"_metrics_export_port": int(port)} if port else {}
-        ray.init(dashboard_host="127.0.0.1", include_dashboard=True, runtime_env={"env_vars": env}, **quiet, **extra)
-
-
-def _features_task(verifier, dtype, corpus, spec_dict, root, online=False, relay=None, aux=False):
-    """Extract one corpus's caches under ``root`` (a path or URI), on the task's GPU when it holds
-    one (in the profile's dtype), else on the CPU. With a URI the remote copy is the truth: a cache
-    whose manifest is there is done; else its shards are computed and uploaded one by one (local
-    disk: about two shards), those already there skipped. Progress goes to the worker log and,
-    through ``relay``, to the driver log once a minute. ``aux``: the caches also hold EAGLE-3's
-    layers (the reference's three; EAGLE-2/HASS read the rest of them)."""
-    if online:  # fix the selection here; features are computed later, inside training
-        model, tok = load_verifier(verifier, dtype=dtype)
-        return online_selection(tok, eos_token_ids(model, tok), corpus, DataSpec(**spec_dict))
-    import torch
-
-    device = extraction_device(ray.get_gpu_ids(), torch.cuda.is_available())
-    model, tok = load_verifier(verifier, dtype=dtype, device=device)
-    t0, started, last, sender = time.time(), {}, [time.time()], RelaySender(relay, corpus)
-
-    def progress(what: str, done: int, total: int) -> None:  # worker log (dashboard) and the driver log
-        now = time.time()
-        t = started.setdefault(what, last[0])  # a sub-stage starts when the one before it last reported
-        last[0] = now
-        eta = (now - t) / done * (total - done) if done else float("nan")
-        line = f"{what}: {done}/{total}, elapsed {now - t0:.0f}s, ETA {eta:.0f}s"
-        print(f"[features {corpus}] {line}", flush=True)
-        sender.send(line)
-
-    aux_layers = default_aux_layers(model.config.num_hidden_layers) if aux else None
-    print(f"[features {corpus}] verifier on {device} in {model.dtype}", flush=True)
-    return ensure_features(model, tok, eos_token_ids(model, tok), resolve(verifier).name, corpus, DataSpec(**spec_dict),
-                           str(storage.node_cache(root)), progress=progress, aux_layers=aux_layers,
-                           store_for=artifacts.feature_stores(root, model, aux_layers))
-
-
-def _initial_task(verifier, dtype, src):
-    """(model, config): the initial drafter that the trained checkpoint ``src`` (a path or URI)
-    started from, built where the verifier loads (an EAGLE-3 init holds its LM-head rows)."""
-    model, _ = load_verifier(verifier, dtype=dtype)
-    return initial_of(storage.fetch(src), model.get_output_embeddings().weight)
-
-
-def _vocab_task(verifier, dtype, corpora, spec_dict, size, dest):
-    """The reduced draft vocabulary of the run (every backbone trains on these corpora), written
-    next to the features and published to ``dest`` (a path or URI)."""
-    model, tok = load_verifier(verifier, dtype=dtype)
-    ids, stats = build_vocab(tok, eos_token_ids(model, tok), corpora, DataSpec(**spec_dict), size, model.config.vocab_size)
-    local = storage.node_cache(dest) if storage.is_uri(dest) else Path(dest)
-    save_vocab(ids, local, stats)
-    storage.publish(local, dest)
-    return stats
-
-
-def _machine() -> str:
-    """What the stage times were measured on: the driver's host and the Ray cluster's totals."""
-    res = ray.cluster_resources()
-    kinds = sorted(k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:"))
-    gpus = f" {res.get('GPU', 0):g} GPU" + (f" ({', '.join(kinds)})" if kinds else "")
-    return f"driver {hardware()}; cluster {len(ray.nodes())} node(s), {res.get('CPU', 0):g} CPU,{gpus}"
-
-
-def cluster_nodes() -> tuple[list[dict], str]:
-    """(per-node resources, where they come from) that the plan is derived from: the autoscaler's
-    maximum when it publishes a cluster config (the alive nodes plus what each node group's
-    max_count can still add, orchestrator.plan.max_nodes), else the alive nodes."""
-    from ray._private.state import state
-
-    alive = [dict(n.get("Resources") or {}) for n in ray.nodes() if n["Alive"]]
-    try:
-        config = state.get_cluster_config()
-    except Exception:  # noqa: BLE001 - an older Ray or no GCS entry: the cluster as it is
-        config = None
-    groups = [(dict(g.resources), g.max_count) for g in (config.node_group_configs if config else [])]
-    if not groups:
-        return alive, f"the Ray cluster as it is now ({len(alive)} node(s); no autoscaler config)"
-    nodes, notes = max_nodes(alive, groups)
-    return nodes, f"the autoscaler's maximum ({len(nodes)} node(s))" + "".join(f"; {n}" for n in notes)
-
-
-def eval_pool(p: Profile, n: int, log=print, worker=EvalWorker) -> EvalPool:
-    """``n`` evaluation actors with ``p``'s resources.eval: a fractional num_gpus packs several onto
-    one GPU (Ray places 1/num_gpus per GPU), each with num_cpus CPUs (its torch threads)."""
-    r = p.resources.eval
-    cls = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=-1, max_task_retries=0)(worker)
-    args = (p.verifier, p.verifier_dtype, max(1, int(r.num_cpus)), r.drafter_cache_gb, r.checkpoint_disk_gb)
-    return EvalPool(lambda name: cls.options(name=name).remote(*args), n, log=log)
 
 
 class Driver:
@@ -255,18 +148,18 @@ class Driver:
         (self.out / "profile.json").write_text(json.dumps(profile_dict(self.p), indent=1, default=str))
         if self.force:  # the forgotten units are forgotten at the URI too (a crash from here redoes them)
             self._sync()
-        _ray_init(self.p)
+        ray_init(self.p)
         check_cluster(self.p, local_output=self.uri is None)  # (PreflightError)
-        self.machine = _machine()
+        self.machine = machine()
         self.plan = self._plan(len(train_cells(self.p)), None, quiet=False)
         caches = self._timed("features", self.stage_features)
         ckpts = self._timed("train", self.stage_train, caches)
         ckpts.update(self._timed("merge", self.stage_merge, ckpts))
         summary = self._timed("eval", self.stage_eval, ckpts)
         self._timed("report", self.stage_report)
-        self._track()
+        track_summary(self.tracker, self.p, self.out, self.stage_seconds)
         print("stage wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in self.stage_seconds.items()))
-        self.print_summary()
+        print_summary(self.manifest, self.out)
         if not os.environ.get("RAY_ADDRESS"):
             ray.shutdown()
         return summary
@@ -302,7 +195,7 @@ class Driver:
                     if sub.startswith(f"{c}-"):
                         storage.remove(storage.join(root, sub))
             r = self.p.resources.features
-            task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(_features_task)
+            task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(tasks.features_task)
             relay = relay or Relay.options(name=f"progress-relay:{os.getpid()}").remote()
             online = self.p.data.feature_mode == "online"
             pending[c] = (key, task.options(name=f"features:{c}").remote(
@@ -329,7 +222,7 @@ class Driver:
         if self.manifest.done(key):
             return self.ref(rel)
         r = self.p.resources.features
-        task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(_vocab_task)
+        task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(tasks.vocab_task)
         stats = ray.get(task.options(name="features:draft-vocab").remote(
             self.p.verifier, self.p.verifier_dtype, corpora, self._data_spec(), size, self.ref(rel)))
         self.manifest.record(key, "features", "draft-vocab", "done", files=[rel], vocab=stats)
@@ -441,7 +334,7 @@ class Driver:
             if backbone == "eagle3":  # its init holds the verifier's head rows: built where the verifier loads
                 r = self.p.resources.features
                 task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)
-                model, cfg = ray.get(task(_initial_task).options(name=f"merge:{backbone}-init").remote(
+                model, cfg = ray.get(task(tasks.initial_task).options(name=f"merge:{backbone}-init").remote(
                     self.p.verifier, self.p.verifier_dtype, src))
             else:
                 model, cfg = initial_of(storage.fetch(src))
@@ -562,48 +455,6 @@ class Driver:
             prog.step(f"{cell.label} tau={tau:.2f}", acceptance=tau, cell=cell.label)
         pool.close()
         return {"eval_units": len(units)}
-
-    def print_summary(self) -> None:
-        """The last lines on screen: failures, the headline numbers, where the report is."""
-        failed = current_failures(self.manifest.cells(), self.manifest.data.get("plan"))
-        print(f"summary: {len(failed)} failed unit(s)" + "".join(f"\n  FAILED {c['stage']}: {c['name']}" for c in failed[:5])
-              + ("\n  ..." if len(failed) > 5 else ""))
-        tables = self.out / "report" / "tables"
-        try:
-            t1 = pl.read_parquet(tables / "table1_acceptance.parquet")
-            sp = pl.read_parquet(tables / "speed.parquet")
-        except (OSError, pl.exceptions.PolarsError):
-            return
-        for (bb, t), g in sorted(t1.filter(pl.col("method") != "autoregressive").group_by(["backbone", "temperature"]),
-                                 key=lambda kv: (str(kv[0][0]), kv[0][1])):
-            best = (g.group_by("method").agg(pl.col("tau").mean())
-                    .sort(["tau", "method"], descending=[True, False]).head(3))  # ties: by name, not hash order
-            fast = (sp.filter((pl.col("backbone") == bb) & (pl.col("temperature") == t)).group_by("method")
-                    .agg(pl.col("speedup").mean()).drop_nulls("speedup").sort("speedup", descending=True).head(1))
-            print(f"  {bb} T={t:g}: best tau " + ", ".join(f"{m} {v:.2f}" for m, v in best.iter_rows())
-                  + ("" if fast.is_empty() else f"; fastest {fast[0, 0]} {fast[0, 1]:.2f}x {sp['baseline'][0]}"))
-
-    def _track(self) -> None:
-        """The summary run in the tracker: the profile, tau and speedup per eval cell, the report."""
-        if self.tracker.backend == "none":
-            return
-        tables, cells = self.out / "report" / "tables", []
-        try:
-            t1 = pl.read_parquet(tables / "table1_acceptance.parquet")
-            sp = pl.read_parquet(tables / "speed.parquet").select(*TABLE_KEYS, "speedup")
-            rows = t1.join(sp, on=TABLE_KEYS, how="left").iter_rows(named=True)
-        except (OSError, pl.exceptions.PolarsError):
-            rows = []
-        for r in rows:
-            cells.append({"name": f"{r['backbone']}.{r['method']}.{r['benchmark']}.T{r['temperature']:g}",
-                          "tau": r["tau"], "speedup": r.get("speedup")})
-        try:
-            self.tracker.log_run(profile_dict(self.p), cells, self.stage_seconds, self.out / "report")
-            self.tracker.publish()
-            where = f"{self.tracker.uri} (and {self.tracker.remote})" if self.tracker.remote else self.tracker.uri
-            print(f"tracking: {self.tracker.backend} run '{self.p.name}-summary' in {where}")
-        except Exception as e:  # noqa: BLE001 - the results on disk stand; say the tracker did not get them
-            print(f"tracking: {self.tracker.backend} failed ({type(e).__name__}: {e}); results are on disk")
 
     # ------------------------------------------------------------------ 5. report
     def stage_report(self) -> None:

@@ -4,8 +4,6 @@ Pure Python (no torch, no Ray): the driver, the dry run and the tests all read t
 """
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import asdict, dataclass, field, replace
 
 from drafters.corpora import CORPORA, variant_corpora

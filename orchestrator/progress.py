@@ -1,8 +1,9 @@
 """Progress lines for the driver log (stage, done/total, ETA) and live Ray metrics.
 
 A long unit's own progress (a features task's examples done of its corpus) reaches the driver log
-through a ``Relay`` actor: the task sends its latest line at most every ``RELAY_EVERY_S`` seconds,
-the driver prints what arrived while it waits for the unit.
+through a ``Relay`` actor (workers/relay.py): the task sends its latest line at most every
+``RELAY_EVERY_S`` seconds, the driver prints what arrived while it waits for the unit
+(``wait_relaying``).
 
 Metrics (exported by Ray's metrics agent in Prometheus format, with Ray's ``ray_`` prefix and, for
 counters, the ``_total`` suffix): ``ray_taskspec_units_done_total{stage}`` (finished units per
@@ -15,7 +16,7 @@ import time
 
 import ray
 
-RELAY_EVERY_S = 60.0
+from workers.relay import RELAY_EVERY_S
 
 
 class Progress:
@@ -52,39 +53,6 @@ class Progress:
             except Exception as e:  # noqa: BLE001 - say so once; progress lines and results are unaffected
                 self.log(f"Ray metrics disabled for this stage: {type(e).__name__}: {e}")
                 self._metrics = None
-
-
-@ray.remote(num_cpus=0)
-class Relay:
-    """The latest progress line of each running unit, kept until the driver reads it."""
-
-    def __init__(self):
-        self.lines: dict[str, str] = {}
-
-    def put(self, unit: str, line: str) -> None:
-        self.lines[unit] = line
-
-    def take(self) -> dict[str, str]:
-        out, self.lines = self.lines, {}
-        return out
-
-
-class RelaySender:
-    """A task's side: ``send(line)`` forwards at most one line per ``every`` seconds (never blocks;
-    a relay that is gone is ignored: progress lines are not results)."""
-
-    def __init__(self, relay, unit: str, every: float = RELAY_EVERY_S):
-        self.relay, self.unit, self.every, self.last = relay, unit, every, 0.0
-
-    def send(self, line: str) -> None:
-        now = time.time()
-        if self.relay is None or now - self.last < self.every:
-            return
-        self.last = now
-        try:
-            self.relay.put.remote(self.unit, line)
-        except Exception:  # noqa: BLE001 - the relay died: the unit goes on without it
-            self.relay = None
 
 
 def wait_relaying(ref, relay, prog: Progress, every: float = RELAY_EVERY_S):

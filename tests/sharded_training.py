@@ -4,7 +4,7 @@
 
 Run by tests/test_multinode.py against the Ray cluster at RAY_ADDRESS (a head and two 1-CPU worker
 nodes, each its own staging dir), in its own process so that the test bounds it with a timeout.
-The grid's features task (orchestrator.driver._features_task, as a Ray task on a worker node)
+The grid's features task (workers.tasks.features_task, as a Ray task on a worker node)
 extracts MathInstruct with the real verifier into many small shards (TASKSPEC_FEATURE_SHARD_TOKENS),
 each uploaded as it is finished; then one Ray Train run with a worker on each node trains a HASS
 drafter for two epochs (DeepSpeed ZeRO-1, gloo) from the URI, every rank through its node's shard
@@ -25,7 +25,7 @@ import ray  # noqa: E402
 from drafters.trainer import TrainConfig  # noqa: E402
 from drafters.variants import DataSpec, heldout_data, variant_data  # noqa: E402
 from common import storage  # noqa: E402
-from orchestrator.driver import _features_task  # noqa: E402
+from workers.tasks import features_task as _features_task  # noqa: E402
 from workers.train_worker import run_training  # noqa: E402
 
 VERIFIER = "smollm2-135m-instruct"

@@ -54,7 +54,7 @@ def one_gpu_ray(tmp_path):
 @pytest.mark.full  # breadth: tests/test_rehearsal.py's paper rehearsal packs eval actors too (make test-full)
 def test_four_actors_share_one_gpu_through_the_drivers_pool(one_gpu_ray, random_drafter_dirs):
     from drafters.data.sources import load_benchmark
-    from orchestrator.driver import cluster_nodes, eval_pool
+    from orchestrator.cluster import cluster_nodes, eval_pool
     from orchestrator.plan import derive
 
     ray = one_gpu_ray

@@ -288,7 +288,7 @@ def test_actors_that_never_start_end_the_pool_with_the_error_not_a_hang(local_ra
 
 
 def _long_unit(relay, every):
-    from orchestrator.progress import RelaySender
+    from workers.relay import RelaySender
 
     sender = RelaySender(relay, "mathinstruct", every=every)
     for i in range(1, 9):  # ~5 s: lines keep coming on a loaded machine too
@@ -303,7 +303,8 @@ def test_a_long_units_own_progress_reaches_the_driver_log_and_a_dead_relay_loses
     (through the Relay actor); with the relay killed the task and the wait still give the result."""
     import io
 
-    from orchestrator.progress import Progress, Relay, wait_relaying
+    from orchestrator.progress import Progress, wait_relaying
+    from workers.relay import Relay
 
     ray = local_ray[0]
     task = ray.remote(num_cpus=0)(_long_unit)

@@ -71,7 +71,7 @@ def test_the_driver_reads_the_autoscalers_groups(monkeypatch):
     import ray
     from ray._private.state import state
 
-    from orchestrator.driver import cluster_nodes
+    from orchestrator.cluster import cluster_nodes
 
     monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": HEAD},
                                                {"Alive": False, "Resources": P4DE}])

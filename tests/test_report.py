@@ -353,15 +353,15 @@ def test_a_grid_without_the_autoregressive_cell_still_gets_its_report(tmp_path):
 def test_the_drivers_closing_summary_reads_a_run_without_a_baseline(tmp_path, capsys):
     """The driver's last lines (best τ, fastest method) on a run whose speed table has no speedups:
     it printed the fastest method's speedup as a number and died on None."""
-    from orchestrator.driver import Driver
-    from orchestrator.profile import load_profile
+    from orchestrator.manifest import Manifest
+    from orchestrator.summary import print_summary
 
     run = _make_run(tmp_path / "run")
     m = json.loads((run / "manifest.json").read_text())
     m["cells"] = {k: c for k, c in m["cells"].items() if "autoregressive" not in k}
     (run / "manifest.json").write_text(json.dumps(m))
     build_report(run)
-    Driver(load_profile("smoke"), str(run)).print_summary()
+    print_summary(Manifest(run / "manifest.json"), run)
     out = capsys.readouterr().out
     # math and chat tie at 2.25 in this run: ties are listed by name, whatever polars' group order
     assert "summary: 0 failed unit(s)" in out and "hass T=0: best tau chat 2.25, math 2.25" in out
