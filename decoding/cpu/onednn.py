@@ -2,10 +2,8 @@
 
 ``F.linear`` on a CPU reorders its weight into oneDNN's blocked layout on every call. Packing the
 weight once (``_reorder_linear_weight``) and calling ``_linear_pointwise`` on the packed copy runs
-the same oneDNN primitive without that cost, and on a CPU with AMX its bf16 primitive uses the
-tiles: on a 2-core Intel Xeon with AMX, 60 bf16 weights of 1536 x 576 took 6.2 ms at one row,
-6.4 at 6 and 7.0 at 16 rows (`F.linear`: 9.4 / 10.3 / 10.3; the thin-GEMM kernel's bf16 path grows
-2x from 1 to 16 rows there). The product is exact up to summation order (a bf16 ``F.linear`` runs
+the same oneDNN primitive without that cost; on a CPU with AMX its bf16 primitive uses the tiles
+(measured: docs/performance.md, "Why the CPU forms exist"). The product is exact up to summation order (a bf16 ``F.linear`` runs
 the same primitive and gave the same bits there; a float32 one runs BLAS); a row's result may
 depend on the row count, as with ``F.linear``. The packed copy is kept per weight (``packed.py``):
 it doubles the memory of the weights that take this form.
