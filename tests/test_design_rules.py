@@ -4,6 +4,7 @@ each with its reason)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -133,3 +134,12 @@ def test_no_function_over_60_lines():
     modules = _modules()
     stale = [w for w in LONG_FUNCTIONS if w.partition(":")[0] not in modules]
     assert not stale, f"LONG_FUNCTIONS names modules that are gone: {stale}"
+
+
+def test_no_dated_measurements_in_code():
+    """Measurements name their date, commit and machine, and live in docs/ (docs/performance.md):
+    a date in a module is a measurement that moved into code."""
+    dated = [f"{name}:{i}" for name, path in _modules().items()
+             for i, line in enumerate(path.read_text().splitlines(), 1)
+             if re.search(r"\b20\d\d-[01]\d-[0-3]\d\b", line)]
+    assert not dated, f"dates in code (move the measurement to docs/): {dated}"
