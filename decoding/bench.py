@@ -24,17 +24,17 @@ import dataclasses
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import torch
 
 from . import cpu
+from .args import add_decode_args, decode_config
 from .timing import synced_now
 from .drafting import draft_together
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
-    from .cli import add_decode_args
-
     add_decode_args(p)
     p.add_argument("--benchmarks", default="gsm8k,mt_bench", help="comma list; first turn of each prompt")
     p.add_argument("--n-prompts", type=int, default=2, help="prompts per benchmark")
@@ -262,30 +262,40 @@ def micro(model, proposers, prompt_ids: list[int], cfg, reps: int = 7) -> None:
               f"{ms:6.1f} ms per step, {ms / cfg.depth:5.1f} ms per level")
 
 
-def cmd_bench(args) -> int:
-    import warnings
+@dataclasses.dataclass
+class BenchRun:
+    """What every row of one ``bench`` run shares: the flags, the verifier and its drafters, the
+    prompts, the base decoding config, and (``reference_runs``) ``generate`` and its outputs."""
 
-    from drafters.data.records import BenchmarkPrompt
-    from drafters.data.sources import load_benchmark
-    from drafters.data.templating import benchmark_prompt_ids
+    args: argparse.Namespace
+    model: Any
+    tok: Any
+    eos: list[int]
+    proposers: list
+    prompts: list
+    inputs: list  # (prompt id, first-turn token ids)
+    base: Any  # DecodeConfig
+    lean: bool  # the verifier takes the lean pass (cpu/lean_pass.py)
+    run_gen: Any = None  # ids -> (generate's tokens, seconds)
+    refs: dict | None = None  # prompt id -> generate's tokens
+    gap: float = 0.0  # the dtype's near-tie logit gap (verifiers.TIE_GAP)
+    cal_inputs: list | None = None  # held-out prompts for --tree auto, drawn once
 
-    from .cli import decode_config
-    from .engine import SpeculativeDecoder
-    from .oracle import OracleChainProposer
-    from .runner import default_threads, generate_baseline, load_proposers
-    from common.verifiers import TIE_GAP, compare_greedy, eos_token_ids, resolve
-    from .verifiers import load_verifier
+    def classify(self, ids, got, ref):
+        from common.verifiers import compare_greedy
 
-    if args.repeats < 1:
-        raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
-    for spec in args.strategies.split(","):
-        parse_spec(spec)  # before any model loads
-    default_threads()
-    name = resolve(args.verifier).name
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model, tok = load_verifier(args.verifier, dtype=args.dtype)
-    eos = eos_token_ids(model, tok)
+        return compare_greedy(self.model, ids, got, ref, self.gap)[0]
+
+    def timed(self, make_decoder, label: str) -> None:
+        """Time one row ``--repeats`` times (``time_row``) and print it."""
+        refs = self.refs if self.base.temperature == 0 else None
+        runs = [time_row(make_decoder, self.inputs, self.run_gen, refs, self.classify)
+                for _ in range(self.args.repeats)]
+        _row(label, runs)
+
+
+def _drafter_dirs(args, model, name: str) -> list[str]:
+    """``--drafter`` dirs, topped up to two with randomly initialised drafters (noted on stdout)."""
     drafters = list(args.drafter)
     if len(drafters) < 2:
         from drafters.checkpoint import init_drafter, save_checkpoint
@@ -297,94 +307,151 @@ def cmd_bench(args) -> int:
             drafters.append(str(save_checkpoint(init_drafter(cfg), f"{tmp}/random-seed{s}")))
         print(f"note: {2 - len(args.drafter)} randomly initialised drafter(s) used "
               "(acceptance ~1: measures overhead)")
-    proposers = load_proposers(model, drafters, name)
+    return drafters
+
+
+def open_bench(args) -> BenchRun:
+    """Load the verifier, the drafters and the prompts; print the run's settings."""
+    import warnings
+
+    from drafters.data.records import BenchmarkPrompt
+    from drafters.data.sources import load_benchmark
+    from drafters.data.templating import benchmark_prompt_ids
+
+    from .runner import default_threads, load_proposers
+    from common.verifiers import eos_token_ids, resolve
+    from .verifiers import load_verifier
+
+    default_threads()
+    name = resolve(args.verifier).name
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model, tok = load_verifier(args.verifier, dtype=args.dtype)
+    eos = eos_token_ids(model, tok)
+    proposers = load_proposers(model, _drafter_dirs(args, model, name), name)
     prompts: list[BenchmarkPrompt] = []
     for b in args.benchmarks.split(","):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             prompts += load_benchmark(b)[0][: args.n_prompts]
     inputs = [(p.id, benchmark_prompt_ids(tok, p, 0, [])) for p in prompts]
-    base = decode_config(args)
-    T = base.temperature
-    lean = cpu.use_lean(model)
+    run = BenchRun(args, model, tok, eos, proposers, prompts, inputs, decode_config(args), cpu.use_lean(model))
+    base = run.base
     print(f"verifier {name} ({model.dtype}, {torch.get_num_threads()} threads; "
-          f"{'lean pass' if lean else 'transformers forward'}); {len(inputs)} prompts "
+          f"{'lean pass' if run.lean else 'transformers forward'}); {len(inputs)} prompts "
           f"({args.benchmarks}); "
-          f"max_new_tokens {base.max_new_tokens}; T={T}; tree top_k={base.tree.top_k} depth={base.tree.depth} "
-          f"total_tokens={base.tree.total_tokens}; drafters {[p.name for p in proposers]}")
-    # warm-up (first calls allocate), then generate's reference outputs (the `same` column compares
-    # with them)
-    run_gen = generate_baseline(model, eos, base.max_new_tokens, T, args.seed)
-    run_gen(inputs[0][1][:8])
+          f"max_new_tokens {base.max_new_tokens}; T={base.temperature}; tree top_k={base.tree.top_k} "
+          f"depth={base.tree.depth} total_tokens={base.tree.total_tokens}; drafters {[p.name for p in proposers]}")
+    return run
+
+
+def reference_runs(run: BenchRun) -> None:
+    """Warm up, then ``generate``'s reference outputs (the ``same`` column compares with them);
+    print its speed, what the columns mean, and the table's header."""
+    from .runner import generate_baseline
+    from common.verifiers import TIE_GAP
+
+    model, inputs, args = run.model, run.inputs, run.args
+    run.run_gen = generate_baseline(model, run.eos, run.base.max_new_tokens, run.base.temperature, args.seed)
+    run.run_gen(inputs[0][1][:8])  # warm-up (first calls allocate)
     if cpu.installed(model):  # stock kernels, for reference; ratios are kernel-neutral
         with cpu.matmul_disabled():
-            stock = [run_gen(ids) for _, ids in inputs]
-    ref_runs = {pid: run_gen(ids) for pid, ids in inputs}
-    refs = {pid: r for pid, (r, _) in ref_runs.items()}
+            stock = [run.run_gen(ids) for _, ids in inputs]
+    ref_runs = {pid: run.run_gen(ids) for pid, ids in inputs}
+    run.refs = {pid: r for pid, (r, _) in ref_runs.items()}
     print(f"generate (transformers): {_tps(ref_runs.values()):.1f} tok/s", end="")
     if cpu.installed(model):
         print(f"; with stock F.linear {_tps(stock):.1f} tok/s. Both share "
               f"the verifier's row-aware matmuls (decoding/cpu/, {cpu.status()}), so every ratio "
               f"below is kernel-neutral", end="")
-    gap = TIE_GAP[str(model.dtype).removeprefix("torch.")]
-
-    def classify(ids, got, ref):
-        return compare_greedy(model, ids, got, ref, gap)[0]
-
+    run.gap = gap = TIE_GAP[str(model.dtype).removeprefix("torch.")]
     repeats = f"; median of {args.repeats} repeats, 'range' their min-max" if args.repeats > 1 else ""
     print(".\nEvery row is paired: generate runs again before each of its prompts ('gen tok/s'), and 'vs gen' "
           "is the row over those runs" + repeats + (
               f". 'same': outputs equal to generate's; 'near-tie': parts from it where generate's top-2 logit "
-              f"gap is <= {gap} ({model.dtype} noise); a MISMATCH is a bug" if T == 0 else "."))
+              f"gap is <= {gap} ({model.dtype} noise); a MISMATCH is a bug" if run.base.temperature == 0 else "."))
     print(HEADER)
 
-    def timed(make_decoder, label):
-        runs = [time_row(make_decoder, inputs, run_gen, refs if T == 0 else None, classify)
-                for _ in range(args.repeats)]
-        _row(label, runs)
 
-    cal_inputs = None
+def bench_posthoc(run: BenchRun) -> None:
+    """The ``posthoc`` row: the first two drafters' ``single`` decoders, ``time_posthoc``."""
+    from .engine import SpeculativeDecoder
+
+    cfg = dataclasses.replace(run.base, strategy="single")
+    decs = [SpeculativeDecoder(run.model, [p], cfg, run.eos) for p in run.proposers[:2]]
+    refs = run.refs if run.base.temperature == 0 else None
+    runs = [time_posthoc(decs, run.inputs, run.run_gen, refs, run.classify) for _ in range(run.args.repeats)]
+    _row(f"posthoc {cfg.tree.top_k}/{cfg.tree.depth}/{cfg.tree.total_tokens}", runs)
+
+
+def _auto_shape(run: BenchRun, spec: str, props: list, cfg):
+    """``--tree auto``: the tree fitted for this entry on held-out prompts of the scored tasks."""
+    from .autotree import auto_tree, calibration_inputs
+
+    benches = run.args.benchmarks.split(",")  # held-out prompts of the scored tasks
+    run.cal_inputs = run.cal_inputs or calibration_inputs(run.tok, max(1, 2 // len(benches)), benches,
+                                                          exclude={p.id for p in run.prompts})
+    choice = auto_tree(run.model, props, cfg.strategy, run.eos, run.cal_inputs, cfg.merge_dedup,
+                       cfg.routing_granularity)
+    print(f"  {spec}: {choice.describe()}")
+    return choice.tree
+
+
+def bench_spec(run: BenchRun, spec: str) -> None:
+    """The rows of one ``--strategies`` entry: its fixed tree, the fitted one (``--tree auto``), and
+    for ``autoregressive`` on the lean pass the same loop through transformers' forward."""
+    from .engine import SpeculativeDecoder
+
+    if spec == "posthoc":
+        bench_posthoc(run)
+        return
+    strat, dedup, first = parse_spec(spec)
+    n = {"autoregressive": 0, "single": 1, "depth_adaptive": 3, "hedge": len(run.proposers)}.get(strat, 2)
+    props = run.proposers[first : first + n]
+    cfg = dataclasses.replace(run.base, strategy=strat, merge_dedup=dedup)
+    shapes = [("", cfg.tree)]
+    if run.args.tree == "auto" and strat != "autoregressive":
+        shapes.append((" auto", _auto_shape(run, spec, props, cfg)))
+    for suffix, shape in shapes:
+        dec = SpeculativeDecoder(run.model, props, dataclasses.replace(cfg, tree=shape), run.eos)
+        label = spec if strat == "autoregressive" else f"{spec}{suffix} {shape.top_k}/{shape.depth}/{shape.total_tokens}"
+        run.timed(lambda pid, ids, dec=dec: dec, label)
+    if strat == "autoregressive" and run.lean:  # attribution: the same loop through transformers' forward
+        with cpu.lean_disabled(run.model):
+            run.timed(lambda pid, ids, dec=dec: dec, "autoregressive, hf pass")
+
+
+def bench_oracle(run: BenchRun) -> None:
+    """The oracle ceiling: a chain of the loop's own greedy continuation, at each ``--oracle-depths``."""
+    from .engine import SpeculativeDecoder
+    from .oracle import OracleChainProposer
+    from .config import TreeConfig
+
+    # the oracle proposes the loop's own greedy continuation (untimed here): in float32 that is
+    # generate's (the `same` column), in bf16 it may part from it at a near-tie, after which
+    # generate's continuation would be a wrong guess at every step
+    model, eos = run.model, run.eos
+    own = SpeculativeDecoder(model, [], dataclasses.replace(run.base, strategy="autoregressive"), eos)
+    truth = {pid: own.generate(ids, seed_key=pid).output_token_ids for pid, ids in run.inputs}
+    for depth in [int(d) for d in run.args.oracle_depths.split(",")]:
+        cfg = dataclasses.replace(run.base, strategy="single", tree=TreeConfig(1, depth, depth + 1))
+        run.timed(lambda pid, ids, cfg=cfg: SpeculativeDecoder(
+            model, [OracleChainProposer(len(ids), truth[pid])], cfg, eos), f"oracle chain depth {depth}")
+
+
+def cmd_bench(args) -> int:
+    """python -m decoding bench: the setup, ``generate``'s references, a row per strategy, the
+    oracle rows (T=0) and ``--micro``'s timings."""
+    if args.repeats < 1:
+        raise SystemExit(f"--repeats must be >= 1, got {args.repeats}")
     for spec in args.strategies.split(","):
-        if spec == "posthoc":
-            cfg = dataclasses.replace(base, strategy="single")
-            decs = [SpeculativeDecoder(model, [p], cfg, eos) for p in proposers[:2]]
-            runs = [time_posthoc(decs, inputs, run_gen, refs if T == 0 else None, classify)
-                    for _ in range(args.repeats)]
-            _row(f"posthoc {cfg.tree.top_k}/{cfg.tree.depth}/{cfg.tree.total_tokens}", runs)
-            continue
-        strat, dedup, first = parse_spec(spec)
-        n = {"autoregressive": 0, "single": 1, "depth_adaptive": 3, "hedge": len(proposers)}.get(strat, 2)
-        props = proposers[first : first + n]
-        cfg = dataclasses.replace(base, strategy=strat, merge_dedup=dedup)
-        shapes = [("", cfg.tree)]
-        if args.tree == "auto" and strat != "autoregressive":
-            from .autotree import auto_tree, calibration_inputs
-
-            benches = args.benchmarks.split(",")  # held-out prompts of the scored tasks
-            cal_inputs = cal_inputs or calibration_inputs(tok, max(1, 2 // len(benches)), benches,
-                                                          exclude={p.id for p in prompts})
-            choice = auto_tree(model, props, strat, eos, cal_inputs, dedup, cfg.routing_granularity)
-            print(f"  {spec}: {choice.describe()}")
-            shapes.append((" auto", choice.tree))
-        for suffix, shape in shapes:
-            dec = SpeculativeDecoder(model, props, dataclasses.replace(cfg, tree=shape), eos)
-            label = spec if strat == "autoregressive" else f"{spec}{suffix} {shape.top_k}/{shape.depth}/{shape.total_tokens}"
-            timed(lambda pid, ids, dec=dec: dec, label)
-        if strat == "autoregressive" and lean:  # attribution: the same loop through transformers' forward
-            with cpu.lean_disabled(model):
-                timed(lambda pid, ids, dec=dec: dec, "autoregressive, hf pass")
-    if args.oracle_depths and T == 0:
-        from .tree import TreeConfig
-
-        # the oracle proposes the loop's own greedy continuation (untimed here): in float32 that is
-        # generate's (the `same` column), in bf16 it may part from it at a near-tie, after which
-        # generate's continuation would be a wrong guess at every step
-        own = SpeculativeDecoder(model, [], dataclasses.replace(base, strategy="autoregressive"), eos)
-        truth = {pid: own.generate(ids, seed_key=pid).output_token_ids for pid, ids in inputs}
-        for depth in [int(d) for d in args.oracle_depths.split(",")]:
-            cfg = dataclasses.replace(base, strategy="single", tree=TreeConfig(1, depth, depth + 1))
-            timed(lambda pid, ids, cfg=cfg: SpeculativeDecoder(
-                model, [OracleChainProposer(len(ids), truth[pid])], cfg, eos), f"oracle chain depth {depth}")
+        parse_spec(spec)  # before any model loads
+    run = open_bench(args)
+    reference_runs(run)
+    for spec in args.strategies.split(","):
+        bench_spec(run, spec)
+    if args.oracle_depths and run.base.temperature == 0:
+        bench_oracle(run)
     if args.micro:
-        micro(model, proposers, inputs[0][1], base.tree)
+        micro(run.model, run.proposers, run.inputs[0][1], run.base.tree)
     return 0

@@ -6,61 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from .engine import DecodeConfig
-from .hedge import PRIORS, RESETS
-from .strategies import GRANULARITIES, SCORES, STRATEGIES, SWITCH_TO
-from .tree import TreeConfig
-
-
-def add_decode_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--verifier", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="the verifier's (and drafters') dtype; default float32 on CPU, the verifier's own "
-                        "on GPU. bfloat16 on a CPU halves the bytes a pass streams")
-    p.add_argument("--drafter", action="append", default=[], help="drafter checkpoint dir (repeat for routing/merged)")
-    p.add_argument("--strategy", default="single", help=f"one of {sorted(STRATEGIES)}")
-    p.add_argument("--routing-granularity", default="step", help=f"one of {list(GRANULARITIES)}")
-    p.add_argument("--routing-decide-steps", type=int, default=1,
-                   help="turn/prompt routing: verifier calls whose mean scores decide the route")
-    p.add_argument("--merge-dedup", action="store_true", help="merged trees: verify shared prefixes once (trie)")
-    p.add_argument("--merge-budget", action="store_true",
-                   help="merged trees: rerank the union to --tree-total-tokens (budget-matched; default: concatenation)")
-    p.add_argument("--route-score", default="path",
-                   help=f"confidence routing score, one of {list(SCORES)}: mean path confidence or mean node "
-                        "confidence (the study's)")
-    p.add_argument("--switch-after", type=int, default=2,
-                   help="switching: consecutive steps with nothing accepted before switching (1..5)")
-    p.add_argument("--switch-to", default="specialist", help=f"switching: one of {list(SWITCH_TO)}")
-    p.add_argument("--switch-depth", type=int, default=2,
-                   help="depth_adaptive: deepest level from the mixed (first) drafter (1..tree depth - 1)")
-    p.add_argument("--hedge-eta", type=float, default=0.5, help="hedge: learning rate (> 0)")
-    p.add_argument("--hedge-prior", default="uniform",
-                   help=f"hedge: one of {list(PRIORS)} (mixed-first: the first drafter starts ahead)")
-    p.add_argument("--hedge-reset", default="turn",
-                   help=f"hedge: one of {list(RESETS)} (fresh weights every turn, or carried across a "
-                        "prompt's turns)")
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--top-k-sampling", type=int, default=None)
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--seed", type=int, default=42)
-    p.add_argument("--tree-top-k", type=int, default=TreeConfig.top_k)
-    p.add_argument("--tree-depth", type=int, default=TreeConfig.depth)
-    p.add_argument("--tree-total-tokens", type=int, default=TreeConfig.total_tokens)
-    p.add_argument("--tree", choices=["fixed", "auto"], default="fixed",
-                   help="auto: measure this machine and the drafters, pick top_k/depth/total_tokens (decoding/autotree.py)")
-
-
-def decode_config(args) -> DecodeConfig:
-    return DecodeConfig(
-        strategy=args.strategy, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
-        routing_granularity=args.routing_granularity, merge_dedup=args.merge_dedup,
-        routing_decide_steps=args.routing_decide_steps, merge_budget=args.merge_budget,
-        top_k_sampling=args.top_k_sampling, top_p=args.top_p, route_score=args.route_score,
-        switch_after=args.switch_after, switch_to=args.switch_to, switch_depth=args.switch_depth,
-        hedge_eta=args.hedge_eta, hedge_prior=args.hedge_prior, hedge_reset=args.hedge_reset,
-        tree=TreeConfig(args.tree_top_k, args.tree_depth, args.tree_total_tokens),
-    )
+from .args import add_decode_args, decode_config
 
 
 def cmd_generate(args) -> int:

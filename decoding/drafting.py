@@ -27,7 +27,8 @@ from drafters.vocab import DraftHead
 
 from .accept import entropy
 from .cpu import row_aware
-from .tree import DraftTree, TreeConfig, expand_frontier, select_nodes
+from .config import TreeConfig
+from .tree import DraftTree, expand_frontier, select_nodes
 
 
 class Proposer(Protocol):

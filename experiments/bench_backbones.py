@@ -42,7 +42,7 @@ import torch  # noqa: E402
 
 from decoding.autotree import auto_tree, calibration_inputs  # noqa: E402
 from decoding.bench import summarise, time_row  # noqa: E402
-from decoding.cli import add_decode_args, decode_config  # noqa: E402
+from decoding.args import add_decode_args, decode_config  # noqa: E402
 from decoding.cpu.machine import machine_class  # noqa: E402
 from decoding.engine import SpeculativeDecoder  # noqa: E402
 from decoding.runner import default_threads, generate_baseline, load_proposers  # noqa: E402
