@@ -14,6 +14,8 @@ from orchestrator import billing, rates
 from orchestrator.grid import cell_prompts, eval_cells, merge_cells, train_cells
 from orchestrator.makespan import Task, schedule
 from orchestrator.profile import load_profile
+from orchestrator.rates.measured import _fit_overhead
+from orchestrator.rates.taskgraph import _for, _tokens_per_turn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -98,9 +100,9 @@ def test_the_task_graph_follows_the_grid():
 
 def test_unmeasured_strategies_take_the_mean_and_unknown_lengths_the_assumption():
     r = _rates()
-    assert rates._for(r.eval_tau, "switching") == pytest.approx(2.5)
-    assert rates._tokens_per_turn(r, "gsm8k", 32) == 32.0
-    assert rates._tokens_per_turn(r, "gsm8k", 1024) == 400  # a longer budget: the stated assumption
+    assert _for(r.eval_tau, "switching") == pytest.approx(2.5)
+    assert _tokens_per_turn(r, "gsm8k", 32) == 32.0
+    assert _tokens_per_turn(r, "gsm8k", 1024) == 400  # a longer budget: the stated assumption
 
 
 def test_more_gpus_never_take_longer_and_the_estimate_says_so():
@@ -258,7 +260,7 @@ def test_the_overhead_fit_leaves_idle_slots_to_the_schedule(tmp_path):
                                "resources.train.max_concurrent_trials=2"])
     r = _rates(train_overhead_s=0.0, tokens_per_example={"mathinstruct": 80.0, "sharegpt": 80.0},
                train_tokens_per_s={"eagle2": 80.0}, tokens_per_turn={}, max_new_tokens=None)
-    assert rates._fit_overhead(p, r, "train", 30.0, "train_overhead_s") == pytest.approx(7.0, rel=1e-6)
+    assert _fit_overhead(p, r, "train", 30.0, "train_overhead_s") == pytest.approx(7.0, rel=1e-6)
 
 
 def test_measure_counts_every_worker_and_refuses_what_is_not_a_run(tmp_path):
