@@ -69,15 +69,9 @@ def _topological(tasks: dict[str, Task]) -> list[str]:
     return order
 
 
-def schedule(tasks: list[Task], devices: int, caps: dict[str, int] | None = None,
-             barriers: bool = True) -> dict:
-    """{"makespan": s, "stages": {stage: (first start, last end)}, "busy": device-seconds held,
-    "stage_busy": {stage: device-seconds held}}. ``devices`` and a task's ``need`` may be fractions
-    (actors sharing a GPU). Raises ValueError when a task needs more devices than there are."""
-    caps = caps or {}
-    if barriers:
-        tasks = _with_barriers(tasks)
-    by_name = {t.name: t for t in tasks}
+def _check(tasks: list[Task], by_name: dict[str, Task], devices: float, caps: dict[str, int]) -> None:
+    """Refuse a graph the scheduler cannot run: duplicate names, unknown dependencies, a task wider
+    than the devices, a group without a slot (ValueError)."""
     if len(by_name) != len(tasks):
         raise ValueError("task names must be unique")
     for t in tasks:
@@ -88,54 +82,82 @@ def schedule(tasks: list[Task], devices: int, caps: dict[str, int] | None = None
             raise ValueError(f"task {t.name!r} needs {t.need} devices; there are {devices}")
         if t.group is not None and caps.get(t.group, 1) < 1:
             raise ValueError(f"group {t.group!r} of task {t.name!r} has no slot (cap {caps[t.group]})")
+
+
+class _Timeline:
+    """The list scheduler's state: ready tasks in one heap per (need, group) (within a class the
+    top decides whether any fits), running tasks by end time, free devices, slots used per group,
+    the clock, and the device-seconds held."""
+
+    def __init__(self, by_name: dict[str, Task], prio: dict[str, float], devices: float, caps: dict[str, int]):
+        self.by_name, self.prio, self.caps = by_name, prio, caps
+        self.ready: dict[tuple, list] = {}
+        self.running: list[tuple[float, str]] = []
+        self.free, self.used, self.now, self.busy = devices, {}, 0.0, 0.0
+        self.stages: dict[str, list[float]] = {}
+        self.stage_busy: dict[str, float] = {}
+
+    def make_ready(self, n: str) -> None:
+        t = self.by_name[n]
+        heapq.heappush(self.ready.setdefault((t.need, t.group), []), (-self.prio[n], n))
+
+    def start_what_fits(self) -> None:
+        """Start the highest-priority ready task that fits, until none does."""
+        while True:
+            fits = [(h[0], cls) for cls, h in self.ready.items() if h and cls[0] <= self.free + EPS
+                    and (cls[1] is None or self.used.get(cls[1], 0) < self.caps.get(cls[1], 10**9))]
+            if not fits:
+                return
+            _, n = heapq.heappop(self.ready[min(fits)[1]])
+            t = self.by_name[n]
+            self.free -= t.need
+            if t.group is not None:
+                self.used[t.group] = self.used.get(t.group, 0) + 1
+            heapq.heappush(self.running, (self.now + t.seconds, n))
+            self.busy += t.need * t.seconds
+            self.stage_busy[t.stage] = self.stage_busy.get(t.stage, 0.0) + t.need * t.seconds
+            span = self.stages.setdefault(t.stage, [self.now, self.now])
+            span[0] = min(span[0], self.now)
+
+    def finish_next(self) -> str:
+        """Advance the clock to the next task's end and free what it held; its name."""
+        self.now, n = heapq.heappop(self.running)
+        t = self.by_name[n]
+        self.free += t.need
+        if t.group is not None:
+            self.used[t.group] -= 1
+        self.stages[t.stage][1] = max(self.stages[t.stage][1], self.now)
+        return n
+
+
+def schedule(tasks: list[Task], devices: int, caps: dict[str, int] | None = None,
+             barriers: bool = True) -> dict:
+    """{"makespan": s, "stages": {stage: (first start, last end)}, "busy": device-seconds held,
+    "stage_busy": {stage: device-seconds held}}. ``devices`` and a task's ``need`` may be fractions
+    (actors sharing a GPU). Raises ValueError when a task needs more devices than there are."""
+    caps = caps or {}
+    if barriers:
+        tasks = _with_barriers(tasks)
+    by_name = {t.name: t for t in tasks}
+    _check(tasks, by_name, devices, caps)
     waiting = {t.name: len(t.deps) for t in tasks}
     children: dict[str, list[str]] = {n: [] for n in by_name}
     for t in tasks:
         for d in t.deps:
             children[d].append(t.name)
-    prio = _priorities(by_name, children)
-    # ready tasks in one heap per (need, group): within a class the top decides whether any fits
-    ready: dict[tuple, list] = {}
-
-    def make_ready(n: str) -> None:
-        t = by_name[n]
-        heapq.heappush(ready.setdefault((t.need, t.group), []), (-prio[n], n))
-
+    line = _Timeline(by_name, _priorities(by_name, children), devices, caps)
     for n, k in waiting.items():
         if k == 0:
-            make_ready(n)
-    running: list[tuple[float, str]] = []
-    free, used, now, busy = devices, {}, 0.0, 0.0
-    stages: dict[str, list[float]] = {}
-    stage_busy: dict[str, float] = {}
-    while any(ready.values()) or running:
-        while True:  # start the highest-priority ready task that fits, until none does
-            fits = [(h[0], cls) for cls, h in ready.items() if h and cls[0] <= free + EPS
-                    and (cls[1] is None or used.get(cls[1], 0) < caps.get(cls[1], 10**9))]
-            if not fits:
-                break
-            _, n = heapq.heappop(ready[min(fits)[1]])
-            t = by_name[n]
-            free -= t.need
-            if t.group is not None:
-                used[t.group] = used.get(t.group, 0) + 1
-            heapq.heappush(running, (now + t.seconds, n))
-            busy += t.need * t.seconds
-            stage_busy[t.stage] = stage_busy.get(t.stage, 0.0) + t.need * t.seconds
-            span = stages.setdefault(t.stage, [now, now])
-            span[0] = min(span[0], now)
-        if not running:
-            stuck = [h[0][1] for h in ready.values() if h]
+            line.make_ready(n)
+    while any(line.ready.values()) or line.running:
+        line.start_what_fits()
+        if not line.running:
+            stuck = [h[0][1] for h in line.ready.values() if h]
             raise ValueError(f"tasks {stuck[:3]} can never start (devices or group caps)")
-        now, n = heapq.heappop(running)
-        t = by_name[n]
-        free += t.need
-        if t.group is not None:
-            used[t.group] -= 1
-        stages[t.stage][1] = max(stages[t.stage][1], now)
+        n = line.finish_next()
         for c in children[n]:
             waiting[c] -= 1
             if waiting[c] == 0:
-                make_ready(c)
-    return {"makespan": now, "stages": {s: tuple(v) for s, v in stages.items()}, "busy": busy,
-            "stage_busy": stage_busy}
+                line.make_ready(c)
+    return {"makespan": line.now, "stages": {s: tuple(v) for s, v in line.stages.items()}, "busy": line.busy,
+            "stage_busy": line.stage_busy}
