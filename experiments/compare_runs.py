@@ -19,7 +19,7 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.report.build import recorded_traces  # noqa: E402
+from orchestrator.report.run_records import recorded_traces  # noqa: E402
 from orchestrator.report.stats import paired_diff_ci, ratio_ci  # noqa: E402
 from orchestrator.report.tables import per_prompt, scan  # noqa: E402
 

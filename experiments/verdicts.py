@@ -26,9 +26,9 @@ def main(argv=None) -> int:
         print(f"error: {path} does not exist (build the report first: python experiments/report.py --run "
               f"{args.run})", file=sys.stderr)
         return 2
-    cl = pl.read_csv(path, infer_schema_length=None)
+    claims = pl.read_csv(path, infer_schema_length=None)
     try:
-        text = f"{headline(cl)}\n\n{verdict_table(cl)}"
+        text = f"{headline(claims)}\n\n{verdict_table(claims)}"
     except ValueError as e:
         print(f"error: {path}: {e}", file=sys.stderr)
         return 2

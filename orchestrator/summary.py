@@ -4,7 +4,7 @@ from __future__ import annotations
 import polars as pl
 
 from .profile import profile_dict
-from .report.build import current_failures
+from .report.run_records import current_failures
 from .report.tables import KEYS as TABLE_KEYS
 
 

@@ -9,9 +9,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from orchestrator.report import claims_study as cs
-from orchestrator.report.claims import ROUTED, SPEED_ROUTED, add_holm, check_claims
-from orchestrator.report.claims_family import Grid, family_size
+from orchestrator.report import study_tables as st
+from orchestrator.report.claims import Grid, add_holm, check_claims, family_size
+from orchestrator.report.claims import study as cs
+from orchestrator.report.labels import ROUTED, SPEED_ROUTED
 from orchestrator.report.stats import holm, mean_diff_ci
 
 N = 12
@@ -243,7 +244,7 @@ def test_the_study_contradicts_some_of_its_own_wordings():
     assert cs.reversal("hass", 0.0)["study_consistent"] is True  # only MT-Bench gives both: 4.13 vs 3.92
     assert cs.rq4("eagle2", 0.0, "prompt")["study_consistent"] is True
     # the old RQ2 wording (mixed beats each specialist on average) fails on the study's EAGLE-2 T=0 numbers
-    assert cs.tau_of("eagle2", 0.0, "math", "average")[0] > cs.tau_of("eagle2", 0.0, "mixed_half", "average")[0]
+    assert st.tau_of("eagle2", 0.0, "math", "average")[0] > st.tau_of("eagle2", 0.0, "mixed_half", "average")[0]
     # and the report says so beside the verdict
     cells = {(m, b): 2.0 + 0.1 * k for k, m in enumerate(("math", "chat", ROUTED))
              for b in ("gsm8k", "mt_bench")}
@@ -257,10 +258,10 @@ def test_the_study_numbers_are_those_of_study_md():
     if not study.is_file():
         pytest.skip("../shared/STUDY.md is not next to this checkout")
     text = study.read_text().replace("–", "-")
-    for row in cs.STUDY_NUMBERS:
+    for row in st.STUDY_NUMBERS:
         if row[5].startswith("paper"):
             assert f"{row[4]:.2f}" in text, row
-    for row in cs.STUDY_OTHER:
+    for row in st.STUDY_OTHER:
         v = row[5]
         if row[6].startswith("paper"):
             assert any(s in text for s in (f"{v:.2f}×", f"{v:.3f}", f"{100 * v:.1f}%")), row

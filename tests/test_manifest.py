@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator import manifest as mf
 from orchestrator.manifest import Manifest, journal_path, read_manifest
-from orchestrator.report.build import recorded_traces
+from orchestrator.report.run_records import recorded_traces
 
 ROOT = Path(__file__).resolve().parents[1]
 

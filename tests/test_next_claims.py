@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from orchestrator.report.claims import check_claims
-from orchestrator.report.claims_next import BASE
+from orchestrator.report.claims.proposed import BASE
 from orchestrator.report.routers import PROMPT_NODE
 
 N = 12
@@ -108,7 +108,7 @@ def test_early_acceptance_predicts_the_whole_generation(whole_of, expected):
         assert abs(r["estimate"]) > 0.9
 
 
-# ---------------------------------------------------------------- hedge, the online router (claims_hedge)
+# ---------------------------------------------------------------- hedge, the online router (claims/hedge.py)
 HEDGE = "hedge(step)"
 
 
@@ -144,7 +144,7 @@ def test_hedge_claims_are_listed_as_not_run_without_hedge_cells():
 def test_the_summary_grid_says_why_a_verdict_is_inconclusive_when_its_interval_excludes_zero():
     """`+0.50 [+0.45, +0.55] inconclusive` alone would read as a contradiction: the grid shows the reason
     (too few prompts) beside it; a multi-row cell counts such rows and names the reason."""
-    from orchestrator.report.build import claims_grid
+    from orchestrator.report.summary import claims_grid
 
     cl = check_claims(_pp({BASE: 2.5, SW: 3.0, "math": 2.0, "chat": 3.0}, n=6), None, None)
     grid = claims_grid(cl.filter(pl.col("claim").is_in(["switching", "RQ1-math", "RQ1-chat"])))

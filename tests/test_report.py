@@ -208,7 +208,8 @@ def test_rq1_reaches_every_verdict(math_tau, chat_tau, n, expected):
 
 
 def test_rq3a_compares_merged_with_the_studys_router_and_rq4_follows_the_route_pair():
-    from orchestrator.report.claims import ROUTED, check_claims
+    from orchestrator.report.claims import check_claims
+    from orchestrator.report.labels import ROUTED
 
     n = 12
     rows = [("math", b, [3.0] * n, -1) for b in ("gsm8k", "mt_bench")] + [("chat", b, [2.0] * n, -1) for b in ("gsm8k", "mt_bench")]
@@ -228,7 +229,7 @@ def test_rq3a_compares_merged_with_the_studys_router_and_rq4_follows_the_route_p
 
 
 def test_study_numbers_are_data_beside_ours():
-    from orchestrator.report.claims import STUDY_NUMBERS, study_comparison
+    from orchestrator.report.study_tables import STUDY_NUMBERS, study_comparison
 
     t1 = pl.DataFrame([{"backbone": "hass", "temperature": 0.0, "method": "math", "benchmark": "gsm8k", "tau": 1.7}])
     cmp = study_comparison(t1)
@@ -300,7 +301,8 @@ def test_compare_runs_pairs_prompts_across_runs(tmp_path, capsys):
 def test_depth_claim_bootstraps_prompts_and_counts_them():
     """RQ5 pairs depth 1 with the deepest depth each variant reached: a drafter that reaches a depth
     on one prompt only must not shrink n to 1 (it did); every variant has its own row."""
-    from orchestrator.report.claims import _depth_claim
+    from orchestrator.report.claims import CLAIMS, Cell
+    from orchestrator.report.steps import summarize
 
     rows = []
     for i in range(12):
@@ -310,11 +312,11 @@ def test_depth_claim_bootstraps_prompts_and_counts_them():
             for _ in range(3):  # 3 steps per prompt: depth 1 accepted, depth 3 rejected when reached
                 rows.append({"backbone": "hass", "temperature": 0.0, "strategy": "single", "method": method,
                              "benchmark": "gsm8k", "prompt_id": f"p{i}", "depth_accept": da})
-    r, c = sorted(_depth_claim(pl.DataFrame(rows), "hass", 0.0),
-                  key=lambda r: not r["comparison"].startswith("math"))
-    assert r["prompts"] == 12 and r["estimate"] == pytest.approx(1.0) and r["verdict"] == "holds"
-    assert r["comparison"].startswith("math: accept rate depth 1 - depth 3")
-    assert c["comparison"].startswith("chat: accept rate depth 1 - depth 2") and c["prompts"] == 12
+    cell = Cell(pl.DataFrame(), summarize(pl.DataFrame(rows)), "hass", 0.0, [], set(), ["hass"])
+    r, c = sorted(CLAIMS["RQ5"].rows(cell), key=lambda r: not r.comparison.startswith("math"))
+    assert r.prompts == 12 and r.estimate == pytest.approx(1.0) and r.verdict == "holds"
+    assert r.comparison.startswith("math: accept rate depth 1 - depth 3")
+    assert c.comparison.startswith("chat: accept rate depth 1 - depth 2") and c.prompts == 12
 
 
 def test_speed_cells_timed_apart_from_their_baseline_are_flagged(tmp_path):
@@ -369,12 +371,12 @@ def test_the_drivers_closing_summary_reads_a_run_without_a_baseline(tmp_path, ca
 
 
 def test_a_claim_without_an_interval_says_so_instead_of_printing_nan():
-    from orchestrator.report.build import claims_grid
-    from orchestrator.report.claims import _row
+    from orchestrator.report.claims import CLAIMS, frame
+    from orchestrator.report.summary import claims_grid
 
     nan = float("nan")
-    cl = pl.DataFrame([_row("RQ3a", "hass", 0.0, "merged - confidence(step), average", 0.25, nan, nan, "inconclusive", 1),
-                       _row("RQ3b", "hass", 0.0, "confidence(step) - best single", 0.1, 0.02, 0.2, "holds", 12)])
+    cl = frame([CLAIMS["RQ3a"].row("hass", 0.0, "merged - confidence(step), average", 0.25, nan, nan, "inconclusive", 1),
+                CLAIMS["RQ3b"].row("hass", 0.0, "confidence(step) - best single", 0.1, 0.02, 0.2, "holds", 12)])
     cells = dict(zip(claims_grid(cl)["claim"], claims_grid(cl)["hass T=0"]))
     assert cells["RQ3a"] == "+0.25 [no interval: fewer than 2 prompts] inconclusive"
     assert cells["RQ3b"] == "+0.10 [+0.02, +0.20] holds"
@@ -559,7 +561,8 @@ def test_the_post_hoc_router_is_marked_not_lossless_at_t1_in_the_summary_and_tab
     """At T>0 the post hoc router's output is a choice between two samples made from those samples: not
     a sample of the verifier's distribution. Its T=1 cells carry ‡ with the sentence that says so; its
     T=0 cells and every other method are left unmarked."""
-    from orchestrator.report.build import _marked_method, summary_section
+    from orchestrator.report.sections import marked_method
+    from orchestrator.report.summary import summary_section
     from orchestrator.report.routers import NOT_LOSSLESS, POSTHOC, lossless
 
     assert not lossless(POSTHOC, 1.0) and lossless(POSTHOC, 0.0) and lossless("merged", 1.0)
@@ -573,5 +576,5 @@ def test_the_post_hoc_router_is_marked_not_lossless_at_t1_in_the_summary_and_tab
     assert "| merged | 3.5 (3.6) | 2.5 (2.6) |" in md and NOT_LOSSLESS in md
     cold = "\n".join(summary_section(t1.filter(pl.col("temperature") == 0), sp, pl.DataFrame(), [], pp))
     assert "‡" not in cold
-    methods = t1.select(_marked_method(1.0))["method"].to_list()
+    methods = t1.select(marked_method(1.0))["method"].to_list()
     assert methods == [f"{POSTHOC} ‡", "merged"] * 2

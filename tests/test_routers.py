@@ -10,7 +10,8 @@ import pytest
 
 from decoding.runner import write_parquet_atomic
 from orchestrator.report.build import build_report
-from orchestrator.report.claims import ROUTED, check_claims
+from orchestrator.report.claims import check_claims
+from orchestrator.report.labels import ROUTED
 from orchestrator.report.routers import (HEADS, HEADS_LAST, NOT_DEPLOYABLE, POSTHOC, POSTHOC_NODE, PROMPT_NODE,
                                          posthoc_rows, table2, with_posthoc)
 from orchestrator.report.tables import method_expr, per_prompt

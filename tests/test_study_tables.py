@@ -9,8 +9,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from orchestrator.report import claims_study as cs
 from orchestrator.report import study_tables as st
+from orchestrator.report.claims import study as cs
 
 ROOT = Path(__file__).parents[1]
 HEADER = ",".join(st.COLUMNS)
@@ -45,7 +45,7 @@ def test_paper_and_readme_disagreements_are_kept_and_documented():
     dis = st.disagreements()
     assert [(p.backbone, p.row, p.benchmark, p.temperature, p.value, r.value) for p, r in dis] == \
         [("eagle2", "Merged Trees", "average", 0.0, 5.03, 5.02)]
-    assert cs.tau_of("eagle2", 0.0, "merged", "average")[0] == 5.03
+    assert st.tau_of("eagle2", 0.0, "merged", "average")[0] == 5.03
     doc = (ROOT / "docs" / "study.md").read_text()
     section = doc[doc.index("## Study tables: where the paper and TAPS disagree"):]
     section = section[: section.find("\n## ", 5)] if "\n## " in section[5:] else section
@@ -78,19 +78,19 @@ def test_a_malformed_row_is_one_clear_error(tmp_path, line, problem):
 def test_the_comparison_reads_the_csv_and_the_taps_column():
     t1 = pl.DataFrame([{"backbone": "hass", "temperature": 1.0, "method": "math", "benchmark": "svamp", "tau": 1.5,
                         "tau_taps": 2.0}])
-    cmp = cs.study_comparison(t1)
+    cmp = st.study_comparison(t1)
     assert cmp.height == sum(c.quantity == "tau" for c in st.cells()) == 141
     row = cmp.filter((pl.col("backbone") == "hass") & (pl.col("temperature") == 1.0) & (pl.col("method") == "math")
                      & (pl.col("benchmark") == "svamp")).row(0, named=True)
     assert row["study_tau"] == 2.46 and row["source"] == "TAPS README"
     assert row["our_tau_taps"] == 2.0 and row["diff"] == pytest.approx(2.0 - 2.46)
-    assert "`tau_taps` is ours in the study's convention" in cs.comparison_note(t1)
+    assert "`tau_taps` is ours in the study's convention" in st.comparison_note(t1)
     # another column by name; a missing one leaves the comparison empty and says so
-    named = cs.study_comparison(t1.rename({"tau_taps": "tau_x"}), column="tau_x")
+    named = st.study_comparison(t1.rename({"tau_taps": "tau_x"}), column="tau_x")
     assert named["our_tau_x"].drop_nulls().to_list() == [2.0, 2.0]  # the svamp cell and the average
-    bare = cs.study_comparison(t1.drop("tau_taps"))
+    bare = st.study_comparison(t1.drop("tau_taps"))
     assert bare["our_tau_taps"].null_count() == bare.height and bare["diff"].null_count() == bare.height
-    assert "has no `tau_taps` column" in cs.comparison_note(t1.drop("tau_taps"))
+    assert "has no `tau_taps` column" in st.comparison_note(t1.drop("tau_taps"))
 
 
 def test_entropy_gaps_are_signed(tmp_path):

@@ -27,7 +27,7 @@ def fig_tau(t1: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path | 
     methods = (t.group_by("method").agg(pl.col("tau").mean())
                .sort(["tau", "method"], descending=[True, False])["method"].to_list())  # ties by name
     benches = sorted(t["benchmark"].unique().to_list())
-    # ~0.25 inch per bar, capped: 16 methods x 4 benchmarks drew 29 x 5 inches, unreadable when shown
+    # ~0.25 inch per bar, capped at 18 inches (why: docs/report.md, "The code")
     fig, ax = plt.subplots(figsize=(min(18, max(8, 0.25 * len(methods) * len(benches) + 2)), 6))
     w = 0.8 / len(benches)
     for j, b in enumerate(benches):

@@ -18,16 +18,11 @@ from __future__ import annotations
 
 import polars as pl
 
+from .labels import HEADS, HEADS_LAST, LAST_TURN, POSTHOC, POSTHOC_NODE, POSTHOCS, PROMPT_NODE
 from .steps import as_summary
+from .study_tables import other_of
 from .tables import KEYS, MATH_BENCH
 
-POSTHOC = "confidence(post hoc)"  # the study's code's router exactly (its Table 1 numbers)
-POSTHOC_NODE = "confidence(post hoc, node)"  # the project's earlier reading of it: c(v), first rejected child
-POSTHOCS = (POSTHOC, POSTHOC_NODE)
-PROMPT_NODE = "confidence(prompt, node)"  # the study's text's router: once per prompt, mean c(v)
-HEADS = "entropy(turn, 4 heads)"  # the study's code's entropy router over math, chat, mixed, averaged
-LAST_TURN = ", last turn)"  # Table 2's variant of a per-turn router: the prompt's choice is its last turn's
-HEADS_LAST = HEADS[:-1] + LAST_TURN  # the study's Table 2 entropy column (its code records the last turn's)
 NOT_DEPLOYABLE = "not deployable (sees both whole generations)"
 LOSSY_MARK = "‡"
 NOT_LOSSLESS = (f"{LOSSY_MARK} not lossless at T>0: a post hoc router chooses between finished samples by a "
@@ -40,6 +35,8 @@ NOT_LOSSLESS = (f"{LOSSY_MARK} not lossless at T>0: a post hoc router chooses be
 def lossless(method: str, temperature: float) -> bool:
     """Whether a method's output is the verifier's (greedy at T=0, its distribution at T>0)."""
     return not (method in POSTHOCS and temperature > 0)
+
+
 TIE = 0.01  # the study's near-tie margin
 SCORE = {POSTHOC: "path", POSTHOC_NODE: "node"}
 DESCRIBE = {
@@ -168,8 +165,6 @@ def table2(pp: pl.DataFrame, steps: pl.LazyFrame | None = None) -> pl.DataFrame:
     ``last_turn_rows``); beside it the share of verifier calls (``step_share``) for routers that choose
     per call or turn, and the study's matched-specialist share where STUDY.md gives it (on the routers
     as its code ran them: POSTHOC and HEADS_LAST)."""
-    from .claims_study import other_of
-
     r = pp.filter(is_router()) if "strategy" in pp.columns else pp.head(0)
     if r.is_empty():
         return pl.DataFrame()

@@ -1,7 +1,7 @@
 """The step table in bounded memory: read in passes, reduced per prompt.
 
-At the paper's size the step table has about 58 M rows (tens of GB in memory), so the report never
-holds it. What the claims and the post hoc routers take from it are per-prompt reductions (groups of
+At the paper's size the step table has about 58 M rows, so the report never holds it (docs/report.md
+says what a pass holds). What the claims and the post hoc routers take from it are per-prompt reductions (groups of
 rows that share backbone, temperature, benchmark and prompt_id), so the table is read in passes that
 each hold whole groups: the trace files of one or more hive partitions (backbone/benchmark/temperature
 directories), a partition of more than ``pass_rows`` rows split further by a hash of prompt_id. Each
@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from .duplicates import ROW_KEYS, duplicates
 from .tables import KEYS, scan_files
 
-PASS_ROWS = 2_000_000  # step rows one pass holds (about 1 GB with the paper's columns; docs/report.md)
+PASS_ROWS = 2_000_000  # step rows one pass holds (its memory, measured: docs/report.md)
 PARTITIONS = ("backbone", "benchmark", "temperature")
 PROMPT = ["backbone", "temperature", "method", "benchmark", "prompt_id"]  # a prompt of a cell
 # what the reductions read: nothing else of a step row is held
@@ -246,3 +246,22 @@ def read_steps(run: Path, files: list[Path], early_method: str | None = None, ea
         parts.append(_reduce(df, early_method, early_steps))
         del df
     return _combine(parts, n)
+
+
+def entropy_table(steps) -> pl.DataFrame:
+    """Tables 3-4: mean draft and verifier entropy (nats) of accepted vs first-rejected tokens, per
+    cell: the per-prompt sums of ``steps`` (a step frame or its StepSummary, steps.entropy_sums)
+    added up in key order (the same bits in every build), over their counts."""
+    sums = as_summary(steps).entropy_sums
+    if sums is None:
+        return pl.DataFrame()
+    cols = {"accepted_draft_entropy": "draft_accepted", "accepted_verifier_entropy": "verifier_accepted",
+            "rejected_draft_entropy": "draft_rejected", "rejected_verifier_entropy": "verifier_rejected"}
+    mean = [pl.when(pl.col(f"{c}_n") > 0).then(pl.col(f"{c}_sum") / pl.col(f"{c}_n")).alias(name)
+            for c, name in cols.items()]
+    cells = sums.filter(pl.col("method") != "autoregressive").drop("prompt_id")
+    return (cells.group_by(KEYS).agg(pl.all().sum())
+            .select(*KEYS, *mean)
+            .with_columns((pl.col("draft_rejected") - pl.col("draft_accepted")).alias("draft_diff"),
+                          (pl.col("verifier_rejected") - pl.col("verifier_accepted")).alias("verifier_diff"))
+            .sort(KEYS))

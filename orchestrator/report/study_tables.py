@@ -3,7 +3,9 @@
 One row per cell: table, quantity, backbone, row (the study's row label), benchmark, temperature,
 value, source; the CSV's header comment says where the numbers come from and which τ convention
 they use (TAPS's compute_tau.py). A malformed row stops the load with one error naming the file,
-the line and the problem, before any report is built."""
+the line and the problem, before any report is built. Then the lookups of one cell (``tau_of``,
+``other_of``: where the paper's text and TAPS's README give a cell differently, the paper's number)
+and the study's τ cells beside a run's (``study_comparison``)."""
 from __future__ import annotations
 
 import csv
@@ -12,7 +14,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from .routers import POSTHOC
+import polars as pl
+
+from .labels import POSTHOC
 
 CSV_PATH = Path(__file__).with_name("study_tables.csv")
 COLUMNS = ("table", "quantity", "backbone", "row", "benchmark", "temperature", "value", "source")
@@ -115,3 +119,72 @@ def disagreements(data: tuple[StudyCell, ...] | None = None) -> list[tuple[Study
         readme = [c for c in group if not c.from_paper and c.source.startswith(README)]
         out += [(p, r) for p in paper for r in readme if p.value != r.value]
     return out
+
+
+# The study's "confidence routed" numbers are its code's post hoc router's (labels.POSTHOC).
+# (backbone, temperature, method, benchmark or "average", acceptance length, source): every τ cell
+STUDY_NUMBERS = [(c.backbone, c.temperature, c.method, c.benchmark, c.value, c.source)
+                 for c in cells() if c.quantity == "tau"]
+# Numbers that are not acceptance lengths: (quantity, backbone, temperature, method, benchmark, value, source).
+# matched_share: share of prompts routed to the matched specialist (math on math benchmarks, chat on MT-Bench).
+STUDY_OTHER = [(c.quantity, c.backbone, c.temperature, c.method, c.benchmark, c.value, c.source)
+               for c in cells() if c.quantity != "tau"]
+TAU_CONVENTION = ("the study's τ is TAPS's compute_tau.py: total new tokens (bonus tokens included) / total "
+                  "loop indices counted from 0; compare it with `tau_taps`")
+FOUR = ("gsm8k", "math500", "mt_bench", "svamp")
+
+
+def _paper_last(rows, source_at: int):
+    """Rows ordered so that a paper row comes after (and so overrides) a README row of the same cell."""
+    return sorted(rows, key=lambda r: r[source_at].startswith(PAPER))
+
+
+def tau_of(backbone: str, temp: float, method: str, bench: str) -> tuple[float | None, str]:
+    """The study's τ for one cell (the paper's number where the paper and TAPS's README differ); for
+    "average" its own average, else the mean of the per-benchmark numbers given (labelled), else None."""
+    hit = {b: v for bb, t, m, b, v, _ in _paper_last(STUDY_NUMBERS, 5) if (bb, t, m) == (backbone, temp, method)}
+    if bench in hit:
+        return hit[bench], f"{hit[bench]:.2f}"
+    if bench == "average":
+        per = [hit[b] for b in FOUR if b in hit]
+        if len(per) >= 2:
+            v = sum(per) / len(per)
+            return v, f"{v:.2f} (mean of the {len(per)} benchmarks given)"
+    return None, ""
+
+
+def other_of(quantity: str, backbone: str, temp, method: str, bench: str) -> float | None:
+    hit = None
+    for q, bb, t, m, b, v, _ in _paper_last(STUDY_OTHER, 6):
+        if (q, bb, t, m, b) == (quantity, backbone, temp, method, bench):
+            hit = v
+    return hit
+
+
+def comparison_note(t1: pl.DataFrame, column: str = "tau_taps") -> str:
+    """One line for the report: which of our columns is compared with the study's numbers."""
+    if column in t1.columns:
+        return (f"`{column}` is ours in the study's convention ({TAU_CONVENTION}); `diff` = `{column}` - "
+                "`study_tau`.")
+    return (f"this run's Table 1 has no `{column}` column, so the study's numbers (TAPS's compute_tau.py "
+            "convention) are beside `our_tau` only, which counts passes differently: no `diff` is given.")
+
+
+def study_comparison(t1: pl.DataFrame, column: str = "tau_taps") -> pl.DataFrame:
+    """Every τ cell of the study (study_tables.csv, one row per cell and source) next to ours (same
+    backbone, temperature, method, benchmark; "average" = the mean over our benchmarks), in our
+    convention (``our_tau``) and in the study's (``our_<column>``, from Table 1's ``column``, default
+    ``tau_taps``); without that column its values stay empty and comparison_note says so."""
+    rows = []
+    has = column in t1.columns
+    for bb, temp, method, bench, value, source in STUDY_NUMBERS:
+        t = t1.filter((pl.col("backbone") == bb) & (pl.col("temperature") == temp) & (pl.col("method") == method))
+        if bench != "average":
+            t = t.filter(pl.col("benchmark") == bench)
+        ours = float(t["tau"].mean()) if t.height else None
+        conv = float(t[column].mean()) if t.height and has and t[column].is_not_null().any() else None
+        rows.append({"backbone": bb, "temperature": temp, "method": method, "benchmark": bench, "study_tau": value,
+                     "source": source, "our_tau": ours, f"our_{column}": conv,
+                     "diff": None if conv is None else conv - value, "our_benchmarks": t.height})
+    return pl.DataFrame(rows, schema_overrides={f"our_{column}": pl.Float64, "diff": pl.Float64,
+                                                "our_tau": pl.Float64})

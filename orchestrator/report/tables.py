@@ -4,7 +4,6 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 from .stats import ratio_ci
@@ -83,8 +82,8 @@ def scan_files(root: Path, files: list[Path]) -> pl.LazyFrame:
     """``files`` (under ``root``, e.g. run/traces/steps) as one lazy frame, in their order: each run
     of consecutive files with one schema and the same hive keys in their paths is one multi-file
     scan (the keys' values from each file's path, as strings), the runs concatenated with nulls for
-    columns a run lacks. (A scan per file cost ~175 KB of plan per file: GBs at the paper's ~24k
-    units per trace kind.)"""
+    columns a run lacks (one scan per file held a query plan per file: docs/report.md, at the paper's
+    ~24k units per trace kind)."""
     runs: list[tuple[tuple, list[Path]]] = []
     for f in files:
         keys = tuple(dict(p.split("=", 1) for p in f.relative_to(root).parts[:-1] if "=" in p))
@@ -256,27 +255,6 @@ def _same_invocation(pp: pl.DataFrame, on: list[str]) -> pl.DataFrame:
             .select(*KEYS, pl.when(known).then(pl.col("inv") == pl.col("base_inv")).alias("same_invocation")))
 
 
-def entropy_table(steps) -> pl.DataFrame:
-    """Tables 3-4: mean draft and verifier entropy (nats) of accepted vs first-rejected tokens, per
-    cell: the per-prompt sums of ``steps`` (a step frame or its StepSummary, steps.entropy_sums)
-    added up in key order (the same bits in every build), over their counts."""
-    from .steps import as_summary
-
-    sums = as_summary(steps).entropy_sums
-    if sums is None:
-        return pl.DataFrame()
-    cols = {"accepted_draft_entropy": "draft_accepted", "accepted_verifier_entropy": "verifier_accepted",
-            "rejected_draft_entropy": "draft_rejected", "rejected_verifier_entropy": "verifier_rejected"}
-    mean = [pl.when(pl.col(f"{c}_n") > 0).then(pl.col(f"{c}_sum") / pl.col(f"{c}_n")).alias(name)
-            for c, name in cols.items()]
-    cells = sums.filter(pl.col("method") != "autoregressive").drop("prompt_id")
-    return (cells.group_by(KEYS).agg(pl.all().sum())
-            .select(*KEYS, *mean)
-            .with_columns((pl.col("draft_rejected") - pl.col("draft_accepted")).alias("draft_diff"),
-                          (pl.col("verifier_rejected") - pl.col("verifier_accepted")).alias("verifier_diff"))
-            .sort(KEYS))
-
-
 STUDY_DEPTHS = 5  # the study's Tables 5-8 report depths 1-5; a tree of depth 6 reaches one level more
 
 
@@ -320,6 +298,3 @@ def timed(pp, bb, temp, methods) -> bool:
     w = pp.filter((pl.col("backbone") == bb) & (pl.col("temperature") == temp) & pl.col("method").is_in(methods))
     return w.height > 0 and w["wall_time_s"].fill_null(0).min() > 0
 
-
-def to_numpy_safe(x) -> np.ndarray:
-    return np.asarray(x, dtype=float)

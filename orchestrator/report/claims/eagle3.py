@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import polars as pl
 
-from .stats import paired_avg_diff_ci
-from .tables import MATH_BENCH, aligned
+from ..stats import paired_avg_diff_ci
+from ..tables import MATH_BENCH, aligned
+from . import study
+from .claim import EXPLORATORY, Cell, Claim, Row
 
-CLAIM, PAIR = "eagle3", ("eagle3", "eagle2")
-WORDING = ("EAGLE-3 drafts longer than EAGLE-2 (EAGLE-3 paper, Llama-3.1-8B-Instruct, T=0: tau 6.23 vs 4.24 "
-           "on GSM8K, 6.13 vs 4.05 on MT-Bench)")
-NEEDS = "eagle3 and eagle2 math and chat specialists on the same prompts"
+PAIR = ("eagle3", "eagle2")
 PAPER = {(0.0, "gsm8k"): (6.23, 4.24), (0.0, "mt_bench"): (6.13, 4.05)}  # arXiv 2503.01840, Table 1
 
 
@@ -25,15 +24,14 @@ def _relabelled(pp: pl.DataFrame) -> pl.DataFrame:
                           pl.lit("x").alias("backbone")))
 
 
-def eagle3_claim(pp: pl.DataFrame, temp: float, benches: list[str], test, evidence) -> list[dict]:
-    """One row per temperature where both backbones ran their specialists; ``test`` and
-    ``evidence`` are claims.py's row builders (claims._test, claims_study.evidence)."""
-    present = set(pp["backbone"].unique().to_list())
+def _eagle3(claim: Claim, cell: Cell) -> list[Row]:
+    """One row per temperature where both backbones ran their specialists."""
+    present = set(cell.prompts["backbone"].unique().to_list())
     if not set(PAIR) <= present:
         return []
-    sub = _relabelled(pp)
+    temp, sub = cell.temp, _relabelled(cell.prompts)
     groups, used, ratios = [], [], []
-    for bn in benches:
+    for bn in cell.benches:
         m = "math" if bn in MATH_BENCH else "chat"
         g = aligned(sub, "x", temp, bn, f"{PAIR[0]}:{m}", f"{PAIR[1]}:{m}")
         if len(g[0]) and g[1].sum() and g[3].sum():
@@ -46,6 +44,18 @@ def eagle3_claim(pp: pl.DataFrame, temp: float, benches: list[str], test, eviden
     what = (f"eagle3 - eagle2 matched specialist (math on math benchmarks, chat on mt_bench), average over "
             f"{', '.join(used)} (tau); ratios {', '.join(ratios)}")
     paper = [f"{bn} {a} vs {b}" for (t, bn), (a, b) in PAPER.items() if t == temp]
-    ev = evidence(CLAIM, f"EAGLE-3 paper, {', '.join(paper)}" if paper else "the EAGLE-3 paper gives no number "
-                  f"at T={temp:g} for this model", True if paper else None)
-    return [test(CLAIM, "+".join(PAIR), temp, what, paired_avg_diff_ci(groups, p=True), n, ev)]
+    ev = study.evidence(f"EAGLE-3 paper, {', '.join(paper)}" if paper else "the EAGLE-3 paper gives no number "
+                        f"at T={temp:g} for this model", True if paper else None)
+    return [claim.tested("+".join(PAIR), temp, what, paired_avg_diff_ci(groups, p=True), n, ev)]
+
+
+def _where_both_ran(backbones: list[str], temps: list[float]) -> list[tuple[str, float]]:
+    return [("+".join(PAIR), t) for t in temps] if set(PAIR) <= set(backbones) else []
+
+
+CLAIMS = (
+    Claim("eagle3", "EAGLE-3 drafts longer than EAGLE-2 (EAGLE-3 paper, Llama-3.1-8B-Instruct, T=0: tau 6.23 vs "
+                    "4.24 on GSM8K, 6.13 vs 4.05 on MT-Bench)",
+          "eagle3 and eagle2 math and chat specialists on the same prompts", EXPLORATORY, _eagle3,
+          keys=_where_both_ran, across_backbones=True),
+)
