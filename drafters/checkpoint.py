@@ -2,17 +2,17 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
-from common.atomic import atomic_dir
+from .checkpoint_dir import load_weights, read_config_dict, write_checkpoint_dir
 from .config import DrafterConfig
+from .eagle3 import FORMAT as EAGLE3_FORMAT
 from .eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3, is_eagle3_checkpoint, load_eagle3, save_eagle3
 from .model import FeatureDrafter, seeded
+from .vocab import d2t_of
 
 FORMAT = "taskspec-drafter-v1"
 
@@ -28,47 +28,28 @@ def init_drafter(cfg: DrafterConfig, draft_ids: torch.Tensor | None = None) -> F
         raise ValueError(f"draft_ids has shape {tuple(draft_ids.shape)}, config says {cfg.draft_vocab_size}")
     model = seeded(cfg.seed, lambda: FeatureDrafter(cfg))
     if draft_ids is not None:
-        model.d2t.copy_(draft_ids.long() - torch.arange(draft_ids.shape[0]))
+        model.d2t.copy_(d2t_of(draft_ids))
     return model
 
 
-def save_checkpoint(model: FeatureDrafter, out_dir: str | os.PathLike, config: DrafterConfig | None = None) -> Path:
+def save_checkpoint(model: FeatureDrafter, out_dir: str | os.PathLike,
+                    config: DrafterConfig | None = None) -> Path:
     """Write DIR/config.json + DIR/model.safetensors via a temp dir renamed into place."""
-    cfg = config or model.config
-    with atomic_dir(out_dir) as tmp:
-        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / "model.safetensors"))
-        (tmp / "config.json").write_text(json.dumps({"format": FORMAT, **cfg.to_dict()}, indent=2, sort_keys=True))
-    return Path(out_dir)
+    return write_checkpoint_dir(model, out_dir, FORMAT, config or model.config)
 
 
 def load_config(path: str | os.PathLike) -> DrafterConfig:
-    p = Path(path)
-    if not (p / "config.json").is_file() or not (p / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{p} is not a drafter checkpoint (needs config.json and model.safetensors)")
-    d = json.loads((p / "config.json").read_text())
-    if d.get("format") != FORMAT:
-        raise ValueError(f"{p}/config.json has format {d.get('format')!r}, expected {FORMAT!r}")
-    return DrafterConfig.from_dict(d)
+    return DrafterConfig.from_dict(read_config_dict(path, FORMAT))
 
 
 def load_checkpoint(path: str | os.PathLike, device: str = "cpu", dtype=torch.float32) -> FeatureDrafter:
     """Load a checkpoint; refuses a missing or unexpected weight (a silently broken drafter)."""
-    cfg = load_config(path)
-    model = FeatureDrafter(cfg)
-    state = load_file(str(Path(path) / "model.safetensors"))
-    expected = set(model.state_dict())
-    missing, extra = expected - set(state), set(state) - expected
-    if missing or extra:
-        raise ValueError(f"checkpoint {path}: missing weights {sorted(missing)}, unexpected {sorted(extra)}")
-    model.load_state_dict(state)
-    ids = model.draft_ids()
-    if ids is not None and (not bool((ids[1:] > ids[:-1]).all()) or int(ids[0]) < 0 or int(ids[-1]) >= cfg.vocab_size):
-        raise ValueError(f"checkpoint {path}: d2t does not map to sorted ids inside the verifier's vocabulary")
-    return model.to(device=device, dtype=dtype).eval()  # .to(dtype) casts floating tensors only: d2t stays int
+    model = load_weights(FeatureDrafter(load_config(path)), path)
+    return model.to(device=device, dtype=dtype).eval()  # .to(dtype) casts floating tensors: d2t stays int
 
 
-def load_any(path: str | os.PathLike, device: str = "cpu", dtype=torch.float32) -> FeatureDrafter | Eagle3Drafter:
+def load_any(path: str | os.PathLike, device: str = "cpu",
+             dtype=torch.float32) -> FeatureDrafter | Eagle3Drafter:
     """A checkpoint of any backbone: EAGLE-3's format (drafters/eagle3.py) or EAGLE-2/HASS's."""
     return (load_eagle3 if is_eagle3_checkpoint(path) else load_checkpoint)(path, device=device, dtype=dtype)
 
@@ -77,9 +58,7 @@ def load_any_config(path: str | os.PathLike) -> DrafterConfig | Eagle3Config:
     """The config of a checkpoint of any backbone, without loading its weights."""
     if not is_eagle3_checkpoint(path):
         return load_config(path)
-    if not (Path(path) / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{path} is not a drafter checkpoint (needs config.json and model.safetensors)")
-    return Eagle3Config.from_dict(json.loads((Path(path) / "config.json").read_text()))
+    return Eagle3Config.from_dict(read_config_dict(path, EAGLE3_FORMAT))
 
 
 def save_any(model, out_dir: str | os.PathLike, config: DrafterConfig | Eagle3Config | None = None) -> Path:

@@ -1,21 +1,24 @@
-"""Drafter configuration: everything needed to rebuild a drafter, stored as config.json."""
+"""Drafter configuration: everything needed to rebuild a drafter, stored as config.json.
+
+``DrafterBase`` holds what every backbone's drafter shares (the verifier's sizes it is built for,
+its seed, its draft vocabulary) and validates it once; ``DrafterConfig`` (EAGLE-2 / HASS, below)
+and ``drafters.eagle3.Eagle3Config`` add their own fields. Both are frozen and keyword-built.
+"""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 FEATURE_BACKBONES = ("eagle2", "hass")  # DrafterConfig's (drafters/model.py's FeatureDrafter)
 BACKBONES = FEATURE_BACKBONES + ("eagle3",)  # what trains (EAGLE-3: drafters/eagle3.py's own config)
 
 
-@dataclass(frozen=True)
-class DrafterConfig:
-    """EAGLE-style one-layer feature drafter (identical architecture for EAGLE-2 and HASS).
+@dataclass(frozen=True, kw_only=True)
+class DrafterBase:
+    """The fields and checks every drafter config shares. Embedding and LM head are the verifier's
+    (EAGLE-3 stores its own head over the draft vocabulary); the sizes are the verifier's."""
 
-    Embedding and LM head are the verifier's; only the fc and the decoder layer are stored.
-    """
-
-    backbone: str
     verifier: str
     hidden_size: int
     vocab_size: int
@@ -28,13 +31,15 @@ class DrafterConfig:
     draft_vocab_size: int | None = None  # reduced draft vocabulary (d2t stored with the weights); None = full
     training: dict = field(default_factory=dict)  # data variant, epochs, merge recipe, ...
 
+    KIND: ClassVar[str] = "drafter"  # what from_dict's error calls this config
+    COUNTS: ClassVar[tuple[str, ...]] = ("hidden_size", "vocab_size", "num_attention_heads",
+                                         "num_key_value_heads", "intermediate_size")  # positive ints
+
     def __post_init__(self):
-        if self.backbone not in FEATURE_BACKBONES:
-            hint = " (eagle3 drafters are configured by drafters.eagle3.Eagle3Config)" if self.backbone == "eagle3" else ""
-            raise ValueError(f"backbone must be one of {list(FEATURE_BACKBONES)}, got {self.backbone!r}{hint}")
-        for name in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads", "intermediate_size"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be a positive int, got {getattr(self, name)!r}")
+        for name in self.COUNTS:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name} must be a positive int, got {v!r}")
         if self.draft_vocab_size is not None and not (
                 isinstance(self.draft_vocab_size, int) and 1 <= self.draft_vocab_size <= self.vocab_size):
             raise ValueError(f"draft_vocab_size must be an int in [1, vocab_size={self.vocab_size}] or None, "
@@ -52,27 +57,49 @@ class DrafterConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DrafterConfig":
+    def from_dict(cls, d: dict):
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = set(d) - known - {"format"}
         if unknown:
-            raise ValueError(f"unknown drafter config keys: {sorted(unknown)}")
+            raise ValueError(f"unknown {cls.KIND} config keys: {sorted(unknown)}")
         return cls(**{k: v for k, v in d.items() if k in known})
 
-    @classmethod
-    def for_verifier(cls, model, verifier: str, backbone: str, seed: int = 0,
-                     draft_vocab_size: int | None = None) -> "DrafterConfig":
+    @staticmethod
+    def verifier_fields(model, verifier: str) -> dict:
+        """The shared fields of a drafter for the Hugging Face verifier ``model`` named ``verifier``."""
         c = model.config
         rope = getattr(c, "rope_theta", None)
         if rope is None:
             rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-        return cls(
-            backbone=backbone, verifier=verifier, hidden_size=c.hidden_size, vocab_size=c.vocab_size,
-            num_attention_heads=c.num_attention_heads,
-            num_key_value_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
-            intermediate_size=c.intermediate_size, rms_norm_eps=getattr(c, "rms_norm_eps", 1e-5),
-            rope_theta=float(rope), seed=seed, draft_vocab_size=draft_vocab_size,
-        )
+        return {"verifier": verifier, "hidden_size": c.hidden_size, "vocab_size": c.vocab_size,
+                "num_attention_heads": c.num_attention_heads,
+                "num_key_value_heads": getattr(c, "num_key_value_heads", c.num_attention_heads),
+                "intermediate_size": c.intermediate_size, "rms_norm_eps": getattr(c, "rms_norm_eps", 1e-5),
+                "rope_theta": float(rope)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrafterConfig(DrafterBase):
+    """EAGLE-style one-layer feature drafter (identical architecture for EAGLE-2 and HASS).
+
+    Embedding and LM head are the verifier's; only the fc and the decoder layer are stored.
+    """
+
+    backbone: str
+
+    def __post_init__(self):
+        if self.backbone not in FEATURE_BACKBONES:
+            hint = " (eagle3 drafters are configured by drafters.eagle3.Eagle3Config)" \
+                if self.backbone == "eagle3" else ""
+            raise ValueError(f"backbone must be one of {list(FEATURE_BACKBONES)}, "
+                             f"got {self.backbone!r}{hint}")
+        super().__post_init__()
+
+    @classmethod
+    def for_verifier(cls, model, verifier: str, backbone: str, seed: int = 0,
+                     draft_vocab_size: int | None = None) -> DrafterConfig:
+        return cls(backbone=backbone, seed=seed, draft_vocab_size=draft_vocab_size,
+                   **cls.verifier_fields(model, verifier))
 
     def check_compatible(self, model, verifier: str) -> None:
         """Refuse a drafter built for another verifier (hidden size, vocabulary, id)."""

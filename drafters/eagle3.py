@@ -20,19 +20,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from common.atomic import atomic_dir
-from .model import KVCache, RMSNorm, seeded, self_attention
+from .checkpoint_dir import load_weights, read_config_dict, write_checkpoint_dir
+from .config import DrafterBase
+from .model import DecoderLayer, Drafter, KVCache, RMSNorm, seeded
+from .vocab import d2t_of
 
 BACKBONE = "eagle3"
-FORMAT = "taskspec-eagle3-v1"  # config.json "format" of an eagle3 checkpoint (eagle2/hass: taskspec-drafter-v1)
+FORMAT = "taskspec-eagle3-v1"  # config.json "format" of an eagle3 checkpoint (eagle2/hass: checkpoint.FORMAT)
 
 
 def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
@@ -40,54 +41,30 @@ def default_aux_layers(num_layers: int) -> tuple[int, int, int]:
     return (2, num_layers // 2, num_layers - 3)
 
 
-@dataclass(frozen=True)
-class Eagle3Config:
-    verifier: str
-    hidden_size: int
-    vocab_size: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    intermediate_size: int
+@dataclass(frozen=True, kw_only=True)
+class Eagle3Config(DrafterBase):
     num_verifier_layers: int  # the verifier's decoder layers (aux layer indices are checked against it)
     aux_layers: tuple[int, ...]  # output_hidden_states indices, fused in this order
-    rms_norm_eps: float = 1e-5
-    rope_theta: float = 10000.0
-    seed: int = 0
-    draft_vocab_size: int | None = None  # None = the verifier's whole vocabulary
     ttt_steps: int = 7  # training-time test: drafting steps unrolled per training position
     ttt_decay: float = 0.8  # step k's loss weight is ttt_decay ** k
-    training: dict = field(default_factory=dict)
     backbone: str = BACKBONE
+
+    KIND: ClassVar[str] = "eagle3"
+    COUNTS: ClassVar[tuple[str, ...]] = DrafterBase.COUNTS + ("num_verifier_layers", "ttt_steps")
 
     def __post_init__(self):
         object.__setattr__(self, "aux_layers", tuple(self.aux_layers))
         if self.backbone != BACKBONE:
             raise ValueError(f"Eagle3Config is for backbone {BACKBONE!r}, got {self.backbone!r}")
-        for name in ("hidden_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
-                     "intermediate_size", "num_verifier_layers", "ttt_steps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"{name} must be a positive int, got {v!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError("hidden_size must be divisible by num_attention_heads")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("num_attention_heads must be divisible by num_key_value_heads")
+        super().__post_init__()
         a = self.aux_layers
         if (not a or len(set(a)) != len(a)
                 or any(not isinstance(i, int) or not 0 <= i <= self.num_verifier_layers for i in a)):
             raise ValueError(f"aux_layers must be distinct ints in [0, {self.num_verifier_layers}] "
-                             f"(output_hidden_states indices of a {self.num_verifier_layers}-layer verifier), "
-                             f"got {list(a)}")
-        if self.draft_vocab_size is not None and not (
-                isinstance(self.draft_vocab_size, int) and 1 <= self.draft_vocab_size <= self.vocab_size):
-            raise ValueError(f"draft_vocab_size must be an int in [1, vocab_size={self.vocab_size}] or None, "
-                             f"got {self.draft_vocab_size!r}")
+                             f"(output_hidden_states indices of a {self.num_verifier_layers}-layer "
+                             f"verifier), got {list(a)}")
         if not 0.0 < float(self.ttt_decay) <= 1.0:
             raise ValueError(f"ttt_decay must be in (0, 1], got {self.ttt_decay!r}")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
 
     @property
     def head_size(self) -> int:
@@ -100,63 +77,34 @@ class Eagle3Config:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Eagle3Config":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - known - {"format"}
-        if unknown:
-            raise ValueError(f"unknown eagle3 config keys: {sorted(unknown)}")
-        return cls(**{k: v for k, v in d.items() if k in known})
-
-    @classmethod
     def for_verifier(cls, model, verifier: str, seed: int = 0, draft_vocab_size: int | None = None,
-                     aux_layers: tuple[int, ...] | None = None, **kw) -> "Eagle3Config":
-        c = model.config
-        rope = getattr(c, "rope_theta", None)
-        if rope is None:
-            rope = (getattr(c, "rope_parameters", None) or {}).get("rope_theta", 10000.0)
-        n = c.num_hidden_layers
-        return cls(
-            verifier=verifier, hidden_size=c.hidden_size, vocab_size=c.vocab_size,
-            num_attention_heads=c.num_attention_heads,
-            num_key_value_heads=getattr(c, "num_key_value_heads", c.num_attention_heads),
-            intermediate_size=c.intermediate_size, num_verifier_layers=n,
-            aux_layers=tuple(aux_layers) if aux_layers is not None else default_aux_layers(n),
-            rms_norm_eps=getattr(c, "rms_norm_eps", 1e-5), rope_theta=float(rope), seed=seed,
-            draft_vocab_size=draft_vocab_size, **kw,
-        )
+                     aux_layers: tuple[int, ...] | None = None, **kw) -> Eagle3Config:
+        n = model.config.num_hidden_layers
+        return cls(num_verifier_layers=n, aux_layers=tuple(aux_layers) if aux_layers is not None
+                   else default_aux_layers(n), seed=seed, draft_vocab_size=draft_vocab_size,
+                   **cls.verifier_fields(model, verifier), **kw)
 
 
-class Eagle3Layer(nn.Module):
-    """One Llama decoder layer whose q/k/v read 2H: the normed embedding and the normed hidden state.
-    The residual stream is the hidden state (un-normed), as in the reference."""
+class Eagle3Layer(DecoderLayer):
+    """drafters/model.py's decoder layer whose q/k/v read 2H: the normed embedding and the normed
+    hidden state. The residual stream is the hidden state (un-normed), as in the reference."""
 
     def __init__(self, cfg: Eagle3Config):
-        super().__init__()
-        h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.nh, self.nkv, self.hd, self.theta = nh, nkv, hd, cfg.rope_theta
-        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
-        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
-        self.q_proj = nn.Linear(2 * h, nh * hd, bias=False)
-        self.k_proj = nn.Linear(2 * h, nkv * hd, bias=False)
-        self.v_proj = nn.Linear(2 * h, nkv * hd, bias=False)
-        self.o_proj = nn.Linear(nh * hd, h, bias=False)
-        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
-        self.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+        super().__init__(cfg, in_width=2 * cfg.hidden_size)
+
+    def _input_norms(self, cfg) -> None:
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, embeds, hidden, positions, mask, cache: KVCache | None = None, extra_kv=None):
         """embeds, hidden (B, T, H); positions (T,); mask (T, S) bool, True = may attend.
 
         extra_kv: (k, v) of shape (B, n_kv, P, hd) prepended to this call's keys (training-time test)."""
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # (B, T, 2H)
-        attn, new_kv = self_attention(self, x, positions, mask, cache, extra_kv)
-        h = hidden + self.o_proj(attn)
-        y = self.post_attention_layernorm(h)
-        return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y)), new_kv
+        return self.attend(x, hidden, positions, mask, cache, extra_kv)
 
 
-class Eagle3Drafter(nn.Module):
+class Eagle3Drafter(Drafter):
     def __init__(self, cfg: Eagle3Config):
         super().__init__()
         self.config = cfg
@@ -164,14 +112,7 @@ class Eagle3Drafter(nn.Module):
         self.layer = Eagle3Layer(cfg)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.head_size, bias=False)
-        if cfg.draft_vocab_size is not None:  # draft id i -> verifier id i + d2t[i] (EAGLE-3's map)
-            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-
-    def draft_ids(self) -> torch.Tensor | None:
-        """Verifier ids of the draft vocabulary (sorted), or None for the full vocabulary."""
-        if getattr(self, "d2t", None) is None:
-            return None
-        return self.d2t.long() + torch.arange(self.d2t.shape[0], device=self.d2t.device)
+        self._register_draft_vocab(cfg.draft_vocab_size)
 
     def fuse(self, aux: torch.Tensor) -> torch.Tensor:
         """(B, T, A*H) verifier features of the aux layers, concatenated in order -> (B, T, H)."""
@@ -179,7 +120,8 @@ class Eagle3Drafter(nn.Module):
 
     def forward(self, token_embeds, hidden, positions, mask, cache: KVCache | None = None, extra_kv=None):
         """-> the next hidden state (B, T, H) and this call's (k, v)."""
-        return self.layer(token_embeds.to(hidden.dtype), hidden, positions, mask, cache=cache, extra_kv=extra_kv)
+        return self.layer(token_embeds.to(hidden.dtype), hidden, positions, mask, cache=cache,
+                          extra_kv=extra_kv)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, T, H) -> (B, T, N) over the draft vocabulary."""
@@ -211,7 +153,7 @@ def init_eagle3(cfg: Eagle3Config, draft_ids: torch.Tensor | None = None,
     model = seeded(cfg.seed, lambda: Eagle3Drafter(cfg))
     with torch.no_grad():
         if draft_ids is not None:
-            model.d2t.copy_(draft_ids.long() - torch.arange(draft_ids.shape[0]))
+            model.d2t.copy_(d2t_of(draft_ids))
         if lm_head_weight is not None:
             w = lm_head_weight.detach().float()
             model.lm_head.weight.copy_(w if draft_ids is None else w[draft_ids.long()])
@@ -226,31 +168,10 @@ def is_eagle3_checkpoint(path: str | os.PathLike) -> bool:
 def save_eagle3(model: Eagle3Drafter, out_dir: str | os.PathLike, config: Eagle3Config | None = None) -> Path:
     """DIR/config.json + DIR/model.safetensors, written to a temp dir renamed into place. ``config``:
     the one to record (e.g. with the training history); default the model's own."""
-    cfg = config or model.config
-    with atomic_dir(out_dir) as tmp:
-        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-        save_file(state, str(tmp / "model.safetensors"))
-        (tmp / "config.json").write_text(
-            json.dumps({"format": FORMAT, **cfg.to_dict()}, indent=2, sort_keys=True))
-    return Path(out_dir)
+    return write_checkpoint_dir(model, out_dir, FORMAT, config or model.config)
 
 
 def load_eagle3(path: str | os.PathLike, device: str = "cpu", dtype=torch.float32) -> Eagle3Drafter:
     """An eagle3 checkpoint; refuses another format and a missing or unexpected weight."""
-    p = Path(path)
-    if not (p / "config.json").is_file() or not (p / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{p} is not a drafter checkpoint (needs config.json and model.safetensors)")
-    d = json.loads((p / "config.json").read_text())
-    if d.get("format") != FORMAT:
-        raise ValueError(f"{p}/config.json has format {d.get('format')!r}, expected {FORMAT!r}")
-    model = Eagle3Drafter(Eagle3Config.from_dict(d))
-    state = load_file(str(p / "model.safetensors"))
-    missing, extra = set(model.state_dict()) - set(state), set(state) - set(model.state_dict())
-    if missing or extra:
-        raise ValueError(f"checkpoint {p}: missing weights {sorted(missing)}, unexpected {sorted(extra)}")
-    model.load_state_dict(state)
-    ids = model.draft_ids()
-    if ids is not None and (not bool((ids[1:] > ids[:-1]).all()) or int(ids[0]) < 0
-                            or int(ids[-1]) >= model.config.vocab_size):
-        raise ValueError(f"checkpoint {p}: d2t does not map to sorted ids inside the verifier's vocabulary")
-    return model.to(device=device, dtype=dtype).eval()
+    model = Eagle3Drafter(Eagle3Config.from_dict(read_config_dict(path, FORMAT)))
+    return load_weights(model, path).to(device=device, dtype=dtype).eval()

@@ -12,7 +12,8 @@ from torch import nn
 
 from common.dtypes import torch_dtypes
 
-from .config import DrafterConfig
+from .config import DrafterBase, DrafterConfig
+from .vocab import ids_of
 
 # dtype names the verifier loader and the exporter accept (one table for both)
 DTYPES = torch_dtypes()
@@ -107,32 +108,61 @@ def self_attention(layer, x, positions, mask, cache: KVCache | None = None, extr
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
+    """One Llama decoder layer past its input: attention whose q/k/v read ``in_width`` features
+    (default H), ``o_proj`` back to the residual stream, the post-attention norm and the SwiGLU MLP.
+    EAGLE-2/HASS read the fc output and have no input layernorm; EAGLE-3's layer (drafters/eagle3.py)
+    reads 2H and adds its input norms through ``_input_norms``, registered first."""
+
+    def __init__(self, cfg: DrafterBase, in_width: int | None = None):
         super().__init__()
         h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.nh, self.nkv, self.hd, self.theta = nh, nkv, hd, cfg.rope_theta
-        self.q_proj = nn.Linear(h, nh * hd, bias=False)
-        self.k_proj = nn.Linear(h, nkv * hd, bias=False)
-        self.v_proj = nn.Linear(h, nkv * hd, bias=False)
+        self._input_norms(cfg)
+        w = in_width or h
+        self.q_proj = nn.Linear(w, nh * hd, bias=False)
+        self.k_proj = nn.Linear(w, nkv * hd, bias=False)
+        self.v_proj = nn.Linear(w, nkv * hd, bias=False)
         self.o_proj = nn.Linear(nh * hd, h, bias=False)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
         self.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
 
+    def _input_norms(self, cfg) -> None:
+        """Norms applied before attention (none here: EAGLE has no input layernorm)."""
+
+    def attend(self, x, residual, positions, mask, cache: KVCache | None = None, extra_kv=None):
+        """Attention of x (B, T, in_width) added to ``residual`` (B, T, H), then the MLP block.
+        Returns ((B, T, H), this call's (k, v))."""
+        attn, new_kv = self_attention(self, x, positions, mask, cache, extra_kv)
+        h = residual + self.o_proj(attn)
+        y = self.post_attention_layernorm(h)
+        return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y)), new_kv
+
     def forward(self, x, positions, mask, cache: KVCache | None = None, extra_kv=None):
         """x (B, T, H); positions (T,); mask (T, S) bool, True = may attend; S = cached + T.
 
         extra_kv: optional (k, v) of shape (B, n_kv, P, hd) prepended instead of a cache (HASS).
         """
-        attn, new_kv = self_attention(self, x, positions, mask, cache, extra_kv)
-        x = x + self.o_proj(attn)  # no input layernorm (EAGLE)
-        y = self.post_attention_layernorm(x)
-        x = x + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
-        return x, new_kv
+        return self.attend(x, x, positions, mask, cache, extra_kv)  # no input layernorm (EAGLE)
 
 
-class FeatureDrafter(nn.Module):
+class Drafter(nn.Module):
+    """What every drafter shares: its config and an optional reduced draft vocabulary, stored as
+    ``d2t`` (EAGLE-3's map: draft id i -> verifier id i + d2t[i])."""
+
+    def _register_draft_vocab(self, size: int | None) -> None:
+        if size is not None:
+            self.register_buffer("d2t", torch.zeros(size, dtype=torch.long))
+
+    def draft_ids(self) -> torch.Tensor | None:
+        """Verifier ids of the draft vocabulary (sorted), or None for the full vocabulary."""
+        if getattr(self, "d2t", None) is None:
+            return None
+        return ids_of(self.d2t)
+
+
+class FeatureDrafter(Drafter):
     """Predicts the verifier's next feature from (embedding of next token, current feature)."""
 
     def __init__(self, cfg: DrafterConfig):
@@ -140,14 +170,7 @@ class FeatureDrafter(nn.Module):
         self.config = cfg
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.layer = DecoderLayer(cfg)
-        if cfg.draft_vocab_size is not None:  # EAGLE-3's map: draft id i -> verifier id i + d2t[i]
-            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-
-    def draft_ids(self) -> torch.Tensor | None:
-        """Verifier ids of the draft vocabulary (sorted), or None for the full vocabulary."""
-        if getattr(self, "d2t", None) is None:
-            return None
-        return self.d2t.long() + torch.arange(self.d2t.shape[0], device=self.d2t.device)
+        self._register_draft_vocab(cfg.draft_vocab_size)
 
     def forward(self, token_embeds, features, positions, mask, cache: KVCache | None = None, extra_kv=None):
         """token_embeds, features (B, T, H) -> predicted features (B, T, H), new (k, v)."""
