@@ -1,6 +1,6 @@
-"""EAGLE-3's part of drafters/trainer.py: its batches, objective, initial drafter and held-out
-agreement. The loop, the runners (plain AdamW or DeepSpeed, fp32 or bf16), step checkpoints and
-resume are the trainer's, shared by every backbone.
+"""EAGLE-3's part of drafters/trainer.py (its entry in drafters/backbones.py): its batches,
+objective, initial drafter and held-out agreement. The loop, the runners (plain AdamW or DeepSpeed,
+fp32 or bf16), step checkpoints and resume are the trainer's, shared by every backbone.
 
 Data: an EAGLE-3 feature cache (drafters/features.py with ``aux_layers``) holds per token the
 verifier's hidden states at the aux layers, the LM head's input (whose distribution over the draft
@@ -16,6 +16,7 @@ import torch
 from .eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3
 from .eagle3_loss import shifted, ttt_hidden, ttt_loss_targets
 from .features import FeatureStore
+from .train_config import ONLINE_ROOTS
 
 
 @dataclass
@@ -35,8 +36,9 @@ class Eagle3Batch:
 
     def to(self, device, dtype: torch.dtype | None = None) -> "Eagle3Batch":
         cast = {"dtype": dtype} if dtype is not None else {}
-        return Eagle3Batch(self.input_ids.to(device), self.aux.to(device, **cast), self.features.to(device, **cast),
-                           self.top1.to(device), self.loss_mask.to(device), self.lengths.to(device))
+        return Eagle3Batch(self.input_ids.to(device), self.aux.to(device, **cast),
+                           self.features.to(device, **cast), self.top1.to(device), self.loss_mask.to(device),
+                           self.lengths.to(device))
 
 
 def collate(examples: list, mask_mode: str = "next") -> Eagle3Batch:
@@ -76,7 +78,7 @@ def init_drafter(ecfg: Eagle3Config, verifier_model, draft_ids: torch.Tensor | N
 def check_data(data: list, ecfg: Eagle3Config) -> None:
     """Refuse, before training, a cached entry whose features are not the drafter's aux layers."""
     for root, key, _ in data:
-        if root in ("online", "online-heldout"):
+        if root in ONLINE_ROOTS:
             continue
         have = FeatureStore(root, key).manifest().get("aux_layers")
         if have is None or tuple(have) != ecfg.aux_layers:
@@ -95,20 +97,22 @@ def targets(head, batch: Eagle3Batch):
     return probs, batch.loss_mask & (head.t2d.to(batch.top1.device)[batch.top1] >= 0)
 
 
-def compute_loss(cfg, model, embed, head, batch: Eagle3Batch, dtype):
-    """The TTT loss (``ttt_steps`` steps weighted ``ttt_decay ** k``) and its per-step parts."""
+def loss(cfg, model, embed, head, batch: Eagle3Batch, generator, use_topk: bool, dtype):
+    """The TTT loss (``ttt_steps`` steps weighted ``ttt_decay ** k``) and its per-step parts. No
+    feature noise and no top-K stage (``generator`` and ``use_topk`` go unused), as in the reference."""
     batch = batch.to(embed.weight.device, dtype)
     probs, counted = targets(head, batch)
-    loss, stats = ttt_loss_targets(model, embed, batch.aux, batch.input_ids, probs, counted)
+    total, stats = ttt_loss_targets(model, embed, batch.aux, batch.input_ids, probs, counted)
     parts = {f"ttt_loss_{k}": v for k, v in enumerate(stats["loss"])}
-    return loss, {**parts, "topk_total": 0.0}
+    return total, {**parts, "topk_total": 0.0}
 
 
 @torch.no_grad()
-def agreement(model, embed, batch_iter, depths: int = 3, dtype=None) -> dict:
+def agreement(model, embed, head, batch_iter, depths: int = 3, dtype=None) -> dict:
     """Top-1 agreement with the verifier's next token at TTT depths 1..D: depth j is step j-1 of the
-    unroll, i.e. the j-th token drafted past a verified prefix, on the rows EAGLE-2's ``evaluate``
-    counts (assistant input token). A verifier token outside the draft vocabulary is a miss."""
+    unroll, i.e. the j-th token drafted past a verified prefix, on the rows EAGLE-2's agreement
+    counts (assistant input token). A verifier token outside the draft vocabulary is a miss (the
+    drafter's own head and d2t decide; ``head`` goes unused)."""
     hits, counts = [0] * depths, [0] * depths
     dtype = dtype or next(model.parameters()).dtype
     ids = model.draft_ids()

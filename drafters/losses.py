@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .train_config import MASK_MODES
+
 
 @dataclass
 class AlignedBatch:
@@ -36,8 +38,6 @@ class AlignedBatch:
         return AlignedBatch(*(getattr(self, f.name).to(device, **({"dtype": dtype} if f.name in cast else {}))
                               for f in dataclasses.fields(self)))
 
-
-MASK_MODES = ("next", "reference")
 
 
 def align(input_ids, features, loss_mask, top_ids=None, top_probs=None, mask_mode: str = "next") -> dict:

@@ -14,7 +14,7 @@ shard's worth per rank is seen twice (never more than ``MAX_PAD`` of the epoch).
 A data list that cannot be split so (fewer shards than ranks, or so few that the repeats would
 pass ``MAX_PAD`` of the epoch, or a subset of a cache written before the index listed each
 shard's ids) keeps the interleaved plan: every rank reads every shard and takes every world-th
-batch (drafters/trainer.py ``batches``).
+batch (drafters/train_data.py ``batches``).
 """
 from __future__ import annotations
 

@@ -53,7 +53,8 @@ from drafters.config import BACKBONES  # noqa: E402
 from drafters.data.sources import BENCHMARKS, load_benchmark  # noqa: E402
 from drafters.data.templating import benchmark_prompt_ids  # noqa: E402
 from drafters.eagle3 import default_aux_layers  # noqa: E402
-from drafters.trainer import TrainConfig, train  # noqa: E402
+from drafters.train_config import TrainConfig  # noqa: E402
+from drafters.trainer import train  # noqa: E402
 from drafters.variants import (DataSpec, ensure_features, heldout_data, select_examples,  # noqa: E402
                                variant_data)
 from drafters.vocab import count_targets, save_vocab, select_ids  # noqa: E402

@@ -30,7 +30,8 @@ def main(argv=None) -> int:
     from drafters.config import DrafterConfig
     from drafters.features import verifier_features
     from drafters.losses import collate
-    from drafters.trainer import TrainConfig, compute_loss
+    from drafters.objective import compute_loss
+    from drafters.train_config import TrainConfig
     from drafters.vocab import DraftHead, count_targets, select_ids
     from drafters.variants import DataSpec, select_examples
 

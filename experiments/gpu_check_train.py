@@ -54,7 +54,7 @@ def free_verifiers(device: str) -> None:
 def _config(args, name: str, model, tok, precision: str, deepspeed: bool):
     """Features of the generated corpus (extracted here, on the device) and the run's TrainConfig."""
     from common.verifiers import eos_token_ids
-    from drafters.trainer import TrainConfig
+    from drafters.train_config import TrainConfig
     from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
 
     root = tempfile.mkdtemp(prefix="gpu-check-features-")

@@ -25,7 +25,8 @@ from drafters.eagle3 import (Eagle3Config, Eagle3Drafter, default_aux_layers, in
                              save_eagle3)
 from drafters.features import FeatureStore, captured_layers, content_key, verifier_features
 from drafters.merge import merge_checkpoints, task_arithmetic
-from drafters.trainer import TrainConfig, train
+from drafters.train_config import TrainConfig
+from drafters.trainer import train
 from drafters.variants import DataSpec, ensure_features, heldout_data, select_examples, variant_data
 from drafters.vocab import count_targets, save_vocab, select_ids
 from tests.conftest import TRAIN_SPEC, VERIFIER
@@ -179,7 +180,7 @@ def test_eagle3_step_checkpoint_resume_ends_with_the_uninterrupted_weights(verif
 
 @pytest.mark.full  # breadth: online features for eagle3 (the cached path trains by default)
 def test_online_eagle3_features_match_the_cache(verifier, e3):
-    from drafters.trainer import OnlineFeatures, iter_examples
+    from drafters.train_data import OnlineFeatures, iter_examples
 
     model, tok = verifier
     root, caches, _ = e3

@@ -18,7 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from drafters.trainer import TrainConfig, train
+from drafters.train_config import TrainConfig
+from drafters.trainer import train
 from drafters.variants import DataSpec, heldout_data, variant_data
 from orchestrator import preflight
 from orchestrator.manifest import Lease, LeaseHeld

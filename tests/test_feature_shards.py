@@ -19,7 +19,9 @@ from drafters import shards
 from drafters.features import (FeatureExample, FeatureStore, StreamingFeatureStore, extraction_device,
                                plan_shards, reading_through, shard_tokens_for, token_bytes)
 from drafters.data.templating import TokenizedExample
-from drafters.trainer import TrainConfig, batches, schedule_steps
+from drafters.objective import schedule_steps
+from drafters.train_config import TrainConfig
+from drafters.train_data import batches
 from common import storage
 from workers.artifacts import RemoteDir, localize_data
 from workers.shard_cache import ShardCache, budget_bytes

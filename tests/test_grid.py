@@ -121,7 +121,7 @@ def readme_run(tmp_path_factory):
     home.mkdir()
     ray_tmp = _private_tmp()
     from common.caches import cache_dir
-    from drafters.trainer import jit_build_dir
+    from drafters.runners import jit_build_dir
 
     # no RAY_* setting of ours reaches the commands (RAY_DASHBOARD_STARTUP_TIMEOUT_S excepted: a
     # loaded machine may need a longer wait); the machine's caches (matmul tuning, verify costs,

@@ -33,7 +33,7 @@ from pyarrow import fs
 from ray.cluster_utils import Cluster
 
 from drafters.data.sources import load_benchmark
-from drafters.trainer import weights_digest
+from drafters.collectives import weights_digest
 from orchestrator.grid import eval_cells
 from orchestrator.manifest import read_manifest
 from orchestrator.profile import load_profile
@@ -350,7 +350,7 @@ def test_training_on_two_nodes_with_an_odd_batch_count_in_bf16(cluster, s3, tmp_
     drafter, and the loss is finite and falls (the grid above decodes drafters trained so: exact at T=0)."""
     from safetensors.torch import load_file
 
-    from drafters.trainer import weights_digest
+    from drafters.collectives import weights_digest
 
     endpoint, s3fs = s3
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_"))}

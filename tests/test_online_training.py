@@ -19,7 +19,10 @@ import drafters.trainer as trainer_mod
 import drafters.variants as variants_mod
 from drafters.data.templating import TokenizedExample
 from drafters.features import FeatureStore, verifier_features
-from drafters.trainer import TrainConfig, plan_batches, schedule_steps, train
+from drafters.objective import schedule_steps
+from drafters.train_config import TrainConfig
+from drafters.train_data import plan_batches
+from drafters.trainer import train
 
 N, HELD, BATCH, WORLD = 22, 2, 3, 2  # 8 batches (the last holds one example): 4 per rank per epoch
 SPEC = {"n": N, "heldout": HELD, "max_length": 64, "seed": 0}

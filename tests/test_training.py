@@ -7,7 +7,8 @@ import json
 import pytest
 import torch
 
-from drafters.trainer import TrainConfig, TrainingDiverged, train
+from drafters.train_config import TrainConfig
+from drafters.trainer import TrainingDiverged, train
 from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
 from tests.conftest import TRAIN_SPEC
 
@@ -86,7 +87,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(verifier, caches, tmp_pat
 @pytest.mark.full  # breadth: online features (tests/test_online_training.py checks its plumbing by default)
 def test_online_mode_matches_the_cache_and_trains(verifier, caches, tmp_path):
     """`online` computes the same features inside the trainer (no cache) and trains on them."""
-    from drafters.trainer import OnlineFeatures, iter_examples
+    from drafters.train_data import OnlineFeatures, iter_examples
 
     model, tok = verifier
     root, c = caches
@@ -110,7 +111,7 @@ def test_heldout_metrics_report_each_domain(verifier, caches, tmp_path):
     """A specialist is judged on its own domain: pooled agreement plus one value per held-out set."""
     from drafters.checkpoint import init_drafter
     from drafters.config import DrafterConfig
-    from drafters.trainer import evaluate, heldout_metrics
+    from drafters.heldout import evaluate, heldout_metrics
     from drafters.vocab import DraftHead
 
     model, _ = verifier

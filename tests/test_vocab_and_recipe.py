@@ -8,7 +8,9 @@ from drafters.checkpoint import init_drafter, load_checkpoint, save_checkpoint
 from drafters.config import DrafterConfig
 from drafters.losses import AlignedBatch, aligned_passes, eagle_losses, noise
 from drafters.merge import merge_checkpoints
-from drafters.trainer import TrainConfig, batches, clamp_grads_by_value, compute_loss, lr_factor
+from drafters.objective import clamp_grads_by_value, compute_loss, lr_factor
+from drafters.train_config import TrainConfig
+from drafters.train_data import batches
 from drafters.vocab import DraftHead, count_targets, d2t_of, ids_of, load_vocab, save_vocab, select_ids
 
 V, H = 50, 16
@@ -160,7 +162,7 @@ def test_length_buckets_cut_padding_and_keep_every_example():
             self.loss_mask = torch.ones(n, dtype=torch.bool)
             self.features, self.top_ids, self.top_probs = torch.zeros(n, 4), torch.zeros(n, 2, dtype=torch.int32), torch.zeros(n, 2)
 
-    import drafters.trainer as tr
+    import drafters.train_data as tr
 
     exs = [FE(i, n) for i, n in enumerate([5, 60, 6, 61, 7, 62, 8, 63] * 4)]
     orig = tr.iter_examples

@@ -13,7 +13,7 @@ def _train(args) -> None:
     from common.verifiers import eos_token_ids, resolve
     from decoding.verifiers import load_verifier
 
-    from drafters.trainer import TrainConfig
+    from drafters.train_config import TrainConfig
     from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
 
     name = resolve(args.verifier).name

@@ -27,7 +27,8 @@ def train_loop_per_worker(config: dict) -> None:
 
     from decoding.verifiers import load_verifier
     from drafters.features import reading_through
-    from drafters.trainer import TrainConfig, train
+    from drafters.train_config import TrainConfig
+    from drafters.trainer import train
 
     from . import artifacts
 

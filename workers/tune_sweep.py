@@ -21,7 +21,7 @@ RAY_KEYS = {"training_iteration", "timestamp", "time_this_iter_s", "time_total_s
 def _trial(params: dict, configs: dict, resources: dict) -> None:
     from ray import tune
 
-    from drafters.trainer import TrainConfig
+    from drafters.train_config import TrainConfig
     from workers.train_worker import run_training
 
     cfg = TrainConfig(**configs[params["cell"]])
