@@ -21,7 +21,7 @@ from decoding.runner import write_parquet_atomic
 from drafters.checkpoint import initial_of, save_any
 from drafters.data.sources import load_benchmark, subsample
 from drafters.merge import merge_checkpoints
-from drafters.trainer import TrainConfig
+from drafters.train_config import TrainConfig
 from drafters.variants import heldout_data, variant_data
 from workers import tasks
 from workers.relay import Relay

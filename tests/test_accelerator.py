@@ -376,7 +376,8 @@ def test_features_training_steps_and_merges_run_on_the_device(verifier, bench_pr
     from drafters.features import verifier_features
     from drafters.losses import collate
     from drafters.merge import linear
-    from drafters.trainer import TrainConfig, compute_loss
+    from drafters.objective import compute_loss
+    from drafters.train_config import TrainConfig
     from drafters.vocab import DraftHead
 
     model, tok = verifier
