@@ -36,7 +36,8 @@ from .accept import greedy_match
 from common.caches import add_to_json_cache, cache_dir, load_json_cache
 from .drafting import feature_layers
 from .timing import synced_now
-from .tree import TreeConfig, chain_tree
+from .config import TreeConfig
+from .tree import chain_tree
 
 CAL_TREES = {1: TreeConfig(1, 8, 9), 2: TreeConfig(2, 6, 24), 4: TreeConfig(4, 6, 32)}
 TOTALS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)

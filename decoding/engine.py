@@ -2,65 +2,17 @@
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from .accept import accept_greedy, accept_sampling, entropy, logits_to_probs, sample
+from .config import DecodeConfig
 from .device import to_device
 from .drafting import Proposer, feature_layers
-from .hedge import HedgeConfig
-from .strategies import GRANULARITIES, SCORES, SWITCH_AFTER, SWITCH_TO, make_strategy
+from .strategies import strategy_for
 from .timing import Clock
-from .tree import TreeConfig
 from .verifier_pass import commit_path, new_cache, prefill, tree_forward
-
-
-@dataclass(frozen=True)
-class DecodeConfig:
-    strategy: str = "single"
-    temperature: float = 0.0
-    max_new_tokens: int = 128
-    seed: int = 42
-    routing_granularity: str = "step"  # step | turn | prompt (see strategies._Routed)
-    routing_decide_steps: int = 1  # turn/prompt granularity: verifier calls whose scores decide the route
-    merge_dedup: bool = False  # merged trees: plain concatenation (study) or trie (deduplicated)
-    merge_budget: bool = False  # merged trees: rerank the union to tree.total_tokens (budget-matched)
-    top_k_sampling: int | None = None  # optional verifier top-k filter (temperature > 0)
-    top_p: float | None = None  # optional verifier top-p filter (temperature > 0)
-    route_score: str = "path"  # confidence routing score: path (mean V) | node (mean c, the study's text)
-    switch_after: int = 2  # switching: k consecutive steps with nothing accepted switch (1..5)
-    switch_to: str = "specialist"  # switching: to the other specialist | to merged trees
-    switch_depth: int = 2  # depth_adaptive: deepest level from the mixed drafter (1..tree.depth - 1)
-    hedge_eta: float = 0.5  # hedge: learning rate (> 0)
-    hedge_prior: str = "uniform"  # hedge: uniform | mixed-first (the first drafter starts ahead)
-    hedge_reset: str = "turn"  # hedge: fresh weights every turn | carry them across a prompt's turns
-    tree: TreeConfig = field(default_factory=TreeConfig)
-
-    def __post_init__(self):
-        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
-        if self.routing_granularity not in GRANULARITIES:
-            raise ValueError(f"routing_granularity must be one of {list(GRANULARITIES)}, got {self.routing_granularity!r}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.route_score not in SCORES:
-            raise ValueError(f"route_score must be one of {list(SCORES)}, got {self.route_score!r}")
-        if not isinstance(self.switch_after, int) or self.switch_after not in SWITCH_AFTER:
-            raise ValueError(f"switch_after must be an int in 1..5, got {self.switch_after!r}")
-        if self.switch_to not in SWITCH_TO:
-            raise ValueError(f"switch_to must be one of {list(SWITCH_TO)}, got {self.switch_to!r}")
-        if not isinstance(self.switch_depth, int) or isinstance(self.switch_depth, bool) or self.switch_depth < 1 or (
-                self.strategy == "depth_adaptive" and self.switch_depth >= self.tree.depth):
-            raise ValueError(f"switch_depth must be an int in 1..tree.depth - 1 (tree depth {self.tree.depth}), "
-                             f"got {self.switch_depth!r}")
-        HedgeConfig(self.hedge_eta, self.hedge_prior, self.hedge_reset)  # refuses a bad hedge_* field by name
-
-    @property
-    def hedge(self) -> HedgeConfig:
-        return HedgeConfig(self.hedge_eta, self.hedge_prior, self.hedge_reset)
 
 
 @dataclass
@@ -83,7 +35,13 @@ def prompt_seed(seed: int, key: str) -> int:
 
 
 class SpeculativeDecoder:
-    """Decode with a verifier, a list of proposers and a strategy (by name)."""
+    """Decode with a verifier, a list of proposers and a strategy (by name).
+
+    Device discipline: the verifier, the drafters and every tree live on the model's device; the
+    host keeps the committed token list. They meet at one boundary per step (``_commit``): one read
+    of the acceptance walk, one copy of the committed tokens and path indices to the device, one
+    read of the step record (hedge's drafter scores ride on it). Routing adds one read (which
+    tree), a trie merge one read and one copy; T > 0 one copy of the walk's uniforms."""
 
     def __init__(self, model, proposers: list[Proposer], config: DecodeConfig, eos_ids: list[int],
                  prompt_cache: bool = False):
@@ -96,10 +54,7 @@ class SpeculativeDecoder:
         # bench time every prefill, as transformers' generate pays it.
         self._prompt = {} if prompt_cache else None
         self.eos = set(eos_ids)
-        self.strategy = make_strategy(config.strategy, len(self.proposers), config.routing_granularity, config.merge_dedup,
-                                      config.routing_decide_steps, config.merge_budget, score=config.route_score,
-                                      switch_after=config.switch_after, switch_to=config.switch_to,
-                                      switch_depth=config.switch_depth, hedge=config.hedge)
+        self.strategy = strategy_for(config, len(self.proposers))
         self.strategy.check(self.proposers)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.observer = None  # optional callback(tree, verifier argmax (N+1,), proposal) per step (tree auto)
@@ -133,26 +88,18 @@ class SpeculativeDecoder:
         """A new prompt begins (its turns follow): prompt-level routing decides afresh."""
         self.strategy.start_prompt()
 
-    @torch.no_grad()
-    def generate(self, input_ids: list[int], seed_key: str = "") -> TurnResult:
-        """Generate one assistant turn after ``input_ids`` (a fully templated prompt).
-
-        Device discipline: the verifier, the drafters and every tree live on the model's device;
-        the host keeps the committed token list. They meet at one boundary per step (``_commit``):
-        one read of the acceptance walk, one copy of the committed tokens and path indices to
-        the device, one read of the step record (hedge's drafter scores ride on it). Routing adds
-        one read (which tree), a trie merge one read and one copy; T > 0 one copy of the walk's
-        uniforms."""
+    def _check_prompt(self, input_ids: list[int]) -> None:
         if not input_ids:
             raise ValueError("empty prompt")
-        if self.max_positions and len(input_ids) + self.cfg.max_new_tokens + self.cfg.tree.depth + 1 > self.max_positions:
+        positions = len(input_ids) + self.cfg.max_new_tokens + self.cfg.tree.depth + 1  # the most a turn may fill
+        if self.max_positions and positions > self.max_positions:
             raise ValueError(f"prompt of {len(input_ids)} tokens + {self.cfg.max_new_tokens} new tokens exceeds the "
                              f"verifier's context of {self.max_positions} positions")
-        gen = torch.Generator().manual_seed(prompt_seed(self.cfg.seed, seed_key))
+
+    def _begin_turn(self, input_ids: list[int], gen: torch.Generator) -> tuple:
+        """0. prefill: the prompt enters the verifier cache; its last logits give the first token.
+        Returns (cache, features (cap, F), tokens on the host, the same tokens on the device)."""
         dev = self.model.device
-        clock = Clock(dev)
-        t_start = clock.mark()
-        # 0. prefill: the prompt enters the verifier cache; its last logits give the first token
         cache, feats, logits = self._prefill(input_ids)  # cache, (n, F), (1, V)
         # verifier features of every token in the cache, in a buffer with room for the whole turn
         cap = len(input_ids) + self.cfg.max_new_tokens + 1
@@ -161,10 +108,22 @@ class SpeculativeDecoder:
         tokens = list(input_ids) + [self._first_token(logits[-1], gen)]
         tok_dev = torch.empty(cap + 1, dtype=torch.long, device=dev)  # the same tokens on the device
         tok_dev[: len(tokens)] = to_device(torch.tensor(tokens), dev)
-        out = tokens[len(input_ids):]
         for p in self.proposers:
             p.reset()
         self.strategy.start_turn()
+        return cache, features, tokens, tok_dev
+
+    @torch.no_grad()
+    def generate(self, input_ids: list[int], seed_key: str = "") -> TurnResult:
+        """Generate one assistant turn after ``input_ids`` (a fully templated prompt), meeting the
+        device once per step (the class docstring's device discipline)."""
+        self._check_prompt(input_ids)
+        gen = torch.Generator().manual_seed(prompt_seed(self.cfg.seed, seed_key))
+        dev = self.model.device
+        clock = Clock(dev)
+        t_start = clock.mark()
+        cache, features, tokens, tok_dev = self._begin_turn(input_ids, gen)  # 0. prefill
+        out = tokens[len(input_ids):]
         steps, marks, calls, new_tokens = [], [], 0, 0
         while out[-1] not in self.eos and len(out) < self.cfg.max_new_tokens:
             n = len(tokens) - 1  # tokens in the cache; tokens[n] is the root
@@ -210,13 +169,18 @@ class SpeculativeDecoder:
             marks.append((t0, t1, t2, t3, t4, clock.mark()))
             steps.append(self._step_record(calls - 1, tree, prop, acc, committed, record, fb_vals))
         t_end = clock.mark()
-        clock.finish()  # one device sync closes every timer of the turn
+        self._time_steps(clock, steps, marks)
+        self.last_cache = cache  # kept for inspection (tests compare it with a fresh prefill)
+        return TurnResult(out, calls, new_tokens, clock.seconds(t_start, t_end), steps)
+
+    @staticmethod
+    def _time_steps(clock: Clock, steps: list[dict], marks: list[tuple]) -> None:
+        """Each step's seconds into its record, after one device sync closes every timer of the turn."""
+        clock.finish()
         for st, (t0, t1, t2, t3, t4, t5) in zip(steps, marks):
             fb_s = clock.seconds(t3, t4)  # the strategy's feedback passes count as drafting
             st.update(t_draft_s=clock.seconds(t0, t1) + fb_s, t_verify_s=clock.seconds(t1, t2), t_feedback_s=fb_s,
                       t_bookkeeping_s=clock.seconds(t2, t3) + clock.seconds(t4, t5))
-        self.last_cache = cache  # kept for inspection (tests compare it with a fresh prefill)
-        return TurnResult(out, calls, new_tokens, clock.seconds(t_start, t_end), steps)
 
     def _committed(self, acc, tree, n_out: int) -> list[int]:
         """The accepted tokens plus the verifier's next one, cut at max_new_tokens and at the first

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .tree import DraftTree, TreeConfig, chain_tree
+from .config import TreeConfig
+from .tree import DraftTree, chain_tree
 
 
 class OracleChainProposer:

@@ -15,14 +15,11 @@ from dataclasses import dataclass
 
 import torch
 
+from .config import STRATEGY_NAMES, DecodeConfig, TreeConfig
 from .drafting import Proposer, agreement_together, can_agree, draft_together
 from .hedge import HedgeConfig, hedge_choice, hedge_update, prior_log_weights
-from .tree import DraftTree, TreeConfig, graft_trees, merge_trees, rerank
+from .tree import DraftTree, graft_trees, merge_trees, rerank
 
-GRANULARITIES = ("step", "turn", "prompt")
-SCORES = ("path", "node")  # confidence routing: mean path confidence V, or mean node confidence c (the study's)
-SWITCH_TO = ("specialist", "merged")
-SWITCH_AFTER = range(1, 6)
 STAT = {"path": 0, "entropy": 1, "node": 2}  # the columns of Proposal.stats
 
 
@@ -46,26 +43,12 @@ class Strategy:
     min_drafters = 0
     max_drafters: int | None = None
 
-    def __init__(self, granularity: str = "step", dedup: bool = False, decide_steps: int = 1,
-                 budget: bool = False, score: str = "path", switch_after: int = 2, switch_to: str = "specialist",
-                 switch_depth: int = 2, hedge: HedgeConfig = HedgeConfig()):
-        if not isinstance(hedge, HedgeConfig):
-            raise ValueError(f"hedge options must be a HedgeConfig, got {type(hedge).__name__}")
-        if granularity not in GRANULARITIES:
-            raise ValueError(f"routing granularity must be one of {list(GRANULARITIES)}, got {granularity!r}")
-        if not isinstance(decide_steps, int) or decide_steps < 1:
-            raise ValueError(f"routing decide_steps must be a positive int, got {decide_steps!r}")
-        if score not in SCORES:
-            raise ValueError(f"route score must be one of {list(SCORES)}, got {score!r}")
-        if not isinstance(switch_after, int) or switch_after not in SWITCH_AFTER:
-            raise ValueError(f"switch_after must be an int in 1..5, got {switch_after!r}")
-        if switch_to not in SWITCH_TO:
-            raise ValueError(f"switch_to must be one of {list(SWITCH_TO)}, got {switch_to!r}")
-        if not isinstance(switch_depth, int) or isinstance(switch_depth, bool) or switch_depth < 1:
-            raise ValueError(f"switch_depth must be a positive int (below the tree depth), got {switch_depth!r}")
-        self.granularity, self.dedup, self.decide_steps, self.budget = granularity, dedup, decide_steps, budget
-        self.route_score, self.switch_after, self.switch_to = score, switch_after, switch_to
-        self.switch_depth, self.hedge = switch_depth, hedge
+    def __init__(self, cfg: DecodeConfig):
+        """``cfg``: the options, checked once by DecodeConfig; those a strategy does not use are ignored."""
+        self.granularity, self.decide_steps = cfg.routing_granularity, cfg.routing_decide_steps
+        self.dedup, self.budget, self.route_score = cfg.merge_dedup, cfg.merge_budget, cfg.route_score
+        self.switch_after, self.switch_to, self.switch_depth = cfg.switch_after, cfg.switch_to, cfg.switch_depth
+        self.hedge = cfg.hedge
 
     def check(self, drafters: list[Proposer]) -> None:
         """Refuse drafters the strategy cannot use (called once, before any decoding)."""
@@ -306,20 +289,31 @@ class Hedge(Strategy):
 
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Autoregressive, Single, Confidence, Entropy, Merged,
                                                              Switching, DepthAdaptive, Hedge)}
+assert tuple(STRATEGIES) == STRATEGY_NAMES, "decoding/config.py names every strategy registered here"
+
+
+def strategy_for(cfg: DecodeConfig, n_drafters: int) -> Strategy:
+    """The strategy ``cfg`` names, for ``n_drafters`` drafters (a count it cannot use is refused)."""
+    cls = STRATEGIES[cfg.strategy]
+    if n_drafters < cls.min_drafters:
+        raise ValueError(f"strategy {cfg.strategy!r} needs at least {cls.min_drafters} drafter(s), got {n_drafters}")
+    if cls.max_drafters is not None and n_drafters > cls.max_drafters:
+        raise ValueError(f"strategy {cfg.strategy!r} takes at most {cls.max_drafters} drafter(s), got {n_drafters}")
+    return cls(cfg)
 
 
 def make_strategy(name: str, n_drafters: int, granularity: str = "step", dedup: bool = False,
                   decide_steps: int = 1, budget: bool = False, score: str = "path", switch_after: int = 2,
                   switch_to: str = "specialist", switch_depth: int = 2,
                   hedge: HedgeConfig = HedgeConfig()) -> Strategy:
-    """Build a strategy by name, checking the number of drafters it needs and every option (each
-    option is checked whatever the strategy; those a strategy does not use are ignored)."""
-    if name not in STRATEGIES:
-        raise ValueError(f"unknown strategy {name!r}; choose one of {sorted(STRATEGIES)}")
-    cls = STRATEGIES[name]
-    if n_drafters < cls.min_drafters:
-        raise ValueError(f"strategy {name!r} needs at least {cls.min_drafters} drafter(s), got {n_drafters}")
-    if cls.max_drafters is not None and n_drafters > cls.max_drafters:
-        raise ValueError(f"strategy {name!r} takes at most {cls.max_drafters} drafter(s), got {n_drafters}")
-    return cls(granularity=granularity, dedup=dedup, decide_steps=decide_steps, budget=budget, score=score,
-               switch_after=switch_after, switch_to=switch_to, switch_depth=switch_depth, hedge=hedge)
+    """A strategy by name and options, without a decoder (tests, the CLI's early check): the options
+    are checked by DecodeConfig whatever the strategy. No tree is known here, so DecodeConfig gets one
+    deep enough for ``switch_depth``; DepthAdaptive checks it against the tree each step hands it."""
+    if not isinstance(hedge, HedgeConfig):
+        raise ValueError(f"hedge options must be a HedgeConfig, got {type(hedge).__name__}")
+    deep = switch_depth + 1 if isinstance(switch_depth, int) and switch_depth >= TreeConfig.depth else TreeConfig.depth
+    cfg = DecodeConfig(strategy=name, routing_granularity=granularity, merge_dedup=dedup,
+                       routing_decide_steps=decide_steps, merge_budget=budget, route_score=score,
+                       switch_after=switch_after, switch_to=switch_to, switch_depth=switch_depth, hedge_eta=hedge.eta,
+                       hedge_prior=hedge.prior, hedge_reset=hedge.reset, tree=TreeConfig(depth=deep))
+    return strategy_for(cfg, n_drafters)

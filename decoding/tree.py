@@ -13,22 +13,6 @@ import torch
 from .device import to_device
 
 
-@dataclass(frozen=True)
-class TreeConfig:
-    """EAGLE-2 dynamic tree. ``depth`` = max draft tokens on a path (EAGLE-2's depth + 1)."""
-
-    top_k: int = 4
-    depth: int = 4
-    total_tokens: int = 16  # nodes verified per call, root included (EAGLE's total_token)
-
-    def __post_init__(self):
-        for f in ("top_k", "depth", "total_tokens"):
-            if not isinstance(getattr(self, f), int) or getattr(self, f) < 1:
-                raise ValueError(f"tree {f} must be a positive int, got {getattr(self, f)!r}")
-        if self.total_tokens < 2:
-            raise ValueError("tree total_tokens must be >= 2 (the root plus at least one draft node)")
-
-
 @dataclass
 class DraftTree:
     tokens: torch.Tensor  # (N,) long

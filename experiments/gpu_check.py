@@ -121,7 +121,7 @@ def _sites(where: Counter, steps: int) -> str:
 def _decoder_rows(args, model, props, eos, inputs, refs, gen_tps, dtype: str, model_name: str, table: Table) -> None:
     """One row per strategy: exactness against ``generate``, tokens/s, tau, host round trips, memory."""
     from decoding.engine import DecodeConfig, SpeculativeDecoder
-    from decoding.tree import TreeConfig
+    from decoding.config import TreeConfig
     from common.verifiers import compare_greedy
     for spec in STRATEGIES:
         strat, dedup, budget = spec.split("-")[0], spec.endswith("dedup"), spec.endswith("budget")

@@ -30,7 +30,7 @@ def _worker(args) -> int:
     sys.path.insert(0, str(ROOT))
     from decoding.engine import DecodeConfig, SpeculativeDecoder
     from decoding.runner import load_proposers
-    from decoding.tree import TreeConfig
+    from decoding.config import TreeConfig
     from common.verifiers import eos_token_ids, resolve
     from decoding.verifiers import load_verifier
 

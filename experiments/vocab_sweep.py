@@ -25,7 +25,7 @@ def main(argv=None) -> int:
 
     from decoding.engine import DecodeConfig, SpeculativeDecoder
     from decoding.runner import default_threads, load_proposers
-    from decoding.tree import TreeConfig
+    from decoding.config import TreeConfig
     from common.verifiers import eos_token_ids
     from decoding.verifiers import load_verifier
     from drafters.data.sources import load_benchmark

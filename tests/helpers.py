@@ -5,7 +5,8 @@ import warnings
 
 import torch
 
-from decoding.tree import TreeConfig, chain_tree
+from decoding.config import TreeConfig
+from decoding.tree import chain_tree
 from drafters.data.sources import load_corpus, subsample
 from drafters.data.templating import tokenize_conversation
 from drafters.vocab import count_targets, select_ids

@@ -22,7 +22,7 @@ from decoding import cpu
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import decode_prompt, load_proposers
 from decoding.timing import Clock
-from decoding.tree import TreeConfig
+from decoding.config import TreeConfig
 from tests.accelerator import DeviceMismatch, FakeCuda, on_device
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,7 @@ from torch import nn
 from decoding.cpu import matmul as cpu_matmul
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import decode_prompt, load_proposers
-from decoding.tree import TreeConfig
+from decoding.config import TreeConfig
 from common.verifiers import TIE_GAP as TIE_GAPS
 from common.verifiers import compare_greedy, eos_token_ids
 from decoding.verifiers import load_verifier

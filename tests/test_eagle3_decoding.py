@@ -12,7 +12,7 @@ import torch
 from decoding import cpu
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import check_drafter_files, decode_prompt, load_proposers
-from decoding.tree import TreeConfig
+from decoding.config import TreeConfig
 from decoding.verifier_pass import new_cache, prefill, tree_forward
 from drafters.data.templating import benchmark_prompt_ids
 from drafters.eagle3 import Eagle3Config, default_aux_layers, init_eagle3, save_eagle3

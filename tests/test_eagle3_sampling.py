@@ -32,7 +32,7 @@ import torch
 import decoding.engine as engine
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import load_proposers
-from decoding.tree import TreeConfig
+from decoding.config import TreeConfig
 from decoding.verifier_pass import new_cache, prefill
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3, save_eagle3
 from tests.conftest import VERIFIER

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import decode_prompt, load_proposers
-from decoding.tree import TreeConfig
+from decoding.config import TreeConfig
 from common.verifiers import verifier_config
 from drafters.__main__ import main as drafters_main
 from drafters.checkpoint import init_drafter, load_checkpoint, save_checkpoint

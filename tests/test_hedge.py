@@ -19,7 +19,8 @@ from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.hedge import (PRIOR_LEAD, HedgeConfig, hedge_choice, hedge_update, prior_log_weights,
                             step_losses)
 from decoding.strategies import make_strategy
-from decoding.tree import TreeConfig, chain_tree
+from decoding.config import TreeConfig
+from decoding.tree import chain_tree
 from drafters.data.templating import benchmark_prompt_ids
 from tests.helpers import ConstantProposer, OracleProposer
 from tests.test_lossless import greedy_reference

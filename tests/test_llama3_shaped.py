@@ -13,7 +13,7 @@ import torch
 
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import load_proposers
-from decoding.tree import TreeConfig
+from decoding.config import TreeConfig
 from common.verifiers import compare_greedy, eos_token_ids, resolve
 from decoding.verifiers import load_verifier
 from drafters.data.sources import load_benchmark

@@ -6,7 +6,7 @@ import torch
 
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import decode_prompt
-from decoding.tree import TreeConfig
+from decoding.config import TreeConfig
 from drafters.data.templating import benchmark_prompt_ids
 from tests.helpers import ConstantProposer, OracleProposer
 

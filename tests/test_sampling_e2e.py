@@ -20,7 +20,8 @@ import torch
 import decoding.engine as engine
 from decoding.accept import accept_sampling, logits_to_probs, sample
 from decoding.engine import DecodeConfig, SpeculativeDecoder
-from decoding.tree import TreeConfig, chain_tree
+from decoding.config import TreeConfig
+from decoding.tree import chain_tree
 from drafters.data.sources import load_benchmark
 from drafters.data.templating import benchmark_prompt_ids
 

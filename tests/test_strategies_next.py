@@ -18,7 +18,8 @@ import torch
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import decode_prompt, load_proposers
 from decoding.strategies import STAT, make_strategy, switch_rule
-from decoding.tree import DraftTree, TreeConfig, chain_tree, graft_trees, match_paths
+from decoding.config import TreeConfig
+from decoding.tree import DraftTree, chain_tree, graft_trees, match_paths
 from drafters.data.templating import benchmark_prompt_ids
 from tests.helpers import OracleProposer
 from tests.test_lossless import greedy_reference

@@ -6,7 +6,7 @@ import torch
 
 from decoding.accept import accept_sampling, logits_to_probs, sample
 from decoding.strategies import make_strategy
-from decoding.tree import TreeConfig
+from decoding.config import TreeConfig
 from decoding.verifier_pass import new_cache, prefill, tree_forward
 from drafters.data.templating import benchmark_prompt_ids
 from tests.helpers import chain_tree

@@ -1,0 +1,112 @@
+"""The decoding settings, each declared and checked once (torch-free): the tree shape
+(``TreeConfig``) and the strategy's options (``DecodeConfig``), with the values each may take.
+
+These frozen dataclasses are the settings themselves all the way down: the profile's
+``eval.tree`` section is a ``TreeConfig``, the grid builds one ``DecodeConfig`` per evaluation
+cell, it crosses Ray to the eval actor as it is, and the decode loop reads it. The profile
+imports the allowed values from here and adds only what spans its stages.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from common.rules import check, integer
+
+from .hedge import HedgeConfig
+
+# one strategy class per name (decoding/strategies.py's registry); the grid names them as strings
+STRATEGY_NAMES = ("autoregressive", "single", "confidence", "entropy", "merged", "switching", "depth_adaptive",
+                  "hedge")
+GRANULARITIES = ("step", "turn", "prompt")  # routing: per verifier call, per turn, per prompt
+SCORES = ("path", "node")  # confidence routing: mean path confidence V, or mean node confidence c (the study's)
+SWITCH_TO = ("specialist", "merged")
+SWITCH_AFTER = range(1, 6)
+# the strategy options every trace row carries (report columns), in this order
+OPTION_COLUMNS = ("route_score", "switch_after", "switch_to", "switch_depth")
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """EAGLE-2 dynamic tree. ``depth`` = max draft tokens on a path (EAGLE-2's depth + 1)."""
+
+    top_k: int = 4
+    depth: int = 4
+    total_tokens: int = 16  # nodes verified per call, root included (EAGLE's total_token): the root + >= 1 node
+
+    RULES = {"top_k": integer(1), "depth": integer(1), "total_tokens": integer(2)}
+
+    def __post_init__(self):
+        check(self, "tree ")
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    strategy: str = "single"
+    temperature: float = 0.0
+    max_new_tokens: int = 128
+    seed: int = 42
+    routing_granularity: str = "step"  # step | turn | prompt (see strategies._Routed)
+    routing_decide_steps: int = 1  # turn/prompt granularity: verifier calls whose scores decide the route
+    merge_dedup: bool = False  # merged trees: plain concatenation (study) or trie (deduplicated)
+    merge_budget: bool = False  # merged trees: rerank the union to tree.total_tokens (budget-matched)
+    top_k_sampling: int | None = None  # optional verifier top-k filter (temperature > 0)
+    top_p: float | None = None  # optional verifier top-p filter (temperature > 0)
+    route_score: str = "path"  # confidence routing score: path (mean V) | node (mean c, the study's text)
+    switch_after: int = 2  # switching: k consecutive steps with nothing accepted switch (SWITCH_AFTER)
+    switch_to: str = "specialist"  # switching: to the other specialist | to merged trees
+    switch_depth: int = 2  # depth_adaptive: deepest level from the mixed drafter (1..tree.depth - 1)
+    hedge_eta: float = 0.5  # hedge: learning rate (> 0)
+    hedge_prior: str = "uniform"  # hedge: uniform | mixed-first (the first drafter starts ahead)
+    hedge_reset: str = "turn"  # hedge: fresh weights every turn | carry them across a prompt's turns
+    tree: TreeConfig = field(default_factory=TreeConfig)
+
+    def __post_init__(self):
+        if self.strategy not in STRATEGY_NAMES:
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {sorted(STRATEGY_NAMES)}")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature!r}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be a positive int, got {self.max_new_tokens!r}")
+        if self.routing_granularity not in GRANULARITIES:
+            raise ValueError(f"routing_granularity must be one of {list(GRANULARITIES)}, "
+                             f"got {self.routing_granularity!r}")
+        if not isinstance(self.routing_decide_steps, int) or self.routing_decide_steps < 1:
+            raise ValueError(f"routing_decide_steps must be a positive int, got {self.routing_decide_steps!r}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.route_score not in SCORES:
+            raise ValueError(f"route_score must be one of {list(SCORES)} (the route score: mean path confidence "
+                             f"V or mean node confidence c), got {self.route_score!r}")
+        if not isinstance(self.switch_after, int) or self.switch_after not in SWITCH_AFTER:
+            raise ValueError(f"switch_after must be an int in {SWITCH_AFTER[0]}..{SWITCH_AFTER[-1]}, "
+                             f"got {self.switch_after!r}")
+        if self.switch_to not in SWITCH_TO:
+            raise ValueError(f"switch_to must be one of {list(SWITCH_TO)}, got {self.switch_to!r}")
+        if not _positive_int(self.switch_depth) or (
+                self.strategy == "depth_adaptive" and self.switch_depth >= self.tree.depth):
+            raise ValueError(f"switch_depth must be an int in 1..tree.depth - 1 (tree depth {self.tree.depth}), "
+                             f"got {self.switch_depth!r}")
+        HedgeConfig(self.hedge_eta, self.hedge_prior, self.hedge_reset)  # refuses a bad hedge_* field by name
+
+    @property
+    def hedge(self) -> HedgeConfig:
+        return HedgeConfig(self.hedge_eta, self.hedge_prior, self.hedge_reset)
+
+    def columns(self) -> dict:
+        """The strategy options as trace columns (OPTION_COLUMNS, every one)."""
+        return {k: getattr(self, k) for k in OPTION_COLUMNS}
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
+
+
+def decode_columns(options: Mapping) -> dict:
+    """The trace columns of ``options`` (a mapping with DecodeConfig's field names, e.g. a grid
+    cell's): OPTION_COLUMNS, each at DecodeConfig's default where ``options`` lacks it."""
+    return {k: options.get(k, _DEFAULTS[k]) for k in OPTION_COLUMNS}
