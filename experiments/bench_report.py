@@ -122,7 +122,8 @@ def make_run(root: Path, rows: int, seed: int = 0, shard_size: int | None = None
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from orchestrator.grid import BENCHMARK_SIZES, cell_prompts, decode_columns, eval_cells
+    from decoding.config import decode_columns
+    from orchestrator.grid import BENCHMARK_SIZES, cell_prompts, eval_cells
     from orchestrator.profile import load_profile, profile_dict
 
     p = load_profile("paper")

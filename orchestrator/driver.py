@@ -30,7 +30,7 @@ from workers.tune_sweep import run_sweep
 from . import keys as unit_keys
 from .cluster import cluster_nodes, eval_pool, machine, ray_init
 from .eval_pool import NoEvalActor
-from .grid import EvalCell, cell_prompts, eval_cells, merge_cells, pool_sizes, train_cells
+from .grid import EvalCell, cell_prompts, eval_cells, eval_job, merge_cells, pool_sizes, train_cells
 from .grid import corpora as grid_corpora
 from .manifest import STAGES, Lease, Manifest
 from .preflight import check_cluster, check_train_resources, preflight
@@ -401,9 +401,6 @@ class Driver:
             return {"eval_units": len(units)}
         n_act = self._plan(None, len(todo)).eval.units  # as many as the cluster holds, up to the cap
         pool = eval_pool(self.p, n_act, log=prog.log)
-        decode = {"top_k": self.p.eval.tree.top_k, "depth": self.p.eval.tree.depth, "max_new_tokens": self.p.eval.max_new_tokens,
-                  "seed": self.p.eval.seed, "routing_decide_steps": self.p.eval.routing_decide_steps,
-                  "paired_baseline": self.p.eval.paired_baseline, "system_prompt": self.p.eval.system_prompt}
         queue = [(u, 1) for u in todo]
         while queue or pool.running:  # a failed actor's slot is probed in the background (EvalPool)
             while queue and pool.free:
@@ -411,9 +408,9 @@ class Driver:
                 # "running", with the attempt, before it starts: a driver that resumes after this one is
                 # killed counts the attempt (attempts in the manifest count over every driver of the output)
                 self.manifest.record(key, "eval", cell.label, "running", attempts=earlier[key] + attempt)
-                pool.submit(lambda a, cell=cell, shard=shard: a.run.options(name=f"eval:{cell.label}").remote(
-                    dataclasses.asdict(cell), [ckpts[d] for d in cell.drafters], shard,
-                    {**decode, "cell_key": cell.key}), item)
+                job = eval_job(self.p, cell)  # its DecodeConfig (tree included), through Ray as it is
+                pool.submit(lambda a, cell=cell, shard=shard, job=job: a.run.options(name=f"eval:{cell.label}").remote(
+                    job, [ckpts[d] for d in cell.drafters], shard), item)
             try:
                 finished = pool.next()
             except NoEvalActor as e:  # every actor failed to start, again and again: the rest fail with why

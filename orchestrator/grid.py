@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+from decoding.config import DecodeConfig
 from drafters.corpora import CORPORA, variant_corpora
+from workers.eval_worker import EvalJob
 
 from .keys import key_of
-from .profile import Profile
+from .profile.schema import Profile
 
 
 @dataclass(frozen=True)
@@ -33,10 +35,10 @@ class MergeCell:
         return f"{self.backbone}-avg{self.lam:g}" if self.kind == "linear" else f"{self.backbone}-{self.kind}"
 
 
-# EvalCell fields whose default leaves a cell's key as it was before the field existed
+# EvalCell fields whose default leaves a cell's key as it was before the field existed (a key rule: the
+# values runs had, written out, not DecodeConfig's defaults, which they equal today)
 KEY_DEFAULTS = {"tree": "fixed", "route_score": "path", "switch_after": 2, "switch_to": "specialist",
                 "switch_depth": 2, "decide_steps": None, "prompts": None}
-DECODE_KEYS = ("route_score", "switch_after", "switch_to", "switch_depth")  # DecodeConfig fields of the same name
 
 
 @dataclass(frozen=True)
@@ -52,10 +54,11 @@ class EvalCell:
     drafters: tuple = field(default_factory=tuple)  # checkpoint names (train/merge cell names)
     budget_matched: bool = False
     tree: str = "fixed"  # fixed: the profile's tree; auto: fitted to machine and drafters (decoding/autotree.py)
-    route_score: str = "path"  # confidence routing: path (mean V, EAGLE-2) | node (mean c(v), the study's text)
-    switch_after: int = 2  # switching: k consecutive steps with nothing accepted
-    switch_to: str = "specialist"  # switching: the other specialist | merged trees
-    switch_depth: int = 2  # depth_adaptive: levels <= this from the mixed drafter
+    # the strategy options the cell sets: DecodeConfig's fields of the same names (decode_config), its defaults
+    route_score: str = DecodeConfig.route_score
+    switch_after: int = DecodeConfig.switch_after
+    switch_to: str = DecodeConfig.switch_to
+    switch_depth: int = DecodeConfig.switch_depth
     decide_steps: int | None = None  # turn/prompt routing: None = eval.routing_decide_steps
     prompts: int | None = None  # prompts per benchmark; None = eval.benchmarks' count
 
@@ -85,17 +88,23 @@ class EvalCell:
 ROUTED_STRATEGIES = ("confidence", "entropy", "switching", "depth_adaptive")
 
 
-def decode_options(cell: dict) -> dict:
-    """The DecodeConfig fields a cell (``asdict`` of an EvalCell) sets away from their defaults."""
-    out = {k: cell[k] for k in DECODE_KEYS if k in cell and cell[k] != KEY_DEFAULTS[k]}
-    if cell.get("decide_steps") is not None:
-        out["routing_decide_steps"] = cell["decide_steps"]
-    return out
+def decode_config(p: Profile, cell: EvalCell) -> DecodeConfig:
+    """The one DecodeConfig a cell decodes with: its strategy and options, the profile's tree at the
+    cell's budget (autoregressive verifies the root alone; its tree keeps the smallest budget, 2)."""
+    e = p.eval
+    tree = replace(e.tree, total_tokens=2 if cell.strategy == "autoregressive" else cell.total_tokens)
+    return DecodeConfig(strategy=cell.strategy, temperature=cell.temperature, max_new_tokens=e.max_new_tokens,
+                        seed=e.seed, routing_granularity=cell.routing_granularity,
+                        routing_decide_steps=e.routing_decide_steps if cell.decide_steps is None else cell.decide_steps,
+                        merge_dedup=cell.merge_dedup, merge_budget=cell.strategy == "merged" and cell.budget_matched,
+                        route_score=cell.route_score, switch_after=cell.switch_after, switch_to=cell.switch_to,
+                        switch_depth=cell.switch_depth, tree=tree)
 
 
-def decode_columns(cell: dict) -> dict:
-    """The cell's decoding options as trace columns (every one, defaults included)."""
-    return {k: cell.get(k, KEY_DEFAULTS[k]) for k in DECODE_KEYS}
+def eval_job(p: Profile, cell: EvalCell) -> EvalJob:
+    """What the driver sends an eval actor for one cell (workers/eval_worker.py)."""
+    return EvalJob(decode_config(p, cell), cell.key, cell.drafter, cell.benchmark, cell.budget_matched, cell.tree,
+                   p.eval.paired_baseline, p.eval.system_prompt)
 
 
 def train_cells(p: Profile) -> list[TrainCell]:

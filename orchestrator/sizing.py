@@ -28,7 +28,10 @@ import math
 from dataclasses import dataclass
 
 from .costs import ASSUMPTIONS, EAGLE3_TTT_STEPS, GIB, VERIFIERS, drafter_params, feature_bytes_per_token, head_rows
-from .profile import Profile, ProfileError, batch_plan
+from .grid import corpora
+from .profile.batch import batch_plan
+from .profile.errors import ProfileError
+from .profile.schema import Profile
 
 RUNTIME_BYTES = 2 * GIB  # an assumption, not measured here
 BUCKET_ELEMENTS = 5e8  # DeepSpeed's reduce_bucket_size default
@@ -167,8 +170,6 @@ def feature_cache_bytes(p: Profile) -> dict | None:
     example, capped by max_length): {"hidden": the LM head's input and top-10, "aux": EAGLE-3's three
     aux layers (one cache per corpus serves every backbone), "total"} in bytes; None for a verifier
     of unknown shape."""
-    from .grid import corpora
-
     v = VERIFIERS.get(p.verifier)
     if v is None:
         return None

@@ -19,7 +19,8 @@ import pytest
 
 from orchestrator.manifest import Manifest
 from orchestrator.preflight import PreflightError, preflight
-from orchestrator.profile import PROFILE_DIR, DataCfg, Profile, ProfileError, TrainCfg, load_profile
+from orchestrator.profile import PROFILE_DIR, Profile, ProfileError, load_profile
+from orchestrator.profile.schema import DataCfg, TrainCfg
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE = "experiments/profiles/smoke.yaml"  # how a named profile is shown (tests run from the checkout)
@@ -158,7 +159,7 @@ def test_every_profile_field_has_a_rule_and_shipped_profiles_load():
 
 def test_profile_dtypes_are_the_verifier_dtypes():
     from drafters.model import DTYPES as MODEL_DTYPES
-    from orchestrator.profile import DTYPES
+    from orchestrator.profile.schema import DTYPES
 
     assert set(DTYPES) == set(MODEL_DTYPES)
 

@@ -183,7 +183,8 @@ def test_rq1_cells_read_more_prompts_and_the_others_a_subset_of_them():
 def test_decode_options_carry_only_what_a_cell_sets():
     import dataclasses
 
-    from orchestrator.grid import decode_columns, decode_options
+    from decoding.config import decode_columns
+    from orchestrator.grid import decode_options
 
     p = load_profile("paper")
     by = {c.label: dataclasses.asdict(c) for c in eval_cells(p)}

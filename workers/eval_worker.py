@@ -6,6 +6,33 @@ import dataclasses
 import os
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
+
+from decoding.config import DecodeConfig, TreeConfig
+
+
+@dataclass(frozen=True)
+class EvalJob:
+    """One evaluation cell as its actor runs it, sent through Ray as it is (orchestrator/grid.py's
+    ``eval_job`` builds it): the DecodeConfig the decode loop reads, and what the traces carry beside it."""
+
+    decode: DecodeConfig
+    cell_key: str
+    drafter: str  # the cell's display name (a trace column)
+    benchmark: str  # tree auto calibrates on this benchmark's prompts that are not evaluated
+    budget_matched: bool = False
+    tree: str = "fixed"  # fixed: decode.tree; auto: fitted on the actor (decoding/autotree.py)
+    paired_baseline: bool = False  # time transformers' generate after every input, not only autoregressive's
+    system_prompt: str | None = None
+
+    def columns(self, shape: TreeConfig) -> dict:
+        """The cell's columns on every trace row (``shape``: the tree decoded, auto or fixed)."""
+        d = self.decode
+        budget = 1 if d.strategy == "autoregressive" else d.tree.total_tokens  # autoregressive verifies the root
+        return {"drafter": self.drafter, "strategy": d.strategy, "routing_granularity": d.routing_granularity,
+                "merge_dedup": d.merge_dedup, "total_tokens": budget, "budget_matched": self.budget_matched,
+                "tree": self.tree, **d.columns(), "tree_shape": f"{shape.top_k}/{shape.depth}/{shape.total_tokens}",
+                "cell_key": self.cell_key}
 
 
 class DrafterCache:
@@ -73,48 +100,40 @@ class EvalWorker:
 
         return self._proposers.get(f"{path}#{index}", load, keep)
 
-    def run(self, cell: dict, checkpoint_paths: list[str], prompts: list, decode: dict) -> tuple[list, list]:
-        """Decode ``prompts`` for one evaluation cell; returns (prompt rows, step rows)."""
-        from decoding.engine import DecodeConfig, SpeculativeDecoder
-        from decoding.runner import decode_prompt, generate_baseline, prompt_rows
-        from decoding.tree import TreeConfig
-        from orchestrator.grid import decode_columns, decode_options
+    def _auto_tree(self, job: EvalJob, checkpoint_paths: list[str], props: list, prompts: list) -> TreeConfig:
+        """The tree fitted to this machine and drafters, calibrated once per actor, composition and
+        task, on prompts not evaluated."""
+        from decoding.autotree import auto_tree, calibration_inputs
 
-        tree = TreeConfig(decode["top_k"], decode["depth"], cell["total_tokens"] if cell["strategy"] != "autoregressive" else 2)
-        # route_score, switch_* and the cell's own decide steps where the cell sets them
-        opts = {"routing_decide_steps": decode.get("routing_decide_steps", 1)} | decode_options(cell)
-        cfg = DecodeConfig(strategy=cell["strategy"], temperature=cell["temperature"], max_new_tokens=decode["max_new_tokens"],
-                           seed=decode["seed"], routing_granularity=cell["routing_granularity"],
-                           merge_dedup=cell["merge_dedup"], tree=tree,
-                           merge_budget=cell["strategy"] == "merged" and cell["budget_matched"], **opts)
+        d = job.decode
+        key = (tuple(checkpoint_paths), d.strategy, d.merge_dedup, d.routing_granularity, job.benchmark)
+        if key not in self._auto:
+            cal = calibration_inputs(self.tok, 2, (job.benchmark,), exclude={p.id for p in prompts},
+                                     system=job.system_prompt)
+            self._auto[key] = auto_tree(self.model, props, d.strategy, self.eos, cal, d.merge_dedup,
+                                        d.routing_granularity, max_new_tokens=min(32, d.max_new_tokens))
+            print(f"[eval] {d.strategy} {job.drafter} {job.benchmark}: {self._auto[key].describe()}", flush=True)
+        return self._auto[key].tree
+
+    def run(self, job: EvalJob, checkpoint_paths: list[str], prompts: list) -> tuple[list, list]:
+        """Decode ``prompts`` for one evaluation cell; returns (prompt rows, step rows)."""
+        from decoding.engine import SpeculativeDecoder
+        from decoding.runner import decode_prompt, generate_baseline, prompt_rows
+
+        cfg = job.decode
         keep = {f"{p}#{i}" for i, p in enumerate(checkpoint_paths)}  # this cell's drafters stay loaded
         props = [self._proposer(p, i, keep) for i, p in enumerate(checkpoint_paths)]
-        if cell.get("tree", "fixed") == "auto":
-            from decoding.autotree import auto_tree, calibration_inputs
-
-            key = (tuple(checkpoint_paths), cell["strategy"], cell["merge_dedup"], cell["routing_granularity"],
-                   cell["benchmark"])
-            if key not in self._auto:  # calibrated once per actor, composition and task, on prompts not evaluated
-                cal = calibration_inputs(self.tok, 2, (cell["benchmark"],), exclude={p.id for p in prompts},
-                                         system=decode.get("system_prompt"))
-                self._auto[key] = auto_tree(self.model, props, cell["strategy"], self.eos, cal, cell["merge_dedup"],
-                                            cell["routing_granularity"], max_new_tokens=min(32, cfg.max_new_tokens))
-                print(f"[eval] {cell['strategy']} {cell['drafter']} {cell['benchmark']}: {self._auto[key].describe()}",
-                      flush=True)
-            cfg = dataclasses.replace(cfg, tree=self._auto[key].tree)
+        if job.tree == "auto":
+            cfg = dataclasses.replace(cfg, tree=self._auto_tree(job, checkpoint_paths, props, prompts))
         dec = SpeculativeDecoder(self.model, props, cfg, self.eos)
-        extra = {k: cell[k] for k in ("drafter", "strategy", "routing_granularity", "merge_dedup", "total_tokens", "budget_matched")}
-        extra["tree"] = cell.get("tree", "fixed")
-        extra |= decode_columns(cell)
-        extra["tree_shape"] = f"{cfg.tree.top_k}/{cfg.tree.depth}/{cfg.tree.total_tokens}"
-        extra["cell_key"] = decode["cell_key"]
+        extra = job.columns(cfg.tree)
         # the autoregressive cell also times transformers' generate on the same inputs: the speed baseline;
         # with eval.paired_baseline every cell does, right after decoding each input (decode_prompt)
         base = (generate_baseline(self.model, self.eos, cfg.max_new_tokens, cfg.temperature, cfg.seed)
-                if cell["strategy"] == "autoregressive" or decode.get("paired_baseline") else None)
+                if cfg.strategy == "autoregressive" or job.paired_baseline else None)
         rows, steps = [], []
         for prompt in prompts:
-            r, s = prompt_rows(prompt, decode_prompt(dec, self.tok, prompt, base, decode.get("system_prompt")), extra)
+            r, s = prompt_rows(prompt, decode_prompt(dec, self.tok, prompt, base, job.system_prompt), extra)
             rows += r
             steps += s
         return rows, steps

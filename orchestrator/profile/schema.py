@@ -1,0 +1,257 @@
+"""The profile's schema: one frozen dataclass per section, each field with its rule (``RULES``:
+type and range, in common/rules.py's words). Declarations only: the checks that span fields are
+checks.py's, reading YAML is load.py's. The values the decoding settings may take are decoding's
+(decoding/config.py): ``eval.tree`` is its TreeConfig, and the eval lists draw on its names.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from common.dtypes import NAMES as DTYPES
+from common.rules import (BOOL, Rule, booleans, integer, integers, is_num, mapping, number, numbers, one_of, optional,
+                          subset, text)
+from decoding.config import GRANULARITIES, STRATEGY_NAMES, SWITCH_AFTER, SWITCH_TO, TreeConfig
+from drafters.config import BACKBONES
+from drafters.corpora import VARIANTS
+from drafters.data.sources import BENCHMARKS
+
+# the study's own; switching and depth_adaptive are its proposed next steps; hedge the online router (issue 57)
+STUDY_STRATEGIES = STRATEGY_NAMES[:5]
+# the study's routers by name: posthoc_confidence (its code's run_confidence_router_tau.py, computed by the
+# report from the single-drafter traces), entropy_heads (its gen_routing_eval.py: lowest draft entropy over
+# eval.heads, per prompt turn), prompt_confidence (its text: once per prompt, mean node confidence c(v))
+ROUTERS = ("posthoc_confidence", "entropy_heads", "prompt_confidence")
+MERGE_KINDS = ("linear", "task_arithmetic", "ties")
+RESOURCE = Rule("a number >= 0 (Ray resources; fractions allowed)", lambda v: is_num(v) and v >= 0)
+
+
+@dataclass(frozen=True)
+class DataCfg:
+    n: int = 64  # examples per domain (the study: 70,000)
+    heldout: int = 16
+    max_length: int = 256
+    seed: int = 42
+    feature_mode: str = "cached"  # cached | online | auto (cached when the cache estimate fits feature_storage_gib)
+    # null | greedy | sample: train on the verifier's own answers (held-out stays original)
+    self_distill: str | None = None
+    # the storage the feature cache may take (orchestrator/sizing.py's estimate, EAGLE-3's aux layers
+    # included): auto picks cached within it, and cached over it is refused; null = no budget
+    feature_storage_gib: float | None = None
+
+    RULES = {"n": integer(2), "heldout": integer(1), "max_length": integer(16), "seed": integer(0),
+             "feature_mode": one_of("cached", "online", "auto"), "self_distill": one_of(None, "greedy", "sample"),
+             "feature_storage_gib": optional(number(0, lo_open=True))}
+
+
+@dataclass(frozen=True)
+class TrainCfg:
+    backbones: list = field(default_factory=lambda: ["eagle2", "hass"])
+    variants: list = field(default_factory=lambda: list(VARIANTS))
+    epochs: int = 1
+    lr: float = 3e-5
+    # per worker: examples per micro-batch; with global_batch set, the most one worker holds
+    batch_size: int = 8
+    grad_accum: int = 1  # with global_batch set: derived (leave at 1), see batch_plan
+    # examples per optimizer step over all workers (the study: 8); null = batch_size and grad_accum
+    # per worker as written, so the global batch grows with resources.train.num_workers
+    global_batch: int | None = None
+    warmup_steps: int = 0
+    deepspeed: bool = True
+    zero_stage: int = 1  # 0-2; ZeRO-3 is refused (rank 0 evaluates and saves, and would hold a shard)
+    # fp32 | bf16: what the drafter trains in (DeepSpeed's bf16 engine, or autocast without DeepSpeed); its
+    # inputs follow it and the losses stay float32. GPU profiles: bf16; the CPU profiles: fp32
+    precision: str = "fp32"
+    hass_steps: int = 3
+    max_seconds: float | None = None
+    init_seed: int = 0
+    # reduced draft vocabulary size (one per run, from all trained corpora); null = full
+    draft_vocab: int | None = None
+    lr_schedule: str = "linear"
+    grad_clip_mode: str = "value"
+    topk_from: float = 0.5
+    loss_mask: str = "next"  # next (decode-time positions) | reference (EAGLE/HASS loaders, one earlier)
+    bucket: bool = True
+    # a resumable checkpoint every N optimizer steps (weights, optimizer, RNG, data position), so a
+    # failure loses at most N steps; null = at epoch ends only. Neither key changes the result.
+    checkpoint_every: int | None = None
+    keep_checkpoints: int = 2  # epochs kept per drafter (locally, at the URI and in Ray Train's record)
+    # per-backbone values of the PER_BACKBONE keys, e.g. {hass: {warmup_steps: 1660}} (the study's code warms
+    # EAGLE up for 2,000 steps and HASS for 1% of its steps); the keys above hold for every other backbone
+    per_backbone: dict = field(default_factory=dict)
+
+    # variants: a subset of train.variants (e.g. a slower backbone trains only the specialists); the
+    # cells that need a variant it lacks (eval.heads, eval.mixed_variant) are left out for it
+    PER_BACKBONE = ("epochs", "lr", "batch_size", "global_batch", "warmup_steps", "precision", "hass_steps",
+                    "variants", "checkpoint_every")
+
+    def for_backbone(self, backbone: str) -> "TrainCfg":
+        """The settings one backbone trains with (its per_backbone values over the shared ones)."""
+        return dataclasses.replace(self, per_backbone={}, **self.per_backbone.get(backbone, {}))
+
+    RULES = {"backbones": subset(BACKBONES), "variants": subset(VARIANTS), "epochs": integer(1),
+             "lr": number(0, lo_open=True), "batch_size": integer(1), "grad_accum": integer(1),
+             "global_batch": optional(integer(1)),
+             "warmup_steps": integer(0), "deepspeed": BOOL, "zero_stage": integer(0, 2),
+             "precision": one_of("fp32", "bf16"),
+             "hass_steps": integer(1),
+             "max_seconds": optional(number(0, lo_open=True)), "init_seed": integer(0),
+             "draft_vocab": optional(integer(16)), "lr_schedule": one_of("linear", "constant"),
+             "grad_clip_mode": one_of("value", "norm"), "topk_from": number(0, 1),
+             "loss_mask": one_of("next", "reference"), "bucket": BOOL,
+             "checkpoint_every": optional(integer(1)), "keep_checkpoints": integer(1),
+             "per_backbone": Rule(f"a mapping of backbone ({', '.join(BACKBONES)}) to {{key: value}} with keys from "
+                                  f"[{', '.join(PER_BACKBONE)}], each value valid for that train key",
+                                  lambda v: isinstance(v, dict) and all(
+                                      b in BACKBONES and isinstance(o, dict) and all(
+                                          k in TrainCfg.PER_BACKBONE and TrainCfg.RULES[k].ok(x) for k, x in o.items())
+                                      for b, o in v.items()))}
+
+
+@dataclass(frozen=True)
+class MergeCfg:
+    lambdas: list = field(default_factory=lambda: [0.5])
+    kinds: list = field(default_factory=lambda: ["linear"])
+    sweep_backbones: list = field(default_factory=lambda: ["hass"])  # where the whole lambda list runs
+    ties_density: float = 0.2
+
+    RULES = {"lambdas": Rule("a list of numbers", lambda v: isinstance(v, list)),  # each: checks.py
+             "kinds": subset(MERGE_KINDS, 0), "sweep_backbones": subset(BACKBONES, 0),
+             "ties_density": number(0, 1, lo_open=True)}
+
+
+@dataclass(frozen=True)
+class EvalCfg:
+    benchmarks: dict = field(default_factory=lambda: {b: 2 for b in BENCHMARKS})  # name -> prompts (null = all)
+    temperatures: list = field(default_factory=lambda: [0.0, 1.0])
+    strategies: list = field(default_factory=lambda: list(STUDY_STRATEGIES))
+    routing_granularities: list = field(default_factory=lambda: ["step"])
+    routing_decide_steps: int = 1  # turn/prompt routing: verifier calls whose mean scores decide (the study: 1)
+    route_pair: list = field(default_factory=lambda: ["math", "chat"])  # the specialists composed
+    merge_dedup: list = field(default_factory=lambda: [False])
+    budget_matched: bool = True
+    max_new_tokens: int = 64
+    tree: TreeConfig = field(default_factory=TreeConfig)  # decoding/config.py's, with its RULES
+    tree_auto: list = field(default_factory=list)  # strategies also run with tree auto (single: the route pair)
+    # every cell times transformers' generate on its own inputs, right after decoding each one, and its
+    # speedup divides by that (paired: machine drift between cells stays out of the ratio; eval costs
+    # about twice as much). False: only the autoregressive cell times generate, every cell divides by it.
+    paired_baseline: bool = False
+    seed: int = 42
+    shard_size: int = 4
+    routers: list = field(default_factory=list)  # the study's routers (ROUTERS) beside the project's own
+    heads: list = field(default_factory=lambda: ["math", "chat", "mixed_full", "avg0.5"])  # entropy_heads' drafters
+    mixed_variant: str = "mixed_full"  # the mixed checkpoint: post hoc near-ties, depth_adaptive's shallow levels
+    switch_after: list = field(default_factory=lambda: [2])  # switching: one cell per k (steps with nothing accepted)
+    switch_to: list = field(default_factory=lambda: ["specialist"])  # switching: to the other specialist / merged
+    switch_depth: int = 2  # depth_adaptive: tree levels <= this come from the mixed drafter
+    # RQ1's cells (single math and chat drafters, fixed tree, T=0, one backbone) read this many prompts per
+    # benchmark instead of eval.benchmarks' count (a superset of the other cells' prompts); null = off
+    rq1_prompts: int | None = None
+    rq1_backbone: str | None = None  # null: the first of train.backbones
+    # a system turn before every benchmark prompt's first user turn (the study's evaluation sets one for the
+    # Llama-3 chat template); null: none, or the chat template's own default where it has one (SmolLM2's)
+    system_prompt: str | None = None
+
+    RULES = {"benchmarks": mapping("benchmark: prompts (null = all)"), "temperatures": numbers(0),
+             "strategies": subset(STRATEGY_NAMES),
+             "routing_granularities": subset(GRANULARITIES), "routing_decide_steps": integer(1),
+             "route_pair": subset(VARIANTS, 2), "merge_dedup": booleans(), "budget_matched": BOOL,
+             "max_new_tokens": integer(1),
+             "tree_auto": subset(("single", "confidence", "entropy", "merged"), 0),
+             "paired_baseline": BOOL, "seed": integer(0), "shard_size": integer(1),
+             "routers": subset(ROUTERS, 0),
+             "heads": Rule("a list of >= 3 distinct drafter names (trained variants or avg0.5)",
+                           lambda v: isinstance(v, list) and len(v) >= 3 and all(isinstance(x, str) for x in v)
+                           and len(set(v)) == len(v)),
+             "mixed_variant": one_of("mixed_half", "mixed_full"),
+             "switch_after": integers(SWITCH_AFTER[0], SWITCH_AFTER[-1]),
+             "switch_to": subset(SWITCH_TO), "switch_depth": integer(1),
+             "rq1_prompts": optional(integer(1)), "rq1_backbone": one_of(None, *BACKBONES),
+             "system_prompt": optional(Rule("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip())))}
+
+
+@dataclass(frozen=True)
+class StageResources:
+    num_cpus: float = 1
+    num_gpus: float = 0
+
+    RULES = {"num_cpus": RESOURCE, "num_gpus": RESOURCE}
+
+
+@dataclass(frozen=True)
+class EvalResources(StageResources):
+    drafter_cache_gb: float = 4.0  # drafters each eval actor keeps loaded (least recently used go first)
+    # fetched checkpoint files one node keeps on disk for its eval actors (least recently used go first;
+    # a checkpoint being fetched or loaded stays): keep it well under the node's staging volume
+    checkpoint_disk_gb: float = 20.0
+
+    RULES = {**StageResources.RULES, "drafter_cache_gb": number(0, lo_open=True),
+             "checkpoint_disk_gb": number(0, lo_open=True)}
+
+
+@dataclass(frozen=True)
+class TrainResources:
+    num_workers: int = 1
+    cpus_per_worker: int = 1
+    use_gpu: bool = False
+    max_concurrent_trials: int = 1
+
+    RULES = {"num_workers": integer(1), "cpus_per_worker": integer(1), "use_gpu": BOOL,
+             "max_concurrent_trials": integer(1)}
+
+
+@dataclass(frozen=True)
+class Resources:
+    features: StageResources = field(default_factory=StageResources)
+    train: TrainResources = field(default_factory=TrainResources)
+    eval: EvalResources = field(default_factory=EvalResources)
+    # caps: the driver runs as many trials and eval actors at once as the cluster holds, up to these
+    eval_actors: int = 2
+    # memory of one GPU of the node type the profile runs on (A100 80GB: 80): training that needs more
+    # (orchestrator/sizing.py's estimate) is refused before any work; null = not checked
+    gpu_memory_gib: float | None = None
+
+    RULES = {"eval_actors": integer(1), "gpu_memory_gib": optional(number(0, lo_open=True))}
+
+
+@dataclass(frozen=True)
+class TrackingCfg:
+    backend: str = "none"  # none | mlflow | wandb
+    uri: str | None = None  # mlflow: tracking URI (default: a file store under <output>/mlruns); wandb: its dir
+    experiment: str | None = None  # default: taskspec-<profile>
+
+    RULES = {"backend": one_of("none", "mlflow", "wandb"), "uri": optional(text(True)),
+             "experiment": optional(text(True))}
+
+
+@dataclass(frozen=True)
+class ClusterCfg:
+    # the output directory is the same mount on every node (NFS, Lustre...): a local --output-dir
+    # is refused on a multi-node cluster without it (use a URI, or declare the mount here)
+    shared_mount: bool = False
+    lease_s: int = 120  # a driver's lease on its output lasts this long unless renewed (every lease_s / 4)
+
+    RULES = {"shared_mount": BOOL, "lease_s": integer(10)}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    verifier: str = "smollm2-135m-instruct"
+    description: str = ""
+    data: DataCfg = field(default_factory=DataCfg)
+    train: TrainCfg = field(default_factory=TrainCfg)
+    merge: MergeCfg = field(default_factory=MergeCfg)
+    eval: EvalCfg = field(default_factory=EvalCfg)
+    resources: Resources = field(default_factory=Resources)
+    retries: int = 2  # per unit: features tasks, eval shards, Ray Train's FailureConfig(max_failures)
+    verifier_dtype: str | None = None
+    tracking: TrackingCfg = field(default_factory=TrackingCfg)
+    cluster: ClusterCfg = field(default_factory=ClusterCfg)
+
+    RULES = {"name": Rule("a non-empty string without '/' (it names runs/<name>)",
+                          lambda v: isinstance(v, str) and v.strip(" .") != "" and not {"/", "\\"} & set(v)),
+             "verifier": Rule("a non-empty string (a registry name, a local model directory or a hub id)",
+                              lambda v: isinstance(v, str) and v.strip() != ""),
+             "description": text(), "retries": integer(0), "verifier_dtype": one_of(None, *DTYPES)}
