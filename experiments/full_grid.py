@@ -16,9 +16,7 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main(argv=None) -> int:
-    from orchestrator.profile import ProfileError, load_profile
-
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--profile", default="demo", help="smoke | demo | paper | path/to/profile.yaml")
     ap.add_argument("--output-dir", default=None, help="default: runs/<profile>")
@@ -38,7 +36,51 @@ def main(argv=None) -> int:
                     help="experiment tracking (profile key tracking.backend): MLflow file store under the output dir, "
                          "or W&B offline")
     ap.add_argument("--verbose", action="store_true", help="model-loading bars, library logs and Tune's status table")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def _dry_run(profile, out: str, args) -> int:
+    """Print the plan; load no model."""
+    from orchestrator.dryrun import print_plan
+
+    try:
+        print_plan(profile, out, args.rates, args.cluster)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _run(profile, out: str, uri: bool, args) -> int:
+    """The grid under the driver, to the end or to a clean stop that releases the lease."""
+    from orchestrator.driver import Driver
+    from orchestrator.preflight import PreflightError
+
+    # `ray job stop` and a pod's deletion send SIGTERM: exit through the same path as Ctrl-C, so the
+    # lease is released (Driver and Lease release it on every exception, KeyboardInterrupt included)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        try:
+            driver = Driver(profile, out, force=args.force, take_over=args.take_over)
+        except (PermissionError, ValueError) as e:  # the lease held elsewhere, an unwritable output...
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        driver.run()
+    except PreflightError as e:  # nothing has started: one line per missing data set / verifier
+        print("\n".join(f"error: preflight: {line}" for line in e.problems), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted: the lease is released; rerun the same command to resume", file=sys.stderr)
+        return 130
+    where = out if uri else str(Path(out).resolve())
+    print(f"done: results in {where} (report: {where}/report/report.md)")
+    return 0
+
+
+def main(argv=None) -> int:
+    from orchestrator.profile import ProfileError, load_profile
+
+    args = _parser().parse_args(argv)
     if args.verbose:
         import os
 
@@ -62,36 +104,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.dry_run:
-        from orchestrator.dryrun import print_plan
-
-        try:
-            print_plan(profile, out, args.rates, args.cluster)
-        except (OSError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        return 0
-    from orchestrator.driver import Driver
-    from orchestrator.preflight import PreflightError
-
-    # `ray job stop` and a pod's deletion send SIGTERM: exit through the same path as Ctrl-C, so the
-    # lease is released (Driver and Lease release it on every exception, KeyboardInterrupt included)
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        try:
-            driver = Driver(profile, out, force=args.force, take_over=args.take_over)
-        except (PermissionError, ValueError) as e:  # the lease held elsewhere, an unwritable output...
-            print(f"error: {e}", file=sys.stderr)
-            return 2
-        driver.run()
-    except PreflightError as e:  # nothing has started: one line per missing data set / verifier
-        print("\n".join(f"error: preflight: {line}" for line in e.problems), file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted: the lease is released; rerun the same command to resume", file=sys.stderr)
-        return 130
-    where = out if uri else str(Path(out).resolve())
-    print(f"done: results in {where} (report: {where}/report/report.md)")
-    return 0
+        return _dry_run(profile, out, args)
+    return _run(profile, out, uri, args)
 
 
 if __name__ == "__main__":
