@@ -20,28 +20,87 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def main(argv=None) -> int:
-    import torch
-
-    from common.verifiers import eos_token_ids
-
-    from decoding.verifiers import load_verifier
-    from drafters.checkpoint import init_drafter
-    from drafters.config import DrafterConfig
-    from drafters.features import verifier_features
-    from drafters.losses import collate
-    from drafters.objective import compute_loss
-    from drafters.train_config import TrainConfig
-    from drafters.vocab import DraftHead, count_targets, select_ids
-    from drafters.variants import DataSpec, select_examples
-
+def _parse(argv) -> argparse.Namespace:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=32)
     ap.add_argument("--max-length", type=int, default=192)
     ap.add_argument("--steps", type=int, default=7)  # + 1 warm-up = every batch of 2 x 32 examples
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=8192)
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def _extract(model, train: list, corpus: str) -> list:
+    """Features of ``train`` in fp32; prints tokens/s in fp32 and under bf16 autocast (on the first
+    8 examples) with the feature error bf16 causes."""
+    import torch
+
+    from drafters.features import verifier_features
+
+    ntok = sum(len(e.input_ids) for e in train)
+    t = time.perf_counter()
+    fx = verifier_features(model, train)
+    dt = time.perf_counter() - t
+    t = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fb = verifier_features(model, train[:8])
+    dtb = time.perf_counter() - t
+    nb = sum(len(e.input_ids) for e in train[:8])
+    err = max(float((a.features.float() - b.features.float()).norm() / a.features.float().norm()) for a, b in zip(fx, fb))
+    top1 = sum(int((a.top_ids[:, 0] == b.top_ids[:, 0]).sum()) for a, b in zip(fx, fb)) / sum(len(a.top_ids) for a in fx[:8])
+    print(f"feature extraction {corpus}: fp32 {ntok / dt:.0f} tokens/s; bf16 autocast {nb / dtb:.0f} tokens/s "
+          f"(max relative feature error {err:.3f}, top-1 agreement with fp32 {top1:.3f})")
+    return fx
+
+
+def _train_rate(model, args, backbone: str, label: str, vocab, order: list, bf16: bool) -> None:
+    """Time ``args.steps`` optimizer steps (after one warm-up step) of a fresh drafter over ``order``
+    and print its loss tokens/s."""
+    import torch
+
+    from drafters.checkpoint import init_drafter
+    from drafters.config import DrafterConfig
+    from drafters.losses import collate
+    from drafters.objective import compute_loss
+    from drafters.train_config import TrainConfig
+    from drafters.vocab import DraftHead
+
+    cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone=backbone, variant="math", out_dir=tempfile.mkdtemp(),
+                      train_data=[["x", "y", None]], batch_size=args.batch_size, deepspeed=False)
+    dcfg = DrafterConfig.for_verifier(model, "smollm2-135m-instruct", backbone,
+                                      draft_vocab_size=None if vocab is None else int(vocab.shape[0]))
+    drafter = init_drafter(dcfg, vocab)
+    head = DraftHead(model.lm_head, vocab)
+    opt = torch.optim.AdamW(drafter.parameters(), lr=1e-4)
+    gen = torch.Generator().manual_seed(0)
+    tokens, rows, t0 = 0, 0, None
+    for step in range(args.steps + 1):
+        batch = collate(order[(step * args.batch_size) % len(order):][: args.batch_size])
+        if step == 1:
+            t0, tokens, rows = time.perf_counter(), 0, 0  # step 0 is warm-up
+        ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        with ctx:
+            loss, _ = compute_loss(cfg, drafter, model.get_input_embeddings(), head, batch, gen)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        tokens += int(batch.mask.sum())
+        rows += batch.mask.numel()
+    dt = time.perf_counter() - t0
+    print(f"training {backbone:<7} {label:<32} {tokens / dt:6.0f} loss tokens/s  "
+          f"({dt / args.steps:.2f}s/step, loss positions {100 * tokens / rows:.0f}% of padded rows)")
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from common.verifiers import eos_token_ids
+
+    from decoding.verifiers import load_verifier
+    from drafters.vocab import count_targets, select_ids
+    from drafters.variants import DataSpec, select_examples
+
+    args = _parse(argv)
     warnings.simplefilter("ignore")
     model, tok = load_verifier()
     eos = eos_token_ids(model, tok)
@@ -51,20 +110,7 @@ def main(argv=None) -> int:
     for corpus in ("mathinstruct", "sharegpt"):
         train, _ = select_examples(tok, eos, corpus, spec)
         exs += train
-        ntok = sum(len(e.input_ids) for e in train)
-        t = time.perf_counter()
-        fx = verifier_features(model, train)
-        dt = time.perf_counter() - t
-        t = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            fb = verifier_features(model, train[:8])
-        dtb = time.perf_counter() - t
-        nb = sum(len(e.input_ids) for e in train[:8])
-        err = max(float((a.features.float() - b.features.float()).norm() / a.features.float().norm()) for a, b in zip(fx, fb))
-        top1 = sum(int((a.top_ids[:, 0] == b.top_ids[:, 0]).sum()) for a, b in zip(fx, fb)) / sum(len(a.top_ids) for a in fx[:8])
-        print(f"feature extraction {corpus}: fp32 {ntok / dt:.0f} tokens/s; bf16 autocast {nb / dtb:.0f} tokens/s "
-              f"(max relative feature error {err:.3f}, top-1 agreement with fp32 {top1:.3f})")
-        feats += fx
+        feats += _extract(model, train, corpus)
     ids = select_ids(count_targets(exs, model.config.vocab_size), args.vocab, eos)
     feats.sort(key=lambda e: e.id)  # a fixed stream order, the same for every configuration
     bucketed = sorted(feats, key=lambda e: len(e.input_ids))
@@ -72,30 +118,7 @@ def main(argv=None) -> int:
                ("+ length buckets", ids, bucketed, False), ("+ bf16 autocast", ids, bucketed, True)]
     for backbone in ("eagle2", "hass"):
         for label, vocab, order, bf16 in configs:
-            cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone=backbone, variant="math", out_dir=tempfile.mkdtemp(),
-                              train_data=[["x", "y", None]], batch_size=args.batch_size, deepspeed=False)
-            dcfg = DrafterConfig.for_verifier(model, "smollm2-135m-instruct", backbone,
-                                              draft_vocab_size=None if vocab is None else int(vocab.shape[0]))
-            drafter = init_drafter(dcfg, vocab)
-            head = DraftHead(model.lm_head, vocab)
-            opt = torch.optim.AdamW(drafter.parameters(), lr=1e-4)
-            gen = torch.Generator().manual_seed(0)
-            tokens, rows, t0 = 0, 0, None
-            for step in range(args.steps + 1):
-                batch = collate(order[(step * args.batch_size) % len(order):][: args.batch_size])
-                if step == 1:
-                    t0, tokens, rows = time.perf_counter(), 0, 0  # step 0 is warm-up
-                ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-                with ctx:
-                    loss, _ = compute_loss(cfg, drafter, model.get_input_embeddings(), head, batch, gen)
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                tokens += int(batch.mask.sum())
-                rows += batch.mask.numel()
-            dt = time.perf_counter() - t0
-            print(f"training {backbone:<7} {label:<32} {tokens / dt:6.0f} loss tokens/s  "
-                  f"({dt / args.steps:.2f}s/step, loss positions {100 * tokens / rows:.0f}% of padded rows)")
+            _train_rate(model, args, backbone, label, vocab, order, bf16)
     return 0
 
 
