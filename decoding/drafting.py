@@ -211,19 +211,8 @@ class FeatureDrafterProposer:
         (r, N), returns the tree. ``draft_together`` drives it."""
         n = features.shape[0]
         dev = features.device
-        m = len(self.cache)
-        if m > n:  # the context shrank (a new turn/prompt): start over
-            self.reset()
-            m = 0
-        elif m == n:  # drafting again from the same state: re-feed the root pair
-            self.cache.crop(n - 1)
-            m = n - 1
-        # 1. catch up on committed context: pairs (f_i, x_{i+1}), i = m..n-1, positions i
-        emb = self.embed(tokens[m + 1 : n + 1].to(dev))  # (n-m, H); the engine passes tokens on dev
-        pos = torch.arange(m, n, device=dev)
-        h, _ = self.drafter(emb[None], self._context(features[m:n])[None], pos, causal_mask(n - m, m, dev),
-                            cache=self.cache)
-        h_last = h[0, -1:]  # (1, H): predicted feature at the root -> distribution of depth-1 tokens
+        # 1. catch up on committed context
+        h_last = self._catch_up(tokens, features)  # (1, H): predicted feature at the root -> depth-1 tokens
         # 2. level 1: top-k of the root's draft distribution
         logp = self._logp((yield h_last), temperature)  # (1, V)
         ent = entropy(logp.exp())  # (1,)
@@ -267,12 +256,38 @@ class FeatureDrafterProposer:
             n_cand += k * k
         self.cache.crop(n)  # drop the tree nodes, keep the committed context
         # 4. rerank: best total_tokens - 1 nodes over all depths (all on the drafter's device)
-        tok, par, score = torch.cat(cand_tok), torch.cat(cand_par), torch.cat(cand_score)
-        dep, ent_all = torch.cat(cand_depth), torch.cat(cand_ent)
-        keep, new_par = select_nodes(score, par, dep, cfg.total_tokens - 1)
-        owner = torch.full((keep.shape[0],), self.index, dtype=torch.long, device=dev)
-        return DraftTree(tok[keep], new_par, dep[keep], score[keep].float(), ent_all[keep].float(), owner,
-                         torch.ones_like(owner) << self.index, cfg.depth)
+        return _ranked_tree(torch.cat(cand_tok), torch.cat(cand_par), torch.cat(cand_score), torch.cat(cand_depth),
+                            torch.cat(cand_ent), cfg, self.index, dev)
+
+    def _catch_up(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """Feed the drafter the committed pairs (f_i, x_{i+1}) its KV cache lacks, i = m..n-1 at
+        positions i (starting over when the context shrank, re-feeding the root pair when drafting
+        again from the same state). tokens (n+1,), features (n, F) -> (1, H) the predicted feature
+        at the root."""
+        n = features.shape[0]
+        dev = features.device
+        m = len(self.cache)
+        if m > n:  # the context shrank (a new turn/prompt): start over
+            self.reset()
+            m = 0
+        elif m == n:  # drafting again from the same state: re-feed the root pair
+            self.cache.crop(n - 1)
+            m = n - 1
+        emb = self.embed(tokens[m + 1 : n + 1].to(dev))  # (n-m, H); the engine passes tokens on dev
+        pos = torch.arange(m, n, device=dev)
+        h, _ = self.drafter(emb[None], self._context(features[m:n])[None], pos, causal_mask(n - m, m, dev),
+                            cache=self.cache)
+        return h[0, -1:]  # (1, H)
+
+
+def _ranked_tree(tok: torch.Tensor, par: torch.Tensor, score: torch.Tensor, dep: torch.Tensor, ent: torch.Tensor,
+                 cfg: TreeConfig, index: int, dev: torch.device) -> DraftTree:
+    """The draft tree of the best ``cfg.total_tokens - 1`` of all candidates (C,) over all depths
+    (tokens, parent candidate indices, path scores, depths, entropies), drafted by drafter ``index``."""
+    keep, new_par = select_nodes(score, par, dep, cfg.total_tokens - 1)
+    owner = torch.full((keep.shape[0],), index, dtype=torch.long, device=dev)
+    return DraftTree(tok[keep], new_par, dep[keep], score[keep].float(), ent[keep].float(), owner,
+                     torch.ones_like(owner) << index, cfg.depth)
 
 
 class Eagle3Head(torch.nn.Module):
