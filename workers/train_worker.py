@@ -1,7 +1,6 @@
 """Ray Train wrapper: a TorchTrainer whose workers run drafters.trainer.train with DeepSpeed."""
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 from pathlib import Path
@@ -27,7 +26,6 @@ def train_loop_per_worker(config: dict) -> None:
 
     from decoding.verifiers import load_verifier
     from drafters.features import reading_through
-    from drafters.train_config import TrainConfig
     from drafters.trainer import train
 
     from . import artifacts
@@ -36,7 +34,7 @@ def train_loop_per_worker(config: dict) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     local_rank = node_local_rank(rank, world)
     t1 = time.time()
-    cfg = TrainConfig(**config["train"])
+    cfg = config["train"]  # the TrainConfig itself (frozen, torch-free: it crosses Ray as it is)
     shards = artifacts.shard_cache(cfg, rank)  # this node's bounded cache of the shards at URIs
     cfg = artifacts.prepare(cfg, local_rank)  # with out_uri: cache manifests, draft vocabulary, last checkpoint
     t2 = time.time()
@@ -109,7 +107,7 @@ def trainer_for(cfg, num_workers: int = 1, use_gpu: bool = False, cpus_per_worke
           flush=True)
     return TorchTrainer(
         train_loop_per_worker,
-        train_loop_config={"train": dataclasses.asdict(cfg)},
+        train_loop_config={"train": cfg},
         torch_config=TorchConfig(backend="nccl" if use_gpu else "gloo"),
         scaling_config=ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
                                      resources_per_worker={"CPU": cpus_per_worker}),

@@ -21,10 +21,9 @@ RAY_KEYS = {"training_iteration", "timestamp", "time_this_iter_s", "time_total_s
 def _trial(params: dict, configs: dict, resources: dict) -> None:
     from ray import tune
 
-    from drafters.train_config import TrainConfig
     from workers.train_worker import run_training
 
-    cfg = TrainConfig(**configs[params["cell"]])
+    cfg = configs[params["cell"]]  # a TrainConfig, as the driver built it
     final, result = run_training(cfg, num_workers=resources["num_workers"], use_gpu=resources["use_gpu"],
                                  cpus_per_worker=resources["cpus_per_worker"], name=f"train-{params['cell']}",
                                  max_failures=resources.get("max_failures", 1))
@@ -66,10 +65,9 @@ def run_sweep(configs: dict, storage_path: str, resources: dict, max_concurrent:
     if not is_uri(storage_path):
         storage_path = str(Path(storage_path).resolve())
     path = join(storage_path, name)
-    cfgs = {k: dataclasses.asdict(v) for k, v in configs.items()}
-    trainable = tune.with_resources(tune.with_parameters(_trial, configs=cfgs, resources=resources),
+    trainable = tune.with_resources(tune.with_parameters(_trial, configs=dict(configs), resources=resources),
                                     TRIAL_RESOURCES)
-    shown = {k: {f: v[f] for f in SHOWN} for k, v in cfgs.items()}
+    shown = {k: {f: getattr(v, f) for f in SHOWN} for k, v in configs.items()}
     param_space = {"cell": tune.grid_search(list(configs)),  # the caller's order: Tune starts trials in it
                    "train": tune.sample_from(lambda config: shown[config["cell"]])}
     if tune.Tuner.can_restore(path):  # the same sweep was interrupted: Tune's own restore
