@@ -385,18 +385,7 @@ class Driver:
         self.manifest.set_plan("eval", [k for cell, _, keys, missing in units
                                         for k in (["eval-missing-" + cell.key] if missing else keys)])
         prog = Progress("eval", len(units))
-        todo, earlier = [], {}
-        for cell, shard, keys, missing in units:
-            if missing:
-                mkey = "eval-missing-" + cell.key
-                self.manifest.record(mkey, "eval", cell.label, "failed", error=missing)
-                prog.step(f"{cell.label} skipped: {missing}", skipped=True)
-            elif any(self.manifest.done(k) for k in keys):  # (keys[1]: runs before keys were relative)
-                prog.step(f"{cell.label} (done earlier)", skipped=True)
-            else:
-                todo.append((cell, shard, keys[0]))
-                prev = self.manifest.get(keys[0])  # unfinished attempts: failures, or a killed driver's
-                earlier[keys[0]] = prev.get("attempts", 1) if prev and prev["status"] != "done" else 0
+        todo, earlier = self._eval_todo(units, prog)
         if not todo:
             return {"eval_units": len(units)}
         n_act = self._plan(None, len(todo)).eval.units  # as many as the cluster holds, up to the cap
@@ -409,8 +398,9 @@ class Driver:
                 # killed counts the attempt (attempts in the manifest count over every driver of the output)
                 self.manifest.record(key, "eval", cell.label, "running", attempts=earlier[key] + attempt)
                 job = eval_job(self.p, cell)  # its DecodeConfig (tree included), through Ray as it is
-                pool.submit(lambda a, cell=cell, shard=shard, job=job: a.run.options(name=f"eval:{cell.label}").remote(
-                    job, [ckpts[d] for d in cell.drafters], shard), item)
+                drafters = [ckpts[d] for d in cell.drafters]
+                pool.submit(lambda a, job=job, drafters=drafters, shard=shard, name=f"eval:{cell.label}":
+                            a.run.options(name=name).remote(job, drafters, shard), item)
             try:
                 finished = pool.next()
             except NoEvalActor as e:  # every actor failed to start, again and again: the rest fail with why
@@ -422,36 +412,58 @@ class Driver:
             if finished is None:  # a probe answered: a slot is free again (or its actor was replaced)
                 continue
             ((cell, shard, key), attempt), result, e = finished
-            if e is not None:  # the actor died or decoding failed: retry, then record
-                if attempt <= self.p.retries:
-                    prog.log(f"{cell.label}: attempt {attempt} failed ({type(e).__name__}); retrying")
-                    queue.append(((cell, shard, key), attempt + 1))
-                else:
-                    self.manifest.record(key, "eval", cell.label, "failed", attempts=earlier[key] + attempt,
-                                         error="".join(traceback.format_exception_only(type(e), e))[-2000:])
-                    prog.step(f"{cell.label} FAILED after {attempt} attempts")
-                continue
-            rows, steps = result
-            self.lease.check()
-            pfile, sfile = self._paths(cell, key)
-            tags = {"unit_key": key, "invocation": self.invocation}
-            strip = lambda rs: [{k: v for k, v in x.items() if k not in PARTITIONS} | tags for x in rs]  # noqa: E731
-            cols = {"backbone": cell.backbone, "benchmark": cell.benchmark, "temperature": cell.temperature}
-            rows = [{**x, **cols} for x in rows]
-            write_parquet_atomic(strip(rows), self.out / pfile)
-            write_parquet_atomic(strip([{**x, **cols} for x in steps]), self.out / sfile)
-            self._publish(pfile)
-            self._publish(sfile)
-            calls = sum(x["verifier_calls"] for x in rows)
-            tau = sum(x["new_tokens"] for x in rows) / calls if calls else float("nan")
-            self.manifest.record(key, "eval", cell.label, "done", attempts=earlier[key] + attempt,
-                                 files=[pfile, sfile], cell=dataclasses.asdict(cell), prompts=len(shard),
-                                 rows=len(rows), file_rows={pfile: len(rows), sfile: len(steps)})  # read back by done()
-            if self.uri and time.time() - self._last_sync > MANIFEST_SYNC_S:  # what a crash can lose
-                self._sync()
-            prog.step(f"{cell.label} tau={tau:.2f}", acceptance=tau, cell=cell.label)
+            if e is None:
+                self._record_eval(cell, shard, key, earlier[key] + attempt, result, prog)
+            elif attempt <= self.p.retries:  # the actor died or decoding failed: retry, then record
+                prog.log(f"{cell.label}: attempt {attempt} failed ({type(e).__name__}); retrying")
+                queue.append(((cell, shard, key), attempt + 1))
+            else:
+                self.manifest.record(key, "eval", cell.label, "failed", attempts=earlier[key] + attempt,
+                                     error="".join(traceback.format_exception_only(type(e), e))[-2000:])
+                prog.step(f"{cell.label} FAILED after {attempt} attempts")
         pool.close()
         return {"eval_units": len(units)}
+
+    def _eval_todo(self, units, prog: Progress) -> tuple[list, dict]:
+        """The units still to evaluate, and per unit the attempts earlier drivers made; the units
+        with a missing drafter are recorded failed, the finished ones skipped."""
+        todo, earlier = [], {}
+        for cell, shard, keys, missing in units:
+            if missing:
+                self.manifest.record("eval-missing-" + cell.key, "eval", cell.label, "failed", error=missing)
+                prog.step(f"{cell.label} skipped: {missing}", skipped=True)
+            elif any(self.manifest.done(k) for k in keys):  # (keys[1]: runs before keys were relative)
+                prog.step(f"{cell.label} (done earlier)", skipped=True)
+            else:
+                todo.append((cell, shard, keys[0]))
+                prev = self.manifest.get(keys[0])  # unfinished attempts: failures, or a killed driver's
+                earlier[keys[0]] = prev.get("attempts", 1) if prev and prev["status"] != "done" else 0
+        return todo, earlier
+
+    def _record_eval(self, cell: EvalCell, shard, key: str, attempts: int, result, prog: Progress) -> None:
+        """A finished unit's traces written (then published), then recorded done in the manifest."""
+        rows, steps = result
+        self.lease.check()
+        pfile, sfile = self._paths(cell, key)
+        tags = {"unit_key": key, "invocation": self.invocation}
+        cols = {"backbone": cell.backbone, "benchmark": cell.benchmark, "temperature": cell.temperature}
+        rows = [{**x, **cols} for x in rows]
+
+        def strip(records: list) -> list:  # the partition columns live in the path
+            return [{k: v for k, v in x.items() if k not in PARTITIONS} | tags for x in records]
+
+        write_parquet_atomic(strip(rows), self.out / pfile)
+        write_parquet_atomic(strip([{**x, **cols} for x in steps]), self.out / sfile)
+        self._publish(pfile)
+        self._publish(sfile)
+        calls = sum(x["verifier_calls"] for x in rows)
+        tau = sum(x["new_tokens"] for x in rows) / calls if calls else float("nan")
+        self.manifest.record(key, "eval", cell.label, "done", attempts=attempts, files=[pfile, sfile],
+                             cell=dataclasses.asdict(cell), prompts=len(shard), rows=len(rows),
+                             file_rows={pfile: len(rows), sfile: len(steps)})  # read back by done()
+        if self.uri and time.time() - self._last_sync > MANIFEST_SYNC_S:  # what a crash can lose
+            self._sync()
+        prog.step(f"{cell.label} tau={tau:.2f}", acceptance=tau, cell=cell.label)
 
     # ------------------------------------------------------------------ 5. report
     def stage_report(self) -> None:
