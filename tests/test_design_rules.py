@@ -143,3 +143,12 @@ def test_no_dated_measurements_in_code():
              for i, line in enumerate(path.read_text().splitlines(), 1)
              if re.search(r"\b20\d\d-[01]\d-[0-3]\d\b", line)]
     assert not dated, f"dates in code (move the measurement to docs/): {dated}"
+
+
+def test_the_design_page_lists_every_module_once():
+    """docs/design.md has one line per module (a table row naming its path), and no module that is gone."""
+    listed = re.findall(r"^\| `([\w/]+\.py)` \|", (ROOT / "docs" / "design.md").read_text(), re.M)
+    paths = {str(p.relative_to(ROOT)) for p in _modules().values()}
+    assert sorted(set(listed)) == sorted(listed), "a module listed twice"
+    assert not paths - set(listed), f"modules missing from docs/design.md: {sorted(paths - set(listed))}"
+    assert not set(listed) - paths, f"docs/design.md lists modules that are gone: {sorted(set(listed) - paths)}"
