@@ -32,6 +32,7 @@ def heads(verifier, tmp_path_factory):
 
 def test_new_cells_decode_losslessly_and_carry_their_options(heads):
     from drafters.data.sources import load_benchmark
+    from orchestrator.grid import eval_job
     from workers.eval_worker import EvalWorker
 
     p = load_profile("demo", ["train.backbones=[eagle2]", "eval.temperatures=[0.0]", "eval.benchmarks={gsm8k: 1}",
@@ -45,8 +46,10 @@ def test_new_cells_decode_losslessly_and_carry_their_options(heads):
     w = EvalWorker(VERIFIER)
     rows = []
     for c in cells:
-        decode = {"top_k": 3, "depth": 4, "max_new_tokens": 6, "seed": 42, "cell_key": c.key}
-        got, _ = w.run(dataclasses.asdict(c), [heads[d] for d in c.drafters], prompts, decode)
+        job = eval_job(p, c)  # what the driver sends, with a smaller tree and budget
+        tree = dataclasses.replace(job.decode.tree, top_k=3, depth=4)
+        job = dataclasses.replace(job, decode=dataclasses.replace(job.decode, tree=tree, max_new_tokens=6, seed=42))
+        got, _ = w.run(job, [heads[d] for d in c.drafters], prompts)
         rows += [r | {"label": c.label} for r in got]
     df = pl.DataFrame(rows, infer_schema_length=None)
     assert set(CELL_DEFAULTS) <= set(df.columns)

@@ -182,7 +182,7 @@ def test_an_eval_actor_keeps_its_nodes_fetched_drafters_within_the_disk_budget(v
     from drafters.checkpoint import init_drafter, save_checkpoint
     from drafters.config import DrafterConfig
     from drafters.data.sources import load_benchmark
-    from orchestrator.grid import eval_cells
+    from orchestrator.grid import eval_cells, eval_job
     from workers.eval_worker import EvalWorker
 
     monkeypatch.setenv("TASKSPEC_STAGING", str(tmp_path / "node"))
@@ -198,9 +198,11 @@ def test_an_eval_actor_keeps_its_nodes_fetched_drafters_within_the_disk_budget(v
     prompts = load_benchmark("gsm8k")[0][:1]
     budget_gb = 2.5 * size / 2**30
     w = EvalWorker(VERIFIER, drafter_cache_gb=1e-6, checkpoint_disk_gb=budget_gb)  # every cell loads anew
+    job = eval_job(p, cell)  # what the driver sends, with a smaller tree and budget
+    tree = dataclasses.replace(job.decode.tree, top_k=2, depth=2)
+    job = dataclasses.replace(job, decode=dataclasses.replace(job.decode, tree=tree, max_new_tokens=2, seed=42))
     for ref in refs:
-        decode = {"top_k": 2, "depth": 2, "max_new_tokens": 2, "seed": 42, "cell_key": cell.key}
-        rows, _ = w.run(dataclasses.asdict(cell), [ref], prompts, decode)
+        rows, _ = w.run(job, [ref], prompts)
         assert rows and len(rows[0]["output_token_ids"]) > 0
         assert tree_bytes(tmp_path / "node/cache") <= budget_gb * 2**30
     assert w._fetched.deleted >= len(refs) - 2

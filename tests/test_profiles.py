@@ -180,21 +180,23 @@ def test_rq1_cells_read_more_prompts_and_the_others_a_subset_of_them():
     assert plan_summary(p)["eval_prompt_runs"] == sum(cell_prompts(p, c) for c in cells)
 
 
-def test_decode_options_carry_only_what_a_cell_sets():
-    import dataclasses
-
-    from decoding.config import decode_columns
-    from orchestrator.grid import decode_options
+def test_a_cells_decode_config_carries_what_it_sets_and_the_defaults_otherwise():
+    """The DecodeConfig the driver sends an eval actor (grid.eval_job): a plain merged cell keeps the
+    strategy options at their defaults; a switching cell carries its own; the trace columns name them."""
+    from decoding.config import DecodeConfig
+    from orchestrator.grid import eval_job
 
     p = load_profile("paper")
-    by = {c.label: dataclasses.asdict(c) for c in eval_cells(p)}
-    plain = next(d for d in by.values() if d["strategy"] == "merged")
-    assert decode_options(plain) == {}
-    sw = next(d for d in by.values() if d["strategy"] == "switching" and d["switch_after"] == 4
-              and d["switch_to"] == "merged")
-    assert decode_options(sw) == {"route_score": "node", "switch_after": 4, "switch_to": "merged",
-                                  "routing_decide_steps": 1}
-    assert decode_columns(plain) == {"route_score": "path", "switch_after": 2, "switch_to": "specialist",
+    cells = eval_cells(p)
+    plain = eval_job(p, next(c for c in cells if c.strategy == "merged")).decode
+    defaults = DecodeConfig()
+    assert (plain.route_score, plain.switch_after, plain.switch_to, plain.switch_depth) == (
+        defaults.route_score, defaults.switch_after, defaults.switch_to, defaults.switch_depth)
+    assert plain.tree == p.eval.tree and plain.max_new_tokens == p.eval.max_new_tokens
+    sw = eval_job(p, next(c for c in cells if c.strategy == "switching" and c.switch_after == 4
+                          and c.switch_to == "merged")).decode
+    assert (sw.route_score, sw.switch_after, sw.switch_to, sw.routing_decide_steps) == ("node", 4, "merged", 1)
+    assert plain.columns() == {"route_score": "path", "switch_after": 2, "switch_to": "specialist",
                                      "switch_depth": 2}
 
 
