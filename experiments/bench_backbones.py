@@ -152,17 +152,49 @@ def equal_cpu_epochs(probe_cpu: float, target_cpu: float) -> int:
 
 # ---- decoding ----
 
-def decode_all(model, tok, eos, verifier: str, ckpts: dict, spec: BenchSpec, base, tree_mode: str,
-               result: dict, save) -> None:
-    """Every drafter on every benchmark's prompts, fixed tree and (auto) fitted tree, each row paired
-    with ``generate`` (decoding/bench.py); fills ``result['decoding']``."""
-    default_threads()
+def benchmark_inputs(tok, spec: BenchSpec) -> dict:
+    """Benchmark -> [(prompt id, first-turn token ids)] of its first ``spec.n_prompts`` prompts."""
     inputs = {}
     for b in spec.benchmarks:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             prompts = load_benchmark(b)[0][: spec.n_prompts]
         inputs[b] = [(p.id, benchmark_prompt_ids(tok, p, 0, [])) for p in prompts]
+    return inputs
+
+
+@dataclass
+class Rows:
+    """Times a decoder on every benchmark, paired with ``generate`` (decoding/bench.py
+    ``time_row``), and logs the progress over ``total`` rows."""
+
+    spec: BenchSpec
+    inputs: dict  # benchmark_inputs
+    run_gen: object  # ids -> (generate's tokens, seconds)
+    refs: dict | None  # T=0: generate's outputs, for the ``same`` count
+    classify: object  # (ids, got, ref) -> "near-tie" | "MISMATCH"
+    total: int
+    done: int = 0
+
+    def __call__(self, key: str, dec, shape_text: str) -> dict:
+        per = {}
+        for b in self.spec.benchmarks:
+            runs = [time_row(lambda pid, ids: dec, self.inputs[b], self.run_gen, self.refs, self.classify)
+                    for _ in range(self.spec.repeats)]
+            t, lo, hi = summarise(runs)  # the run with the median ratio
+            self.done += 1
+            per[b] = {"tree": shape_text, "tau": t.tau, "tok_s": t.toks / t.wall,
+                      "gen_tok_s": t.gen_toks / t.gen_wall, "vs_generate": t.ratio,
+                      "vs_generate_range": [lo, hi], "prompts": t.prompts, "tokens": t.toks,
+                      "same": t.same if t.checked else None, "near_ties": t.ties, "mismatches": t.mismatches}
+            log(f"decode {self.done}/{self.total}: {key} on {b}: tau {t.tau:.2f}, {t.ratio:.2f}x generate"
+                + (f", {t.same}/{t.prompts} equal to generate" if t.checked else ""))
+        return per
+
+
+def reference_rows(model, eos, base, spec: BenchSpec, inputs: dict, total: int) -> Rows:
+    """Warm ``generate`` up and record its reference outputs: the :class:`Rows` every decoder is
+    timed with."""
     T = base.temperature
     run_gen = generate_baseline(model, eos, base.max_new_tokens, T, base.seed)
     run_gen(next(iter(inputs.values()))[0][1][:8])  # warm-up
@@ -174,31 +206,23 @@ def decode_all(model, tok, eos, verifier: str, ckpts: dict, spec: BenchSpec, bas
     def classify(ids, got, ref):
         return compare_greedy(model, ids, got, ref, gap)[0]
 
+    return Rows(spec, inputs, run_gen, refs if T == 0 else None, classify, total)
+
+
+def decode_all(model, tok, eos, verifier: str, ckpts: dict, spec: BenchSpec, base, tree_mode: str,
+               result: dict, save) -> None:
+    """Every drafter on every benchmark's prompts, fixed tree and (auto) fitted tree, each row paired
+    with ``generate`` (decoding/bench.py); fills ``result['decoding']``."""
+    default_threads()
+    inputs = benchmark_inputs(tok, spec)
     n_shapes = 2 if tree_mode == "auto" else 1
-    total, done = (1 + n_shapes * len(ckpts)) * len(spec.benchmarks), 0
+    rows = reference_rows(model, eos, base, spec, inputs, (1 + n_shapes * len(ckpts)) * len(spec.benchmarks))
     dec_out = result.setdefault("decoding", {})
-
-    def rows(key, dec, shape_text):
-        nonlocal done
-        per = {}
-        for b in spec.benchmarks:
-            runs = [time_row(lambda pid, ids: dec, inputs[b], run_gen, refs if T == 0 else None, classify)
-                    for _ in range(spec.repeats)]
-            t, lo, hi = summarise(runs)  # the run with the median ratio
-            done += 1
-            per[b] = {"tree": shape_text, "tau": t.tau, "tok_s": t.toks / t.wall,
-                      "gen_tok_s": t.gen_toks / t.gen_wall, "vs_generate": t.ratio,
-                      "vs_generate_range": [lo, hi], "prompts": t.prompts, "tokens": t.toks,
-                      "same": t.same if t.checked else None, "near_ties": t.ties, "mismatches": t.mismatches}
-            log(f"decode {done}/{total}: {key} on {b}: tau {t.tau:.2f}, {t.ratio:.2f}x generate"
-                + (f", {t.same}/{t.prompts} equal to generate" if t.checked else ""))
-        return per
-
     own = SpeculativeDecoder(model, [], dataclasses.replace(base, strategy="autoregressive"), eos)
     dec_out["autoregressive"] = rows("autoregressive", own, "-")
     save()
     cal = calibration_inputs(tok, max(1, 2 // len(spec.benchmarks)), spec.benchmarks,
-                             exclude={pid for pid, _ in all_inputs}) if tree_mode == "auto" else None
+                             exclude={pid for xs in inputs.values() for pid, _ in xs}) if tree_mode == "auto" else None
     for backbone in ORDER:
         if backbone not in ckpts:
             continue
