@@ -268,7 +268,7 @@ class FeatureStore:
                     "examples": sum(s["examples"] for s in shards),
                     "tokens": sum(s["tokens"] for s in shards), "shard_tokens": self.shard_tokens,
                     "resumed_shards": resumed, "shards": shards}
-        if seconds is not None:  # the extraction rate orchestrator/rates.py reads (not for a resumed one)
+        if seconds is not None:  # the extraction rate orchestrator/rates/measured.py reads (not for a resumed one)
             manifest["seconds"] = seconds
         self._write_index(json.dumps(manifest))
         return manifest

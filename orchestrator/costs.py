@@ -1,6 +1,6 @@
 """The dry run's stated assumptions: verifier shapes, GPU throughput, decoding constants, the
 drafters' parameter counts and training FLOPs per token, and the memory one training GPU needs.
-Used where nothing measured is at hand (orchestrator/rates.py). Torch-free: every count is
+Used where nothing measured is at hand (orchestrator/rates/estimates.py). Torch-free: every count is
 arithmetic on the shapes the modules are built from (drafters/model.py, drafters/eagle3.py), and
 tests/test_costs.py checks it against the modules' own ``sum(p.numel())``."""
 from __future__ import annotations

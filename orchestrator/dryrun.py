@@ -2,7 +2,7 @@
 Loads no model.
 
 The GPU-hour estimate comes from stated assumptions (costs.ASSUMPTIONS), not from a measurement.
-The makespan comes from rates (orchestrator/rates.py): measured on a finished run (--rates), or
+The makespan comes from rates (orchestrator/rates/): measured on a finished run (--rates), or
 the same assumptions marked as an estimate.
 """
 from __future__ import annotations

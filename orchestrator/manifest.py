@@ -224,7 +224,7 @@ class Manifest:
 
     def record_stage(self, stage: str, seconds: float, units_run: int, machine: str) -> None:
         """A stage's wall time in this invocation, kept only when it ran units (a resume that
-        found everything done leaves the earlier timing): what orchestrator/rates.py measures."""
+        found everything done leaves the earlier timing): what orchestrator/rates/measured.py measures."""
         if units_run < 1:
             return
         with self._lock:

@@ -25,7 +25,7 @@ def warm(verifier: str, threads: list[int], dtypes: list[str]) -> int:
         for n in threads:
             torch.set_num_threads(n)
             t = time.time()
-            model, _ = load_verifier(verifier, dtype=dtype, matmul_forms=False)
+            model, _ = load_verifier(verifier, dtype=dtype)  # the plain model: the tables alone are tuned
             before = _keys(cpu_matmul.CACHE, n, model.dtype)
             # the tables alone: the model (shared by this process's other training-style loads) keeps
             # its plain forward
