@@ -124,6 +124,7 @@ def _old_module(name: str, commit: str = "401e1a4"):
                              text=True, check=True).stdout
     except (subprocess.CalledProcessError, FileNotFoundError):
         pytest.skip("git history of the old decode code is not available in this checkout")
+    src = src.replace("from .tree import DraftTree, TreeConfig,", "from .config import TreeConfig\nfrom .tree import DraftTree,")
     mod = types.ModuleType(f"decoding._old_{name}")
     mod.__package__ = "decoding"
     moved = {"decoding.cpu_matmul": cpu.matmul, "decoding.cpu_kernel": cpu.kernel, "decoding.lean_pass": cpu.lean_pass}
