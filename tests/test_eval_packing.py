@@ -6,7 +6,6 @@ resource accounting and placement are the real ones; only the GPU is declared, n
 the actors decode on the CPU (CUDA_VISIBLE_DEVICES names the GPU they share)."""
 from __future__ import annotations
 
-import dataclasses
 import socket
 import sys
 import time
@@ -14,7 +13,7 @@ import warnings
 
 import pytest
 
-from orchestrator.grid import eval_cells
+from orchestrator.grid import eval_cells, eval_job
 from orchestrator.profile import load_profile
 from workers.eval_worker import EvalWorker
 
@@ -74,15 +73,13 @@ def test_four_actors_share_one_gpu_through_the_drivers_pool(one_gpu_ray, random_
     cells = {c.strategy: c for c in eval_cells(p) if c.strategy in ("autoregressive", "single")}
     names = sorted({d for c in cells.values() for d in c.drafters})  # eagle2-chat, eagle2-math
     ckpt = dict(zip(names, random_drafter_dirs))
-    decode = {"top_k": 3, "depth": 3, "max_new_tokens": 8, "seed": 42}
     queue = [(c, pr) for c in cells.values() for pr in prompts]  # 4 one-prompt shards, one per actor
     out, ran_on = {}, set()
     while queue or pool.running:
         while queue and pool.free:
             cell, prompt = item = queue.pop(0)
             pool.submit(lambda a, cell=cell, prompt=prompt: ran_on.add(a._actor_id.hex()) or a.run.remote(
-                dataclasses.asdict(cell), [ckpt[d] for d in cell.drafters], [prompt],
-                {**decode, "cell_key": cell.key}), item)
+                eval_job(p, cell), [ckpt[d] for d in cell.drafters], [prompt]), item)  # smoke's tree, 8 new tokens
         got = pool.next()
         if got is None:
             continue
