@@ -5,6 +5,8 @@ the matched specialist at depths 1-2 (depth-shallow) and the matched specialist 
 and bootstraps prompts; steps within a prompt are not independent."""
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import polars as pl
 
@@ -124,26 +126,25 @@ def _mixed_gap(r: pl.DataFrame, mixed: str, depths: tuple[int, ...], mixed_ahead
     return _per_prompt(frames)
 
 
-def _shallow(claim: Claim, cell: Cell) -> list[Row]:
-    """Per prompt: mixed minus matched specialist's acceptance rate, mean over depths 1-2."""
+def _depth_gap(claim: Claim, cell: Cell, depths, mixed_ahead: bool, what: str, study_of) -> list[Row]:
+    """Per prompt, per mixed drafter: the acceptance-rate gap to the matched specialist over
+    ``depths`` (mixed minus specialist if ``mixed_ahead``, else the reverse); ``what`` names the
+    comparison with ``{mixed}`` for the drafter."""
     r, out = _rates(cell), []
     for mixed in _mixed_drafters(r):
-        vals, n = _mixed_gap(r, mixed, SHALLOW, mixed_ahead=True)
+        vals, n = _mixed_gap(r, mixed, depths, mixed_ahead=mixed_ahead)
         if n:
-            what = f"{mixed} - matched specialist, accept rate at depths 1-2, per prompt"
-            out.append(_tested(claim, cell, what, vals, n, study.depth_shallow(cell.backbone, cell.temp)))
+            evidence = study_of(cell.backbone, cell.temp)
+            out.append(_tested(claim, cell, what.format(mixed=mixed), vals, n, evidence))
     return out
 
 
-def _deep(claim: Claim, cell: Cell) -> list[Row]:
-    """Per prompt: matched specialist minus mixed acceptance rate, mean over the depths 4-5 both reached."""
-    r, out = _rates(cell), []
-    for mixed in _mixed_drafters(r):
-        vals, n = _mixed_gap(r, mixed, DEEP, mixed_ahead=False)
-        if n:
-            what = f"matched specialist - {mixed}, accept rate at depths 4-5, per prompt"
-            out.append(_tested(claim, cell, what, vals, n, study.depth_deep(cell.backbone, cell.temp)))
-    return out
+# mixed minus matched specialist over depths 1-2;
+# matched specialist minus mixed over the depths 4-5 both reached
+_shallow = partial(_depth_gap, depths=SHALLOW, mixed_ahead=True, study_of=study.depth_shallow,
+                   what="{mixed} - matched specialist, accept rate at depths 1-2, per prompt")
+_deep = partial(_depth_gap, depths=DEEP, mixed_ahead=False, study_of=study.depth_deep,
+                what="matched specialist - {mixed}, accept rate at depths 4-5, per prompt")
 
 
 CLAIMS = (

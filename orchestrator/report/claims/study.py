@@ -200,20 +200,22 @@ def depth_slope(backbone: str, temp: float) -> dict:
     return evidence(text, fall_m < fall_c)
 
 
-def depth_shallow(backbone: str, temp: float) -> dict:
+def _mixed_by_depth(backbone: str, temp: float, missing: str, wording: str) -> dict:
+    """The specialists' rates by depth as evidence; the study gives none for the mixed drafters."""
     text = _specialists_text(_depth_rates(backbone, temp), backbone, temp)
     if text is None:
         return none_for(backbone, temp, "acceptance by depth")
-    return evidence(text + "; no number for the mixed drafters by depth", None,
-                    "the study's text says 'competitive at depths 1-2', weaker than 'leads'")
+    return evidence(f"{text}; no number for the mixed drafters by depth{missing}", None, wording)
+
+
+def depth_shallow(backbone: str, temp: float) -> dict:
+    return _mixed_by_depth(backbone, temp, "",
+                           "the study's text says 'competitive at depths 1-2', weaker than 'leads'")
 
 
 def depth_deep(backbone: str, temp: float) -> dict:
-    text = _specialists_text(_depth_rates(backbone, temp), backbone, temp)
-    if text is None:
-        return none_for(backbone, temp, "acceptance by depth")
-    return evidence(text + "; no number for the mixed drafters by depth (Figure 8 only)", None,
-                    "the study's text: 'the matched specialist dominates at depths 4-5'")
+    return _mixed_by_depth(backbone, temp, " (Figure 8 only)",
+                           "the study's text: 'the matched specialist dominates at depths 4-5'")
 
 
 def speed() -> dict:
