@@ -222,6 +222,35 @@ def test_dry_run_of_the_paper_profile_without_its_data_is_refused_one_line_a_cor
     assert "holds 17,671 records" in lines[1] and "makespan" not in r.stdout  # refused before the estimate
 
 
+@pytest.mark.parametrize("hub", ["offline", "unreachable"])
+def test_a_dry_run_without_the_hub_refuses_at_once_one_line_a_corpus(tmp_path, hub):
+    """No Hub: HF_HUB_OFFLINE=1 (no network call), or an endpoint that does not answer (one probe).
+    Either way no retries (they cost ~23 s a data set) and one line a corpus, naming why and what to do."""
+    import socket
+    import time
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()  # a closed port: the probe is refused at once
+    env = {"HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf/datasets"),
+           "HF_HUB_CACHE": str(tmp_path / "hf/hub"), "HF_HUB_OFFLINE": "1" if hub == "offline" else "0",
+           "HF_DATASETS_OFFLINE": "", "HF_ENDPOINT": url, "no_proxy": "127.0.0.1", "NO_PROXY": "127.0.0.1"}
+    start = time.monotonic()
+    r = _grid("--profile", "paper", "--dry-run", env=env, cwd=tmp_path)
+    assert time.monotonic() - start < 10, r.stderr
+    lines = r.stderr.splitlines()
+    assert r.returncode == 2 and len(lines) == 2 and "Retry" not in r.stdout, r.stderr
+    why, fix = (("offline, HF_HUB_OFFLINE=1", "unset HF_HUB_OFFLINE") if hub == "offline" else
+                (f"{url} unreachable, ", f"a network that reaches {url}"))
+    for line, name, hub_id in zip(lines, ("mathinstruct", "sharegpt"),
+                                  ("TIGER-Lab/MathInstruct", "anon8231489123/ShareGPT_Vicuna_unfiltered")):
+        assert line.startswith(f"error: data.n + data.heldout: data source '{name}': 70,512 records asked")
+        assert f"; Hugging Face Hub {hub_id} (skipped: {why}" in line
+        assert line.endswith(f", a local copy of the Hub data set in $TASKSPEC_HUB_{name.upper()}, "
+                             f"or Hub access: {fix})")
+
+
 def test_a_profile_whose_gpus_cannot_hold_its_training_is_refused_before_any_work(tmp_path):
     """EAGLE-3 at micro-batch 2 (4 workers) on A100 40GB: the dry run and the run refuse with the same
     one line (the run: at its preflight, before Ray starts), the data coming from a stubbed Hub."""

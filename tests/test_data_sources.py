@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 import warnings
 
 import pytest
@@ -187,3 +188,108 @@ def test_record_counts_are_cached_by_file_size_and_mtime(tmp_path, monkeypatch):
     arr = tmp_path / "rows.json"
     arr.write_text(json.dumps([{"i": i} for i in range(5)])[:-10])  # truncated mid-record
     assert counts.count_records(arr) == 4
+
+
+# ---------------------------------------------------------------- no Hub reachable: one line at once
+PROXY_VARS = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+NOT_CACHED = "taskspec-test/not-in-any-cache"  # a Hub id no Hugging Face cache holds
+
+
+def _closed_port() -> int:
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+@pytest.fixture
+def hub_env(monkeypatch):
+    """No offline variable, no proxy, no TASKSPEC_HUB_MATHINSTRUCT, no remembered probe; returns the
+    endpoints probed (drafters.data.hub.probe is spied on)."""
+    from drafters.data import hub
+
+    for var in (*hub.OFFLINE_VARS, *PROXY_VARS, "TASKSPEC_HUB_MATHINSTRUCT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(hub, "_PROBED", {})
+    probed, real = [], hub.probe
+    monkeypatch.setattr(hub, "probe", lambda url, *a: probed.append(url) or real(url, *a))
+    return probed
+
+
+def test_offline_the_hub_step_is_one_line_and_makes_no_network_call(tmp_path, monkeypatch, hub_env):
+    """HF_HUB_OFFLINE=1: no probe, no socket opened, no name resolved; the line says why and what to do."""
+    import socket
+
+    from drafters.data.sources import locate
+
+    calls = []
+    for owner, attr in ((socket.socket, "connect"), (socket.socket, "connect_ex"), (socket, "getaddrinfo"),
+                        (socket, "create_connection")):
+        monkeypatch.setattr(owner, attr, lambda *a, _n=attr, **k: calls.append(_n) or 1 / 0)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(DataSourceNotFound) as e:
+        locate("mathinstruct", SourceOptions(data_root=tmp_path / "none", hub_path=NOT_CACHED), need=10)
+    msg = str(e.value)
+    assert calls == [] and hub_env == [] and "\n" not in msg
+    assert ("; Hugging Face Hub TIGER-Lab/MathInstruct (skipped: offline, HF_HUB_OFFLINE=1; not in the local "
+            "Hugging Face cache). ") in msg
+    assert msg.endswith(", a local copy of the Hub data set in $TASKSPEC_HUB_MATHINSTRUCT, or Hub access: "
+                        "unset HF_HUB_OFFLINE.")
+
+
+def test_an_unreachable_hub_is_probed_once_and_refused_fast(tmp_path, monkeypatch, hub_env, caplog, capfd):
+    """HF_ENDPOINT at a closed port: one probe for the process, no retries logged or printed."""
+    from drafters.data.sources import DataSourceTooSmall, locate
+
+    url = f"http://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    opts = SourceOptions(data_root=tmp_path / "none", hub_path=NOT_CACHED)
+    start = time.monotonic()
+    with pytest.raises(DataSourceNotFound) as first:
+        locate("mathinstruct", opts, need=10)
+    with pytest.raises(DataSourceTooSmall) as second:  # the package's 17,671 and the Hub skipped
+        locate("sharegpt", opts, need=PAPER_ASK)
+    assert time.monotonic() - start < 10 and hub_env == [url]
+    for e, name in ((first, "MATHINSTRUCT"), (second, "SHAREGPT")):
+        msg = str(e.value)
+        assert "\n" not in msg and f"(skipped: {url} unreachable, " in msg
+        assert "; not in the local Hugging Face cache)" in msg
+        assert f"a local copy of the Hub data set in $TASKSPEC_HUB_{name}, or Hub access: " in msg
+        assert msg.endswith(f"a network that reaches {url}" + (")" if name == "SHAREGPT" else "."))
+    out, err = capfd.readouterr()
+    assert "Retry" not in out + err + caplog.text
+
+
+def test_a_reachable_endpoint_is_left_to_the_libraries(monkeypatch, hub_env):
+    """Any HTTP answer counts (here 501: the server knows no HEAD), so a machine with network keeps
+    today's behaviour; the answer is remembered for the process."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from drafters.data import hub
+
+    server = HTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}/")
+        assert hub.unreachable() is None and hub.unreachable() is None
+    finally:
+        server.shutdown()
+    assert hub_env == [f"http://127.0.0.1:{server.server_port}"]
+
+
+def test_a_stub_directory_is_read_without_a_probe(tmp_path, monkeypatch, hub_env):
+    from drafters.data.sources import locate
+    from tests.hub_stub import stub_hub
+
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    stub = stub_hub(tmp_path, "mathinstruct", 12)
+    monkeypatch.setenv("TASKSPEC_HUB_MATHINSTRUCT", str(stub))
+    assert locate("mathinstruct", SourceOptions(data_root=tmp_path / "none"), need=10) == \
+        f"hub:{stub} (12 records; 10 asked)"
+    with pytest.raises(DataSourceNotFound):  # a path that is not there is a path too: not probed
+        locate("gsm8k", SourceOptions(data_root=tmp_path / "none", hub_path=str(tmp_path / "no-hub")))
+    assert hub_env == []

