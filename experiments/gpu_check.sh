@@ -4,33 +4,20 @@
 #   bash experiments/gpu_check.sh --dry    # the same code path on the CPU, small shape (what the test suite runs)
 #   ... --no-train                          # no Ray Train/DeepSpeed: the drafter trains in this process (torch only)
 # Extra arguments go to experiments/gpu_check.py (e.g. --layers 16, --max-new-tokens 32).
-# It installs what is missing with pip (torch from the package index's default build, which is CUDA on
-# Linux; the project with the GPU image's pins, docker/constraints.txt), then builds the verifier and
-# the data on the spot: no GGUF file, no ../shared, no Hugging Face download.
+# It runs with the project's .venv where there is one, else PYTHON, else python3 (named before anything
+# is installed into it: experiments/gpu_env.sh), installs what is missing with pip (torch from the
+# package index's default build, which is CUDA on Linux; the project with the GPU image's pins,
+# docker/constraints.txt), then builds the verifier and the data on the spot: no GGUF file, no
+# ../shared, no Hugging Face download.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
-
 mode=gpu
 if [[ "${1:-}" == "--dry" ]]; then
   mode=dry
   shift
 fi
-
-if [[ -n "${GPU_CHECK_WHEELS:-}" ]]; then  # a machine without a package index: experiments/gpu_wheels.sh
-  [[ -f "$GPU_CHECK_WHEELS/ray.tar.xz" ]] || { echo "[gpu-check] error: GPU_CHECK_WHEELS=$GPU_CHECK_WHEELS" \
-    "has no ray.tar.xz (make it with: bash experiments/gpu_wheels.sh $GPU_CHECK_WHEELS)" >&2; exit 2; }
-  site="${TMPDIR:-/tmp}/gpu-check-site"
-  echo "[gpu-check] installing the wheels in $GPU_CHECK_WHEELS into $site (no package index)"
-  mkdir -p "$site"
-  tar xJf "$GPU_CHECK_WHEELS/ray.tar.xz" -C "$site"
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$GPU_CHECK_WHEELS"/*.whl
-  export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
-fi
-if ! "$PY" -c "import torch" 2>/dev/null; then
-  echo "[gpu-check] installing torch"
-  "$PY" -m pip install -q "torch>=2.6"
-fi
+source experiments/gpu_env.sh
+gpu_env_setup "$mode"
 # what decoding imports (torch, transformers and the project's own packages), and what the Ray Train row adds
 DECODE_NEEDS="import transformers, safetensors, tokenizers, yaml, decoding, drafters"
 TRAIN_NEEDS="import ray.train, deepspeed, accelerate, pyarrow, workers"
@@ -38,12 +25,9 @@ trainer=ray
 for a in "$@"; do
   [[ "$a" == "--no-train" || "$a" == "torch" || "$a" == "--trainer=torch" ]] && trainer=torch
 done
-install_project() {
-  "$PY" -m pip install -q -c docker/constraints.txt -e . 2>/dev/null
-}
 if ! "$PY" -c "$DECODE_NEEDS" 2>/dev/null; then
   echo "[gpu-check] installing the project and its pinned dependencies"
-  install_project || {
+  gpu_install_project || {
     echo "[gpu-check] error: transformers or the project's packages cannot be imported and pip could not" \
       "install them (no package index here?). Make wheels where pip works (bash experiments/gpu_wheels.sh .whl)," \
       "carry .whl, and run GPU_CHECK_WHEELS=.whl bash experiments/gpu_check.sh" >&2
@@ -53,7 +37,7 @@ fi
 extra=()
 if [[ "$trainer" == ray ]] && ! "$PY" -c "$TRAIN_NEEDS" 2>/dev/null; then
   echo "[gpu-check] installing Ray Train and DeepSpeed (the project's pins)"
-  if ! install_project || ! "$PY" -c "$TRAIN_NEEDS" 2>/dev/null; then
+  if ! gpu_install_project || ! "$PY" -c "$TRAIN_NEEDS" 2>/dev/null; then
     echo "[gpu-check] Ray Train or DeepSpeed cannot be imported and pip could not install them: training" \
       "in this process with torch alone (--trainer torch); the Ray Train + DeepSpeed row is not run"
     extra=(--trainer torch)

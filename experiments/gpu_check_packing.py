@@ -53,10 +53,30 @@ def _worker(args) -> int:
         torch.cuda.synchronize()
     end = time.time()
     peak = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None
-    print(json.dumps({"start": start, "end": end, "tokens": sum(len(r.output_token_ids) for r in res),
-                      "steps": sum(r.verifier_calls for r in res), "new": sum(r.new_tokens for r in res),
-                      "peak_gib": peak}), flush=True)
+    out = {"start": start, "end": end, "tokens": sum(len(r.output_token_ids) for r in res),
+           "steps": sum(r.verifier_calls for r in res), "new": sum(r.new_tokens for r in res), "peak_gib": peak}
+    if args.generate:  # transformers' generate on the same prompts, after the timed decode
+        out |= _time_generate(model, tok, inputs, args.max_new_tokens, args.device)
+    print(json.dumps(out), flush=True)
     return 0
+
+
+def _time_generate(model, tok, inputs: list[list[int]], max_new: int, device: str) -> dict:
+    """Seconds and tokens of transformers' greedy ``generate`` over ``inputs`` (after a warm-up)."""
+    import torch
+
+    from common.verifiers import eos_token_ids
+    from decoding.bench import hf_generate
+
+    eos = eos_token_ids(model, tok)
+    hf_generate(model, inputs[0][:8], 4, eos, 0.0, 0)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    t0 = time.time()
+    toks = sum(len(hf_generate(model, ids, max_new, eos, 0.0, 0)) for ids in inputs)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return {"generate_s": time.time() - t0, "generate_tokens": toks}
 
 
 def run_packed(k: int, worker_args: list[str], threads: int, timeout: float = 600) -> list[dict]:
@@ -142,6 +162,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--tree", type=int, nargs=3, default=[4, 4, 16])
+    ap.add_argument("--generate", action="store_true", help="also time transformers' generate on the prompts")
     return _worker(ap.parse_args(argv))
 
 

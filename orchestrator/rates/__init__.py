@@ -30,6 +30,7 @@ from pathlib import Path
 from .. import packing
 from ..profile import Profile
 from .estimates import estimated, from_packing, with_scaled_backbones
+from .gpu import KIND as GPU_RATES_KIND, from_gpu_rates
 from .measured import measure
 from .record import Rates, _device, devices_per_task, hardware
 from .taskgraph import (TURNS, caps, eval_hold_factor, eval_slowdown, optimizer_step_seconds, packing_model,
@@ -44,7 +45,8 @@ GPU_RATES = "gpu_rates.json"  # a directory holding the GPU check's packing file
 
 
 def load(path: str | os.PathLike, p: Profile | None = None) -> Rates:
-    """A rates JSON file, the GPU check's packing file (``kind: gpu-check-packing``, or a directory
+    """A rates JSON file, the GPU rates script's file (``kind: gpu-rates``, orchestrator/rates/gpu.py),
+    the GPU check's packing file (``kind: gpu-check-packing``, or a directory
     holding one as ``gpu_rates.json``: its eval steps over ``p``'s estimated rates), or a finished
     run's directory (measured on the spot)."""
     path = Path(path)
@@ -58,6 +60,10 @@ def load(path: str | os.PathLike, p: Profile | None = None) -> Rates:
         data = json.loads(path.read_text())
     except ValueError as e:
         raise ValueError(f"--rates {path}: not a rates file ({e})") from None
+    if isinstance(data, dict) and data.get("kind") == GPU_RATES_KIND:
+        if p is None:
+            raise ValueError(f"--rates {path}: a GPU rates file is read against a profile; load it with one")
+        return from_gpu_rates(p, data, str(path))
     if isinstance(data, dict) and data.get("kind") == packing.PACKING_KIND:
         if p is None:
             raise ValueError(f"--rates {path}: a packing file times a profile's evaluation only; load it with one")

@@ -1,0 +1,136 @@
+"""The GPU rates script (experiments/gpu_rates.sh -> gpu_rates.py) runs as shipped in its CPU mode on
+a tiny shape, writes the rates file part by part, and the paper dry run reads it; the file's reader
+(orchestrator/rates/gpu.py) refuses what does not stand for the profile; the shell scripts pick the
+project's .venv, or name the interpreter before installing into it."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import rates as rates_mod
+from orchestrator.profile import load_profile
+from tests.hub_stub import paper_hub_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def dry_run_file(tmp_path_factory):
+    """One run of the script's CPU mode, as shipped: (its output, the rates file)."""
+    tmp = tmp_path_factory.mktemp("gpu-rates")
+    env = {**os.environ, "PYTHON": sys.executable, "TASKSPEC_CACHE": str(tmp / "cache")}
+    cmd = ["bash", str(ROOT / "experiments/gpu_rates.sh"), "--dry", "--workdir", str(tmp),
+           "--stands-for", "llama3-8b-instruct", "--out", str(tmp / "rates.json")]
+    out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    return out.stdout, tmp / "rates.json"
+
+
+def test_the_cpu_mode_measures_every_part_in_order_and_writes_the_rates_file(dry_run_file):
+    stdout, path = dry_run_file
+    rows = [line for line in stdout.splitlines() if line.startswith("rate: ")]
+    parts = [re.match(r"rate: (\w+):", r).group(1) for r in rows]
+    # (c), (b), (a): each row printed as measured, the file rewritten after each part
+    assert parts == ["build", "eval", "eval", "eval", *["train"] * 7, "features", "features", "features"], rows
+    assert sum("rewritten" in r for r in rows) == 3
+    data = json.loads(path.read_text())
+    assert data["kind"] == "gpu-rates" and data["shape"] == "small" and data["full_shape"] is False
+    assert data["stands_for"] == "llama3-8b-instruct" and data["commit"] and data["date"] and data["torch"]
+    ev = data["parts"]["eval"]
+    assert [r["processes"] for r in ev["packing"]] == [1, 2] and ev["tree"] == [4, 4, 16]
+    assert all(r["step_s"] > 0 and r["tokens_per_s"] > 0 for r in ev["packing"])
+    assert ev["generate_ms_per_token"] > 0
+    train = data["parts"]["train"]["rows"]
+    assert [(r["backbone"], r["tokens"]) for r in train] == [(b, t) for b in ("eagle2", "hass", "eagle3")
+                                                              for t in (24, 48)]
+    assert all(r["ms_per_step"] > 0 and r["sizing_gib"] > 0 and r["params"] > 0 for r in train)
+    feats = data["parts"]["features"]["rows"]
+    assert {r["kind"] for r in feats} == {"hidden", "eagle3"}
+    by_kind = {r["kind"]: r for r in feats}
+    assert all(r["tokens_per_s"] > 0 and r["bytes_per_s"] > 0 for r in feats)
+    # EAGLE-3's cache holds three aux layers beside the hidden state: more bytes per token written
+    per_tok = {k: r["bytes_per_s"] / r["tokens_per_s"] for k, r in by_kind.items()}
+    assert per_tok["eagle3"] > 2.5 * per_tok["hidden"], per_tok
+    assert set(data["seconds"]) == {"build", "eval", "train", "features"}
+
+
+def test_the_paper_dry_run_reads_the_file_and_names_it_as_each_rates_source(dry_run_file, tmp_path):
+    _, path = dry_run_file
+    env = {**os.environ, **paper_hub_env(tmp_path)}
+    out = subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "paper",
+                          "--dry-run", "--cluster", "4x8", "--rates", str(path)], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    for what in ("features", "train", "eval steps", "generate"):
+        line = next(x for x in out.stdout.splitlines() if x.strip().startswith(f"rate of {what}:"))
+        assert f"({path})" in line and "measured:" in line, line
+    assert "rate of eval tau: assumed" in out.stdout
+    assert "not the full shape of llama3-8b-instruct" in out.stdout  # a tiny shape stays an estimate
+    assert "ESTIMATE, not measured" in out.stdout
+
+
+def _file(**parts) -> dict:
+    return {"kind": "gpu-rates", "format": 1, "date": "2026-12-06 00:00 UTC", "commit": "abc", "device": "NVIDIA H100",
+            "shape": "llama3-8b", "full_shape": True, "stands_for": "llama3-8b-instruct",
+            "verifier_dtype": "bfloat16", "parts": parts}
+
+
+def test_the_reader_turns_rows_into_rates_and_keeps_what_it_did_not_measure_assumed(tmp_path):
+    p = load_profile("paper")
+    est = rates_mod.estimated(p)
+    train = {"rows": [{"backbone": "eagle2", "tokens": 350, "ms_per_step": 35.0},
+                      {"backbone": "eagle2", "tokens": 900, "ms_per_step": 90.0}]}
+    ev = {"strategy": "single", "tree": [10, 6, 60], "generate_ms_per_token": 25.0,
+          "packing": [{"processes": 1, "step_s": 0.060}, {"processes": 2, "step_s": 0.075}]}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(_file(train=train, eval=ev)))
+    r = rates_mod.load(path, p)
+    assert r.measured and r.train_tokens_per_s["eagle2"] == pytest.approx(1250 / 0.125)
+    assert r.train_tokens_per_s["hass"] == est.train_tokens_per_s["hass"]  # not measured: the assumption
+    assert "hass assumed" in r.sources["train"]
+    assert r.eval_steps_per_s == {"*": pytest.approx(1 / 0.060)} and r.generate_tokens_per_s == pytest.approx(40)
+    assert r.features_tokens_per_s == est.features_tokens_per_s and r.eval_tau == est.eval_tau
+    assert any("features: not in the file" in n for n in r.notes)
+    assert 0 < r.packing["t_dev_s"] < 0.060
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"stands_for": "smollm2-135m-instruct"}, "standing for 'smollm2-135m-instruct'"),
+    ({"parts": {}}, "no part was measured"),
+])
+def test_the_reader_refuses_a_file_that_does_not_stand_for_the_profile(tmp_path, change, message):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(_file(eval={"packing": [{"processes": 1, "step_s": 0.05}]}) | change))
+    with pytest.raises(ValueError, match=message):
+        rates_mod.load(path, load_profile("paper"))
+
+
+def _env_setup(cwd: Path, python: str | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "GPU_CHECK_WHEELS")}
+    if python:
+        env["PYTHON"] = python
+    code = f"source {ROOT}/experiments/gpu_env.sh; gpu_env_setup dry; echo \"PY=$PY\""
+    return subprocess.run(["bash", "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_the_scripts_use_the_projects_venv_or_name_the_interpreter_first(tmp_path):
+    venv = tmp_path / "with-venv" / ".venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text(f"#!/bin/sh\nexec {sys.executable} \"$@\"\n")
+    (venv / "python").chmod(0o755)
+    out = _env_setup(tmp_path / "with-venv", None)
+    assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == "PY=.venv/bin/python", out
+    assert "[gpu]" not in out.stdout  # nothing to say: the project's own environment
+    out = _env_setup(tmp_path / "with-venv", sys.executable)  # PYTHON wins
+    assert out.stdout.strip().splitlines()[-1] == f"PY={sys.executable}", out
+    (tmp_path / "bare").mkdir()
+    out = _env_setup(tmp_path / "bare", None)
+    assert "no .venv here and PYTHON unset: using" in out.stdout, out  # named before any install
+    first = out.stdout.splitlines()[0]
+    assert "python3" in first and "(Python 3." in first, first
