@@ -194,7 +194,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--stands-for", default=None,
                     help="the profile verifier these rates stand for (default: llama3-8b-instruct at the full shape)")
     ap.add_argument("--tree", type=int, nargs=3, default=None, help="top_k depth total_tokens (default: the profile's)")
-    ap.add_argument("--n-prompts", type=int, default=2, help="per benchmark (gsm8k, mt_bench)")
+    ap.add_argument("--n-prompts", type=int, default=1, help="per benchmark (gsm8k, mt_bench)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--packing", default="1,2,4")
     ap.add_argument("--backbones", default="eagle2,hass,eagle3")
