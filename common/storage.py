@@ -110,6 +110,12 @@ def _fs(ref: str):
     return fs.LocalFileSystem(), str(Path(ref).resolve())
 
 
+def filesystem(ref: str):
+    """(pyarrow filesystem, path) of ``ref``: ``open_input_file(path)`` gives a random-access file
+    whose ``read_at(nbytes, offset)`` is a ranged read (a ranged GET on object storage)."""
+    return _fs(ref)
+
+
 def _files(filesystem, path: str) -> dict:
     """{relative path: FileInfo} of a file or a tree ('' for a single file); {} if absent."""
     from pyarrow import fs

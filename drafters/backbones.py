@@ -2,7 +2,8 @@
 
 A backbone supplies its drafter config and initial weights, a check of its cached data, its
 batches (``collate``), its objective (``loss``), its held-out top-1 agreement (``agreement``) and
-the verifier layers an online feature pass must capture (``feature_layers``). The trainer, the
+the verifier layers an online feature pass must capture (``feature_layers``) and the tensors of a
+cached shard it reads (``feature_tensors``: a node downloads only those). The trainer, the
 objective and the held-out evaluation never branch on a backbone's name.
 
 Signatures (``cfg`` a TrainConfig, ``dcfg`` the backbone's drafter config, ``ids`` the draft
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 
 from . import eagle2_train, eagle3_train
 from .config import BACKBONES
+from .features import SHARD_TENSORS
 from .losses import collate as aligned_collate
 
 
@@ -37,13 +39,14 @@ class Backbone:
     loss: Callable
     agreement: Callable
     feature_layers: Callable  # dcfg -> aux layers an online feature pass captures (None: LM-head input only)
+    feature_tensors: tuple | None = None  # the cached shards' tensors it reads (None: all of them)
 
 
 def _feature_backbone(name: str, hass: bool) -> Backbone:
     """EAGLE-2 and HASS: one drafter, one batch layout; HASS adds alignment passes and top-K."""
     return Backbone(name, eagle2_train.drafter_config, eagle2_train.check_data, eagle2_train.init_drafter,
                     aligned_collate, functools.partial(eagle2_train.loss, hass=hass),
-                    eagle2_train.agreement, lambda dcfg: None)
+                    eagle2_train.agreement, lambda dcfg: None, SHARD_TENSORS)  # never EAGLE-3's aux layers
 
 
 REGISTRY: dict[str, Backbone] = {

@@ -31,6 +31,8 @@ from common.atomic import write_text_atomic
 from .data.templating import TokenizedExample
 
 TOPK = 10
+AUX = "aux"  # EAGLE-3's aux layers in a shard; every shard also holds SHARD_TENSORS
+SHARD_TENSORS = ("features", "input_ids", "lengths", "loss_mask", "top_ids", "top_probs")
 SHARD_TOKENS = 200_000  # the most tokens a shard holds
 SHARD_BYTES = 1 << 30  # and about the most bytes (a big verifier's shards hold fewer tokens)
 FORMAT = 2  # the index lists each shard's ids, lengths and bytes; shard names carry a digest of their ids
@@ -187,31 +189,67 @@ def _shard_tensors(buf: list[FeatureExample]) -> dict:
 
 # ---------------------------------------------------------------- reading shards through a node cache
 _OPENER: contextvars.ContextVar = contextvars.ContextVar("shard_opener", default=None)
+_TENSORS: contextvars.ContextVar = contextvars.ContextVar("shard_tensors", default=None)
 
 
 @contextlib.contextmanager
 def reading_through(opener) -> Iterator[None]:
-    """Inside the block, shards are opened through ``opener.open(store_dir, file, nbytes)`` (a
-    context manager yielding a local path: workers/shard_cache.py downloads a shard of a cache at a
-    URI into a bounded node-local cache and holds it while it is read)."""
+    """Inside the block, shards are opened through ``opener.open(store_dir, file, nbytes[, tensors=])``
+    (a context manager yielding a local path: workers/shard_cache.py downloads a shard of a cache at
+    a URI into a bounded node-local cache and holds it while it is read), and an opener with an
+    ``expect(shards)`` is told the order in which an epoch will open them (to fetch ahead). Its
+    ``close()``, if it has one, runs at the end of the block."""
     token = _OPENER.set(opener)
     try:
         yield
     finally:
         _OPENER.reset(token)
+        if hasattr(opener, "close"):
+            opener.close()
 
 
 @contextlib.contextmanager
-def open_shard(store_dir: Path, file: str, nbytes: int | None = None) -> Iterator[Path]:
+def reading_tensors(names) -> Iterator[None]:
+    """Inside the block, shards are read for ``names`` only (None: every tensor); a shard of a cache
+    that holds more (EAGLE-3's ``aux``) is opened for those alone, so a node cache downloads only
+    their bytes. drafters/trainer.py reads a backbone's ``feature_tensors``."""
+    token = _TENSORS.set(None if names is None else tuple(sorted(names)))
+    try:
+        yield
+    finally:
+        _TENSORS.reset(token)
+
+
+def expect_shards(shards: list) -> None:
+    """Tell the opener (``reading_through``) the shards an epoch opens next, in order:
+    [(store dir, file, bytes, tensors), ...] as ``FeatureStore.reads`` lists them."""
+    opener = _OPENER.get()
+    if opener is not None and hasattr(opener, "expect"):
+        opener.expect(shards)
+
+
+@contextlib.contextmanager
+def open_shard(store_dir: Path, file: str, nbytes: int | None = None, tensors=None) -> Iterator[Path]:
     opener = _OPENER.get()
     if opener is not None:
-        with opener.open(store_dir, file, nbytes) as path:
+        with opener.open(store_dir, file, nbytes, **({} if tensors is None else {"tensors": tensors})) as path:
             yield path
         return
     path = store_dir / file
     if not path.is_file():
         raise FileNotFoundError(f"feature shard {path} is missing (its cache's manifest lists it)")
     yield path
+
+
+def load_shard(path: Path, names) -> tuple[list[str], dict]:
+    """(example ids, {name: tensor}) of a shard file: ``names`` only (those it has), or all (None)."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as f:
+        ids = json.loads(f.metadata()["ids"])
+        if names is None:
+            return ids, load_file(str(path))
+        return ids, {k: f.get_tensor(k) for k in f.keys() if k in names}
 
 
 class FeatureStore:
@@ -315,18 +353,29 @@ class FeatureStore:
             self._drain()
         return self._finish(meta, shards, None if resumed else time.perf_counter() - t0, resumed)
 
+    def reads(self, select: set[str] | None = None, files: set[str] | None = None) -> list[tuple]:
+        """The shards ``iter_examples(select, files)`` opens, in order, as (dir, file, bytes, tensors):
+        ``tensors`` the ones read (``reading_tensors``) when the shards hold others, else None. A
+        shard the index shows to hold none of ``select`` is not opened."""
+        m = self.manifest()
+        want = _TENSORS.get()
+        part = want if want is not None and "aux_layers" in m and AUX not in want else None
+        out = []
+        for s in m["shards"]:
+            if files is not None and s["file"] not in files:
+                continue
+            if select is not None and "ids" in s and select.isdisjoint(s["ids"]):
+                continue
+            out.append((self.dir, s["file"], s.get("bytes"), part))
+        return out
+
     def iter_examples(self, select: set[str] | None = None,
                       files: set[str] | None = None) -> Iterator[FeatureExample]:
         """Stream examples shard by shard (only one shard in memory); ``files``: only those shards."""
-        from safetensors import safe_open
-
-        for s in self.manifest()["shards"]:
-            if files is not None and s["file"] not in files:
-                continue
-            with open_shard(self.dir, s["file"], s.get("bytes")) as path:  # held while it is read
-                with safe_open(str(path), "pt") as f:
-                    ids = json.loads(f.metadata()["ids"])
-                t = load_file(str(path))
+        want = _TENSORS.get()
+        for store_dir, file, nbytes, part in self.reads(select, files):
+            with open_shard(store_dir, file, nbytes, part) as path:  # held while it is read
+                ids, t = load_shard(path, want)
             offsets = torch.cat([torch.zeros(1, dtype=torch.long), t["lengths"].cumsum(0)])
             for j, eid in enumerate(ids):
                 if select is not None and eid not in select:

@@ -13,7 +13,7 @@ import random
 import torch
 
 from .data.templating import TokenizedExample
-from .features import FeatureExample, FeatureStore
+from .features import FeatureExample, FeatureStore, expect_shards
 from .losses import collate
 from .shards import rank_plan
 from .train_config import ONLINE_ROOTS
@@ -74,11 +74,15 @@ def iter_examples(data: list, seed: int | None, buffer: int = 256, online: Onlin
     buffer seeded per epoch, so memory stays at about one shard plus the buffer. ``features=False``:
     online entries yield their tokenized examples (no verifier pass); the order depends only on
     the examples' count, so it is the same either way and the same as the cache's. An entry may
-    name one shard of its cache (``[root, key, ids, file]``: a rank's own shard, drafters/shards.py)."""
+    name one shard of its cache (``[root, key, ids, file]``: a rank's own shard, drafters/shards.py).
+    The shards the pass opens are announced first, in order (``expect_shards``: a node cache fetches
+    the next ones while these are read)."""
     rng = random.Random(seed) if seed is not None else None
     sources = list(data)
     if rng:
         rng.shuffle(sources)
+    expect_shards([r for root, key, ids, *file in sources if root not in ONLINE_ROOTS  # (to fetch them ahead)
+                   for r in FeatureStore(root, key).reads(None if ids is None else set(ids), set(file) or None)])
     buf = []
     for root, key, ids, *file in sources:
         for e in _source(root, key, ids, online, features, *file):

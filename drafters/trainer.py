@@ -20,6 +20,7 @@ import torch
 
 from .backbones import Backbone, backbone
 from .collectives import all_ranks, distributed
+from .features import reading_tensors
 from .heldout import heldout_metrics
 from .objective import clamp_grads_by_value, compute_loss, lr_factor, schedule_steps
 from .runners import make_runner
@@ -73,16 +74,17 @@ def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, repor
         raise ValueError(f"deepspeed: false trains without gradient synchronisation; {world} ranks would "
                          "each train their own drafter. Set deepspeed: true (ZeRO 0-2) or use one worker")
     run = _start(cfg, verifier_model, rank, world, tokenizer)
-    start, pos = _resume(run)
-    for epoch in range(start + 1, cfg.epochs + 1):
-        metrics = _epoch(run, epoch, pos, saved)
-        pos = None
-        run.history.append(metrics)
-        d = run.ckpts.save(f"epoch-{epoch}", run.history, {"epoch": epoch}, run.step)
-        if report is not None:
-            report(metrics, d)
-        if cfg.crash_after_epoch == epoch:
-            raise RuntimeError(f"injected crash after epoch {epoch}")
+    with reading_tensors(run.backbone.feature_tensors):  # cached shards: only what the backbone reads
+        start, pos = _resume(run)
+        for epoch in range(start + 1, cfg.epochs + 1):
+            metrics = _epoch(run, epoch, pos, saved)
+            pos = None
+            run.history.append(metrics)
+            d = run.ckpts.save(f"epoch-{epoch}", run.history, {"epoch": epoch}, run.step)
+            if report is not None:
+                report(metrics, d)
+            if cfg.crash_after_epoch == epoch:
+                raise RuntimeError(f"injected crash after epoch {epoch}")
     return run.ckpts.finalize()
 
 
