@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from . import grouped_attention
+from . import grouped_attention, hub
 from .dtypes import NAMES as _DTYPE_NAMES
 from .dtypes import torch_dtypes
 from .verifier_copy import copy_dir, load_copy, save_copy
@@ -171,7 +171,15 @@ def _config_dict(source: VerifierSource) -> dict:
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     if os.environ.get("HF_TOKEN") and not source.gguf_file:
         kwargs["token"] = os.environ["HF_TOKEN"]
-    return AutoConfig.from_pretrained(source.path, **kwargs).to_dict()
+    state = None if hub.is_local(source.path) else hub.unreachable()
+    if state is None:
+        return AutoConfig.from_pretrained(source.path, **kwargs).to_dict()
+    try:  # offline or unreachable: the local Hugging Face cache only, no retries
+        with hub.offline_library():
+            return AutoConfig.from_pretrained(source.path, local_files_only=True, **kwargs).to_dict()
+    except OSError:
+        raise OSError(f"skipped the Hub ({state[0]}) and {source.path} is not in the local Hugging Face "
+                      f"cache; to load it: {state[1]}") from None
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:

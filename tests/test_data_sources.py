@@ -208,8 +208,8 @@ def _closed_port() -> int:
 @pytest.fixture
 def hub_env(monkeypatch):
     """No offline variable, no proxy, no TASKSPEC_HUB_MATHINSTRUCT, no remembered probe; returns the
-    endpoints probed (drafters.data.hub.probe is spied on)."""
-    from drafters.data import hub
+    endpoints probed (common.hub.probe is spied on)."""
+    from common import hub
 
     for var in (*hub.OFFLINE_VARS, *PROXY_VARS, "TASKSPEC_HUB_MATHINSTRUCT"):
         monkeypatch.delenv(var, raising=False)
@@ -269,7 +269,7 @@ def test_a_reachable_endpoint_is_left_to_the_libraries(monkeypatch, hub_env):
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from drafters.data import hub
+    from common import hub
 
     server = HTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -293,3 +293,23 @@ def test_a_stub_directory_is_read_without_a_probe(tmp_path, monkeypatch, hub_env
     with pytest.raises(DataSourceNotFound):  # a path that is not there is a path too: not probed
         locate("gsm8k", SourceOptions(data_root=tmp_path / "none", hub_path=str(tmp_path / "no-hub")))
     assert hub_env == []
+
+
+def test_offline_the_verifiers_config_is_one_line_from_the_local_cache_only(tmp_path, monkeypatch, hub_env):
+    """The preflight's verifier config (common/verifiers.py) offline: the local Hugging Face cache
+    only, no socket opened, one line naming why and what to do (was 28 s of retries)."""
+    import socket
+
+    from common.verifiers import verifier_config
+
+    calls = []
+    for owner, attr in ((socket.socket, "connect"), (socket, "getaddrinfo"), (socket, "create_connection")):
+        monkeypatch.setattr(owner, attr, lambda *a, _n=attr, **k: calls.append(_n) or 1 / 0)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    with pytest.raises(OSError) as e:
+        verifier_config("llama3-8b-instruct")
+    msg = str(e.value)
+    assert calls == [] and hub_env == [] and "\n" not in msg
+    assert msg == ("skipped the Hub (offline, HF_HUB_OFFLINE=1) and meta-llama/Meta-Llama-3-8B-Instruct is not "
+                   "in the local Hugging Face cache; to load it: unset HF_HUB_OFFLINE")

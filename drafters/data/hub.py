@@ -1,29 +1,17 @@
-"""Whether the Hugging Face Hub can be reached, decided before any Hub call, so that an offline
-machine gets one line at once instead of the libraries' retries (about 23 s a data set).
+"""The data sources' Hub step when the Hub cannot be reached (common/hub.py decides that once per
+process): the ``datasets`` call in the libraries' offline mode, its failure one line.
 
-``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE`` set: offline, no network call at all. Otherwise one
-HEAD request to the endpoint (``$HF_ENDPOINT``, else https://huggingface.co; proxies as urllib
-reads them from the environment), answered within ``PROBE_TIMEOUT_S`` or the Hub counts as
-unreachable; the answer is kept for the process. Any HTTP answer, whatever its status, is reachable:
-nothing changes for a machine that reaches the Hub. A local path (a ``TASKSPEC_HUB_<NAME>``
-directory) is never probed. Offline or unreachable, the ``datasets`` call runs in the libraries'
-offline mode (their local cache only, no network) and its failure is one :class:`HubUnreachable`.
+A local path (a ``TASKSPEC_HUB_<NAME>`` directory) is never probed. Offline or unreachable, the
+``datasets`` call runs in the libraries' offline mode (their local cache only, no network) and its
+failure is one :class:`HubUnreachable`.
 """
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 
-DEFAULT_ENDPOINT = "https://huggingface.co"
-PROBE_TIMEOUT_S = 2.0
-OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-_TRUE = {"1", "ON", "YES", "TRUE"}
-_PROBED: dict[str, str | None] = {}  # endpoint -> None (it answered) or why not
-_LOCK = threading.Lock()
+from common.hub import is_local, offline_library, unreachable
 
 
 class HubUnreachable(ConnectionError):
@@ -35,85 +23,21 @@ class HubUnreachable(ConnectionError):
         self.fix = fix
 
 
-def endpoint() -> str:
-    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
-
-
-def offline_var() -> str | None:
-    """The offline variable that is set to a true value, if any (as huggingface_hub reads them)."""
-    return next((v for v in OFFLINE_VARS if os.environ.get(v, "").strip().upper() in _TRUE), None)
-
-
-def _head(url: str, timeout: float) -> str | None:
-    """None when ``url`` answers a HEAD request with any HTTP status, else why not (a few words).
-    The certificate is not checked: the question is whether the host answers, and nothing is sent."""
-    import ssl
-    import urllib.error
-    import urllib.request
-
-    ctx = ssl.create_default_context()
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    opener = urllib.request.build_opener(urllib.request.HTTPSHandler(context=ctx))  # + env proxies
-    try:
-        with opener.open(urllib.request.Request(url, method="HEAD"), timeout=timeout):
-            return None
-    except urllib.error.HTTPError:
-        return None
-    except Exception as e:  # noqa: BLE001 - whatever stops the request is the answer
-        why = getattr(e, "reason", e)
-        return " ".join(f"{type(why).__name__}: {why}".split())[:120]
-
-
-def probe(url: str, timeout: float = PROBE_TIMEOUT_S) -> str | None:
-    """:func:`_head` bounded in wall time too (name resolution ignores socket timeouts)."""
-    out = [f"no answer within {timeout:g} s"]
-
-    def run():
-        out[0] = _head(url, timeout)
-
-    t = threading.Thread(target=run, name="hub-probe", daemon=True)
-    t.start()
-    t.join(timeout + 1.0)
-    return out[0]
-
-
-def unreachable() -> tuple[str, str] | None:
-    """None when the Hub can be called, else (why, what to do): offline by the environment (no
-    network call), or the endpoint's probe failed (one probe per endpoint per process)."""
-    var = offline_var()
-    if var:
-        return f"offline, {var}={os.environ[var]}", f"unset {var}"
-    url = endpoint()
-    with _LOCK:
-        if url not in _PROBED:
-            _PROBED[url] = probe(url)
-        why = _PROBED[url]
-    return None if why is None else (f"{url} unreachable, {why}", f"a network that reaches {url}")
-
-
-def is_local(path: str) -> bool:
-    """A filesystem path, not a Hub id (owner/name): never probed."""
-    return Path(path).exists() or os.path.isabs(path) or path.startswith((".", "~"))
-
-
 @contextmanager
 def _offline_libraries() -> Iterator[None]:
-    """huggingface_hub and datasets in offline mode (cache only) for one call, their logs quiet."""
+    """huggingface_hub (common/hub.py) and datasets in offline mode (cache only) for one call, quiet."""
     import datasets.config
-    import huggingface_hub.constants as hub_constants
 
-    saved = (hub_constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)
-    loggers = [logging.getLogger(n) for n in ("huggingface_hub", "datasets")]
-    levels = [lg.level for lg in loggers]
-    hub_constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
-    for lg in loggers:
-        lg.setLevel(logging.ERROR)
+    saved, log = datasets.config.HF_HUB_OFFLINE, logging.getLogger("datasets")
+    level = log.level
+    datasets.config.HF_HUB_OFFLINE = True
+    log.setLevel(logging.ERROR)
     try:
-        yield
+        with offline_library():
+            yield
     finally:
-        hub_constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+        datasets.config.HF_HUB_OFFLINE = saved
+        log.setLevel(level)
 
 
 @contextmanager
