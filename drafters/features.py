@@ -47,6 +47,13 @@ class FeatureExample:
     top_ids: torch.Tensor  # (L, K) verifier top-K next-token ids at each position
     top_probs: torch.Tensor  # (L, K)
     aux: torch.Tensor | None = None  # (L, A*H) EAGLE-3: hidden states of the aux layers, concatenated
+    ready: object = None  # a CUDA event: the tensors are being copied to the host until it completes
+
+    def wait(self) -> "FeatureExample":
+        """The example once its tensors are on the host (verifier_features' ``async_copies``)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self
 
 
 def content_key(verifier: str, corpus: str, example_ids: list[str], max_length: int) -> str:
@@ -87,23 +94,50 @@ def captured_layers(model, aux_layers):
             h.remove()
 
 
+def _padded_batches(examples: list[TokenizedExample], batch_tokens: int) -> Iterator[list[TokenizedExample]]:
+    """Consecutive examples in right-padded mini-batches of at most ``batch_tokens`` (one at least)."""
+    i = 0
+    while i < len(examples):
+        batch = [examples[i]]
+        while i + len(batch) < len(examples) and (len(batch) + 1) * max(
+                len(e.input_ids) for e in batch + [examples[i + len(batch)]]) <= batch_tokens:
+            batch.append(examples[i + len(batch)])
+        i += len(batch)
+        yield batch
+
+
+def _to_host(tensors: list, async_copies: bool) -> tuple[list, object]:
+    """``tensors`` on the host, and the event to wait for before reading them (None: readable now).
+    On CUDA one copy per tensor into pinned memory, ``non_blocking`` with ``async_copies`` (the
+    device goes on; the event marks the copies), else waited for here; on the CPU the tensors as they are."""
+    if not tensors[0].is_cuda:
+        return tensors, None
+    host, pinned = [], torch.backends.cuda.is_built()  # (not on tests/accelerator.py's CPU stand-in)
+    for t in tensors:
+        buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=pinned)
+        buf.copy_(t, non_blocking=async_copies)
+        host.append(buf)
+    if not async_copies:
+        return host, None
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
+
+
 @torch.no_grad()
 def verifier_features(model, examples: list[TokenizedExample], batch_tokens: int = 4096,
-                      aux_layers=None) -> list[FeatureExample]:
+                      aux_layers=None, async_copies: bool = False) -> list[FeatureExample]:
     """Run the verifier over tokenized examples (one forward each; right-padded mini-batches).
-    ``aux_layers``: also each example's hidden states at those layers (EAGLE-3), in that order."""
+    ``aux_layers``: also each example's hidden states at those layers (EAGLE-3), in that order.
+    Each batch's outputs reach the host in one copy per tensor (not one per example); with
+    ``async_copies`` (on CUDA) without waiting: the examples' ``ready`` event says when they may be
+    read (``FeatureExample.wait``; the shard writer waits), so the device never waits on the host."""
     out = []
     dev = model.device
     n_layers = model.config.num_hidden_layers
     capture = captured_layers(model, aux_layers) if aux_layers is not None else contextlib.nullcontext({})
-    i = 0
     with capture as got:
-        while i < len(examples):
-            batch = [examples[i]]
-            while i + len(batch) < len(examples) and (len(batch) + 1) * max(
-                    len(e.input_ids) for e in batch + [examples[i + len(batch)]]) <= batch_tokens:
-                batch.append(examples[i + len(batch)])
-            i += len(batch)
+        for batch in _padded_batches(examples, batch_tokens):
             L = max(len(e.input_ids) for e in batch)
             ids = torch.zeros(len(batch), L, dtype=torch.long)
             att = torch.zeros(len(batch), L, dtype=torch.long)
@@ -113,16 +147,15 @@ def verifier_features(model, examples: list[TokenizedExample], batch_tokens: int
             h = model.model(input_ids=ids.to(dev), attention_mask=att.to(dev)).last_hidden_state  # (B, L, H)
             probs = model.lm_head(h).float().softmax(-1)  # (B, L, V)
             top = probs.topk(TOPK, dim=-1)
-            aux = None
+            outs = [h.to(torch.float16), top.indices.to(torch.int32), top.values.to(torch.float16)]
             if aux_layers is not None:
-                aux = torch.cat([h if j == n_layers else got[j] for j in aux_layers], dim=-1)  # (B, L, A*H)
+                outs.append(torch.cat([h if j == n_layers else got[j] for j in aux_layers], dim=-1).to(torch.float16))
+            (feats, tids, tprobs, *aux), ready = _to_host(outs, async_copies)
             for b, e in enumerate(batch):
                 n = len(e.input_ids)
-                out.append(FeatureExample(
-                    e.id, ids[b, :n], torch.tensor(e.loss_mask[:n], dtype=torch.bool),
-                    h[b, :n].to(torch.float16).cpu(), top.indices[b, :n].to(torch.int32).cpu(),
-                    top.values[b, :n].to(torch.float16).cpu(),
-                    None if aux is None else aux[b, :n].to(torch.float16).cpu()))
+                out.append(FeatureExample(e.id, ids[b, :n], torch.tensor(e.loss_mask[:n], dtype=torch.bool),
+                                          feats[b, :n], tids[b, :n], tprobs[b, :n], aux[0][b, :n] if aux else None,
+                                          ready))
     return out
 
 
@@ -175,6 +208,8 @@ def shard_name(i: int, ids: list[str]) -> str:
 
 
 def _shard_tensors(buf: list[FeatureExample]) -> dict:
+    for e in buf:
+        e.wait()
     tensors = {
         "lengths": torch.tensor([len(e.input_ids) for e in buf]),
         "input_ids": torch.cat([e.input_ids for e in buf]),
@@ -332,9 +367,12 @@ class FeatureStore:
     def extract(self, examples: list, compute, meta: dict, progress=None, chunk: int = 16) -> dict:
         """Features of tokenized ``examples`` (``compute(list) -> list[FeatureExample]``, ``chunk`` at
         a time), shard by shard as ``plan_shards`` cuts them; a shard already at the store (a resumed
-        extraction) is skipped without a forward pass. ``progress(done, total)`` after each chunk."""
+        extraction) is skipped without a forward pass. ``progress(done, total)`` after each chunk.
+        A writer thread serialises (and, streaming, hands to the upload) each shard while the next
+        is computed: at most two shards in host memory, the one written and the one computed."""
         lengths = [len(e.input_ids) for e in examples]
         have, shards, resumed, t0 = self._finished(), [], 0, time.perf_counter()
+        writer, last = ThreadPoolExecutor(1, thread_name_prefix=f"write-{self.key}"), None
         try:
             for i, (a, b) in enumerate(plan_shards(lengths, self.shard_tokens)):
                 ids = [e.id for e in examples[a:b]]
@@ -348,9 +386,14 @@ class FeatureStore:
                     buf += compute(examples[j : min(j + chunk, b)])
                     if progress:
                         progress(min(j + chunk, b), len(examples))
-                shards.append(self._put_shard(name, buf))
+                if last is not None:
+                    last.result()  # the previous shard is written (its error stops the extraction here)
+                last = writer.submit(self._put_shard, name, buf)  # written while the next one is computed
+                shards.append(last)
         finally:
+            writer.shutdown(wait=True)
             self._drain()
+        shards = [s if isinstance(s, dict) else s.result() for s in shards]
         return self._finish(meta, shards, None if resumed else time.perf_counter() - t0, resumed)
 
     def reads(self, select: set[str] | None = None, files: set[str] | None = None) -> list[tuple]:

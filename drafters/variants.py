@@ -7,6 +7,7 @@ all n of each. Mixed variants therefore reference the single-domain caches, neve
 """
 from __future__ import annotations
 
+import functools
 import random
 import warnings
 from dataclasses import dataclass
@@ -86,6 +87,8 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
         convs = distilled(model, tokenizer, eos_ids, verifier, corpus, [c for c, _ in train], spec.max_length,
                           spec.self_distill, spec.seed, root, progress=progress)
         train_exs = [tokenize_conversation(tokenizer, c, spec.max_length, eos_ids) for c in convs]
+    # copies to the host without waiting for them: the store's writer thread waits
+    compute = functools.partial(verifier_features, model, aux_layers=aux_layers, async_copies=True)
     keys = {}
     for part, label, exs in (("train", train_part, train_exs), ("heldout", "heldout", held_exs)):
         key = content_key(verifier, f"{corpus}-{label}{aux_tag(aux_layers)}", [e.id for e in exs], spec.max_length)
@@ -98,7 +101,7 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
             if aux_layers is not None:
                 meta["aux_layers"] = [int(i) for i in aux_layers]
             what = f"features {corpus}/{part}"
-            store.extract(exs, lambda b: verifier_features(model, b, aux_layers=aux_layers), meta,
+            store.extract(exs, compute, meta,
                           progress=progress and (lambda done, n, w=what: progress(w, done, n)))
         keys[part] = key
         keys[f"{part}_ids"] = [e.id for e in exs]

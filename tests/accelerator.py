@@ -24,7 +24,9 @@ accelerator integer tensor or with an accelerator boolean mask, ``nonzero`` and 
 (``masked_select``, one-argument ``where``, ``unique``, ``repeat_interleave`` without
 ``output_size``), one per accelerator tensor in the data of ``torch.tensor([...])``), ``h2d`` for every host-to-device copy (``.to("cuda")`` of a host
 tensor, ``torch.tensor(..., device="cuda")``, host indices into an accelerator tensor, host values
-written into one). ``where[kind]`` keeps the caller's file:line of each event, so a test that
+written into one), ``d2h_async`` for every ``host.copy_(device, non_blocking=True)`` (into pinned
+memory the host goes on; it reads the copy after a ``torch.cuda.Event``'s ``synchronize``, a
+``sync``). ``where[kind]`` keeps the caller's file:line of each event, so a test that
 fails on a budget names the lines that spent it.
 """
 from __future__ import annotations
@@ -186,6 +188,9 @@ class FakeCuda(TorchFunctionMode):
             def record(self, stream=None):
                 self.t, self.epoch = time.perf_counter(), acc.sync_epoch
 
+            def synchronize(self):  # the host waits for the device up to this event
+                acc._note("sync")
+
             def elapsed_time(self, other) -> float:
                 if max(self.epoch, other.epoch) >= acc.sync_epoch:
                     raise RuntimeError("timer read before a device sync closed it (CUDA: event not complete)")
@@ -263,7 +268,7 @@ class FakeCuda(TorchFunctionMode):
         if name in _JOINS and host:
             self._mismatch(f"{name}: a host tensor of shape {tuple(host[0].shape)} joined to accelerator ones")
         if host:
-            self._check_mix(name, args, host)
+            self._check_mix(name, args, host, kwargs)
         self._count_hidden_syncs(name, args, kwargs)
         out = func(*args, **kwargs)
         if name == "__setitem__" or name.endswith("_") and not name.startswith("__"):
@@ -289,7 +294,7 @@ class FakeCuda(TorchFunctionMode):
                 on_device(t) and t.dim() > 0 for t in _tensors(args[1:2], []) + _tensors(kwargs.get("repeats"), [])):
             self._note("sync")
 
-    def _check_mix(self, name: str, args, host: list) -> None:
+    def _check_mix(self, name: str, args, host: list, kwargs=None) -> None:
         self_t = args[0] if args and isinstance(args[0], torch.Tensor) else None
         if name in _INDEXING or name == "__setitem__":
             if self_t is not None and not on_device(self_t):
@@ -305,6 +310,9 @@ class FakeCuda(TorchFunctionMode):
                     self._note("h2d")  # host indices / values copied to the device
             return
         if name in ("copy_",):
+            if not on_device(self_t) and (kwargs or {}).get("non_blocking"):
+                self._note("d2h_async")  # into pinned memory the host goes on; a reader waits on an event
+                return
             self._note("h2d" if on_device(self_t) else "sync")  # host.copy_(device) waits for the device
             return
         big = [t for t in host if t.dim() > 0]

@@ -388,7 +388,7 @@ def test_features_training_steps_and_merges_run_on_the_device(verifier, bench_pr
         examples.append(TokenizedExample(f"x{i}", ids, [0] * 24 + [1] * (len(ids) - 24)))
     with FakeCuda() as acc:
         acc.place(model)
-        feats = verifier_features(model, examples)  # features come back to the host, once per example
+        feats = verifier_features(model, examples)  # features come back to the host, one copy per batch tensor
         assert not any(on_device(f.features) for f in feats)
         batch = collate(feats)  # built on the host, as the trainer's batches() does
         head = DraftHead(model.lm_head, None)

@@ -329,3 +329,113 @@ def test_ranks_on_one_node_share_shards_and_a_held_shard_is_never_evicted(remote
     with small.open(store, first["file"], first["bytes"]) as held:
         with ShardCache(small.budget, remotes).open(store, second["file"], second["bytes"]):
             assert held.is_file()  # over budget for the moment rather than delete a shard being read
+
+
+# ------------------------------------------------------------------ extraction: the same bytes as before
+
+OLD = "198231a"  # drafters/features.py before asynchronous host copies and the writer thread
+
+
+def _old_features():
+    """drafters/features.py at ``OLD`` (from git), imported inside the package; None without the history."""
+    import subprocess
+    import sys
+    import types
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        src = subprocess.run(["git", "show", f"{OLD}:drafters/features.py"], cwd=root, capture_output=True,
+                             text=True, check=True).stdout
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return None
+    mod = types.ModuleType("drafters._old_features")
+    mod.__package__ = "drafters"
+    sys.modules[mod.__name__] = mod  # dataclasses look their module up
+    try:
+        exec(compile(src, "old:drafters/features.py", "exec"), mod.__dict__)
+    finally:
+        del sys.modules[mod.__name__]
+    return mod
+
+
+def _tiny_verifier():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    return LlamaForCausalLM(cfg).eval()
+
+
+@pytest.mark.parametrize("aux", [None, (1, 2, 4)], ids=["eagle2-hass", "eagle3"])
+def test_extraction_writes_the_same_bytes_as_before(tmp_path, aux):
+    """The verifier's features of the same examples, extracted by the code at OLD (a copy to the host
+    per tensor per example, shards serialised in the loop) and by today's (one copy per batch tensor,
+    asynchronous where the device allows, a writer thread; streamed to a URI too): the same shard
+    files byte for byte and the same index (timings aside), on the CPU."""
+    from drafters.features import verifier_features
+
+    old = _old_features()
+    if old is None:
+        pytest.skip(f"git history ({OLD}) is not available in this checkout")
+    model, exs = _tiny_verifier(), _tokenized(16, seed=4)
+    meta = {"corpus": "toy"} if aux is None else {"corpus": "toy", "aux_layers": list(aux)}
+    before = old.FeatureStore(tmp_path / "old", "k", shard_tokens=70).extract(
+        exs, lambda b: old.verifier_features(model, b, batch_tokens=128, aux_layers=aux), meta)
+    now = FeatureStore(tmp_path / "new", "k", shard_tokens=70).extract(
+        exs, lambda b: verifier_features(model, b, batch_tokens=128, aux_layers=aux, async_copies=True), meta)
+    uri = (tmp_path / "bucket").as_uri()
+    streamed = StreamingFeatureStore(tmp_path / "staging", "k", RemoteDir(storage.join(uri, "k")), 70).extract(
+        exs, lambda b: verifier_features(model, b, batch_tokens=128, aux_layers=aux, async_copies=True), meta)
+    assert len(before["shards"]) >= 3
+    for m in (now, streamed):
+        assert {k: v for k, v in m.items() if k not in ("seconds", "staging_peak_bytes")} == \
+            {k: v for k, v in before.items() if k != "seconds"}
+    for s in before["shards"]:
+        want = (tmp_path / "old" / "k" / s["file"]).read_bytes()
+        assert (tmp_path / "new" / "k" / s["file"]).read_bytes() == want
+        assert (tmp_path / "bucket" / "k" / s["file"]).read_bytes() == want  # streamed to the URI
+    # online mode's features (the trainer's) are the same tensors, waited for or not
+    for a, b in zip(old.verifier_features(model, exs[:5], aux_layers=aux), verifier_features(model, exs[:5],
+                                                                                               aux_layers=aux)):
+        for name in ("input_ids", "loss_mask", "features", "top_ids", "top_probs", "aux"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None and y is None) or (torch.equal(x, y) and x.dtype == y.dtype), name
+
+
+def test_extraction_copies_to_the_host_without_waiting_for_the_device(tmp_path):
+    """On the CUDA stand-in (tests/accelerator.py): the code at OLD waited for the device once per
+    tensor per example; today's synchronous form once per tensor per batch, and the extraction's
+    asynchronous form not at all: its copies are non-blocking and the shard writer waits on each
+    batch's event (one wait a batch). The same shard bytes either way."""
+    from drafters.features import verifier_features
+    from tests.accelerator import FakeCuda
+
+    old = _old_features()
+    model, exs = _tiny_verifier(), _tokenized(12, seed=4)
+    counts = {}
+    with FakeCuda() as acc:
+        acc.place(model)
+        for name, fn in (("old", old and (lambda b: old.verifier_features(model, b, batch_tokens=128))),
+                         ("sync", lambda b: verifier_features(model, b, batch_tokens=128)),
+                         ("async", lambda b: verifier_features(model, b, batch_tokens=128, async_copies=True))):
+            if fn is None:
+                continue
+            acc.reset()
+            feats = fn(exs)
+            counts[name] = dict(acc.counts)
+            acc.reset()
+            (old.FeatureStore if name == "old" else FeatureStore)(tmp_path / name, "k", shard_tokens=70).extract(
+                exs, fn, {})
+            counts[name + " extract"] = acc.counts["sync"]
+    # (the verifier's own forward reads its attention mask on the host: the same syncs in every form)
+    forward = counts["async"].get("sync", 0)
+    assert counts["async"]["d2h_async"] == counts["sync"]["sync"] - forward == 3 * counts["async"]["h2d"] // 2
+    assert not counts["sync"].get("d2h_async") and counts["async extract"] < counts["sync extract"]
+    if "old" in counts:
+        assert counts["old"]["sync"] - forward == 3 * len(exs) > counts["sync"]["sync"] - forward
+        for s in FeatureStore(tmp_path / "old", "k").manifest()["shards"]:
+            for name in ("sync", "async"):
+                assert (tmp_path / name / "k" / s["file"]).read_bytes() == (tmp_path / "old" / "k" / s["file"]).read_bytes()
+    print(counts)
