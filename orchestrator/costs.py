@@ -23,7 +23,33 @@ ASSUMPTIONS = {
     "assumed_tau": 3.5,  # acceptance length used to turn generated tokens into verifier calls
     "generated_tokens_per_turn": 400,
     "feature_bytes_per_token": None,  # hidden * 2 (fp16) + top-10 ids/probs (60 bytes)
+    # ---- overheads (orchestrator/rates/overheads.py), each from a stated source
+    # per training trial: Ray Train's worker group, DeepSpeed's engine, the data plan. The rehearsal's
+    # cached train stage, 335 s for 12 trials run one at a time whose training itself is negligible
+    # (docs/cluster.md, "What the rehearsal covers"), per trial; not scaled (no faster on a GPU node)
+    "train_startup_s": 28.0,
+    # per features task: the rehearsal's slower features stage (31 s for its 3 tasks), taken whole per task
+    "features_startup_s": 31.0,
+    # per eval shard: drafter fetch and load, trace writes, records. The rehearsal's slowest eval stage per
+    # unit and actor (865 s x 4 actors / 872 units; its decoding, 2 prompts x 8 tokens at width 64, counted in)
+    "eval_shard_overhead_s": 4.0,
+    # per merge beside moving its bytes (two finals in, one out, at the object store's bandwidth): the
+    # rehearsal's merge stage (at most 6 s for its 27 merges)
+    "merge_overhead_s": 0.2,
+    # one process loading the verifier (bf16 safetensors from the node's disk into GPU memory): a stated
+    # figure, not measured here (an NVMe device reads 2.7 GB/s, AWS's P4d figures; a node's loaders share it)
+    "verifier_load_bytes_per_s": 0.5e9,
+    # a node uploading a step or epoch checkpoint to S3, synchronously in the training loop: one file per rank
+    # in parallel, 8 connections at AWS's 85-90 MB/s per connection (S3 performance guidelines)
+    "checkpoint_upload_bytes_per_s": 0.7e9,
+    # the report on one CPU: 443 s at 5.0 M step rows in the paper's number of files (docs/report.md,
+    # experiments/bench_report.py), scaled linearly in step rows (it reads them in passes)
+    "report_s_per_step_row": 443.0 / 5.0e6,
+    # GPU nodes idle this long go back (deploy/ray-cluster.yaml: idle_timeout_minutes 10, min_workers 0):
+    # the report, on the driver's CPU after the eval actors are gone, bills the GPUs at most this long
+    "idle_release_s": 600.0,
 }
+HELDOUT_DEPTHS = 3  # drafters.train_config.TrainConfig.eval_depths: drafter passes per held-out position
 EAGLE3_TTT_STEPS = 7  # drafters.eagle3.Eagle3Config.ttt_steps (kept torch-free here)
 EAGLE3_AUX_LAYERS = 3  # drafters.eagle3.default_aux_layers: three verifier layers fused by fc
 TOPK_BYTES = 60  # a cached token's top-10 ids (int32) and probabilities (fp16): drafters/features.py
@@ -85,3 +111,17 @@ def feature_bytes_per_token(v: dict, eagle3: bool) -> int:
     """A cached token (drafters/features.py): the LM head's input (fp16), its top-10, and with
     EAGLE-3 in the run the three aux layers' hidden states (fp16) in the same cache."""
     return v["hidden"] * 2 + TOPK_BYTES + (EAGLE3_AUX_LAYERS * v["hidden"] * 2 if eagle3 else 0)
+
+
+def read_bytes_per_token(v: dict, backbone: str) -> int:
+    """Bytes of a cached token one backbone's training reads: EAGLE-2 and HASS the LM head's input and
+    its top-10; EAGLE-3 also the three aux layers (drafters/eagle3_train.py)."""
+    return feature_bytes_per_token(v, backbone == "eagle3")
+
+
+def forward_flops_per_token(v: dict, backbone: str) -> float:
+    """FLOPs of one drafter pass over a token without the backward (held-out evaluation): a third of one
+    training pass (2 of 6 per parameter, the head forward only)."""
+    if backbone == "eagle3":
+        return (train_flops_per_token(v, backbone, 1) - 2 * v["hidden"] * v["vocab"]) / 3 / EAGLE3_TTT_STEPS
+    return train_flops_per_token(v, "eagle2", 1) / 3

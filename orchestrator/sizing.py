@@ -27,6 +27,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from . import feature_modes
 from .costs import ASSUMPTIONS, EAGLE3_TTT_STEPS, GIB, VERIFIERS, drafter_params, feature_bytes_per_token, head_rows
 from .grid import corpora
 from .profile.batch import batch_plan
@@ -201,16 +202,37 @@ def feature_mode_reason(p: Profile, mode: str | None = None) -> str:
         return f"{mode} (data.feature_mode; {size}; no data.feature_storage_gib budget set)"
     fits = c["total"] <= budget * GIB
     rel = f"{'within' if fits else 'over'} data.feature_storage_gib {budget:,.0f} GiB"
+    cost = _by_cost(p)
     if mode == "cached":
-        return f"cached: {size}, {rel}; features computed once, not in every epoch of every trial"
-    if fits:  # only an explicit online gets here: auto would have picked cached
-        return f"online (data.feature_mode): {size}, {rel}: data.feature_mode auto would pick cached"
+        return f"cached: {size}, {rel}; features computed once, not in every epoch of every trial{cost}"
+    if fits:  # an explicit online, or auto's choice by cost
+        return f"online: {size}, {rel}{cost}: data.feature_mode auto would pick {_cost_choice(p)}"
     return f"online: {size}, {rel}; features recomputed inside training"
 
 
+def _costed(p: Profile) -> bool:
+    """The features mode's cost is modelled (orchestrator/feature_modes.py): GPU training, known shapes."""
+    return p.resources.train.use_gpu and p.verifier in VERIFIERS
+
+
+def _cost_choice(p: Profile) -> str:
+    """The cheaper mode by the cost model, or cached (the cache fits) where it is not modelled."""
+    return feature_modes.choose(p) if _costed(p) else "cached"
+
+
+def _by_cost(p: Profile) -> str:
+    if not _costed(p):
+        return ""
+    t = feature_modes.totals(p)
+    return (f"; by cost (GPU-h of compute and shard reads, orchestrator/feature_modes.py): cached "
+            f"{t['cached']:,.1f} (extraction included), online {t['online']:,.1f}")
+
+
 def resolve_feature_mode(p: Profile) -> Profile:
-    """``data.feature_mode: auto`` made cached or online by the cache estimate against
-    ``data.feature_storage_gib``; an explicit cached over the budget is refused (ProfileError)."""
+    """``data.feature_mode: auto`` made cached or online: online when the cache estimate is over
+    ``data.feature_storage_gib``, else the cheaper of the two by the cost model (a GPU profile of known
+    shape, orchestrator/feature_modes.py), else cached; an explicit cached over the budget is refused
+    (ProfileError)."""
     d = p.data
     if d.feature_mode != "auto" and (d.feature_mode != "cached" or d.feature_storage_gib is None):
         return p
@@ -226,7 +248,9 @@ def resolve_feature_mode(p: Profile) -> Profile:
         raise ProfileError(f"data.feature_mode cached: {_size(c)}, over data.feature_storage_gib "
                            f"{d.feature_storage_gib:,.0f} GiB; raise the budget or use online (or auto)",
                            "data.feature_storage_gib")
-    mode = "cached" if fits else "online"
+    if d.feature_mode == "cached":  # explicit, within the budget: kept whatever the cost says
+        return p
+    mode = ("cached" if d.self_distill else _cost_choice(p)) if fits else "online"  # self_distill: cached only
     if mode == "online" and d.self_distill:
         raise ProfileError(f"data.self_distill needs cached features, but data.feature_mode auto picks online: "
                            f"{feature_mode_reason(p, mode)}", "data.feature_storage_gib")

@@ -169,3 +169,67 @@ def test_feature_mode_auto_picks_cached_when_the_cache_with_eagle3s_aux_layers_f
         load_profile("paper", ["data.feature_mode=cached", "data.feature_storage_gib=1000"])
     with pytest.raises(ProfileError, match="data.feature_mode auto needs data.feature_storage_gib"):
         load_profile("paper", ["data.feature_mode=auto", "data.feature_storage_gib=null"])
+
+
+def test_the_features_mode_follows_its_cost_and_flips_with_the_nodes_io():
+    """auto takes the cheaper runnable mode by the cost model (orchestrator/feature_modes.py): cached at
+    the deploy node's defaults; online when the object store is very slow and no share stays on node
+    disk (every epoch from the store); cached again when the store is fast. The dry run's reason and the
+    preflight's name the costs."""
+    from orchestrator import feature_modes
+
+    p = load_profile("paper")
+    t = feature_modes.totals(p)
+    assert p.data.feature_mode == "cached" and t["cached"] < t["online"]
+    assert "by cost" in feature_mode_reason(p) and f"online {t['online']:,.1f}" in feature_mode_reason(p)
+    slow = ["resources.node.object_store_gb_s=0.01", "resources.node.disk_gb=0"]
+    starved = load_profile("paper", slow)
+    assert starved.data.feature_mode == "online"
+    assert feature_modes.totals(starved)["cached"] > feature_modes.totals(starved)["online"]
+    fast = load_profile("paper", ["resources.node.object_store_gb_s=50", "resources.node.disk_gb=0"])
+    assert fast.data.feature_mode == "cached"
+    # an explicit mode is kept whatever the cost says, and the reason says what auto would do
+    forced = load_profile("paper", ["data.feature_mode=cached", *slow])
+    assert forced.data.feature_mode == "cached"
+    assert feature_mode_reason(load_profile("paper", ["data.feature_mode=online"])).endswith("auto would pick cached")
+    # the options, per backbone: each costed; a share that does not fit node disk makes the hybrid online
+    o = feature_modes.options(starved, "eagle2")
+    assert set(o) == {"online", "cached", "hybrid"} and o["hybrid"].gpu_h == pytest.approx(o["online"].gpu_h)
+    lines = feature_modes.lines(p)
+    assert any(x.strip().startswith("run: cached") for x in lines) and len(lines) == 3 + len(p.train.backbones)
+
+
+def test_eagle2_and_hass_read_no_aux_layers():
+    """EAGLE-3 reads the three aux layers; EAGLE-2 and HASS only the LM head's input and its top-10, so
+    their shard reads (and the bytes/s a trial needs) are about a quarter of EAGLE-3's per token."""
+    from orchestrator.costs import HELDOUT_DEPTHS, read_bytes_per_token
+    from orchestrator.io_cost import trial_io
+    from drafters.train_config import TrainConfig
+
+    v = VERIFIERS["llama3-8b-instruct"]
+    assert read_bytes_per_token(v, "eagle2") == read_bytes_per_token(v, "hass") == 4096 * 2 + 60
+    assert read_bytes_per_token(v, "eagle3") == feature_bytes_per_token(v, True)
+    node = load_profile("paper").resources.node
+    e2, e3 = (trial_io(100.0, 2, 1e8, 8, node, 4096, 3, b == "eagle3") for b in ("eagle2", "eagle3"))
+    assert 0.2 < e2.share_bytes / e3.share_bytes < 0.3
+    assert HELDOUT_DEPTHS == TrainConfig.__dataclass_fields__["eval_depths"].default
+
+
+def test_the_io_term_waits_only_where_the_bandwidth_is_short():
+    """orchestrator/io_cost.py over feature_io.py: a trial whose share fits node disk waits for the store
+    in its first epoch only; one that does not, every epoch; a store slower than the compute's need
+    stretches the epoch by what it cannot carry."""
+    from dataclasses import replace
+
+    from orchestrator.io_cost import trial_io
+
+    node = load_profile("paper").resources.node
+    args = (1000.0, 10, 2e7, 8)  # 1,000 s an epoch over 20 M tokens of a cache with EAGLE-3's layers
+    fits = trial_io(*args, node, 4096, 3, True)
+    assert fits.fits and fits.stall_s < 0.01 * 10 * 1000  # the first shards only: 0.66 GB/s, it keeps up
+    slow = replace(node, object_store_gb_s=0.25)
+    assert fits.need_bytes_per_s > 0.25e9  # more than the slow store gives
+    once = trial_io(*args, slow, 4096, 3, True)
+    assert once.stall_s == pytest.approx(fits.share_bytes / 0.25e9 - 1000.0, rel=0.05)
+    every = trial_io(*args, replace(slow, disk_gb=0.0), 4096, 3, True)
+    assert not every.fits and every.stall_s == pytest.approx(10 * once.stall_s, rel=0.01)

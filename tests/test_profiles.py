@@ -197,7 +197,7 @@ def test_a_cells_decode_config_carries_what_it_sets_and_the_defaults_otherwise()
                           and c.switch_to == "merged")).decode
     assert (sw.route_score, sw.switch_after, sw.switch_to, sw.routing_decide_steps) == ("node", 4, "merged", 1)
     assert plain.columns() == {"route_score": "path", "switch_after": 2, "switch_to": "specialist",
-                                     "switch_depth": 2}
+                                     "switch_depth": 2, "hedge_spec": ""}
 
 
 def test_cpu_study_runs_the_lambda_sweep_hass_and_t1_in_one_invocation():
@@ -216,3 +216,35 @@ def test_cpu_study_runs_the_lambda_sweep_hass_and_t1_in_one_invocation():
     for b in ("hass", "eagle3"):
         mine = {(c.strategy, c.drafter) for c in cells if c.backbone == b}
         assert {("single", "math"), ("single", "chat"), ("single", "avg0.5"), ("merged", "math+chat")} <= mine
+
+
+@pytest.mark.parametrize("sets,match", [
+    (["resources.node.object_store_gb_s=0"], r"resources.node.object_store_gb_s must be a number in \(0, 100\], got 0"),
+    (["resources.node.object_store_gb_s=2500"], r"object_store_gb_s must be a number in \(0, 100\], got 2500"),
+    (["resources.node.object_store_gb_s=fast"], "resources.node.object_store_gb_s must be a number"),
+    (["resources.node.disk_gb=-1"], r"resources.node.disk_gb must be a number in \[0, 1e\+06\], got -1"),
+    (["resources.node.disk_gb_s=0"], r"resources.node.disk_gb_s must be a number in \(0, 200\], got 0"),
+    (["resources.node.disk=8000"], r"unknown key 'resources.node.disk' \(did you mean 'resources.node.disk_gb'\?\)"),
+    (["resources.node=4"], "resources.node must be a mapping"),
+    (["resources.eval.packing=max"], "resources.eval.packing must be fixed or auto, got 'max'"),
+])
+def test_bad_node_io_and_packing_settings_are_refused_in_one_line(sets, match):
+    """The node's I/O figures (the dry run's cost model) and the eval packing: each bad value one line,
+    naming the key, what is allowed and what was given (a GB/s figure in MB/s is out of range)."""
+    with pytest.raises(ProfileError, match=match) as e:
+        load_profile("paper", sets)
+    assert "\n" not in str(e.value)
+
+
+def test_the_node_defaults_are_the_deploy_files_node_type():
+    """resources.node defaults to a p4de.24xlarge (deploy/ray-cluster.yaml's GPU worker): 8 x 1,000 GB of
+    NVMe at about 16 GB/s in RAID 0, and S3 at 2.5 GB/s a node (a stated read-ahead client's figure)."""
+    import yaml
+
+    from tests.test_deploy import LAUNCHER
+
+    launcher = yaml.safe_load(LAUNCHER.read_text())["available_node_types"]["gpu_worker"]["node_config"]
+    assert launcher["InstanceType"] == "p4de.24xlarge"
+    node = load_profile("smoke").resources.node
+    assert (node.disk_gb, node.disk_gb_s, node.object_store_gb_s) == (8000.0, 16.0, 2.5)
+    assert load_profile("paper").resources.node == node

@@ -12,6 +12,7 @@ from common.dtypes import NAMES as DTYPES
 from common.rules import (BOOL, Rule, booleans, integer, integers, is_num, mapping, number, numbers, one_of, optional,
                           subset, text)
 from decoding.config import GRANULARITIES, STRATEGY_NAMES, SWITCH_AFTER, SWITCH_TO, TreeConfig
+from decoding.hedge import FEEDBACKS, LEARNERS, RESETS, TIES
 from drafters.config import BACKBONES
 from drafters.corpora import VARIANTS
 from drafters.data.sources import BENCHMARKS
@@ -152,6 +153,14 @@ class EvalCfg:
     # a system turn before every benchmark prompt's first user turn (the study's evaluation sets one for the
     # Llama-3 chat template); null: none, or the chat template's own default where it has one (SmolLM2's)
     system_prompt: str | None = None
+    # hedge (decoding/hedge.py): one cell per learner x reset over eval.route_pair, each with this feedback,
+    # tie rule and learning rate; the defaults are the first online router's (ftl on agreement, ties to
+    # the lower index, fresh weights every turn), so the keys of runs made before these settings stay
+    hedge_learners: list = field(default_factory=lambda: ["ftl"])
+    hedge_resets: list = field(default_factory=lambda: ["turn"])
+    hedge_feedback: str = "agreement"
+    hedge_ties: str = "lower"
+    hedge_eta: float = 0.5
 
     RULES = {"benchmarks": mapping("benchmark: prompts (null = all)"), "temperatures": numbers(0),
              "strategies": subset(STRATEGY_NAMES),
@@ -168,7 +177,9 @@ class EvalCfg:
              "switch_after": integers(SWITCH_AFTER[0], SWITCH_AFTER[-1]),
              "switch_to": subset(SWITCH_TO), "switch_depth": integer(1),
              "rq1_prompts": optional(integer(1)), "rq1_backbone": one_of(None, *BACKBONES),
-             "system_prompt": optional(Rule("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip())))}
+             "system_prompt": optional(Rule("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip()))),
+             "hedge_learners": subset(LEARNERS), "hedge_resets": subset(RESETS), "hedge_feedback": one_of(*FEEDBACKS),
+             "hedge_ties": one_of(*TIES), "hedge_eta": number(0, lo_open=True)}
 
 
 @dataclass(frozen=True)
@@ -185,9 +196,31 @@ class EvalResources(StageResources):
     # fetched checkpoint files one node keeps on disk for its eval actors (least recently used go first;
     # a checkpoint being fetched or loaded stays): keep it well under the node's staging volume
     checkpoint_disk_gb: float = 20.0
+    # fixed: num_gpus as written. auto (a GPU profile): the plan packs as many batch-1 actors on a GPU as
+    # its memory (resources.gpu_memory_gib over each actor's, orchestrator/packing.py) and the node's CPUs
+    # (num_cpus each) hold, up to plan.PACK_MOST; num_gpus stays the share where it cannot tell (no memory set)
+    packing: str = "fixed"
 
     RULES = {**StageResources.RULES, "drafter_cache_gb": number(0, lo_open=True),
-             "checkpoint_disk_gb": number(0, lo_open=True)}
+             "checkpoint_disk_gb": number(0, lo_open=True), "packing": one_of("fixed", "auto")}
+
+
+@dataclass(frozen=True)
+class NodeIO:
+    """What one GPU node moves feature shards and checkpoints with: the dry run's I/O term
+    (orchestrator/io_cost.py) and the features mode's cost (orchestrator/feature_modes.py). Defaults:
+    the deploy files' node type, p4de.24xlarge (AWS's EC2 P4 page: 8 x 1,000 GB NVMe SSD instance
+    store; AWS's "Amazon EC2 P4d instances deep dive": 2.7 GB/s a device, about 16 GB/s read across 8
+    in RAID 0). The object store: Amazon S3 from one node with parallel ranged GETs (AWS's S3
+    performance guidelines: one connection per 85-90 MB/s, up to 100 Gb/s for one instance): 2.5 GB/s
+    is about 30 connections, a stated figure for a read-ahead client, not measured here."""
+
+    object_store_gb_s: float = 2.5  # GB/s one node reads from (and writes to) the object store
+    disk_gb: float = 8000.0  # node-local disk the feature shards may fill (0: none; every epoch from the store)
+    disk_gb_s: float = 16.0  # its read throughput, GB/s
+
+    RULES = {"object_store_gb_s": number(0, 100, lo_open=True), "disk_gb": number(0, 1e6),
+             "disk_gb_s": number(0, 200, lo_open=True)}
 
 
 @dataclass(frozen=True)
@@ -211,6 +244,7 @@ class Resources:
     # memory of one GPU of the node type the profile runs on (A100 80GB: 80): training that needs more
     # (orchestrator/sizing.py's estimate) is refused before any work; null = not checked
     gpu_memory_gib: float | None = None
+    node: NodeIO = field(default_factory=NodeIO)  # object store and local disk, per node (cost model only)
 
     RULES = {"eval_actors": integer(1), "gpu_memory_gib": optional(number(0, lo_open=True))}
 
