@@ -1,17 +1,25 @@
 """The dry run's makespan on clusters: the plan the driver would derive there
 (orchestrator/plan.py), the grid scheduled with it (orchestrator/makespan.py), and per stage its
-span, the billed GPU-hours (every GPU of every node for that span: what a cluster held for the
-run costs) and the used ones (the GPU-time its tasks held). Pure Python; loads no model.
+span and three GPU-hour figures: billed (every GPU of every node for that span: what a cluster held
+for the run costs; the report, on the driver's CPU, bills the GPU nodes only until the autoscaler
+returns them), allocated (the GPU-time its tasks held) and busy (the part of that the devices
+computed: orchestrator/rates/overheads.py for training and extraction, the packing model's
+k x t_dev / step(k) for evaluation). Pure Python; loads no model.
 """
 from __future__ import annotations
 
+import dataclasses
+import re
+
 from . import packing
 from . import rates as rates_mod
-from .costs import VERIFIERS
-from .grid import train_cells
+from .costs import ASSUMPTIONS, VERIFIERS
+from .grid import BENCHMARK_SIZES, cell_prompts, eval_cells, train_cells
 from .makespan import STAGE_ORDER, schedule
 from .plan import Cluster, actors_per_gpu, derive, eval_cpu_problem, parse_cluster
 from .profile import Profile
+from .rates import overheads
+from .rates.taskgraph import _for
 
 DEFAULT_CLUSTERS = ("1x8", "2x8", "4x8", "8x8")  # NODESxGPUS a GPU profile's makespan is shown on
 
@@ -20,33 +28,69 @@ def fmt(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 3 * 3600 else f"{seconds / 3600:.1f} h"
 
 
-def _run(tasks: list, devices: float, caps: dict) -> dict:
+def _run(tasks: list, devices: float, caps: dict, release: bool = False) -> dict:
+    """The graph scheduled with barriers (as the driver runs) and without; per stage its span and its
+    billed, allocated and busy device-hours. ``release``: the report bills the devices only until the
+    autoscaler returns them (ASSUMPTIONS' idle_release_s)."""
     s = schedule(tasks, devices, caps, barriers=True)
     free = schedule(tasks, devices, caps, barriers=False)
     spans = {st: b - a for st, (a, b) in s["stages"].items()}
-    billed = {st: devices * spans.get(st, 0.0) / 3600 for st in STAGE_ORDER}
+    held = {st: spans.get(st, 0.0) for st in STAGE_ORDER}
+    if release:
+        held["report"] = min(held["report"], ASSUMPTIONS["idle_release_s"])
+    billed = {st: devices * held[st] / 3600 for st in STAGE_ORDER}
     used = {st: s["stage_busy"].get(st, 0.0) / 3600 for st in STAGE_ORDER}
+    busy = {st: s["stage_device"].get(st, 0.0) / 3600 for st in STAGE_ORDER}
+    total_billed = devices * (s["makespan"] - spans.get("report", 0.0) + held["report"]) / 3600
     return {"devices": devices, "caps": caps, "stages": spans, "total": s["makespan"],
-            "pipelined": free["makespan"], "billed": billed, "used": used,
-            "billed_total": devices * s["makespan"] / 3600, "used_total": s["busy"] / 3600,
-            "utilisation": s["busy"] / (devices * s["makespan"]) if s["makespan"] else 0.0}
+            # (a pipelined driver may keep the stage order too: greedy list scheduling without the
+            # barriers can come out a little longer, an anomaly of the heuristic, not of the graph)
+            "pipelined": min(free["makespan"], s["makespan"]), "billed": billed, "used": used, "busy": busy,
+            "billed_total": total_billed, "used_total": s["busy"] / 3600, "busy_total": sum(busy.values()),
+            "utilisation": s["busy"] / 3600 / total_billed if total_billed else 0.0}
 
 
-def on_cluster(p: Profile, r: rates_mod.Rates, cluster: Cluster, tasks: list | None = None) -> dict:
-    """The grid on ``cluster`` at the concurrency the driver would derive there (the profile's
-    numbers as caps): spans, makespan, billed and used GPU-hours per stage and in all."""
-    tasks = tasks if tasks is not None else rates_mod.tasks(p, r)
-    plan = derive(p, cluster.node_list(), trials=len(train_cells(p)),
-                  eval_units=sum(t.stage == "eval" for t in tasks))
+def eval_shards(p: Profile) -> int:
+    """Eval units (shards) of ``p``'s grid."""
+    size = p.eval.shard_size
+    return sum(-(-min(cell_prompts(p, c) or BENCHMARK_SIZES[c.benchmark], BENCHMARK_SIZES[c.benchmark]) // size)
+               for c in eval_cells(p))
+
+
+def packed(p: Profile, gpus: float) -> Profile:
+    """``p`` with the eval actors' GPU share the plan derived (resources.eval.packing auto)."""
+    e = p.resources.eval
+    if abs(gpus - e.num_gpus) < 1e-12:
+        return p
+    return dataclasses.replace(p, resources=dataclasses.replace(
+        p.resources, eval=dataclasses.replace(e, num_gpus=gpus)))
+
+
+def on_cluster(p: Profile, r: rates_mod.Rates, cluster: Cluster) -> dict:
+    """The grid on ``cluster`` at the concurrency (and eval packing) the driver would derive there (the
+    profile's numbers as caps): spans, makespan, billed, allocated and busy GPU-hours."""
+    plan = derive(p, cluster.node_list(), trials=len(train_cells(p)), eval_units=eval_shards(p))
+    pc = packed(p, plan.eval.gpus)
+    devices = float(cluster.nodes * cluster.gpus)
+    tasks = rates_mod.tasks(pc, r, gpus=devices, actors=plan.eval.units)
     caps = {"train": plan.train.units, "eval": plan.eval.units, "merge": 1}
-    out = _run(tasks, float(cluster.nodes * cluster.gpus), caps)
-    return out | {"cluster": cluster, "plan": plan}
+    return _run(tasks, devices, caps, release=True) | {"cluster": cluster, "plan": plan, "profile": pc, "rates": r}
 
 
-def as_configured(p: Profile, r: rates_mod.Rates, tasks: list | None = None) -> dict:
+def as_configured(p: Profile, r: rates_mod.Rates) -> dict:
     """The profile's own concurrency on as many devices as it uses (a CPU profile: its machine)."""
-    tasks = tasks if tasks is not None else rates_mod.tasks(p, r)
-    return _run(tasks, rates_mod.profile_devices(p), rates_mod.caps(p)) | {"cluster": None, "plan": None}
+    tasks = rates_mod.tasks(p, r)
+    return _run(tasks, rates_mod.profile_devices(p), rates_mod.caps(p)) | {
+        "cluster": None, "plan": None, "profile": p, "rates": r}
+
+
+def step_label(r: rates_mod.Rates) -> str:
+    """The eval step a set of rates times evaluation with, and what kind of figure it is."""
+    ms = 1e3 / _for(r.eval_steps_per_s, "single")
+    src = r.sources.get("eval steps", "")
+    end = re.search(r"the (\w+) end", src)
+    kind = f"{end.group(1)} end" if end else src.split(":", 1)[0].split(" (")[0] or "measured"
+    return f"{ms:.0f} ms ({kind})"
 
 
 def _packing_lines(p: Profile, r: rates_mod.Rates) -> list[str]:
@@ -56,74 +100,115 @@ def _packing_lines(p: Profile, r: rates_mod.Rates) -> list[str]:
         return []
     k = actors_per_gpu(g)
     pk = rates_mod.packing_model(p, r)
-    lines = [f"eval packing (orchestrator/packing.py): {k} actor(s) per GPU (resources.eval.num_gpus {g:g})"]
+    auto = "; resources.eval.packing auto: the plan's packing on each cluster, below" \
+        if p.resources.eval.packing == "auto" else ""
+    lines = [f"eval packing at {step_label(r)} (orchestrator/packing.py): {k} actor(s) per GPU "
+             f"(resources.eval.num_gpus {g:g}){auto}"]
     lines += ["  " + x for x in packing.describe(pk, k)]
     v = VERIFIERS.get(p.verifier)
     if v is not None:
         each = packing.actor_memory_gb(v, packing.DTYPE_BYTES[p.verifier_dtype],
                                        p.resources.eval.drafter_cache_gb)
-        cap = packing.ASSUMED_GPU_MEMORY_GB
+        gib = p.resources.gpu_memory_gib
+        cap = gib * 2**30 / 1e9 if gib else packing.ASSUMED_GPU_MEMORY_GB
+        of = f"resources.gpu_memory_gib {gib:g}" if gib else f"an {packing.ASSUMED_GPU}"
         warn = "" if k * each <= cap else "  WARNING: more than the GPU holds; lower the packing"
         lines.append(f"  memory: {k} x {each:.1f} GB (verifier weights, resources.eval.drafter_cache_gb, "
-                     f"{packing.ACTOR_WORKING_GB:g} GB working) = {k * each:.1f} GB of an "
-                     f"{packing.ASSUMED_GPU}'s {cap:g} GB (estimate){warn}")
+                     f"{packing.ACTOR_WORKING_GB:g} GB working) = {k * each:.1f} GB of {cap:.1f} GB ({of}; "
+                     f"estimate){warn}")
+    lines.append(f"  busy: k actors keep a GPU computing k x t_dev of each packed step: {k} x {pk['t_dev_s'] * 1e3:.1f}"
+                 f" / {packing.step_time(pk['t_step_s'], pk['t_dev_s'], k) * 1e3:.1f} ms = "
+                 f"{min(1.0, k * pk['t_dev_s'] / packing.step_time(pk['t_step_s'], pk['t_dev_s'], k)):.0%} of it")
     return lines
 
 
+def _derived_packing(m: dict, p: Profile) -> list[str]:
+    """Why the plan packs the eval actors as it does on this cluster, and what it buys by the model."""
+    why = m["plan"].eval.packing
+    if not why:
+        return []
+    pk = rates_mod.packing_model(p, m["rates"])
+    t, d = pk["t_step_s"], pk["t_dev_s"]
+    k, k0 = actors_per_gpu(m["plan"].eval.gpus), actors_per_gpu(p.resources.eval.num_gpus)
+    gain = (k / packing.step_time(t, d, k)) / (k0 / packing.step_time(t, d, k0))
+    return [f"eval packing: {why}; by the packing model at {step_label(m['rates'])}: {gain:.2f}x the steps/s "
+            f"per GPU of {k0} (resources.eval.num_gpus {p.resources.eval.num_gpus:g}), k* = {t / d:.1f}"]
+
+
+COLUMNS = (("features", "features"), ("train", "train"), ("merge", "merge"), ("eval", "eval"), ("report", "report"))
+
+
 def _table(rows: list[dict], unit: str) -> list[str]:
-    head = (f"  {'cluster':<26}{'features':>10}{'train':>10}{'merge':>10}{'eval':>10}{'total':>10}"
-            f"{'no barriers':>13}{'billed ' + unit + '-h':>14}{'used ' + unit + '-h':>13}{'used':>6}")
+    head = (f"  {'cluster':<27}{'eval step':>20}" + "".join(f"{h:>10}" for _, h in COLUMNS)
+            + f"{'total':>9}{'no barriers':>13}{'billed ' + unit + '-h':>14}{'allocated':>11}{'busy':>9}"
+            + f"{'busy%':>6}")
     out = [head]
     for m in rows:
         c = m["cluster"]
         label = (f"{c.nodes}x{c.gpus} ({m['caps']['train']} trials, {m['caps']['eval']} actors)" if c
                  else f"{m['devices']:g} {unit} (as configured)")
-        cols = "".join(f"{fmt(m['stages'].get(s, 0.0)):>10}" for s in ("features", "train", "merge", "eval"))
-        out.append(f"  {label:<26}{cols}{fmt(m['total']):>10}{fmt(m['pipelined']):>13}"
-                   f"{m['billed_total']:>14,.0f}{m['used_total']:>13,.0f}{m['utilisation']:>6.0%}")
+        cols = "".join(f"{fmt(m['stages'].get(s, 0.0)):>10}" for s, _ in COLUMNS)
+        share = m["busy_total"] / m["billed_total"] if m["billed_total"] else 0.0
+        out.append(f"  {label:<27}{step_label(m['rates']):>20}{cols}{fmt(m['total']):>9}{fmt(m['pipelined']):>13}"
+                   f"{m['billed_total']:>14,.0f}{m['used_total']:>11,.0f}{m['busy_total']:>9,.0f}{share:>6.0%}")
     return out
 
 
 def _detail(m: dict) -> list[str]:
-    """One cluster's plan and its stages: span, billed and used GPU-hours."""
+    """One cluster's plan and its stages: span, billed, allocated and busy GPU-hours."""
     c = m["cluster"]
-    out = [f"on {c.nodes}x{c.gpus}: {c.describe()}", "  " + m["plan"].line()]
-    out.append(f"  {'stage':<10}{'span':>10}{'billed GPU-h':>14}{'used GPU-h':>12}{'used':>6}")
-    for st in STAGE_ORDER:
-        b, u = m["billed"][st], m["used"][st]
-        share = u / b if b else 0.0
-        out.append(f"  {st:<10}{fmt(m['stages'].get(st, 0.0)):>10}{b:>14,.1f}{u:>12,.1f}{share:>6.0%}")
-    out.append(f"  {'total':<10}{fmt(m['total']):>10}{m['billed_total']:>14,.1f}{m['used_total']:>12,.1f}"
-               f"{m['utilisation']:>6.0%}")
+    out = [f"on {c.nodes}x{c.gpus}, eval step {step_label(m['rates'])}: {c.describe()}", "  " + m["plan"].line()]
+    out.append(f"  {'stage':<10}{'span':>10}{'billed GPU-h':>14}{'allocated':>11}{'busy':>9}"
+               f"{'alloc%':>8}{'busy%':>7}  (% of billed)")
+    rows = [(st, m["stages"].get(st, 0.0), m["billed"][st], m["used"][st], m["busy"][st]) for st in STAGE_ORDER]
+    rows.append(("total", m["total"], m["billed_total"], m["used_total"], m["busy_total"]))
+    for st, span, b, u, d in rows:
+        out.append(f"  {st:<10}{fmt(span):>10}{b:>14,.1f}{u:>11,.1f}{d:>9,.1f}"
+                   f"{u / b if b else 0.0:>8.0%}{d / b if b else 0.0:>7.0%}")
     return out
 
 
-def print_makespan(p: Profile, r: rates_mod.Rates, clusters: list[str] | None = None) -> None:
-    """The makespan section of the dry run: rates and their sources, the packing model, a table
-    over clusters (``clusters``, NODESxGPUS, or DEFAULT_CLUSTERS for a GPU profile) and, for each
-    cluster asked for, its plan and per-stage billed and used GPU-hours."""
+def _sources(runs: list[rates_mod.Rates]) -> list[str]:
+    """Every rate with its source: the first set's all, the others' only where they differ."""
+    first = runs[0]
+    out = [f"rate of {what}: {src}" for what, src in first.sources.items()]
+    for r in runs[1:]:
+        out += [f"rate of {what} ({step_label(r)}): {src}" for what, src in r.sources.items()
+                if first.sources.get(what) != src]
+    return out
+
+
+def print_makespan(p: Profile, runs, clusters: list[str] | None = None) -> None:
+    """The makespan section of the dry run for each set of rates in ``runs`` (one Rates, or several:
+    the ends of a measured range): rates and their sources, overheads and theirs, the packing model,
+    a table over clusters (``clusters``, NODESxGPUS, or DEFAULT_CLUSTERS for a GPU profile) and, for
+    each cluster asked for, its plan and per-stage billed, allocated and busy GPU-hours."""
+    runs = [runs] if isinstance(runs, rates_mod.Rates) else list(runs)
     gpu = rates_mod._device(p) == "gpu"
     if clusters and not gpu:
         raise ValueError(f"--cluster sizes a GPU cluster; profile {p.name!r} runs on CPUs")
     specs = [parse_cluster(c) for c in clusters or []]
-    kind = "measured" if r.measured else "ESTIMATE, not measured"
-    print(f"makespan from rates ({kind}: {r.hardware}; from {r.source}):")
-    for what, src in r.sources.items():
-        print(f"  rate of {what}: {src}")
-    for note in r.notes:
-        print(f"  note: {note}")
-    for line in _packing_lines(p, r):
+    r0 = runs[0]
+    kind = "measured" if r0.measured else "ESTIMATE, not measured"
+    print(f"makespan from rates ({kind}: {r0.hardware}; from {r0.source}):")
+    for line in _sources(runs) + [f"note: {n}" for n in r0.notes]:
         print("  " + line)
-    tasks = rates_mod.tasks(p, r)
-    rows = [on_cluster(p, r, c, tasks) for c in (specs or [parse_cluster(x) for x in DEFAULT_CLUSTERS])] \
-        if gpu else [as_configured(p, r, tasks)]
+    if r0.modelled_overheads:
+        for line in overheads.sources(p):
+            print(f"  overhead: {line}")
+    for r in runs:
+        for line in _packing_lines(p, r):
+            print("  " + line)
+    grid = specs or [parse_cluster(x) for x in DEFAULT_CLUSTERS]
+    rows = [on_cluster(p, r, c) for c in grid for r in runs] if gpu else [as_configured(p, r) for r in runs]
     for line in _table(rows, "GPU" if gpu else "CPU"):
         print(line)
-    print("  (total: stage after stage, as the driver runs; no barriers: the same graph if stages "
-          "overlapped; billed: every device of the cluster for the total; used: device time the tasks held)")
+    print("  (total: stage after stage, as the driver runs; no barriers: the same graph if stages overlapped; "
+          "billed: every device of the cluster for the total, the report's GPUs until the autoscaler returns "
+          "them; allocated: device time the tasks held; busy: the part of it the devices computed)")
     for m in rows if specs else []:
-        for line in _detail(m):
+        for line in _derived_packing(m, p) + _detail(m):
             print("  " + line)
-        problem = eval_cpu_problem(p, m["cluster"].node_list()[0])
+        problem = eval_cpu_problem(m["profile"], m["cluster"].node_list()[0])
         if problem:
             print(f"  warning: {problem}")

@@ -60,10 +60,12 @@ def cluster_nodes() -> tuple[list[dict], str]:
     return nodes, f"the autoscaler's maximum ({len(nodes)} node(s))" + "".join(f"; {n}" for n in notes)
 
 
-def eval_pool(p: Profile, n: int, log=print, worker=EvalWorker) -> EvalPool:
+def eval_pool(p: Profile, n: int, log=print, worker=EvalWorker, num_gpus: float | None = None) -> EvalPool:
     """``n`` evaluation actors with ``p``'s resources.eval: a fractional num_gpus packs several onto
-    one GPU (Ray places 1/num_gpus per GPU), each with num_cpus CPUs (its torch threads)."""
+    one GPU (Ray places 1/num_gpus per GPU), each with num_cpus CPUs (its torch threads). ``num_gpus``:
+    the plan's share (resources.eval.packing auto, orchestrator/plan.py), else the profile's."""
     r = p.resources.eval
-    cls = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_restarts=-1, max_task_retries=0)(worker)
+    gpus = r.num_gpus if num_gpus is None else num_gpus
+    cls = ray.remote(num_cpus=r.num_cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=0)(worker)
     args = (p.verifier, p.verifier_dtype, max(1, int(r.num_cpus)), r.drafter_cache_gb, r.checkpoint_disk_gb)
     return EvalPool(lambda name: cls.options(name=name).remote(*args), n, log=log)

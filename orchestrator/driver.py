@@ -388,8 +388,8 @@ class Driver:
         todo, earlier = self._eval_todo(units, prog)
         if not todo:
             return {"eval_units": len(units)}
-        n_act = self._plan(None, len(todo)).eval.units  # as many as the cluster holds, up to the cap
-        pool = eval_pool(self.p, n_act, log=prog.log)
+        ev = self._plan(None, len(todo)).eval  # as many as the cluster holds, up to the cap
+        pool = eval_pool(self.p, ev.units, log=prog.log, num_gpus=ev.gpus)  # its share of a GPU
         queue = [(u, 1) for u in todo]
         while queue or pool.running:  # a failed actor's slot is probed in the background (EvalPool)
             while queue and pool.free:

@@ -2,14 +2,17 @@
 Loads no model.
 
 The GPU-hour estimate comes from stated assumptions (costs.ASSUMPTIONS), not from a measurement.
-The makespan comes from rates (orchestrator/rates/): measured on a finished run (--rates), or
-the same assumptions marked as an estimate.
+The features mode's options are costed by orchestrator/feature_modes.py. The makespan comes from
+rates (orchestrator/rates/): measured on a finished run or a GPU (--rates), or the same assumptions
+marked as an estimate, with the eval step from the project's own GPU measurement where it has one
+(the makespan at both ends of its range); every rate and overhead is printed with its source.
 """
 from __future__ import annotations
 
+from . import feature_modes
 from . import rates as rates_mod
 from .costs import ASSUMPTIONS, VERIFIERS, checkpoint_bytes, final_bytes, train_flops_per_token
-from .grid import cell_prompts, corpora, eval_cells, merge_cells, plan_summary, train_cells
+from .grid import corpora, merge_cells, plan_summary, train_cells
 from .billing import print_makespan
 from .plan import parse_cluster
 from .preflight import dry_run_checks
@@ -37,16 +40,6 @@ def estimate(p: Profile) -> dict:
     feat_h = 0.0 if online else sum(corpus_tokens.values()) * flops_verifier / eff / 3600
     cache = feature_cache_bytes(p)  # EAGLE-3's aux layers included (orchestrator/sizing.py)
     storage_gb = 0.0 if online else cache["total"] / 1e9
-    prompts = {"mt_bench": (80, 2), "gsm8k": (1319, 1), "math500": (500, 1), "svamp": (1000, 1)}
-    eval_h = 0.0
-    # GPU-time an eval actor holds per unpacked step: its GPU share x its packed step (orchestrator/packing.py)
-    hold = rates_mod.eval_hold_factor(p, rates_mod.estimated(p)) if p.resources.eval.num_gpus else 1.0
-    for cell in eval_cells(p):
-        total, turns = prompts[cell.benchmark]
-        k = cell_prompts(p, cell) or total
-        gen = min(a["generated_tokens_per_turn"], p.eval.max_new_tokens) * turns * k
-        tau = 1.0 if cell.strategy == "autoregressive" else a["assumed_tau"]
-        eval_h += gen / tau * a["verify_step_seconds"] * hold / 3600
     # each drafter keeps its last train.keep_checkpoints epochs (weights + DeepSpeed's state: costs.py) and
     # its final; merges keep weights only. Parameters per backbone: EAGLE-3's own LM head included
     ckpt = 0
@@ -58,7 +51,7 @@ def estimate(p: Profile) -> dict:
     ckpt += sum(final_bytes(v, m.backbone, p.train.for_backbone(m.backbone).precision, p.train.draft_vocab)
                 for m in merge_cells(p))
     ckpt_gb = ckpt / 1e9
-    return {"features_gpu_h": feat_h, "train_gpu_h": train_h, "eval_gpu_h": eval_h, "feature_storage_gb": storage_gb,
+    return {"features_gpu_h": feat_h, "train_gpu_h": train_h, "feature_storage_gb": storage_gb,
             "checkpoint_storage_gb": ckpt_gb, "corpus_tokens": corpus_tokens}
 
 
@@ -101,21 +94,34 @@ def print_plan(p: Profile, output: str | None = None, rates: str | None = None,
             print_makespan(p, r, clusters)
         return
     print("estimate (assumptions: tokens/example " + str(a["tokens_per_example"]) + f", verifier FLOPs/token = 2 x params, "
-          f"GPU {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s peak at {a['mfu']:.0%} MFU, verify step {a['verify_step_seconds'] * 1e3:.0f} ms, "
-          f"tau {a['assumed_tau']}, {a['generated_tokens_per_turn']} generated tokens/turn):")
+          f"GPU {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s peak at {a['mfu']:.0%} MFU; compute only, the overheads "
+          "in the makespan below):")
     print(f"  features : {e['features_gpu_h']:.1f} GPU-h, {e['feature_storage_gb']:.0f} GB cache"
           + (" (online mode: computed inside training, no cache)" if p.data.feature_mode == "online" else ""))
     print(f"  train    : {e['train_gpu_h']:.1f} GPU-h")
-    print(f"  eval     : {e['eval_gpu_h']:.1f} GPU-h")
+    print("  eval     : timed by the makespan below (its step, tau and packing: each printed with its source)")
     print(f"  storage  : checkpoints {e['checkpoint_storage_gb']:.1f} GB (the last train.keep_checkpoints epochs with "
           "optimizer state per drafter, finals, merges)")
-    if r is None and rates_mod._device(p) == "gpu":
-        r = rates_mod.estimated(p)
-    if r is not None:
-        print_checkpoint_interval(p, r)
-        print_makespan(p, r, clusters)
+    gpu = rates_mod._device(p) == "gpu"
+    if gpu and p.resources.train.use_gpu:
+        print("features mode by cost (orchestrator/feature_modes.py; GPU-h of the trials' compute and shard "
+              "reads at the assumed rates, beside the overheads every mode shares):")
+        for line in feature_modes.lines(p):
+            print(line)
+    runs = [r] if r is not None else _estimated_runs(p) if gpu else []
+    if runs:
+        print_checkpoint_interval(p, runs[-1])
+        print_makespan(p, runs, clusters)
     else:
         print("makespan: pass --rates RUN_DIR (a finished run on this hardware) or a rates JSON file")
+
+
+def _estimated_runs(p: Profile) -> list:
+    """Rates for a GPU profile without --rates: at both ends of the project's GPU measurement of the
+    eval step where it has one for the verifier (measured ones win), else the stated assumptions."""
+    if rates_mod.estimates.project_measurement(p) is None:
+        return [rates_mod.estimated(p)]
+    return [rates_mod.estimated(p, end) for end in rates_mod.estimates.ENDS]
 
 
 def print_checkpoint_interval(p: Profile, r) -> None:

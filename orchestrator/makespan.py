@@ -12,7 +12,7 @@ could reach on the same graph.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 STAGE_ORDER = ("features", "train", "merge", "eval", "report")
 EPS = 1e-9  # fractional needs (1/3 of a GPU) add up with rounding
@@ -26,6 +26,7 @@ class Task:
     need: float = 1  # devices held while it runs (0: beside them, e.g. a merge on the CPU; 0.5: half a GPU)
     deps: tuple = ()  # names of tasks that must finish first
     group: str | None = None  # a concurrency cap shared with other tasks (``caps``)
+    busy: float = 1.0  # the share of its held device-time the devices compute (the rest: host, I/O, loads)
 
 
 def _with_barriers(tasks: list[Task]) -> list[Task]:
@@ -35,7 +36,7 @@ def _with_barriers(tasks: list[Task]) -> list[Task]:
     for t in tasks:
         before = [s for s in STAGE_ORDER[: STAGE_ORDER.index(t.stage)] if by_stage[s]]
         extra = tuple(by_stage[before[-1]]) if before else ()
-        out.append(Task(t.name, t.stage, t.seconds, t.need, tuple(dict.fromkeys(t.deps + extra)), t.group))
+        out.append(replace(t, deps=tuple(dict.fromkeys(t.deps + extra))))
     return out
 
 
@@ -78,6 +79,8 @@ def _check(tasks: list[Task], by_name: dict[str, Task], devices: float, caps: di
         for d in t.deps:
             if d not in by_name:
                 raise ValueError(f"task {t.name!r} depends on unknown task {d!r}")
+        if not 0.0 <= t.busy <= 1.0:
+            raise ValueError(f"task {t.name!r} is busy {t.busy} of its time; a share is in [0, 1]")
         if t.need > devices + EPS:
             raise ValueError(f"task {t.name!r} needs {t.need} devices; there are {devices}")
         if t.group is not None and caps.get(t.group, 1) < 1:
@@ -96,6 +99,7 @@ class _Timeline:
         self.free, self.used, self.now, self.busy = devices, {}, 0.0, 0.0
         self.stages: dict[str, list[float]] = {}
         self.stage_busy: dict[str, float] = {}
+        self.stage_device: dict[str, float] = {}  # device-seconds computing (need x seconds x busy)
 
     def make_ready(self, n: str) -> None:
         t = self.by_name[n]
@@ -116,6 +120,7 @@ class _Timeline:
             heapq.heappush(self.running, (self.now + t.seconds, n))
             self.busy += t.need * t.seconds
             self.stage_busy[t.stage] = self.stage_busy.get(t.stage, 0.0) + t.need * t.seconds
+            self.stage_device[t.stage] = self.stage_device.get(t.stage, 0.0) + t.need * t.seconds * t.busy
             span = self.stages.setdefault(t.stage, [self.now, self.now])
             span[0] = min(span[0], self.now)
 
@@ -133,8 +138,8 @@ class _Timeline:
 def schedule(tasks: list[Task], devices: int, caps: dict[str, int] | None = None,
              barriers: bool = True) -> dict:
     """{"makespan": s, "stages": {stage: (first start, last end)}, "busy": device-seconds held,
-    "stage_busy": {stage: device-seconds held}}. ``devices`` and a task's ``need`` may be fractions
-    (actors sharing a GPU). Raises ValueError when a task needs more devices than there are."""
+    "stage_busy": {stage: device-seconds held}, "stage_device": {stage: device-seconds computing}}.
+    ``devices`` and a task's ``need`` may be fractions (actors sharing a GPU). Raises ValueError when a task needs more devices than there are."""
     caps = caps or {}
     if barriers:
         tasks = _with_barriers(tasks)
@@ -160,4 +165,4 @@ def schedule(tasks: list[Task], devices: int, caps: dict[str, int] | None = None
             if waiting[c] == 0:
                 line.make_ready(c)
     return {"makespan": line.now, "stages": {s: tuple(v) for s, v in line.stages.items()}, "busy": line.busy,
-            "stage_busy": line.stage_busy}
+            "stage_busy": line.stage_busy, "stage_device": line.stage_device}

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 EPS = 1e-9
+PACK_MOST = 8  # the most batch-1 eval actors resources.eval.packing auto puts on one GPU
 CPUS_PER_GPU = 12  # a --cluster spec without CPUs: a p4d/p4de.24xlarge's 96 vCPUs for 8 GPUs
 
 
@@ -95,6 +96,7 @@ class StagePlan:
     cpus: float  # per unit
     gpus: float  # per unit
     limit: str  # what set ``units``
+    packing: str = ""  # eval with resources.eval.packing auto: actors per GPU and why
 
 
 @dataclass(frozen=True)
@@ -111,9 +113,10 @@ class Plan:
 
         def part(name: str, s: StagePlan, what: str) -> str:
             per = getattr(s, key)
-            out = (f"{name} {s.units} {what}{'s' if s.units != 1 else ''} x {per:g} "
+            each = f"{per:g}" if len(f"{per:g}") <= 5 else f"1/{round(1 / per)}"
+            out = (f"{name} {s.units} {what}{'s' if s.units != 1 else ''} x {each} "
                    f"{self.device}{'s' if per > 1 else ''}")
-            return out + f" = {s.units * per:g}/{total:g} {self.device}s ({s.limit})"
+            return out + f" = {s.units * per:.4g}/{total:g} {self.device}s ({s.limit})"
 
         return f"plan: {part('training', self.train, 'trial')}; {part('eval', self.eval, 'actor')}"
 
@@ -139,14 +142,44 @@ def derive(p, nodes: list[dict], trials: int | None = None, eval_units: int | No
     fits_t = math.floor(workers / t.num_workers) if math.isfinite(workers) else math.inf
     n_t, why_t = _pick(t.max_concurrent_trials, "resources.train.max_concurrent_trials", trials,
                        "drafters to train", fits_t)
-    fits_e = sum(_eval_slots(n, e.num_cpus, e.num_gpus) for n in nodes)
+    packed = pack_per_gpu(p, nodes)
+    share = 1.0 / packed[0] if packed else e.num_gpus
+    fits_e = sum(_eval_slots(n, e.num_cpus, share) for n in nodes)
     n_e, why_e = _pick(r.eval_actors, "resources.eval_actors", eval_units, "shards to run", fits_e)
     gpu = t.use_gpu or e.num_gpus > 0 or r.features.num_gpus > 0
     return Plan(StagePlan(n_t, fits_t, t.num_workers * t.cpus_per_worker, t.num_workers if t.use_gpu else 0,
                           why_t),
-                StagePlan(n_e, fits_e, e.num_cpus, e.num_gpus, why_e),
+                StagePlan(n_e, fits_e, e.num_cpus, share, why_e, packed[1] if packed else ""),
                 cpus=sum(n.get("CPU", 0) for n in nodes), gpus=sum(n.get("GPU", 0) for n in nodes),
                 device="GPU" if gpu else "CPU")
+
+
+def pack_per_gpu(p, nodes: list[dict]) -> tuple[int, str] | None:
+    """Eval actors per GPU under ``resources.eval.packing: auto``, and why: the fewest per GPU that
+    place the most actors on a node, within what one GPU's memory holds (resources.gpu_memory_gib over
+    packing.actor_memory_gb), what the node's CPUs feed (its CPUs over resources.eval.num_cpus; the
+    GPU nodes with the fewest CPUs per GPU decide) and PACK_MOST. Batch-1 actors are host-bound, so
+    by the packing model every actor added raises a GPU's steps/s (orchestrator/packing.py); memory
+    and CPUs are what stop it. None where the profile packs as written or nothing says (no
+    gpu_memory_gib, a verifier of unknown size, no GPU nodes)."""
+    from .costs import VERIFIERS  # (pure modules; imported here to keep plan.py's own imports bare)
+    from .packing import DTYPE_BYTES, actor_memory_gb
+
+    r, e = p.resources, p.resources.eval
+    v, gpu_nodes = VERIFIERS.get(p.verifier), [n for n in nodes if n.get("GPU", 0) >= 1]
+    if e.packing != "auto" or e.num_gpus <= 0 or r.gpu_memory_gib is None or v is None or not gpu_nodes:
+        return None
+    each = actor_memory_gb(v, DTYPE_BYTES[p.verifier_dtype], e.drafter_cache_gb)
+    cap = r.gpu_memory_gib * 2**30 / 1e9
+    by_mem = max(1, int(math.floor(cap / each + EPS)))
+    node = min(gpu_nodes, key=lambda n: n.get("CPU", 0) / n["GPU"])
+    gpus = int(math.floor(node["GPU"] + EPS))
+    fed = int(math.floor(node.get("CPU", 0) / e.num_cpus + EPS)) if e.num_cpus > 0 else gpus * PACK_MOST
+    k = min(range(1, min(by_mem, PACK_MOST) + 1), key=lambda k: (-min(gpus * k, fed), k))
+    return k, (f"{k} per GPU (resources.eval.packing auto): the most actors a node places, {min(gpus * k, fed)} "
+               f"on its {gpus} GPUs; memory holds {by_mem} a GPU ({each:.1f} GB each of {cap:.1f} GB, "
+               f"resources.gpu_memory_gib {r.gpu_memory_gib:g}), its {node.get('CPU', 0):g} CPUs feed {fed} "
+               f"(resources.eval.num_cpus {e.num_cpus:g}), at most {PACK_MOST} a GPU")
 
 
 def eval_cpu_problem(p, node: dict) -> str | None:

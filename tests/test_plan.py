@@ -3,6 +3,7 @@
 packing file through --rates; the dry run's --cluster table. Fast: no Ray, no model."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -30,9 +31,11 @@ PACKING = {"kind": "gpu-check-packing", "date": "2026-12-05", "device": "NVIDIA 
 def test_the_paper_plan_fills_four_p4de_nodes_and_says_so():
     p = load_profile("paper")
     plan = derive(p, [HEAD] + [P4DE] * 4, trials=12, eval_units=24_000)
-    assert (plan.train.units, plan.eval.units) == (4, 64)  # 8-GPU trials; 2 actors per GPU
+    assert (plan.train.units, plan.eval.units) == (4, 96)  # 8-GPU trials; 3 actors per GPU (packing auto)
     assert plan.line().startswith("plan: training 4 trials x 8 GPUs = 32/32 GPUs (the cluster holds 4); "
-                                  "eval 64 actors x 0.5 GPU = 32/32 GPUs")
+                                  "eval 96 actors x 1/3 GPU = 32/32 GPUs")
+    fixed = derive(load_profile("paper", ["resources.eval.packing=fixed"]), [HEAD] + [P4DE] * 4, 12, 24_000)
+    assert fixed.eval.units == 64 and "eval 64 actors x 0.5 GPU = 32/32 GPUs" in fixed.line()
     # the profile's numbers are caps, and so is the work there is
     capped = derive(load_profile("paper", ["resources.eval_actors=10"]), [P4DE] * 4, trials=2)
     assert (capped.train.units, capped.train.limit) == (2, "2 drafters to train")
@@ -124,7 +127,7 @@ def test_the_gpu_checks_packing_file_times_the_eval_and_says_where_each_rate_cam
     f = tmp_path / "gpu_rates.json"
     f.write_text(json.dumps(PACKING))
     for where in (f, tmp_path):  # the file, or a directory holding it
-        r = rates.load(where, p)
+        r = dataclasses.replace(rates.load(where, p), modelled_overheads=False)  # (shards: decoding alone)
         assert r.eval_steps_per_s == {"*": pytest.approx(1 / 0.055)}
         assert "measured" in r.sources["eval steps"] and "assumed" in r.sources["train"]
         assert r.eval_tau == {"*": 3.5} and any("not 'llama3-8b-instruct'" in n for n in r.notes)
@@ -169,10 +172,12 @@ def test_the_dry_runs_cluster_rows_bill_every_gpu_and_count_what_is_held():
     p = load_profile("paper")
     r = rates.estimated(p)
     m = billing.on_cluster(p, r, parse_cluster("4x8"))
-    assert m["billed_total"] == pytest.approx(32 * m["total"] / 3600)
+    report = m["stages"]["report"]  # on the driver's CPU: the GPU nodes go back after the idle timeout
+    assert report > 600 and m["billed"]["report"] == pytest.approx(32 * 600 / 3600)
+    assert m["billed_total"] == pytest.approx(32 * (m["total"] - report + 600) / 3600)
     assert sum(m["billed"].values()) == pytest.approx(m["billed_total"])
     assert sum(m["used"].values()) == pytest.approx(m["used_total"]) and m["used_total"] <= m["billed_total"]
-    assert m["caps"]["train"] == 4 and m["caps"]["eval"] == 64
+    assert m["caps"]["train"] == 4 and m["caps"]["eval"] == 96
     # the eval stage holds 32 GPUs (64 half-GPU actors) for its whole span
     assert m["used"]["eval"] == pytest.approx(m["billed"]["eval"], rel=0.01)
 
@@ -181,3 +186,52 @@ def test_trials_are_submitted_longest_first():
     p = load_profile("paper")
     order = rates.trial_order(p, ["eagle2-math", "hass-mixed_full", "eagle2-chat", "hass-math"])
     assert order[0] == "hass-mixed_full" and order[-1] == "eagle2-math"
+
+
+def test_packing_auto_packs_what_memory_and_cpus_hold_and_says_why():
+    """resources.eval.packing auto: the fewest actors per GPU that place the most on a node, within one
+    GPU's memory (gpu_memory_gib over packing.actor_memory_gb) and the node's CPUs; the profile's share
+    where nothing says (no memory given, a verifier of unknown size)."""
+    from orchestrator.plan import pack_per_gpu
+
+    p = load_profile("paper")
+    k, why = pack_per_gpu(p, [HEAD, P4DE])
+    assert k == 3 and "memory holds 3" in why and "96 CPUs feed 24" in why and "\n" not in why
+    assert pack_per_gpu(p, [{"CPU": 64.0, "GPU": 8.0}])[0] == 2  # deploy/rayjob.yaml's pods: CPUs stop it
+    small = load_profile("paper", ["resources.eval.drafter_cache_gb=1"])  # 19.1 GB an actor: 4 fit
+    assert pack_per_gpu(small, [{"CPU": 192.0, "GPU": 8.0}])[0] == 4
+    assert pack_per_gpu(small, [{"CPU": 40.0, "GPU": 8.0}])[0] == 2  # 10 actors: the fewest per GPU for them
+    assert pack_per_gpu(load_profile("paper", ["resources.gpu_memory_gib=null"]), [P4DE]) is None
+    assert pack_per_gpu(load_profile("paper", ["resources.eval.packing=fixed"]), [P4DE]) is None
+    assert pack_per_gpu(p, [HEAD]) is None  # no GPU node to size it on
+    # the dry run times the eval shards with the share the plan derives, as the driver runs its actors
+    m = billing.on_cluster(p, rates.estimated(p), parse_cluster("4x8"))
+    assert m["profile"].resources.eval.num_gpus == pytest.approx(1 / 3) and m["plan"].eval.packing == why
+    assert m["caps"]["eval"] == 96
+
+
+def test_the_driver_asks_ray_for_the_plans_share(monkeypatch):
+    """cluster.eval_pool places the actors at the share the plan derived (the driver passes it)."""
+    from orchestrator import cluster
+
+    seen = {}
+
+    class Fake:
+        def __init__(self, **kw):
+            seen.update(kw)
+
+        def __call__(self, worker):
+            return self
+
+        def options(self, **kw):
+            return self
+
+        def remote(self, *a):
+            return None
+
+    monkeypatch.setattr(cluster.ray, "remote", lambda **kw: Fake(**kw))
+    monkeypatch.setattr(cluster, "EvalPool", lambda make, n, log=None: make("x"))
+    cluster.eval_pool(load_profile("paper"), 3, num_gpus=1 / 3)
+    assert seen["num_gpus"] == pytest.approx(1 / 3) and seen["num_cpus"] == 4
+    cluster.eval_pool(load_profile("paper"), 3)
+    assert seen["num_gpus"] == 0.5  # the profile's, where the plan's is not given

@@ -37,6 +37,9 @@ class Rates:
     sources: dict = field(default_factory=dict)  # what -> where its rate came from (measured, assumed)
     # GPU eval packing (orchestrator/packing.py): t_step_s, t_dev_s and their sources; None: estimated
     packing: dict | None = None
+    # True: start-up, loads, checkpoint uploads, held-out passes, the I/O term, merges and the report are
+    # the dry run's model (orchestrator/rates/overheads.py); False: the overheads above, measured
+    modelled_overheads: bool = False
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1, sort_keys=True)

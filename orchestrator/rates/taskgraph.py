@@ -13,6 +13,7 @@ from ..grid import BENCHMARK_SIZES, cell_prompts, corpora, eval_cells, merge_cel
 from ..makespan import Task
 from ..plan import actors_per_gpu
 from ..profile import Profile, batch_plan
+from . import overheads
 from .record import Rates, _device, devices_per_task
 
 TURNS = {"mt_bench": 2}  # turns per prompt (every other benchmark: 1)
@@ -56,50 +57,103 @@ def _check(p: Profile, r: Rates, need: dict) -> None:
         raise ValueError(f"the rates from {r.source} have no generate rate (no autoregressive or paired cells)")
 
 
-def tasks(p: Profile, r: Rates) -> list[Task]:
-    """The grid's tasks (features per corpus, a trial per drafter, merges, eval shards, the
-    report), each timed with ``r`` and holding the devices ``p`` gives it."""
+def split_parts(tokens: dict, slots: int) -> dict:
+    """Parts per corpus for ``slots`` features tasks: at least one each, then each next slot to the
+    corpus whose parts are the largest (the stage's span is its largest part's)."""
+    parts = {c: 1 for c in tokens}
+    for _ in range(max(0, slots - len(tokens))):
+        c = max(tokens, key=lambda x: (tokens[x] / parts[x], x))
+        parts[c] += 1
+    return parts
+
+
+def _features_tasks(p: Profile, r: Rates, tpe: dict, need: float, gpus: float | None) -> list[Task]:
+    """Extraction, one task per corpus, or (``gpus``: a GPU cluster's) data-parallel parts of each
+    corpus over every GPU, as many per corpus as its share of the tokens (one task per GPU)."""
+    if p.data.feature_mode == "online":
+        return []
+    tokens = {c: (p.data.n + p.data.heldout) * tpe[c] for c in corpora(p)}
+    slots = int(gpus // need) if gpus and need > 0 and r.device == "gpu" else len(tokens)
+    out = []
+    for c, k in split_parts(tokens, slots).items():
+        seconds, busy = overheads.combined(overheads.features_parts(p, r, tokens[c] / k, need))
+        for i in range(k):
+            out.append(Task(f"features:{c}" + (f":{i}" if k > 1 else ""), "features", seconds, need,
+                            busy=busy if r.device == "gpu" else 1.0))
+    return out
+
+
+def tasks(p: Profile, r: Rates, gpus: float | None = None, actors: int | None = None) -> list[Task]:
+    """The grid's tasks (features per corpus, or in parts over ``gpus``, a trial per drafter, merges,
+    eval shards, the report), each timed with ``r``, holding the devices ``p`` gives it, and with the
+    share of that time its devices compute (orchestrator/rates/overheads.py). ``actors``: the eval
+    actors that run at once (their verifier loads; default the profile's cap)."""
     need = devices_per_task(p)
     _check(p, r, need)
-    out: list[Task] = []
-    online = p.data.feature_mode == "online"
+    gpu = r.device == "gpu"
     tpe = {c: min(r.tokens_per_example.get(c, t), p.data.max_length)
            for c, t in ASSUMPTIONS["tokens_per_example"].items()}
-    for c in [] if online else corpora(p):
-        rate = r.features_tokens_per_s * need["features"] / r.features_devices
-        seconds = r.features_overhead_s + (p.data.n + p.data.heldout) * tpe[c] / rate
-        out.append(Task(f"features:{c}", "features", seconds, need["features"]))
+    out = _features_tasks(p, r, tpe, need["features"], gpus)
+    of_corpus = {c: [t.name for t in out if t.name.split(":")[1] == c] for c in corpora(p)}
     for cell in train_cells(p):
-        toks = trial_tokens(cell.variant, p.data.n, tpe) * p.train.for_backbone(cell.backbone).epochs
-        rate = r.train_tokens_per_s[cell.backbone] * need["train"] / r.train_devices
-        deps = () if online else tuple(f"features:{c}" for c in CORPUS_OF[cell.variant])
-        seconds = r.train_overhead_s + toks / rate
-        out.append(Task(f"train:{cell.name}", "train", seconds, need["train"], deps, "train"))
+        tokens = trial_tokens(cell.variant, p.data.n, tpe)
+        seconds, busy = overheads.combined(
+            overheads.train_parts(p, r, cell.backbone, cell.variant, tokens, need["train"], tpe))
+        deps = tuple(n for c in CORPUS_OF[cell.variant] for n in of_corpus.get(c, ()))
+        out.append(Task(f"train:{cell.name}", "train", seconds, need["train"], deps, "train", busy if gpu else 1.0))
     trained = {t.name for t in out}
     for m in merge_cells(p):
         deps = tuple(d for d in (f"train:{m.backbone}-math", f"train:{m.backbone}-chat") if d in trained)
-        out.append(Task(f"merge:{m.name}", "merge", r.merge_s, 0, deps, "merge"))
+        out.append(Task(f"merge:{m.name}", "merge", overheads.merge_seconds(p, r, m.backbone), 0, deps, "merge"))
     made = {t.name.split(":", 1)[1]: t.name for t in out if t.stage in ("train", "merge")}
-    slow = eval_slowdown(p, r)
-    size = p.eval.shard_size
-    for cell in eval_cells(p):
-        k = min(cell_prompts(p, cell) or BENCHMARK_SIZES[cell.benchmark], BENCHMARK_SIZES[cell.benchmark])
-        toks = TURNS.get(cell.benchmark, 1) * _tokens_per_turn(r, cell.benchmark, p.eval.max_new_tokens)
-        gen = toks / r.generate_tokens_per_s * slow(1 / r.generate_tokens_per_s)
-        if cell.strategy == "autoregressive":  # the project's loop, then generate on the same prompt
-            ar = r.eval_steps_per_s.get("autoregressive", r.generate_tokens_per_s)
-            per_prompt = toks / ar * slow(1 / ar) + gen
-        else:
-            steps = _for(r.eval_steps_per_s, cell.strategy)
-            per_prompt = toks / _for(r.eval_tau, cell.strategy) / steps * slow(1 / steps)
-            per_prompt += gen if p.eval.paired_baseline else 0.0
-        deps = tuple(made[d] for d in cell.drafters if d in made)
+    shards, rows = _eval_tasks(p, r, made, actors if actors is not None else caps(p)["eval"])
+    out += shards
+    out.append(Task("report", "report", overheads.report_seconds(r, rows), 0, tuple(t.name for t in shards)))
+    return out
+
+
+def _per_prompt(p: Profile, r: Rates, cell, slow, busy) -> tuple[float, float, float]:
+    """(seconds, device-busy seconds, step rows) of one prompt of ``cell``: its decoding (speculative
+    steps or the project's autoregressive loop) and transformers' generate where the cell times it."""
+    toks = TURNS.get(cell.benchmark, 1) * _tokens_per_turn(r, cell.benchmark, p.eval.max_new_tokens)
+    if cell.strategy == "autoregressive":  # the project's loop, then generate on the same prompt
+        step, calls, with_gen = 1 / r.eval_steps_per_s.get("autoregressive", r.generate_tokens_per_s), toks, True
+    else:
+        step = 1 / _for(r.eval_steps_per_s, cell.strategy)
+        calls, with_gen = toks / _for(r.eval_tau, cell.strategy), p.eval.paired_baseline
+    own = calls * step * slow(step)
+    g = 1 / r.generate_tokens_per_s
+    gen = toks * g * slow(g) if with_gen else 0.0
+    return own + gen, own * busy(step) + (gen * busy(g) if with_gen else 0.0), calls
+
+
+def _eval_tasks(p: Profile, r: Rates, made: dict, actors: int) -> tuple[list[Task], float]:
+    """The eval shards (each its cell's drafters' tasks first) and the step rows they write."""
+    slow, busy, size, need = eval_slowdown(p, r), eval_busy(p, r), p.eval.shard_size, devices_per_task(p)["eval"]
+    cells = [(c, min(cell_prompts(p, c) or BENCHMARK_SIZES[c.benchmark], BENCHMARK_SIZES[c.benchmark]))
+             for c in eval_cells(p)]
+    extra = overheads.eval_shard_overhead(p, r, actors, sum(-(-k // size) for _, k in cells))
+    out, rows = [], 0.0
+    for cell, k in cells:
+        seconds, dev, calls = _per_prompt(p, r, cell, slow, busy)
+        deps, key = tuple(made[d] for d in cell.drafters if d in made), cell.key  # (the key hashes the cell)
         for s in range(0, k, size):
             m = min(size, k - s)
-            out.append(Task(f"eval:{cell.key}:{s}", "eval", r.eval_overhead_s + m * per_prompt,
-                            need["eval"], deps, "eval"))
-    out.append(Task("report", "report", r.report_s, 0, tuple(t.name for t in out if t.stage == "eval")))
-    return out
+            total = extra + m * seconds
+            out.append(Task(f"eval:{key}:{s}", "eval", total, need, deps, "eval",
+                            m * dev / total if r.device == "gpu" and total > 0 else 1.0))
+            rows += m * calls
+    return out, rows
+
+
+def eval_busy(p: Profile, r: Rates):
+    """t -> the share of an eval actor's held GPU-time its GPU computes, for a step of ``t`` seconds
+    alone: k actors on a GPU keep it busy k x t_dev of every packed step (orchestrator/packing.py)."""
+    need = devices_per_task(p)["eval"]
+    if r.device != "gpu" or need <= 0:
+        return lambda t: 1.0
+    d, k = packing_model(p, r)["t_dev_s"], max(1, actors_per_gpu(need))
+    return lambda t: min(1.0, k * min(d, t) / packing.step_time(t, min(d, t), k))
 
 
 def packing_model(p: Profile, r: Rates) -> dict:
