@@ -79,7 +79,9 @@ def print_plan(p: Profile, output: str | None = None, rates: str | None = None,
           f"up to {r.train.max_concurrent_trials} concurrent trial(s) (the driver fills the cluster to this cap)")
     print(f"  merge    : {len(s['merge'])} checkpoints {s['merge']}")
     print(f"  eval     : {s['eval_cells']} cells, {s['eval_prompt_runs']} prompt runs, "
-          f"up to {r.eval_actors} actor(s) x ({r.eval.num_cpus} CPU, {r.eval.num_gpus} GPU), shard size {p.eval.shard_size}")
+          f"up to {r.eval_actors} actor(s) x ({r.eval.num_cpus} CPU, {r.eval.num_gpus} GPU"
+          + ("; packing auto: the plan's share on each cluster" if r.eval.packing == "auto" else "")
+          + f"), shard size {p.eval.shard_size}")
     for c in clusters or []:  # a bad --cluster is refused before anything is timed
         parse_cluster(c)
     r = rates_mod.with_scaled_backbones(p, rates_mod.load(rates, p)) if rates else None
@@ -103,17 +105,23 @@ def print_plan(p: Profile, output: str | None = None, rates: str | None = None,
     print(f"  storage  : checkpoints {e['checkpoint_storage_gb']:.1f} GB (the last train.keep_checkpoints epochs with "
           "optimizer state per drafter, finals, merges)")
     gpu = rates_mod._device(p) == "gpu"
-    if gpu and p.resources.train.use_gpu:
-        print("features mode by cost (orchestrator/feature_modes.py; GPU-h of the trials' compute and shard "
-              "reads at the assumed rates, beside the overheads every mode shares):")
-        for line in feature_modes.lines(p):
-            print(line)
+    _print_features_mode(p)
     runs = [r] if r is not None else _estimated_runs(p) if gpu else []
     if runs:
         print_checkpoint_interval(p, runs[-1])
         print_makespan(p, runs, clusters)
     else:
         print("makespan: pass --rates RUN_DIR (a finished run on this hardware) or a rates JSON file")
+
+
+def _print_features_mode(p: Profile) -> None:
+    """Each features mode's cost per backbone and the choice (GPU training profiles)."""
+    if not p.resources.train.use_gpu:
+        return
+    print("features mode by cost (orchestrator/feature_modes.py; GPU-h of the trials' compute and shard "
+          "reads at the assumed rates, beside the overheads every mode shares):")
+    for line in feature_modes.lines(p):
+        print(line)
 
 
 def _estimated_runs(p: Profile) -> list:
