@@ -502,3 +502,48 @@ def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(clus
     ranks = s["ranks"]
     assert len(ranks) == 2 and ranks[0] == ranks[1] and ranks[0]["micro_batches"] == 2 * plan.steps, ranks
     assert [h["steps"] for h in s["history"][1:]] == [plan.steps] * 2
+
+
+@pytest.mark.full  # 27 s with the cluster's start (2026-12-06); tests/test_shard_reads.py has the same in-process
+def test_ranks_on_two_nodes_wait_less_for_shards_with_read_ahead(cluster, tmp_path):
+    """An EAGLE-3 cache at s3:// behind a bandwidth throttle; two ranks, one per node, read their own
+    shards as EAGLE-2 does (tests/shard_read_job.py), without and with read-ahead. Asserted: each
+    rank downloads exactly its own shards, and of them only EAGLE-2's tensors; read-ahead strictly
+    reduces every rank's wait. Printed: the waits beside orchestrator/feature_io.py's prediction
+    (the throttle is one link shared by both ranks)."""
+    from orchestrator import feature_io
+    from tests.s3_server import throttled_s3
+    from tests.test_shard_reads import make_cache
+
+    from common import storage
+
+    bandwidth, compute_s = 0.4e6, 0.6
+    m = make_cache(tmp_path / "features", "c", 8, per_shard=8, hidden=256, n_aux=3)
+    with throttled_s3("shard-reads", REGION, bandwidth=bandwidth) as (endpoint, _, throttle):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_"))}
+        env.update(RAY_ADDRESS=cluster.address, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
+                   TASKSPEC_STAGING=str(tmp_path / "job"), AWS_ENDPOINT_URL_S3=endpoint, AWS_DEFAULT_REGION=REGION,
+                   **CREDS)
+        uri = "s3://shard-reads/features"
+        with _environ(AWS_ENDPOINT_URL_S3=endpoint, AWS_DEFAULT_REGION=REGION, **CREDS):
+            for ahead in (0, 2):  # one copy per run: no node starts with the other run's shards
+                storage.sync(str(tmp_path / "features" / "c"), f"{uri}/c{ahead}")
+        r = subprocess.run([sys.executable, str(ROOT / "tests/shard_read_job.py"), uri, str(compute_s), "0", "2"],
+                           capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    runs = json.loads(r.stdout.strip().splitlines()[-1])
+    whole = {s["file"]: s["bytes"] for s in m["shards"]}
+    for ahead in ("0", "2"):
+        assert len({x["node"] for x in runs[ahead]}) == 2
+        for x in runs[ahead]:
+            assert x["files"] == x["own"] and len(x["own"]) == 4  # its own shards, each once
+            assert x["bytes_read"] < 0.4 * sum(whole[f] for f in x["own"])  # EAGLE-2's tensors only
+    for r0, r2 in zip(runs["0"], runs["2"]):
+        assert r2["wait_s"] < r0["wait_s"], (r0, r2)
+    per_shard = sum(x["bytes_read"] for x in runs["0"]) / 8
+    io = {a: feature_io.ShardReads(per_shard, 4, compute_s, bandwidth, ranks_per_node=2, streams=2, read_ahead=a)
+          for a in (0, 2)}
+    print(f"two nodes, one throttled link of {bandwidth / 1e6:.1f} MB/s, 4 shards a rank of {per_shard / 1e3:.0f} KB, "
+          f"{compute_s} s of training each: waited {[round(x['wait_s'], 2) for x in runs['0']]} s without read-ahead "
+          f"(predicted {feature_io.wait_with_read_ahead(io[0]):.2f}), {[round(x['wait_s'], 2) for x in runs['2']]} s "
+          f"with 2 ahead on 2 streams (predicted {feature_io.wait_with_read_ahead(io[2]):.2f})")

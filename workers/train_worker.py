@@ -63,8 +63,9 @@ def train_loop_per_worker(config: dict) -> None:
         final = train(cfg, model, rank=rank, world=world, report=report, tokenizer=tok, saved=saved)
     if shards.downloaded:
         print(f"[train {cfg.backbone}-{cfg.variant}] rank {rank}: downloaded {len(shards.downloaded)} feature "
-              f"shard(s); the node holds {shards.nbytes() / 2**20:.1f} of {shards.budget / 2**20:.0f} MiB",
-              flush=True)
+              f"shard(s), {shards.bytes_read / 2**20:.1f} MiB, waited {shards.wait_s:.1f}s for shards (read-ahead "
+              f"{shards.read_ahead} on {shards.streams} streams); the node holds {shards.nbytes() / 2**20:.1f} of "
+              f"{shards.budget / 2**20:.0f} MiB", flush=True)
     artifacts.publish_final(cfg, final, rank)
 
 
