@@ -10,10 +10,11 @@ capped (``stream_bandwidth``). What the shard cache does, and so what this model
   every download is on its critical path, ``shards x shard_bytes / bandwidth``;
 - with read-ahead ``N`` the rank announces its epoch's shard order; a background pool of
   ``streams`` threads fetches the shard being read and the next ``N``: ``k = min(streams, N + 1,
-  shards)`` downloads run at once and share the rank's bandwidth. The rank waits for the first
-  group (``k`` shards arrive together after ``k x d``, ``d`` a shard's download time at the
-  pool's throughput), then for each later shard ``max(0, d - compute_s)``: nothing when the
-  bandwidth keeps up with training, the shortfall when it does not;
+  shards)`` downloads run at once and share the rank's bandwidth (``d``: a shard's download time at
+  the pool's throughput). Where the bandwidth keeps up with training (``d <= compute_s``) the rank
+  waits only for the first group (``k`` shards arrive together after ``k x d``); where it does not,
+  the link never idles and the rank waits for the first shard and then each later shard's
+  shortfall, ``d + (shards - 1) x (d - compute_s)``; the wait is the larger of the two;
 - a rank's share that fits its node's budget (every rank on the node counted) stays on node disk:
   later epochs download nothing. One that does not is downloaded again each epoch (least recently
   used eviction over a cycle longer than the cache keeps almost nothing for the next pass).
@@ -88,15 +89,16 @@ def wait_without_read_ahead(r: ShardReads) -> float:
 
 
 def wait_with_read_ahead(r: ShardReads) -> float:
-    """Seconds a rank waits per epoch with read-ahead: the first group of ``k`` downloads, then
-    each later shard's download time past its training time (``read_ahead`` 0: as without)."""
+    """Seconds a rank waits per epoch with read-ahead: the first group of ``k`` downloads, or, where
+    the bandwidth falls short, the first shard and each later one's download time past its training
+    time, whichever is longer (``read_ahead`` 0: as without)."""
     if r.read_ahead == 0:
         return wait_without_read_ahead(r)
     if r.shards == 0:
         return 0.0
     k = concurrent(r)
     d = download_seconds(r, k)
-    return k * d + (r.shards - k) * max(0.0, d - r.compute_s)
+    return max(k * d, d + (r.shards - 1) * max(0.0, d - r.compute_s))
 
 
 def share_fits(r: ShardReads, budget_bytes: float) -> bool:

@@ -33,7 +33,14 @@ def test_read_ahead_waits_for_the_first_group_then_only_the_shortfall():
     capped = io.ShardReads(120 * MB, 6, 1.0, 100 * MB, streams=2, read_ahead=3, stream_bandwidth=30 * MB)
     assert io.rank_bandwidth(capped, 2) == pytest.approx(60 * MB)
     assert io.wait_without_read_ahead(capped) == pytest.approx(6 * 4.0)  # one stream: 30 MB/s
-    assert io.wait_with_read_ahead(capped) == pytest.approx(2 * 2.0 + 4 * 1.0)
+    assert io.wait_with_read_ahead(capped) == pytest.approx(2.0 + 5 * 1.0)  # the link never idles
+    # the first group arrives together: with 4 streams and the bandwidth keeping up, after 4 downloads
+    four = io.ShardReads(100 * MB, 12, 3.0, 50 * MB, streams=4, read_ahead=4)
+    assert io.wait_with_read_ahead(four) == pytest.approx(4 * 2.0)
+    # a little short (2 s a shard against 1.8 s): the first shard, then 0.2 s per later one, unless
+    # the first group takes longer
+    short = io.ShardReads(100 * MB, 12, 1.8, 50 * MB, streams=4, read_ahead=4)
+    assert io.wait_with_read_ahead(short) == pytest.approx(max(4 * 2.0, 2.0 + 11 * 0.2))
     # k never exceeds the shards there are
     one = io.ShardReads(100 * MB, 1, 1.0, 50 * MB, streams=4, read_ahead=4)
     assert io.concurrent(one) == 1 and io.wait_with_read_ahead(one) == pytest.approx(2.0)
