@@ -17,7 +17,6 @@ import contextvars
 import hashlib
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -149,13 +148,14 @@ def verifier_features(model, examples: list[TokenizedExample], batch_tokens: int
             top = probs.topk(TOPK, dim=-1)
             outs = [h.to(torch.float16), top.indices.to(torch.int32), top.values.to(torch.float16)]
             if aux_layers is not None:
-                outs.append(torch.cat([h if j == n_layers else got[j] for j in aux_layers], dim=-1).to(torch.float16))
+                fused = torch.cat([h if j == n_layers else got[j] for j in aux_layers], dim=-1)  # (B, L, A*H)
+                outs.append(fused.to(torch.float16))
             (feats, tids, tprobs, *aux), ready = _to_host(outs, async_copies)
             for b, e in enumerate(batch):
                 n = len(e.input_ids)
-                out.append(FeatureExample(e.id, ids[b, :n], torch.tensor(e.loss_mask[:n], dtype=torch.bool),
-                                          feats[b, :n], tids[b, :n], tprobs[b, :n], aux[0][b, :n] if aux else None,
-                                          ready))
+                mask = torch.tensor(e.loss_mask[:n], dtype=torch.bool)
+                out.append(FeatureExample(e.id, ids[b, :n], mask, feats[b, :n], tids[b, :n], tprobs[b, :n],
+                                          aux[0][b, :n] if aux else None, ready))
     return out
 
 
@@ -198,6 +198,16 @@ def plan_shards(lengths: list[int], shard_tokens: int) -> list[tuple[int, int]]:
     if start < len(lengths):
         out.append((start, len(lengths)))
     return out
+
+
+def part_range(shards: int, part: tuple[int, int] | None) -> tuple[int, int]:
+    """[lo, hi) of the plan's shards that part (i, n) computes: n contiguous runs, sizes within one."""
+    if part is None:
+        return 0, shards
+    i, n = part
+    if not 0 <= i < n:
+        raise ValueError(f"part must be (i, n) with 0 <= i < n, got {part}")
+    return i * shards // n, (i + 1) * shards // n
 
 
 def shard_name(i: int, ids: list[str]) -> str:
@@ -309,7 +319,7 @@ class FeatureStore:
     def manifest(self) -> dict:
         return json.loads(self.manifest_path.read_text())
 
-    # where finished files go: here, in place; StreamingFeatureStore: to object storage
+    # where finished files go: here, in place; feature_stream.StreamingFeatureStore: to object storage
     def _finished(self) -> dict[str, int]:
         """{shard file: bytes} already at the store."""
         return {p.name: p.stat().st_size for p in self.dir.glob("shard-*.safetensors")}
@@ -320,8 +330,18 @@ class FeatureStore:
     def _drain(self) -> None:
         pass
 
-    def _write_index(self, text: str) -> None:
-        write_text_atomic(self.manifest_path, text)
+    def _write_text(self, name: str, text: str) -> None:
+        """A small file of the cache (the index, a part's record), written whole or not at all."""
+        (self.dir / name).parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(self.dir / name, text)
+
+    def _read_text(self, name: str) -> str | None:
+        p = self.dir / name
+        return p.read_text() if p.is_file() else None
+
+    def _meta(self, meta: dict) -> dict:
+        """What the index records beside the shards: the caller's meta and this store's own."""
+        return {**meta, **self.extra_meta}
 
     def _put_shard(self, name: str, buf: list[FeatureExample]) -> dict:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -336,15 +356,37 @@ class FeatureStore:
             raise
         return _entry(name, ids, [len(e.input_ids) for e in buf], nbytes)
 
-    def _finish(self, meta: dict, shards: list[dict], seconds: float | None, resumed: int = 0) -> dict:
-        manifest = {"key": self.key, **meta, **self.extra_meta, "format": FORMAT,
-                    "examples": sum(s["examples"] for s in shards),
-                    "tokens": sum(s["tokens"] for s in shards), "shard_tokens": self.shard_tokens,
-                    "resumed_shards": resumed, "shards": shards}
+    def _finish(self, meta: dict, shards: list[dict], seconds: float | None, resumed: int = 0,
+                shard_tokens: int | None = None) -> dict:
+        """Write the index (``meta``: ``_meta``'s) of ``shards``: the commit point."""
+        manifest = {"key": self.key, **meta, "format": FORMAT, "examples": sum(s["examples"] for s in shards),
+                    "tokens": sum(s["tokens"] for s in shards),
+                    "shard_tokens": shard_tokens or self.shard_tokens, "resumed_shards": resumed, "shards": shards}
         if seconds is not None:  # the extraction rate orchestrator/rates/measured.py reads (not for a resumed one)
             manifest["seconds"] = seconds
-        self._write_index(json.dumps(manifest))
+        self._write_text("manifest.json", json.dumps(manifest))
         return manifest
+
+    def finish_parts(self, parts: int) -> dict:
+        """The index of a cache extracted in ``parts`` parts (``extract(part=...)``), written once
+        every part has recorded its shards and together they are every shard of the plan; its
+        ``seconds`` are the parts' summed (device-seconds, as one task's would be)."""
+        recs = [self._read_text(f"parts/{i}-of-{parts}.json") for i in range(parts)]
+        missing = [i for i, r in enumerate(recs) if r is None]
+        if missing:
+            raise RuntimeError(f"feature cache {self.key}: parts {missing} of {parts} have not recorded "
+                               "their shards")
+        recs = [json.loads(r) for r in recs]
+        shards = sorted((x for r in recs for x in r["shards"]), key=lambda x: x["file"])
+        planned = {r["planned"] for r in recs}
+        if len(planned) != 1 or len(shards) != planned.pop() or len({x["file"] for x in shards}) != len(shards):
+            raise RuntimeError(f"feature cache {self.key}: its {parts} parts do not make one plan's shards "
+                               f"({len(shards)} recorded, planned {sorted({r['planned'] for r in recs})})")
+        meta = dict(recs[0]["meta"])
+        if "staging_peak_bytes" in meta:
+            meta["staging_peak_bytes"] = max(r["meta"]["staging_peak_bytes"] for r in recs)
+        seconds = None if any(r["seconds"] is None for r in recs) else sum(r["seconds"] for r in recs)
+        return self._finish(meta, shards, seconds, sum(r["resumed"] for r in recs), recs[0]["shard_tokens"])
 
     def write(self, examples_iter, meta: dict, shard_tokens: int | None = None) -> dict:
         """Consume FeatureExamples, write shards, then the manifest (the commit point)."""
@@ -362,19 +404,26 @@ class FeatureStore:
         finally:
             self._drain()
         # seconds: the verifier's forward passes included (the iterator computes them)
-        return self._finish(meta, shards, time.perf_counter() - t0)
+        return self._finish(self._meta(meta), shards, time.perf_counter() - t0)
 
-    def extract(self, examples: list, compute, meta: dict, progress=None, chunk: int = 16) -> dict:
+    def extract(self, examples: list, compute, meta: dict, progress=None, chunk: int = 16,
+                part: tuple[int, int] | None = None) -> dict:
         """Features of tokenized ``examples`` (``compute(list) -> list[FeatureExample]``, ``chunk`` at
         a time), shard by shard as ``plan_shards`` cuts them; a shard already at the store (a resumed
         extraction) is skipped without a forward pass. ``progress(done, total)`` after each chunk.
         A writer thread serialises (and, streaming, hands to the upload) each shard while the next
-        is computed: at most two shards in host memory, the one written and the one computed."""
+        is computed: at most two shards in host memory, the one written and the one computed.
+        ``part`` = (i, n): data-parallel extraction, one part per device: only the i-th of n
+        contiguous runs of the plan's shards, and a record of them (``parts/<i>-of-<n>.json``) in
+        place of the index, which ``finish_parts(n)`` writes once every part has recorded."""
         lengths = [len(e.input_ids) for e in examples]
+        plan = plan_shards(lengths, self.shard_tokens)
+        lo, hi = part_range(len(plan), part)
+        first, count = (plan[lo][0], plan[hi - 1][1] - plan[lo][0]) if hi > lo else (0, 0)
         have, shards, resumed, t0 = self._finished(), [], 0, time.perf_counter()
         writer, last = ThreadPoolExecutor(1, thread_name_prefix=f"write-{self.key}"), None
         try:
-            for i, (a, b) in enumerate(plan_shards(lengths, self.shard_tokens)):
+            for i, (a, b) in list(enumerate(plan))[lo:hi]:
                 ids = [e.id for e in examples[a:b]]
                 name = shard_name(i, ids)
                 if name in have:
@@ -385,7 +434,7 @@ class FeatureStore:
                 for j in range(a, b, chunk):
                     buf += compute(examples[j : min(j + chunk, b)])
                     if progress:
-                        progress(min(j + chunk, b), len(examples))
+                        progress(min(j + chunk, b) - first, count)
                 if last is not None:
                     last.result()  # the previous shard is written (its error stops the extraction here)
                 last = writer.submit(self._put_shard, name, buf)  # written while the next one is computed
@@ -394,7 +443,13 @@ class FeatureStore:
             writer.shutdown(wait=True)
             self._drain()
         shards = [s if isinstance(s, dict) else s.result() for s in shards]
-        return self._finish(meta, shards, None if resumed else time.perf_counter() - t0, resumed)
+        seconds = None if resumed else time.perf_counter() - t0
+        if part is None:
+            return self._finish(self._meta(meta), shards, seconds, resumed)
+        record = {"part": part[0], "parts": part[1], "planned": len(plan), "shard_tokens": self.shard_tokens,
+                  "meta": self._meta(meta), "seconds": seconds, "resumed": resumed, "shards": shards}
+        self._write_text(f"parts/{part[0]}-of-{part[1]}.json", json.dumps(record))
+        return record
 
     def reads(self, select: set[str] | None = None, files: set[str] | None = None) -> list[tuple]:
         """The shards ``iter_examples(select, files)`` opens, in order, as (dir, file, bytes, tensors):
@@ -432,66 +487,3 @@ class FeatureStore:
 def _entry(name: str, ids: list[str], lengths: list[int], nbytes: int) -> dict:
     return {"file": name, "examples": len(ids), "tokens": int(sum(lengths)), "bytes": int(nbytes),
             "ids": list(ids), "lengths": [int(n) for n in lengths]}
-
-
-class StreamingFeatureStore(FeatureStore):
-    """A cache whose files live at ``remote`` (object storage: ``put(local, name)``,
-    ``put_text(name, text)``, ``read_text(name)``, ``sizes()``, e.g. workers.artifacts.RemoteDir).
-    Each shard is written to a temp file under ``staging/<key>/``, uploaded while the next one is
-    computed, and deleted there once up; the index goes up last. Local disk holds at most two
-    shards (``staging_peak`` bytes, measured)."""
-
-    def __init__(self, staging: str | os.PathLike, key: str, remote, shard_tokens: int = SHARD_TOKENS):
-        super().__init__(staging, key, shard_tokens)
-        self.remote = remote
-        self.staging_peak = 0
-        self._staged, self._lock, self._pending, self._pool = 0, threading.Lock(), None, None
-
-    def exists(self) -> bool:
-        return self.remote.read_text("manifest.json") is not None
-
-    def manifest(self) -> dict:
-        text = self.remote.read_text("manifest.json")
-        if text is None:
-            raise FileNotFoundError(f"feature cache {self.key}: no manifest.json at its store")
-        return json.loads(text)
-
-    def _finished(self) -> dict[str, int]:
-        return {n: b for n, b in self.remote.sizes().items() if n.startswith("shard-") and "/" not in n}
-
-    def _commit(self, tmp: Path, name: str) -> None:
-        size = tmp.stat().st_size
-        with self._lock:  # this shard and the one still uploading: the most on local disk
-            self._staged += size
-            self.staging_peak = max(self.staging_peak, self._staged)
-        self._wait()
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix=f"upload-{self.key}")
-        self._pending = self._pool.submit(self._upload, tmp, name, size)
-
-    def _upload(self, tmp: Path, name: str, size: int) -> None:
-        try:
-            self.remote.put(tmp, name)
-        finally:
-            tmp.unlink(missing_ok=True)
-            with self._lock:
-                self._staged -= size
-
-    def _wait(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()  # an upload's error stops the extraction here
-
-    def _drain(self) -> None:
-        try:
-            self._wait()
-        finally:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                self._pool = None
-
-    def _write_index(self, text: str) -> None:
-        self.remote.put_text("manifest.json", text)
-
-    def _finish(self, meta: dict, shards: list[dict], seconds: float | None, resumed: int = 0) -> dict:
-        return super()._finish({**meta, "staging_peak_bytes": self.staging_peak}, shards, seconds, resumed)

@@ -66,7 +66,7 @@ def select_conversations(tokenizer, eos_ids, corpus: str, spec: DataSpec, option
 
 def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec: DataSpec, root: str,
                     options: SourceOptions = SourceOptions(), progress=None, prefetch=None,
-                    aux_layers=None, store_for=FeatureStore) -> dict:
+                    aux_layers=None, store_for=FeatureStore, shards: tuple[int, int] | None = None) -> dict:
     """Extract (or reuse) the feature caches of one corpus: {"train": key, "heldout": key, ...}.
 
     A second call with the same content key runs no verifier forward pass. ``prefetch(key)``, if
@@ -76,7 +76,11 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
     ``aux_layers`` (EAGLE-3): the caches also hold those layers' hidden states, under their own keys
     (``<corpus>-<part>-aux2-15-27-<hash>``); without it the keys and contents are EAGLE-2/HASS's.
     ``store_for(root, key)``: the store a cache is written to (e.g. one streaming it to a URI).
+    ``shards`` = (i, n): this call computes only part i of n of each cache's shards (data-parallel
+    extraction, FeatureStore.extract); the index is written by ``finish_parts`` once all have.
     """
+    if shards is not None and spec.self_distill:
+        raise ValueError("self-distilled caches are extracted in one part (every part would distil every example)")
     if aux_layers is not None:
         aux_layers = check_aux_layers(model, aux_layers)  # before any work
     train, held = select_conversations(tokenizer, eos_ids, corpus, spec, options)
@@ -100,8 +104,8 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
                     "seed": spec.seed, "self_distill": spec.self_distill if part == "train" else None}
             if aux_layers is not None:
                 meta["aux_layers"] = [int(i) for i in aux_layers]
-            what = f"features {corpus}/{part}"
-            store.extract(exs, compute, meta,
+            what = f"features {corpus}/{part}" + (f" (part {shards[0] + 1} of {shards[1]})" if shards else "")
+            store.extract(exs, compute, meta, part=shards,
                           progress=progress and (lambda done, n, w=what: progress(w, done, n)))
         keys[part] = key
         keys[f"{part}_ids"] = [e.id for e in exs]

@@ -38,6 +38,7 @@ from .profile import Profile, batch_plan, profile_dict
 from .progress import Progress, wait_relaying
 from .plan import Plan, derive
 from .rates import trial_order
+from .rates.taskgraph import feature_parts
 from .report.build import build_report
 from .summary import print_summary, track_summary
 from .tracking import Tracker
@@ -183,6 +184,7 @@ class Driver:
         prog = Progress("features", len(corpora))
         caches, pending, relay = {}, {}, None
         aux = "eagle3" in self.p.train.backbones  # one cache per corpus serves every backbone
+        parts = feature_parts(self.p, self.plan.gpus)  # on a GPU cluster: a task per GPU
         for c in corpora:
             key = unit_keys.features_key(self.p, self.verifier_name, c, aux)
             rec = self.manifest.get(key)
@@ -197,11 +199,17 @@ class Driver:
             r = self.p.resources.features
             task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(tasks.features_task)
             relay = relay or Relay.options(name=f"progress-relay:{os.getpid()}").remote()
-            online = self.p.data.feature_mode == "online"
-            pending[c] = (key, task.options(name=f"features:{c}").remote(
-                self.p.verifier, self.p.verifier_dtype, c, self._data_spec(), root, online, relay, aux))
-        for c, (key, ref) in pending.items():
-            caches[c] = wait_relaying(ref, relay, prog)
+            args = (self.p.verifier, self.p.verifier_dtype, c, self._data_spec(), root,
+                    self.p.data.feature_mode == "online", relay, aux)
+            n = parts[c]  # data-parallel: part i of n of the shards on each of n devices
+            pending[c] = (key, [task.options(name=f"features:{c}" + (f":{i}" if n > 1 else "")).remote(
+                *args, (i, n) if n > 1 else None) for i in range(n)])
+        for c, (key, refs) in pending.items():
+            caches[c] = [wait_relaying(ref, relay, prog) for ref in refs][0]
+            if len(refs) > 1:  # the caches' indexes, once every part has recorded its shards
+                finish = ray.remote(num_cpus=1, max_retries=self.p.retries)(tasks.features_finish_task)
+                caches[c] = ray.get(finish.options(name=f"features:{c}:index").remote(root, caches[c],
+                                                                                      len(refs)))
             files = [] if caches[c].get("online") else [
                 f"features/{caches[c][p]}/manifest.json" for p in ("train", "heldout")]
             self.manifest.record(key, "features", c, "done", files=files, caches=caches[c])

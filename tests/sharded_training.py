@@ -4,9 +4,10 @@
 
 Run by tests/test_multinode.py against the Ray cluster at RAY_ADDRESS (a head and two 1-CPU worker
 nodes, each its own staging dir), in its own process so that the test bounds it with a timeout.
-The grid's features task (workers.tasks.features_task, as a Ray task on a worker node)
-extracts MathInstruct with the real verifier into many small shards (TASKSPEC_FEATURE_SHARD_TOKENS),
-each uploaded as it is finished; then one Ray Train run with a worker on each node trains a HASS
+The grid's features task (workers.tasks.features_task, as Ray tasks) extracts MathInstruct with the
+real verifier into many small shards (TASKSPEC_FEATURE_SHARD_TOKENS), each uploaded as it is
+finished, in two data-parallel parts (one task a node, each its half of the shards, as the driver
+runs one part a GPU), and workers.tasks.features_finish_task writes the indexes; then one Ray Train run with a worker on each node trains a HASS
 drafter for two epochs (DeepSpeed ZeRO-1, gloo) from the URI, every rank through its node's shard
 cache bounded by TASKSPEC_FEATURE_CACHE_GB (smaller than a rank's share: shards are evicted and
 fetched again). The last stdout line is a JSON summary (phase times, the training's state).
@@ -25,7 +26,7 @@ import ray  # noqa: E402
 from drafters.train_config import TrainConfig  # noqa: E402
 from drafters.variants import DataSpec, heldout_data, variant_data  # noqa: E402
 from common import storage  # noqa: E402
-from workers.tasks import features_task as _features_task  # noqa: E402
+from workers.tasks import features_finish_task, features_task as _features_task  # noqa: E402
 from workers.train_worker import run_training  # noqa: E402
 
 VERIFIER = "smollm2-135m-instruct"
@@ -42,7 +43,10 @@ def main(uri: str) -> dict:
     times = {"extract_start": time.time()}
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(_features_task)
-        caches = {"mathinstruct": ray.get(task.remote(VERIFIER, None, "mathinstruct", SPEC.__dict__, feats))}
+        parts = ray.get([task.remote(VERIFIER, None, "mathinstruct", SPEC.__dict__, feats, shards=(i, 2))
+                         for i in range(2)])
+        finish = ray.remote(num_cpus=1, max_retries=0)(features_finish_task)
+        caches = {"mathinstruct": ray.get(finish.remote(feats, parts[0], 2))}
         times["extract_end"] = times["train_start"] = time.time()
         cfg = TrainConfig(verifier=VERIFIER, backbone="hass", variant="math", out_dir="unused", out_uri=out_uri,
                           train_data=variant_data("math", feats, caches, SPEC.n),

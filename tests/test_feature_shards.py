@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from drafters import shards
-from drafters.features import (FeatureExample, FeatureStore, StreamingFeatureStore, extraction_device,
+from drafters.feature_stream import StreamingFeatureStore
+from drafters.features import (FeatureExample, FeatureStore, extraction_device,
                                plan_shards, reading_through, shard_tokens_for, token_bytes)
 from drafters.data.templating import TokenizedExample
 from drafters.objective import schedule_steps
@@ -55,6 +56,21 @@ class Compute:
             out.append(FeatureExample(e.id, torch.tensor(e.input_ids), torch.tensor(e.loss_mask, dtype=torch.bool),
                                       torch.randn(L, H, generator=g).half(), torch.randint(0, 60, (L, 10)).int(),
                                       torch.rand(L, 10).half()))
+        return out
+
+
+class Seeded(Compute):
+    """As Compute, with every tensor a function of the example's id (the same bytes in any part)."""
+
+    def __call__(self, exs):
+        self.seen += [e.id for e in exs]
+        out = []
+        for e in exs:
+            L, g = len(e.input_ids), torch.Generator().manual_seed(int(e.id[2:]))
+            out.append(FeatureExample(e.id, torch.tensor(e.input_ids), torch.tensor(e.loss_mask, dtype=torch.bool),
+                                      torch.randn(L, H, generator=g).half(),
+                                      torch.randint(0, 60, (L, 10), generator=g).int(),
+                                      torch.rand(L, 10, generator=g).half()))
         return out
 
 
@@ -183,6 +199,52 @@ def test_a_failed_upload_stops_the_extraction_before_the_index(tmp_path):
     m = StreamingFeatureStore(tmp_path / "staging", "k", RemoteDir(storage.join(uri, "k")), 150).extract(
         _tokenized(60), done, {})
     assert 0 < len(done.seen) < 60 and m["resumed_shards"] >= 2
+
+
+def test_parts_extract_disjoint_shards_and_the_index_is_written_once_all_have(tmp_path):
+    """Data-parallel extraction: n parts (one per device) each compute a contiguous run of the plan's
+    shards into one cache, in place or streamed to a URI; the index, written once every part has
+    recorded, is the one-task extraction's (timings aside) and the shards are the same bytes."""
+    exs = _tokenized(60)
+    whole = FeatureStore(tmp_path / "one", "k", shard_tokens=100).extract(exs, Seeded(), {"corpus": "toy"})
+    n = len(whole["shards"])
+    assert n >= 8
+    uri = (tmp_path / "bucket").as_uri()
+    for store_of in (lambda: FeatureStore(tmp_path / "parts", "k", shard_tokens=100),
+                     lambda: StreamingFeatureStore(tmp_path / "staging", "k", RemoteDir(storage.join(uri, "k")), 100)):
+        seen = []
+        for i in (2, 0, 1):  # in any order, each on its own device
+            c = Seeded()
+            rec = store_of().extract(exs, c, {"corpus": "toy"}, part=(i, 3))
+            assert [s["file"] for s in rec["shards"]] == [s["file"] for s in whole["shards"][i * n // 3:(i + 1) * n // 3]]
+            assert c.seen == [x for s in rec["shards"] for x in s["ids"]]  # only its own shards computed
+            seen += c.seen
+            assert not store_of().exists()  # no index until every part has recorded
+        assert sorted(seen) == sorted(e.id for e in exs)
+        m = store_of().finish_parts(3)
+        assert store_of().exists() and store_of().manifest() == m
+        drop = ("seconds", "staging_peak_bytes")
+        assert {k: v for k, v in m.items() if k not in drop} == {k: v for k, v in whole.items() if k not in drop}
+        assert m["seconds"] > 0
+    for s in whole["shards"]:
+        want = (tmp_path / "one" / "k" / s["file"]).read_bytes()
+        assert (tmp_path / "parts" / "k" / s["file"]).read_bytes() == want == (tmp_path / "bucket" / "k" / s["file"]).read_bytes()
+    # a part that has not recorded, or parts of another plan, leave no index
+    half = FeatureStore(tmp_path / "half", "k", shard_tokens=100)
+    half.extract(exs, Seeded(), {}, part=(0, 2))
+    with pytest.raises(RuntimeError, match=r"parts \[1\] of 2 have not recorded"):
+        half.finish_parts(2)
+    FeatureStore(tmp_path / "half", "k", shard_tokens=70).extract(exs, Seeded(), {}, part=(1, 2))
+    with pytest.raises(RuntimeError, match="do not make one plan's shards"):
+        half.finish_parts(2)
+    assert not half.exists()
+    # a part restarted after a crash computes only the shards it had not written
+    again = Seeded()
+    (tmp_path / "parts" / "k" / whole["shards"][0]["file"]).unlink()
+    rec = FeatureStore(tmp_path / "parts", "k", shard_tokens=100).extract(exs, again, {}, part=(0, 3))
+    assert again.seen == whole["shards"][0]["ids"] and rec["resumed"] == n // 3 - 1
+    with pytest.raises(ValueError, match="0 <= i < n"):
+        FeatureStore(tmp_path / "x", "k").extract(exs, Seeded(), {}, part=(3, 3))
 
 
 # ------------------------------------------------------------------ reading
@@ -439,3 +501,83 @@ def test_extraction_copies_to_the_host_without_waiting_for_the_device(tmp_path):
             for name in ("sync", "async"):
                 assert (tmp_path / name / "k" / s["file"]).read_bytes() == (tmp_path / "old" / "k" / s["file"]).read_bytes()
     print(counts)
+
+
+def test_the_driver_extracts_in_one_part_a_gpu():
+    """orchestrator/rates/taskgraph.py ``feature_parts``: the driver's features tasks per corpus, the
+    dry run's split (one a GPU, by tokens); one a corpus on CPUs, online or self-distilled."""
+    import dataclasses
+
+    from orchestrator.profile import load_profile
+    from orchestrator.rates.taskgraph import feature_parts
+
+    paper = load_profile("paper")
+    assert feature_parts(paper, 32) == {"mathinstruct": 9, "sharegpt": 23}  # 350 vs 900 tokens an example
+    assert sum(feature_parts(paper, 64).values()) == 64 and feature_parts(paper, 0) == {"mathinstruct": 1,
+                                                                                          "sharegpt": 1}
+    for data in ({"feature_mode": "online"}, {"self_distill": "greedy"}):
+        p = dataclasses.replace(paper, data=dataclasses.replace(paper.data, **data))
+        assert set(feature_parts(p, 32).values()) == {1}
+    assert set(feature_parts(load_profile("smoke"), 8).values()) == {1}  # CPU tasks
+
+
+def test_the_driver_runs_a_corpus_in_parts_then_writes_its_indexes(tmp_path, monkeypatch):
+    """The driver's features stage with 3 parts a corpus (as on a GPU cluster), Ray replaced by
+    calls in this process and the verifier by synthetic features: each corpus's parts get (i, 3),
+    its caches get their indexes only from features_finish_task, and the unit is recorded done."""
+    import dataclasses
+    import types
+
+    from orchestrator import driver as drv
+    from orchestrator.profile import load_profile
+    from workers import tasks
+
+    calls = []
+
+    def features_task(verifier, dtype, corpus, spec_dict, root, online, relay, aux, shards):
+        calls.append((corpus, shards))
+        out = {}
+        for part, exs in (("train", _tokenized(40, seed=1)), ("heldout", _tokenized(6, seed=2))):
+            key = f"{corpus}-{part}-k"
+            FeatureStore(root, key, shard_tokens=60).extract(exs, Seeded(), {"corpus": corpus}, part=shards)
+            out.update({part: key, f"{part}_ids": [e.id for e in exs]})
+        return out
+
+    class Remote:  # ray.remote(...)(fn) and Relay, run at once in this process
+        def __init__(self, fn=None):
+            self.fn = fn
+
+        def __call__(self, fn):
+            return Remote(fn)
+
+        def options(self, **kw):
+            return self
+
+        def remote(self, *a, **kw):
+            return self.fn(*a, **kw) if self.fn else None
+
+    fake_ray = types.SimpleNamespace(remote=lambda **kw: Remote(), get=lambda x: x, kill=lambda x: None)
+    monkeypatch.setattr(drv, "ray", fake_ray)
+    monkeypatch.setattr(drv, "Relay", Remote())
+    monkeypatch.setattr(drv, "wait_relaying", lambda ref, relay, prog: ref)
+    monkeypatch.setattr(drv, "feature_parts", lambda p, gpus: {c: 3 for c in ("mathinstruct", "sharegpt")})
+    monkeypatch.setattr(tasks, "features_task", features_task)
+    monkeypatch.setenv("TASKSPEC_STAGING", str(tmp_path / "staging"))
+    p = load_profile("smoke")
+    p = dataclasses.replace(p, data=dataclasses.replace(p.data, feature_mode="cached"))
+    d = drv.Driver(p, str(tmp_path / "run"))
+    d.verifier_name, d.plan = "v", types.SimpleNamespace(gpus=6)
+    monkeypatch.setattr(d, "_draft_vocab", lambda corpora: None)
+    try:
+        caches = d.stage_features()
+    finally:
+        d.lease.release()
+    assert sorted(calls) == [(c, (i, 3)) for c in ("mathinstruct", "sharegpt") for i in range(3)]
+    root = tmp_path / "run" / "features"
+    for c in ("mathinstruct", "sharegpt"):
+        for part in ("train", "heldout"):
+            m = FeatureStore(root, caches[c][part]).manifest()
+            assert [i for s in m["shards"] for i in s["ids"]] == caches[c][f"{part}_ids"]
+            assert (root / caches[c][part] / "parts" / "2-of-3.json").is_file()
+    units = d.manifest.cells("features")
+    assert len(units) == 2 and all(d.manifest.done(k) for k in units)

@@ -435,7 +435,8 @@ def _downloads(tmp: Path) -> dict:
 @pytest.mark.full  # 5-6 min on 2 cores; its placement of one rank per node is Ray's choice, not asserted
 def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(cluster, s3, tmp_path):
     """The features task streams a corpus's shards to s3:// one by one (its node's disk: at most
-    two shards), and two ranks, one per node, train from it: each downloads exactly the shards the
+    two shards), in two data-parallel parts (a task on each node, then the index), and two ranks,
+    one per node, train from it: each downloads exactly the shards the
     partition of the index gives it (rank 0 also the held-out set), both take the same steps, and
     each node's shard cache stays under its bound (smaller than a rank's share, so shards are
     evicted and fetched again in the second epoch). tests/sharded_training.py runs the job."""

@@ -126,7 +126,7 @@ def shard_cache(cfg, rank: int):
 
 
 class RemoteDir:
-    """One feature cache's directory at a URI, as drafters.features.StreamingFeatureStore writes it."""
+    """One feature cache's directory at a URI, as drafters.feature_stream.StreamingFeatureStore writes it."""
 
     def __init__(self, uri: str):
         self.uri = uri
@@ -144,12 +144,24 @@ class RemoteDir:
         return storage.read_text(storage.join(self.uri, name))
 
 
+def feature_store_at(root: str, key: str):
+    """The store of cache ``key`` under ``root`` as its writer saw it (at a URI: streamed there), to
+    read its parts' records and write its index (FeatureStore.finish_parts)."""
+    from drafters.feature_stream import StreamingFeatureStore
+    from drafters.features import FeatureStore
+
+    if storage.is_uri(root):
+        return StreamingFeatureStore(storage.node_cache(root), key, RemoteDir(storage.join(root, key)))
+    return FeatureStore(root, key)
+
+
 def feature_stores(root: str, model, aux_layers=None, env: dict | None = None):
     """``store_for(local_root, key)`` for drafters.variants.ensure_features: with a URI ``root``
     a StreamingFeatureStore (shards staged under the node mirror, uploaded one by one), else a
     FeatureStore in place. Shards of about 1 GiB for ``model``'s hidden size and aux layers, or
     ``TASKSPEC_FEATURE_SHARD_TOKENS`` tokens; the manifest records the device and dtype."""
-    from drafters.features import FeatureStore, StreamingFeatureStore, shard_tokens_for
+    from drafters.feature_stream import StreamingFeatureStore
+    from drafters.features import FeatureStore, shard_tokens_for
 
     raw = (os.environ if env is None else env).get(SHARD_TOKENS_ENV)
     if raw:

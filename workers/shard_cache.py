@@ -167,8 +167,9 @@ class ShardCache:
 
     def _check_fits(self, s: _Shard) -> None:
         if s.size > self.budget:
-            raise ValueError(f"feature shard {s.ref.rsplit('/', 1)[1]} ({s.size / 2**20:.1f} MiB) does not fit the "
-                             f"node's shard cache ({self.budget / 2**20:.1f} MiB, {ENV}): raise it")
+            name = s.ref.rsplit("/", 1)[1]
+            raise ValueError(f"feature shard {name} ({s.size / 2**20:.1f} MiB) does not fit the node's shard "
+                             f"cache ({self.budget / 2**20:.1f} MiB, {ENV}): raise it")
 
     def _resolve(self, item: tuple) -> _Shard | None:
         """The file ``item`` = (store dir, shard file, bytes, tensors) is on this node; None: in place."""

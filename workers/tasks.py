@@ -21,13 +21,15 @@ from . import artifacts
 from .relay import RelaySender
 
 
-def features_task(verifier, dtype, corpus, spec_dict, root, online=False, relay=None, aux=False):
+def features_task(verifier, dtype, corpus, spec_dict, root, online=False, relay=None, aux=False, shards=None):
     """Extract one corpus's caches under ``root`` (a path or URI), on the task's GPU when it holds
     one (in the profile's dtype), else on the CPU. With a URI the remote copy is the truth: a cache
     whose manifest is there is done; else its shards are computed and uploaded one by one (local
     disk: about two shards), those already there skipped. Progress goes to the worker log and,
     through ``relay``, to the driver log once a minute. ``aux``: the caches also hold EAGLE-3's
-    layers (the reference's three; EAGLE-2/HASS read the rest of them)."""
+    layers (the reference's three; EAGLE-2/HASS read the rest of them). ``shards`` = (i, n): only
+    part i of n of each cache's shards, one part per device (``features_finish_task`` writes the
+    indexes once every part is done)."""
     if online:  # fix the selection here; features are computed later, inside training
         model, tok = load_verifier(verifier, dtype=dtype)
         return online_selection(tok, eos_token_ids(model, tok), corpus, DataSpec(**spec_dict))
@@ -35,7 +37,8 @@ def features_task(verifier, dtype, corpus, spec_dict, root, online=False, relay=
 
     device = extraction_device(ray.get_gpu_ids(), torch.cuda.is_available())
     model, tok = load_verifier(verifier, dtype=dtype, device=device)
-    t0, started, last, sender = time.time(), {}, [time.time()], RelaySender(relay, corpus)
+    tag = corpus if shards is None else f"{corpus} part {shards[0] + 1}/{shards[1]}"
+    t0, started, last, sender = time.time(), {}, [time.time()], RelaySender(relay, tag)
 
     def progress(what: str, done: int, total: int) -> None:  # worker log (dashboard) and the driver log
         now = time.time()
@@ -43,15 +46,25 @@ def features_task(verifier, dtype, corpus, spec_dict, root, online=False, relay=
         last[0] = now
         eta = (now - t) / done * (total - done) if done else float("nan")
         line = f"{what}: {done}/{total}, elapsed {now - t0:.0f}s, ETA {eta:.0f}s"
-        print(f"[features {corpus}] {line}", flush=True)
+        print(f"[features {tag}] {line}", flush=True)
         sender.send(line)
 
     aux_layers = default_aux_layers(model.config.num_hidden_layers) if aux else None
-    print(f"[features {corpus}] verifier on {device} in {model.dtype}", flush=True)
+    print(f"[features {tag}] verifier on {device} in {model.dtype}", flush=True)
     return ensure_features(model, tok, eos_token_ids(model, tok), resolve(verifier).name, corpus,
                            DataSpec(**spec_dict), str(storage.node_cache(root)), progress=progress,
                            aux_layers=aux_layers,
-                           store_for=artifacts.feature_stores(root, model, aux_layers))
+                           store_for=artifacts.feature_stores(root, model, aux_layers), shards=shards)
+
+
+def features_finish_task(root, caches: dict, parts: int) -> dict:
+    """The indexes of a corpus's caches under ``root`` extracted in ``parts`` parts (features_task's
+    ``shards``), once every part is done: no verifier, only the parts' records at the store."""
+    for part in ("train", "heldout"):
+        store = artifacts.feature_store_at(root, caches[part])
+        if not store.exists():
+            store.finish_parts(parts)
+    return caches
 
 
 def initial_task(verifier, dtype, src):

@@ -67,6 +67,18 @@ def split_parts(tokens: dict, slots: int) -> dict:
     return parts
 
 
+def feature_parts(p: Profile, gpus: float) -> dict:
+    """Features tasks per corpus that the driver runs: on a GPU cluster one per GPU the stage's tasks
+    can hold (``gpus`` in all), split between the corpora by their tokens at the stated tokens per
+    example (``split_parts``, as the dry run plans them); one a corpus on CPUs, with online features
+    (nothing to extract) or self-distilled data (every part would distil every example)."""
+    cs, need = corpora(p), p.resources.features.num_gpus
+    if not need or not gpus or p.data.feature_mode == "online" or p.data.self_distill:
+        return {c: 1 for c in cs}
+    tpe = {c: min(t, p.data.max_length) for c, t in ASSUMPTIONS["tokens_per_example"].items()}
+    return split_parts({c: (p.data.n + p.data.heldout) * tpe[c] for c in cs}, int(gpus // need))
+
+
 def _features_tasks(p: Profile, r: Rates, tpe: dict, need: float, gpus: float | None) -> list[Task]:
     """Extraction, one task per corpus, or (``gpus``: a GPU cluster's) data-parallel parts of each
     corpus over every GPU, as many per corpus as its share of the tokens (one task per GPU)."""
