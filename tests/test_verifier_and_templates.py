@@ -52,7 +52,9 @@ def test_a_training_load_has_no_inference_matmul_forms(verifier):
     assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), model.state_dict().values()))
     x = torch.tensor([[1, 504, 3101, 314, 260, 1789, 30]])
     with torch.no_grad():
-        torch.testing.assert_close(plain(x).logits, model(x).logits, rtol=1e-4, atol=1e-4)
+        # float32 over 30 layers: the forms sum in another order. 1e-4 failed once (1 of 344,064 logits
+        # off by 1.15e-4, the tables timed on loaded cores, 2026-12-06); a wrong form is off by far more
+        torch.testing.assert_close(plain(x).logits, model(x).logits, rtol=1e-4, atol=5e-4)
 
 def _masked_spans(ids, mask):
     spans, start = [], None
