@@ -1,4 +1,5 @@
-"""Lossless acceptance walks over a verified tree (pure tensor functions).
+"""Lossless acceptance walks over a verified tree, and a drafter's counterfactual acceptance on the
+verified path (hedge's feedback) (pure tensor functions).
 
 Notation as in the study: p = draft distribution, q = verifier distribution. Index 0 is the root
 (last committed token); tree node i is index i + 1.
@@ -191,3 +192,33 @@ def _path_to(node: int, parents: list[int]) -> list[int]:
         path.append(node)
         node = parents[node - 1] + 1
     return path[::-1]
+
+
+# -- counterfactual acceptance on the verified path (hedge's ``acceptance`` feedback) ----------------
+# Notation here as HedgeSpec's (the reverse of the walks above): p = the verifier's (target's)
+# distribution, q = the drafter's.
+def position_acceptance(q_probs: torch.Tensor, q_ids: torch.Tensor, committed: torch.Tensor,
+                        target: torch.Tensor | None) -> torch.Tensor:
+    """(d,) beta_k: the probability that a drafter's proposal at committed position k is accepted,
+    given the verified prefix before it (HedgeSpec's token acceptance).
+
+    q_probs, q_ids (d, K): the drafter's distribution at each position over K tokens (its draft
+    vocabulary, or a point mass: K = 1, probability 1) and their verifier ids; committed (d,) the
+    committed tokens; target (d, V) the verifier's sampling distribution p at each position, or None
+    at T=0. T > 0: beta_k = sum_x min(p_k(x), q_k(x)) = E_{x ~ q_k}[min(1, p_k(x) / q_k(x))], the
+    acceptance probability of a draft sampled from q_k (for a point mass on x: p_k(x), this engine's
+    rule for one deterministic candidate). T = 0: beta_k = 1 when the drafter's top-1 token is the
+    committed one (p_k is a point mass on it), else 0."""
+    if target is None:
+        top = q_ids.gather(1, q_probs.argmax(-1, keepdim=True))[:, 0]  # (d,)
+        return (top == committed).to(torch.float64)
+    p = target.gather(1, q_ids)  # (d, K)
+    return torch.minimum(p.double(), q_probs.double()).sum(-1)
+
+
+def expected_accepted(beta: torch.Tensor) -> torch.Tensor:
+    """sum_d prod_{k <= d} beta_k: the expected number of positions accepted in sequence (at T=0, how
+    many committed tokens the draft matched before its first miss). beta (..., d) -> (...). A position
+    past the scored ones (past the committed path or the tree's depth) counts 0: the verifier's
+    distribution there was never computed (right-censored: a lower bound for every drafter alike)."""
+    return beta.cumprod(-1).sum(-1)

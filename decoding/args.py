@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .config import GRANULARITIES, SCORES, SWITCH_TO, DecodeConfig, TreeConfig
-from .hedge import PRIORS, RESETS
+from .hedge import FEEDBACKS, LEARNERS, PRIORS, RESETS, TIES
 from .strategies import STRATEGIES
 
 
@@ -36,6 +36,14 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hedge-reset", default="turn",
                    help=f"hedge: one of {list(RESETS)} (fresh weights every turn, or carried across a "
                         "prompt's turns)")
+    p.add_argument("--hedge-learner", default="ftl",
+                   help=f"hedge: one of {list(LEARNERS)} (decoding/hedge.py; HedgeSpec runs normalhedge)")
+    p.add_argument("--hedge-feedback", default="agreement",
+                   help=f"hedge: one of {list(FEEDBACKS)} (depth-1 top-1 agreement, or counterfactual acceptance "
+                        "of each drafter's own draft on the verified path)")
+    p.add_argument("--hedge-ties", default="lower",
+                   help=f"hedge: one of {list(TIES)} (ftl/ucb ties to the lower index, or stay with the current "
+                        "drafter, a seeded draw at the start)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--top-k-sampling", type=int, default=None)
@@ -56,5 +64,6 @@ def decode_config(args) -> DecodeConfig:
         top_k_sampling=args.top_k_sampling, top_p=args.top_p, route_score=args.route_score,
         switch_after=args.switch_after, switch_to=args.switch_to, switch_depth=args.switch_depth,
         hedge_eta=args.hedge_eta, hedge_prior=args.hedge_prior, hedge_reset=args.hedge_reset,
+        hedge_learner=args.hedge_learner, hedge_feedback=args.hedge_feedback, hedge_ties=args.hedge_ties,
         tree=TreeConfig(args.tree_top_k, args.tree_depth, args.tree_total_tokens),
     )

@@ -25,6 +25,7 @@ SWITCH_TO = ("specialist", "merged")
 SWITCH_AFTER = range(1, 6)
 # the strategy options every trace row carries (report columns), in this order
 OPTION_COLUMNS = ("route_score", "switch_after", "switch_to", "switch_depth")
+HEDGE_FIELDS = tuple(f.name for f in dataclasses.fields(HedgeConfig))  # DecodeConfig's hedge_<name> fields
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,9 @@ class DecodeConfig:
     hedge_eta: float = 0.5  # hedge: learning rate (> 0)
     hedge_prior: str = "uniform"  # hedge: uniform | mixed-first (the first drafter starts ahead)
     hedge_reset: str = "turn"  # hedge: fresh weights every turn | carry them across a prompt's turns
+    hedge_learner: str = "ftl"  # hedge: ftl | hedge | normalhedge | ucb (decoding/hedge.py LEARNERS)
+    hedge_feedback: str = "agreement"  # hedge: agreement (depth-1 top-1) | acceptance (counterfactual, multi-step)
+    hedge_ties: str = "lower"  # hedge: ties of ftl/ucb to the lower index | stay with the current drafter
     tree: TreeConfig = field(default_factory=TreeConfig)
 
     def __post_init__(self):
@@ -92,15 +96,16 @@ class DecodeConfig:
                 self.strategy == "depth_adaptive" and self.switch_depth >= self.tree.depth):
             raise ValueError(f"switch_depth must be an int in 1..tree.depth - 1 (tree depth {self.tree.depth}), "
                              f"got {self.switch_depth!r}")
-        HedgeConfig(self.hedge_eta, self.hedge_prior, self.hedge_reset)  # refuses a bad hedge_* field by name
+        _ = self.hedge  # refuses a bad hedge_* field by name
 
     @property
     def hedge(self) -> HedgeConfig:
-        return HedgeConfig(self.hedge_eta, self.hedge_prior, self.hedge_reset)
+        return HedgeConfig(**{k: getattr(self, f"hedge_{k}") for k in HEDGE_FIELDS})
 
     def columns(self) -> dict:
-        """The strategy options as trace columns (OPTION_COLUMNS, every one)."""
-        return {k: getattr(self, k) for k in OPTION_COLUMNS}
+        """The strategy options as trace columns (OPTION_COLUMNS, every one; ``hedge_spec``: the hedge
+        options away from their defaults, "" at them)."""
+        return {k: getattr(self, k) for k in OPTION_COLUMNS} | {"hedge_spec": self.hedge.label}
 
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
@@ -108,5 +113,6 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
 
 def decode_columns(options: Mapping) -> dict:
     """The trace columns of ``options`` (a mapping with DecodeConfig's field names, e.g. a grid
-    cell's): OPTION_COLUMNS, each at DecodeConfig's default where ``options`` lacks it."""
-    return {k: options.get(k, _DEFAULTS[k]) for k in OPTION_COLUMNS}
+    cell's): OPTION_COLUMNS, each at DecodeConfig's default where ``options`` lacks it, and ``hedge_spec``."""
+    hedge = HedgeConfig(**{k: options.get(f"hedge_{k}", _DEFAULTS[f"hedge_{k}"]) for k in HEDGE_FIELDS})
+    return {k: options.get(k, _DEFAULTS[k]) for k in OPTION_COLUMNS} | {"hedge_spec": hedge.label}

@@ -25,7 +25,7 @@ from drafters.eagle3 import Eagle3Drafter
 from drafters.model import FeatureDrafter, KVCache, causal_mask
 from drafters.vocab import DraftHead
 
-from .accept import entropy
+from .accept import entropy, expected_accepted, position_acceptance
 from .cpu import row_aware
 from .config import TreeConfig
 from .tree import DraftTree, expand_frontier, select_nodes
@@ -101,6 +101,43 @@ def agreement_together(proposers: list[Proposer], tokens: torch.Tensor, features
 def can_agree(proposer: Proposer) -> bool:
     """Whether ``agreement_together`` can score the proposer (teacher-forced pass or a scripted one)."""
     return hasattr(proposer, "agree_steps") or hasattr(proposer, "predict")
+
+
+def rollout_together(proposers: list[Proposer], tokens: torch.Tensor, features: torch.Tensor, start: int,
+                     depth: int, temperature: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per proposer, its draft distribution at each of the first ``depth`` committed positions
+    ``tokens[start : start + depth]`` when it drafts along them from the step's root (its own multi-step
+    draft with those tokens as its choices: ``rollout_steps``, in lock step, one head matmul per level
+    per shared head), as (q_probs, q_ids) (depth, K) at ``temperature`` (T=0: at 1; only the argmax is
+    read). A scripted proposer (``predict``) is a point mass on its predictions (K = 1)."""
+    out: list[tuple | None] = [None] * len(proposers)
+    gens: dict[int, Generator] = {}
+    for i, p in enumerate(proposers):
+        if hasattr(p, "rollout_steps"):
+            gens[i] = p.rollout_steps(tokens, features, start, depth, temperature)
+        else:
+            pred = p.predict(tokens, features, start)[:depth].to(tokens.device)
+            out[i] = (torch.ones(depth, 1, device=tokens.device), pred[:, None].long())
+    for i, logp in _lock_step(proposers, gens).items():
+        ids = proposers[i].head.to_verifier(torch.arange(logp.shape[-1], device=logp.device))  # (N,) verifier ids
+        out[i] = (logp.exp(), ids.expand(logp.shape[0], -1))
+    return out  # type: ignore[return-value]
+
+
+def acceptance_together(proposers: list[Proposer], tokens: torch.Tensor, features: torch.Tensor, start: int,
+                        depth: int, target: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """(D,) float64 on the tokens' device: each proposer's counterfactual expected accepted length on
+    the verified path over its first ``depth`` positions (``accept.position_acceptance``,
+    ``accept.expected_accepted``); target (>= depth, V) the verifier's distributions there, None at T=0."""
+    committed = tokens[start : start + depth]
+    tgt = None if target is None else target[:depth]
+    return torch.stack([expected_accepted(position_acceptance(q, ids, committed, tgt))
+                        for q, ids in rollout_together(proposers, tokens, features, start, depth, temperature)])
+
+
+def can_roll_out(proposer: Proposer) -> bool:
+    """Whether ``acceptance_together`` can score the proposer (its own draft, or a scripted one)."""
+    return hasattr(proposer, "rollout_steps") or hasattr(proposer, "predict")
 
 
 def _lock_step(proposers: list[Proposer], gens: dict[int, Generator]) -> dict[int, object]:
@@ -203,6 +240,40 @@ class FeatureDrafterProposer:
                             causal_mask(n - 1 - m, m, dev), cache=self.cache)
         logits = yield h[0, first - m :]  # (c, H) -> (c, N) over the draft vocabulary
         return self.head.to_verifier(logits.argmax(-1))  # (c,) verifier ids
+
+    @torch.no_grad()
+    def rollout_steps(self, tokens: torch.Tensor, features: torch.Tensor, start: int, depth: int,
+                      temperature: float) -> Generator[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Its chain draft along the committed tokens ``tokens[start : start + depth]`` from the step's
+        root ``tokens[start - 1]``, as a coroutine (yields one hidden row (1, H) per position, is sent
+        its head logits, returns (depth, N) log-probs over the draft vocabulary): the root's row as its
+        tree's level 1, then each committed token fed with its own previous output, as its tree's
+        deeper levels feed a node (its own features, not the verifier's: the drift tau measures).
+
+        It feeds the committed pairs its KV cache lacks up to the root's (the catch-up its next draft
+        feeds anyway; the drafter that drafted re-feeds the root's pair), and drops the chain's rows."""
+        n = start - 1  # committed tokens before the root: pairs 0..n-1 are the draft's context
+        if not 1 <= n <= features.shape[0] or depth < 1 or start + depth > tokens.shape[0]:
+            raise ValueError(f"a rollout from start {start} over {depth} positions needs 2 <= start <= "
+                             f"{features.shape[0] + 1} and start + depth <= {tokens.shape[0]}")
+        if len(self.cache) > n - 1:
+            self.cache.crop(n - 1)
+        m = len(self.cache)
+        dev = features.device
+        emb = self.embed(tokens[m + 1 : n + 1].to(dev))  # (n-m, H): x_{i+1} for pairs i = m..n-1
+        h, _ = self.drafter(emb[None], self._context(features[m:n])[None], torch.arange(m, n, device=dev),
+                            causal_mask(n - m, m, dev), cache=self.cache)
+        h = h[0, -1:]  # (1, H): the predicted feature at the root -> the distribution at tokens[start]
+        rows = []
+        for d in range(depth):
+            rows.append(self._logp((yield h), temperature))  # (1, N)
+            if d + 1 < depth:  # feed the committed token at this position with its own output (tree level d + 2)
+                x = self.embed(tokens[start + d : start + d + 1].to(dev))  # (1, H)
+                h, _ = self.drafter(x[None], h[None], torch.full((1,), n + d, device=dev),
+                                    causal_mask(1, len(self.cache), dev), cache=self.cache)
+                h = h[0]
+        self.cache.crop(n)  # the committed context only
+        return torch.cat(rows)
 
     @torch.no_grad()
     def draft_steps(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig,

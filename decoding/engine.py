@@ -96,8 +96,9 @@ class SpeculativeDecoder:
             raise ValueError(f"prompt of {len(input_ids)} tokens + {self.cfg.max_new_tokens} new tokens exceeds the "
                              f"verifier's context of {self.max_positions} positions")
 
-    def _begin_turn(self, input_ids: list[int], gen: torch.Generator) -> tuple:
-        """0. prefill: the prompt enters the verifier cache; its last logits give the first token.
+    def _begin_turn(self, input_ids: list[int], gen: torch.Generator, seed_key: str = "") -> tuple:
+        """0. prefill: the prompt enters the verifier cache; its last logits give the first token; the
+        strategy starts its turn (its own draws seeded from the turn's key, never ``gen``).
         Returns (cache, features (cap, F), tokens on the host, the same tokens on the device)."""
         dev = self.model.device
         cache, feats, logits = self._prefill(input_ids)  # cache, (n, F), (1, V)
@@ -110,6 +111,7 @@ class SpeculativeDecoder:
         tok_dev[: len(tokens)] = to_device(torch.tensor(tokens), dev)
         for p in self.proposers:
             p.reset()
+        self.strategy.seed_turn(prompt_seed(self.cfg.seed, "route:" + seed_key))  # its own draws (hedge)
         self.strategy.start_turn()
         return cache, features, tokens, tok_dev
 
@@ -122,7 +124,7 @@ class SpeculativeDecoder:
         dev = self.model.device
         clock = Clock(dev)
         t_start = clock.mark()
-        cache, features, tokens, tok_dev = self._begin_turn(input_ids, gen)  # 0. prefill
+        cache, features, tokens, tok_dev = self._begin_turn(input_ids, gen, seed_key)  # 0. prefill
         out = tokens[len(input_ids):]
         steps, marks, calls, new_tokens = [], [], 0, 0
         while out[-1] not in self.eos and len(out) < self.cfg.max_new_tokens:
@@ -152,12 +154,14 @@ class SpeculativeDecoder:
             committed = self._committed(acc, tree, len(out))
             c = len(committed)
             self.strategy.observe(len(acc.path))  # acceptance history (switching), a host value already
-            idx = self._commit(cache, features, tok_dev, n, acc, committed, f_tree)
-            # 5. feedback: a strategy that scores its drafters on the committed tokens (hedge's teacher-
-            #    forced passes) runs them here, timed as drafting; its values ride on the step's one read
+            *idx, rows_d = self._commit(cache, features, tok_dev, n, acc, committed, f_tree)
+            # 5. feedback: a strategy that scores its drafters on the committed tokens (hedge's passes) runs
+            #    them here, timed as drafting; its values ride on the step's one read
             last = committed[-1] in self.eos or len(out) + c >= self.cfg.max_new_tokens  # the turn's last step
             t3 = clock.mark()
-            fb = self.strategy.feedback(self.proposers, tok_dev[: n + 1 + c], features[: n + c], n + 1, last)
+            target = q.index_select(0, rows_d) if q is not None and self.strategy.needs_target else None
+            fb = self.strategy.feedback(self.proposers, tok_dev[: n + 1 + c], features[: n + c], n + 1, last,
+                                        target)
             t4 = clock.mark()
             record, fb_vals = self._read(idx, tree, prop, l_tree, q, fb)
             if fb is not None:
@@ -196,7 +200,8 @@ class SpeculativeDecoder:
     def _commit(self, cache, features, tok_dev, n, acc, committed, f_tree) -> tuple:
         """The step's host -> device boundary: one copy of [committed tokens, committed rows, accepted
         path, first rejected node]; the cache, features and device tokens take them. Returns the
-        accepted path and the first rejected node on the device, for ``_read``."""
+        accepted path and the first rejected node on the device, for ``_read``, and the tree rows of
+        the committed tokens' parents (root, accepted nodes), for a strategy's feedback."""
         dev = tok_dev.device
         c = len(committed)
         rows = ([0] + acc.path)[:c]  # [root] + accepted nodes that were committed
@@ -207,7 +212,7 @@ class SpeculativeDecoder:
         commit_path(cache, n, rows, path_index=rows_d)
         features[n : n + c] = f_tree[rows_d]
         tok_dev[n + 1 : n + 1 + c] = tok_c
-        return path_d, rej_d
+        return path_d, rej_d, rows_d
 
     def _read(self, idx, tree, prop, l_tree, q, feedback) -> tuple[list[float], list[float]]:
         """The step's device -> host boundary: one read of the step record's numbers (entropies,
@@ -270,6 +275,7 @@ class SpeculativeDecoder:
             "rejected_verifier_entropy": None if rej is None else ent_q[L],
             # a rejected child exists exactly when the last accepted node has a child
             "depth_accept": [True] * L + ([False] if rej is not None else []),
-            # hedge's feedback: per drafter, how many committed tokens its teacher-forced top-1 predicted
+            # hedge's feedback per drafter: committed tokens its teacher-forced top-1 predicted (agreement),
+            # or its counterfactual expected accepted length on the verified path (acceptance)
             "drafter_agreement": agreement,
         }

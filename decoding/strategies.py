@@ -6,18 +6,20 @@ trees are lossless by masked cross-subtree attention and depth positions (Prop. 
 proposed next experiments are here too: ``switching`` (acceptance history: a tree chosen from past
 steps' outcomes is fixed before its verification) and ``depth_adaptive`` (one composed tree with
 correct parents and depths: lossless under the tree mask like any tree). ``hedge`` is an online
-router: it scores every drafter against the tokens each verification committed and drafts the next
-step from the one its Hedge weights choose (decoding/hedge.py), so it too reads only verified tokens.
+router: it scores drafters against the tokens each verification committed and drafts the next step
+from the one its learner chooses (decoding/hedge.py), so it too reads only verified tokens (and a
+seeded draw independent of the verifier's sampler).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import random
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
 from .config import STRATEGY_NAMES, DecodeConfig, TreeConfig
-from .drafting import Proposer, agreement_together, can_agree, draft_together
-from .hedge import HedgeConfig, hedge_choice, hedge_update, prior_log_weights
+from .drafting import Proposer, acceptance_together, agreement_together, can_agree, can_roll_out, draft_together
+from .hedge import BANDITS, HedgeConfig, acceptance_gains, choose, learn, learn_chosen, start_state, step_losses
 from .tree import DraftTree, graft_trees, merge_trees, rerank
 
 STAT = {"path": 0, "entropy": 1, "node": 2}  # the columns of Proposal.stats
@@ -49,6 +51,12 @@ class Strategy:
         self.dedup, self.budget, self.route_score = cfg.merge_dedup, cfg.merge_budget, cfg.route_score
         self.switch_after, self.switch_to, self.switch_depth = cfg.switch_after, cfg.switch_to, cfg.switch_depth
         self.hedge = cfg.hedge
+        self.rng = random.Random(cfg.seed)  # a strategy's own draws (hedge); the engine reseeds it per turn
+
+    def seed_turn(self, seed: int) -> None:
+        """Called before every turn with a seed of the decode seed and the prompt turn (engine.prompt_seed),
+        for a strategy's own draws: never the verifier's sampler."""
+        self.rng = random.Random(seed)
 
     def check(self, drafters: list[Proposer]) -> None:
         """Refuse drafters the strategy cannot use (called once, before any decoding)."""
@@ -63,10 +71,14 @@ class Strategy:
         """Called once per verifier step with the number of draft tokens it accepted (a host value
         the engine already has: no extra device read)."""
 
-    def feedback(self, drafters: list[Proposer], tokens, features, start: int, last: bool):
+    needs_target = False  # feedback reads the verifier's distributions on the committed path (T > 0)
+
+    def feedback(self, drafters: list[Proposer], tokens, features, start: int, last: bool, target=None):
         """After a step's tokens are committed (``tokens[start:]``; tokens and features as ``propose``
-        gets them, the new root included; ``last``: the turn ends with this step): device values the
-        engine reads with the step record (no read of its own), or None. Timed as drafting."""
+        gets them, the new root included; ``last``: the turn ends with this step; ``target`` (c, V): the
+        verifier's sampling distribution at each committed position when ``needs_target`` and T > 0,
+        else None): device values the engine reads with the step record (no read of its own), or None.
+        Timed as drafting."""
         return None
 
     def learn(self, values: list[float], committed: int) -> None:
@@ -243,46 +255,70 @@ class DepthAdaptive(Confidence):
 
 
 class Hedge(Strategy):
-    """Online routing by Hedge with full information (decoding/hedge.py): after every verification,
-    each drafter's teacher-forced pass over the committed tokens counts how many of them it would
-    have proposed as its top-1 token (``drafting.agreement_together``; one head matmul for all
-    drafters of a head, the counts read with the step record); the weights take the step's losses;
-    the next step drafts only from the drafter of the highest weight. Weights restart at every turn
-    (``reset="turn"``) or every prompt (``"carry"``: carried across its turns); ``prior`` uniform or
-    the first drafter ahead (``"mixed-first"``). The tree is fixed before its verification."""
+    """Online routing (decoding/hedge.py): only the drafter its learner chooses drafts; after every
+    verification the learner takes the step's feedback. Full-information learners (ftl, hedge,
+    normalhedge) score every drafter: ``agreement``, the committed tokens its teacher-forced pass
+    predicts as its top-1 (``drafting.agreement_together``), or ``acceptance``, its counterfactual
+    expected accepted length over the first min(c, tree depth) committed positions from its own
+    multi-step draft along them (``drafting.acceptance_together``; at T > 0 with the verifier's
+    distributions there). The bandit (ucb) sees only the chosen drafter's realised acceptance and runs
+    no feedback pass. Weights restart at every turn (``reset="turn"``) or every prompt (``"carry"``).
+    The tree is fixed before its verification."""
 
     name, min_drafters = "hedge", 2
 
-    def check(self, drafters):
-        bad = [getattr(p, "name", repr(p)) for p in drafters if not can_agree(p)]
-        if bad:
-            raise ValueError(f"strategy 'hedge' scores every drafter by a teacher-forced pass; {bad} cannot "
-                             "be scored (a proposer needs agree_steps or predict)")
+    @property
+    def needs_target(self) -> bool:
+        return self.hedge.feedback == "acceptance" and self.hedge.learner not in BANDITS
 
-    def _restart(self, n: int) -> None:
-        self.log_w = prior_log_weights(n, self.hedge.prior)
+    def check(self, drafters):
+        if self.hedge.learner in BANDITS:
+            return
+        ok, what = (can_agree, "a teacher-forced pass (agree_steps or predict)") if self.hedge.feedback == \
+            "agreement" else (can_roll_out, "its own draft along the committed tokens (rollout_steps or predict)")
+        bad = [getattr(p, "name", repr(p)) for p in drafters if not ok(p)]
+        if bad:
+            raise ValueError(f"strategy 'hedge' with {self.hedge.feedback} feedback scores every drafter by "
+                             f"{what}; {bad} cannot be scored")
 
     def start_prompt(self):
-        self.log_w = None  # set from the number of drafters at the first proposal
+        self.state = None  # set from the number of drafters at the first proposal
 
     def start_turn(self):
-        if self.hedge.reset == "turn" or not hasattr(self, "log_w"):
-            self.log_w = None
+        if self.hedge.reset == "turn" or not hasattr(self, "state"):
+            self.state = None
 
-    def feedback(self, drafters, tokens, features, start, last):
-        if last and self.hedge.reset == "turn":  # the weights restart before they would be used
+    def _state(self, n: int):
+        if getattr(self, "state", None) is None:
+            self.state = start_state(n, self.hedge)
+        return self.state
+
+    def observe(self, accepted_depth):
+        if self.hedge.learner in BANDITS and getattr(self, "state", None) is not None:
+            self.state = learn_chosen(self.state, self.state.current, accepted_depth / self.depth)
+
+    def feedback(self, drafters, tokens, features, start, last, target=None):
+        if self.hedge.learner in BANDITS or (last and self.hedge.reset == "turn"):  # (the weights restart)
             return None
-        return agreement_together(drafters, tokens, features, start)  # (D,) on the device
+        if self.hedge.feedback == "agreement":
+            return agreement_together(drafters, tokens, features, start)  # (D,) on the device
+        depth = min(tokens.shape[0] - start, self.depth)  # scored positions: committed, within the tree's depth
+        return acceptance_together(drafters, tokens, features, start, depth, target, self.temperature)
 
     def learn(self, values, committed):
-        if getattr(self, "log_w", None) is None:
-            self._restart(len(values))
-        self.log_w = hedge_update(self.log_w, values, committed, self.hedge.eta)
+        state = self._state(len(values))
+        if self.hedge.feedback == "agreement":
+            step_losses(values, committed)  # (checks the counts)
+            gains = [a / committed for a in values]  # loss 1 - a/c, the same floats as the first router's
+        else:
+            gains = acceptance_gains(values, self.depth)
+        self.state = learn(state, self.hedge, gains)
 
     def propose(self, drafters, tokens, features, cfg, temperature):
-        if getattr(self, "log_w", None) is None:
-            self._restart(len(drafters))
-        choice = hedge_choice(self.log_w)
+        self.depth, self.temperature = cfg.depth, temperature
+        state = self._state(len(drafters))
+        choice = choose(state, self.hedge, self.rng.random())
+        self.state = replace(state, current=choice)
         trees, stats = self._draft(drafters, tokens, features, cfg, temperature, [choice])
         return Proposal(trees[choice], choice, stats)
 
@@ -314,6 +350,6 @@ def make_strategy(name: str, n_drafters: int, granularity: str = "step", dedup: 
     deep = switch_depth + 1 if isinstance(switch_depth, int) and switch_depth >= TreeConfig.depth else TreeConfig.depth
     cfg = DecodeConfig(strategy=name, routing_granularity=granularity, merge_dedup=dedup,
                        routing_decide_steps=decide_steps, merge_budget=budget, route_score=score,
-                       switch_after=switch_after, switch_to=switch_to, switch_depth=switch_depth, hedge_eta=hedge.eta,
-                       hedge_prior=hedge.prior, hedge_reset=hedge.reset, tree=TreeConfig(depth=deep))
+                       switch_after=switch_after, switch_to=switch_to, switch_depth=switch_depth,
+                       tree=TreeConfig(depth=deep), **{f"hedge_{k}": v for k, v in asdict(hedge).items()})
     return strategy_for(cfg, n_drafters)

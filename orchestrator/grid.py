@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 
 from decoding.config import DecodeConfig
+from decoding.hedge import HedgeConfig
 from drafters.corpora import CORPORA, variant_corpora
 from workers.eval_worker import EvalJob
 
@@ -38,7 +39,8 @@ class MergeCell:
 # EvalCell fields whose default leaves a cell's key as it was before the field existed (a key rule: the
 # values runs had, written out, not DecodeConfig's defaults, which they equal today)
 KEY_DEFAULTS = {"tree": "fixed", "route_score": "path", "switch_after": 2, "switch_to": "specialist",
-                "switch_depth": 2, "decide_steps": None, "prompts": None}
+                "switch_depth": 2, "decide_steps": None, "prompts": None, "hedge_learner": "ftl",
+                "hedge_feedback": "agreement", "hedge_reset": "turn", "hedge_ties": "lower", "hedge_eta": 0.5}
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,11 @@ class EvalCell:
     switch_depth: int = DecodeConfig.switch_depth
     decide_steps: int | None = None  # turn/prompt routing: None = eval.routing_decide_steps
     prompts: int | None = None  # prompts per benchmark; None = eval.benchmarks' count
+    hedge_learner: str = DecodeConfig.hedge_learner  # hedge: decoding/hedge.py's options (the first router's)
+    hedge_feedback: str = DecodeConfig.hedge_feedback
+    hedge_reset: str = DecodeConfig.hedge_reset
+    hedge_ties: str = DecodeConfig.hedge_ties
+    hedge_eta: float = DecodeConfig.hedge_eta
 
     @property
     def key(self) -> str:
@@ -77,12 +84,20 @@ class EvalCell:
         g += f"/k={self.switch_after}" + ("->merged" if self.switch_to == "merged" else "") \
             if self.strategy == "switching" else ""
         g += f"/d={self.switch_depth}" if self.strategy == "depth_adaptive" else ""
+        spec = self.hedge.label if self.strategy == "hedge" else ""
+        g += f"/{spec.replace(', ', '/')}" if spec else ""
         d = "/dedup" if self.merge_dedup else ""
         b = f"@{self.total_tokens}" if self.budget_matched else ""
         a = "[auto]" if self.tree == "auto" else ""
         n = f"[n={self.prompts}]" if self.prompts is not None else ""
         what = f"{self.backbone}:{self.strategy}{g}{d}:{self.drafter}{b}{a}{n}"
         return f"{what}|{self.benchmark}|T={self.temperature:g}"
+
+
+    @property
+    def hedge(self) -> HedgeConfig:
+        return HedgeConfig(eta=self.hedge_eta, reset=self.hedge_reset, learner=self.hedge_learner,
+                           feedback=self.hedge_feedback, ties=self.hedge_ties)
 
 
 ROUTED_STRATEGIES = ("confidence", "entropy", "switching", "depth_adaptive")
@@ -98,7 +113,9 @@ def decode_config(p: Profile, cell: EvalCell) -> DecodeConfig:
                         routing_decide_steps=e.routing_decide_steps if cell.decide_steps is None else cell.decide_steps,
                         merge_dedup=cell.merge_dedup, merge_budget=cell.strategy == "merged" and cell.budget_matched,
                         route_score=cell.route_score, switch_after=cell.switch_after, switch_to=cell.switch_to,
-                        switch_depth=cell.switch_depth, tree=tree)
+                        switch_depth=cell.switch_depth, hedge_learner=cell.hedge_learner,
+                        hedge_feedback=cell.hedge_feedback, hedge_reset=cell.hedge_reset, hedge_ties=cell.hedge_ties,
+                        hedge_eta=cell.hedge_eta, tree=tree)
 
 
 def eval_job(p: Profile, cell: EvalCell) -> EvalJob:
@@ -186,8 +203,12 @@ def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
             for to in e.switch_to:
                 out.append(mk(backbone=b, drafter=pair_name, strategy="switching", drafters=pair, switch_after=k,
                               switch_to=to, **per_prompt))
-    if "hedge" in e.strategies:  # the online router over the route pair (decoding/hedge.py), at its defaults
-        out.append(mk(backbone=b, drafter=pair_name, strategy="hedge", drafters=pair))
+    if "hedge" in e.strategies:  # the online router over the route pair (decoding/hedge.py), per learner x reset
+        for learner in e.hedge_learners:
+            for reset in e.hedge_resets:
+                out.append(mk(backbone=b, drafter=pair_name, strategy="hedge", drafters=pair,
+                              hedge_learner=learner, hedge_reset=reset, hedge_feedback=e.hedge_feedback,
+                              hedge_ties=e.hedge_ties, hedge_eta=e.hedge_eta))
     if "depth_adaptive" in e.strategies and e.mixed_variant in variants:  # (mixed, specialists), one budget
         out.append(mk(backbone=b, drafter=f"{e.mixed_variant}+{pair_name}", strategy="depth_adaptive",
                       drafters=(f"{b}-{e.mixed_variant}", *pair), switch_depth=e.switch_depth, **per_prompt))

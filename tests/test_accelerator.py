@@ -267,11 +267,15 @@ NEXT = {  # the study's proposed next experiments: (case, DecodeConfig fields)
     "switching-merged-dedup": (("switching", 2, "step", True, False), {"switch_after": 1, "switch_to": "merged"}),
     "depth_adaptive": (("depth_adaptive", 3, "step", False, False), {"switch_depth": 1}),
     "hedge-carry": (("hedge", 3, "step", False, False), {"hedge_reset": "carry"}),  # 3 drafters scored per step
+    # issue 64: every drafter's rollout on the verified path, scored against the verifier's rows (T > 0)
+    "hedge-acceptance": (("hedge", 3, "step", False, False), {"hedge_learner": "normalhedge",
+                                                              "hedge_feedback": "acceptance", "hedge_ties": "stay"}),
 }
 
 
 # the rest in make test-full
-NEXT_DEFAULT = {("switching-merged-dedup", 0.0), ("depth_adaptive", 1.0), ("hedge-carry", 0.0)}
+NEXT_DEFAULT = {("switching-merged-dedup", 0.0), ("depth_adaptive", 1.0), ("hedge-carry", 0.0),
+                ("hedge-acceptance", 1.0)}
 
 
 @pytest.mark.slow

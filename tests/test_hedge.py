@@ -11,6 +11,7 @@ the device budget (tests/test_accelerator.py) run hedge beside the other strateg
 from __future__ import annotations
 
 import math
+from dataclasses import asdict
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from decoding.hedge import (PRIOR_LEAD, HedgeConfig, hedge_choice, hedge_update,
 from decoding.strategies import make_strategy
 from decoding.config import TreeConfig
 from decoding.tree import chain_tree
+from orchestrator.grid import EvalCell
 from drafters.data.templating import benchmark_prompt_ids
 from tests.helpers import ConstantProposer, OracleProposer
 from tests.test_lossless import greedy_reference
@@ -335,6 +337,23 @@ def test_hedge_samples_the_verifier_distribution_when_its_choice_follows_the_sam
     assert all((c == 1) == (out[1] == first.get(out[0], (None,))[0]) for out, c in later)
 
 
+@pytest.mark.slow
+def test_normalhedge_on_acceptance_samples_the_verifier_distribution(verifier, eos, joint, joint3):
+    """NormalHedge on counterfactual acceptance (issue 64): the first step's drafter is a seeded draw
+    (ties stay, nothing known yet), later ones a draw from weights that read the verifier's
+    distributions on the committed path. The first three tokens over N seeds follow the verifier's
+    exact joint, and both drafters draft a first step somewhere (no built-in favourite)."""
+    model, _ = verifier
+    ids, triples, second = joint3
+    outs, runs = _samples(model, eos, ids, [Garbage(), Likely(joint[2], second)], 3, strategy="hedge",
+                          hedge_learner="normalhedge", hedge_feedback="acceptance", hedge_ties="stay")
+    stat, bound = chi2(outs, triples)
+    assert stat <= bound, f"normalhedge: chi-square {stat:.1f} > {bound:.1f} against the verifier's joint law"
+    assert {r.steps[0]["chosen_drafter"] for r in runs} == {0, 1}
+    scored = [s for r in runs for s in r.steps if s["drafter_agreement"]]
+    assert scored and all(0 <= a <= min(s["committed"], 2) for s in scored for a in s["drafter_agreement"])
+
+
 # -- the grid: a profile asks for hedge by name -----------------------------------------------------
 def test_a_profile_asks_for_hedge_and_gets_one_cell_over_the_route_pair():
     from orchestrator.grid import eval_cells
@@ -347,3 +366,29 @@ def test_a_profile_asks_for_hedge_and_gets_one_cell_over_the_route_pair():
     assert all(c.drafters == tuple(f"{c.backbone}-{v}" for v in p.eval.route_pair) for c in cells)
     with pytest.raises(ProfileError, match=r"\['hedge'\] need two drafters"):
         load_profile("smoke", ["eval.strategies=[hedge]", "train.variants=[math]", "merge.kinds=[]"])
+
+
+def test_a_profile_names_its_learners_and_the_first_routers_keys_stay():
+    """One cell per learner x reset, each with the profile's feedback, ties and eta; the first router's
+    cell (ftl on agreement, ties lower, reset turn) keeps the key and label it had."""
+    from orchestrator.grid import eval_cells
+    from orchestrator.profile import ProfileError, load_profile
+
+    plain = load_profile("smoke", ["eval.strategies=[single, hedge]"])
+    base = [c for c in eval_cells(plain) if c.strategy == "hedge"]
+    p = load_profile("smoke", ["eval.strategies=[single, hedge]", "eval.hedge_learners=[ftl, normalhedge, ucb]",
+                               "eval.hedge_resets=[turn, carry]", "eval.hedge_feedback=acceptance",
+                               "eval.hedge_ties=stay"])
+    cells = [c for c in eval_cells(p) if c.strategy == "hedge"]
+    assert len(cells) == 6 * len(base)
+    assert {(c.hedge_learner, c.hedge_reset) for c in cells} == {(a, b) for a in ("ftl", "normalhedge", "ucb")
+                                                                 for b in ("turn", "carry")}
+    assert all(c.hedge_feedback == "acceptance" and c.hedge_ties == "stay" for c in cells)
+    first = base[0]
+    assert first.hedge_learner == "ftl" and first.hedge_feedback == "agreement" and ":hedge:" in first.label
+    assert first.key == EvalCell(**{k: v for k, v in asdict(first).items() if not k.startswith("hedge_")}).key
+    assert len({c.key for c in cells}) == len(cells)
+    for bad, match in (("eval.hedge_learners=[exp4]", "hedge_learners"), ("eval.hedge_ties=first", "hedge_ties"),
+                       ("eval.hedge_eta=0", "hedge_eta")):
+        with pytest.raises(ProfileError, match=match):
+            load_profile("smoke", ["eval.strategies=[single, hedge]", bad])

@@ -283,14 +283,19 @@ CASES = {  # id: (proposers, DecodeConfig fields)
     # hedge (tests/test_hedge.py): its weights carried across MT-Bench's turns; over four heads, the first ahead
     "hedge-carry": ("four", 2, dict(strategy="hedge", hedge_reset="carry")),
     "hedge-mixed-first-4": ("four", 4, dict(strategy="hedge", hedge_prior="mixed-first", hedge_eta=2.0)),
+    # issue 64's learners: NormalHedge on counterfactual acceptance (a seeded draw from its weights, ties stay),
+    # Hedge with eta carried across turns, and the bandit (the chosen drafter's acceptance only)
+    "hedge-normalhedge-acceptance-3": ("four", 3, dict(strategy="hedge", hedge_learner="normalhedge",
+                                                       hedge_feedback="acceptance", hedge_ties="stay")),
+    "hedge-hedge-acceptance-carry": ("four", 2, dict(strategy="hedge", hedge_learner="hedge", hedge_eta=2.0,
+                                                     hedge_feedback="acceptance", hedge_reset="carry")),
+    "hedge-ucb": ("four", 2, dict(strategy="hedge", hedge_learner="ucb", hedge_ties="stay")),
 }
+FULL_CASES = ("switching-k1", "depth_adaptive-s1", "hedge-mixed-first-4", "hedge-hedge-acceptance-carry")
 
 
-@pytest.mark.slow  # (switching-k1, depth_adaptive-s1, hedge-mixed-first-4: the other cases cover their code,
-#                     make test-full runs them)
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.full)
-                                  if c in ("switching-k1", "depth_adaptive-s1", "hedge-mixed-first-4")
-                                  else c for c in CASES])
+@pytest.mark.slow  # (FULL_CASES: the other cases cover their code, make test-full runs them)
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.full) if c in FULL_CASES else c for c in CASES])
 def test_new_strategies_match_generate(verifier, eos, four_proposers, refs, case):
     model, tok = verifier
     group, n, fields = CASES[case]
@@ -312,11 +317,15 @@ def test_new_strategies_match_generate(verifier, eos, four_proposers, refs, case
     if fields["strategy"] == "depth_adaptive":
         assert chosen <= {1, 2} and all(s["tree_size"] == TREE.total_tokens - 1 for s in steps)
     if fields["strategy"] == "hedge":  # one drafter drafts; every drafter is scored on every step (reset
-        #                                 per turn: but the turn's last, 3 turns in all)
+        #                                 per turn: but the turn's last, 3 turns in all); the bandit on none
         scored = [s for s in steps if s["drafter_agreement"]]
-        assert len(steps) - len(scored) == (0 if fields.get("hedge_reset") == "carry" else 3)
+        unscored = len(steps) if fields.get("hedge_learner") == "ucb" else \
+            0 if fields.get("hedge_reset") == "carry" else 3
+        assert len(steps) - len(scored) == unscored
         assert chosen <= set(range(n)) and all(len(s["drafter_agreement"]) == n for s in scored)
-        assert all(0 <= a <= s["committed"] for s in scored for a in s["drafter_agreement"])
+        most = (lambda s: min(s["committed"], TREE.depth)) if fields.get("hedge_feedback") == "acceptance" \
+            else (lambda s: s["committed"])
+        assert all(0 <= a <= most(s) for s in scored for a in s["drafter_agreement"])
     else:
         assert all(s["drafter_agreement"] == [] for s in steps)
 

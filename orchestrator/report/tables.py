@@ -15,12 +15,13 @@ LAMBDA_REFS = ("math", "chat", "mixed_half", "mixed_full")  # Figure 6's referen
 
 # trace columns a run may lack (written before they existed), with the value they had then
 CELL_DEFAULTS = {"tree": "fixed", "route_score": "path", "switch_after": 2, "switch_to": "specialist",
-                 "switch_depth": 2}
+                 "switch_depth": 2, "hedge_spec": ""}
 
 
 def method_expr(names=None) -> pl.Expr:
     """A row label per composition: specialist name, merge name, routing(granularity[, node][, N heads]),
-    merged, switching(k=K[, to merged]), depth_adaptive(d=D). ``names``: the frame's columns (a column
+    merged, switching(k=K[, to merged]), depth_adaptive(d=D), hedge(step) (the first online router) or
+    hedge(<its options>) (decoding/hedge.py's label). ``names``: the frame's columns (a column
     of CELL_DEFAULTS it lacks reads as its default; None: all of them do)."""
     def col(c):
         return pl.col(c) if names is not None and c in names else pl.lit(CELL_DEFAULTS[c])
@@ -41,6 +42,7 @@ def method_expr(names=None) -> pl.Expr:
         .when(s == "switching").then(pl.lit("switching(k=") + col("switch_after").cast(pl.Utf8) + to + pl.lit(")"))
         .when(s == "depth_adaptive").then(
             pl.lit("depth_adaptive(d=") + col("switch_depth").cast(pl.Utf8) + pl.lit(")"))
+        .when((s == "hedge") & (col("hedge_spec") != "")).then(pl.lit("hedge(") + col("hedge_spec") + pl.lit(")"))
         .otherwise(s + pl.lit("(") + g + node + heads + pl.lit(")"))
     ) + auto
 
