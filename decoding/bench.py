@@ -41,7 +41,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategies", default="autoregressive,single,confidence,entropy,merged,merged-dedup",
                    help="comma list of strategies; 'single' drafts with the first --drafter, 'single@I' "
                         "with the I-th (from 0); 'posthoc': the study's post hoc router over the first two "
-                        "(both generate, the higher mean path score is kept, the row pays both)")
+                        "(both generate, the higher mean path score is kept, the row pays both); 'hindsight': "
+                        "the same keeping the higher tau (the oracle ceiling; neither is lossless at T>0)")
     p.add_argument("--oracle-depths", default="3,5,8", help="oracle chain depths ('' = none)")
     p.add_argument("--micro", action="store_true", help="also time verify passes by node count and draft levels")
     p.add_argument("--repeats", type=int, default=1, help="time every row this many times (median ratio, range)")
@@ -126,10 +127,11 @@ def posthoc_score(steps: list[dict]) -> float:
     return total / nodes if nodes else 0.0
 
 
-def time_posthoc(decoders, inputs, baseline, refs=None, classify=None) -> Timing:
+def time_posthoc(decoders, inputs, baseline, refs=None, classify=None, score=posthoc_score) -> Timing:
     """The post hoc router as the study's code ran it (not deployable: it sees finished generations):
     per prompt every ``single`` decoder generates, the one of the highest ``posthoc_score`` is kept
-    (ties to the first), and the row pays the wall time of all of them."""
+    (ties to the first), and the row pays the wall time of all of them. ``score=hindsight_score``:
+    the hindsight oracle (the higher tau kept), a ceiling. At T>0 neither is lossless."""
     t = Timing()
     for pid, ids in inputs:
         ref, gen_s = baseline(ids)
@@ -139,7 +141,7 @@ def time_posthoc(decoders, inputs, baseline, refs=None, classify=None) -> Timing
             t0 = time.perf_counter()
             runs.append(dec.generate(ids, seed_key=pid))
             t.wall += time.perf_counter() - t0
-        r = max(runs, key=posthoc_score)  # the first of equal scores
+        r = max(runs, key=lambda x: score(x.steps))  # the first of equal scores
         t.toks, t.calls, t.new = t.toks + len(r.output_token_ids), t.calls + r.verifier_calls, \
             t.new + len(r.output_token_ids) - 1
         t.tree += sum(s["tree_size"] for s in r.steps)
@@ -148,6 +150,14 @@ def time_posthoc(decoders, inputs, baseline, refs=None, classify=None) -> Timing
         t.prompts += 1
     t.checked = refs is not None
     return t
+
+
+def hindsight_score(steps: list[dict]) -> float:
+    """The hindsight oracle's score of one generation: its tau (tokens committed per verifier call)."""
+    return sum(s["committed"] for s in steps) / len(steps) if steps else 0.0
+
+
+AFTER = {"posthoc": posthoc_score, "hindsight": hindsight_score}  # rows that choose between finished generations
 
 
 def parse_spec(spec: str) -> tuple[str, bool, int]:
@@ -160,8 +170,8 @@ def parse_spec(spec: str) -> tuple[str, bool, int]:
         if not strat[7:].isdigit():
             raise ValueError(f"--strategies entry {spec!r}: single@I takes a drafter index I >= 0")
         strat, first = "single", int(strat[7:])
-    if strat not in STRATEGIES and strat != "posthoc":
-        raise ValueError(f"--strategies entry {spec!r}: choose from {sorted(STRATEGIES) + ['posthoc']} "
+    if strat not in STRATEGIES and strat not in AFTER:
+        raise ValueError(f"--strategies entry {spec!r}: choose from {sorted(STRATEGIES) + list(AFTER)} "
                          "(merged-dedup, single@I)")
     return strat, dedup, first
 
@@ -373,15 +383,16 @@ def reference_runs(run: BenchRun) -> None:
     print(HEADER)
 
 
-def bench_posthoc(run: BenchRun) -> None:
-    """The ``posthoc`` row: the first two drafters' ``single`` decoders, ``time_posthoc``."""
+def bench_posthoc(run: BenchRun, spec: str = "posthoc") -> None:
+    """The ``posthoc`` (``hindsight``) row: the first two drafters' ``single`` decoders, ``time_posthoc``."""
     from .engine import SpeculativeDecoder
 
     cfg = dataclasses.replace(run.base, strategy="single")
     decs = [SpeculativeDecoder(run.model, [p], cfg, run.eos) for p in run.proposers[:2]]
     refs = run.refs if run.base.temperature == 0 else None
-    runs = [time_posthoc(decs, run.inputs, run.run_gen, refs, run.classify) for _ in range(run.args.repeats)]
-    _row(f"posthoc {cfg.tree.top_k}/{cfg.tree.depth}/{cfg.tree.total_tokens}", runs)
+    runs = [time_posthoc(decs, run.inputs, run.run_gen, refs, run.classify, AFTER[spec])
+            for _ in range(run.args.repeats)]
+    _row(f"{spec} {cfg.tree.top_k}/{cfg.tree.depth}/{cfg.tree.total_tokens}", runs)
 
 
 def _auto_shape(run: BenchRun, spec: str, props: list, cfg):
@@ -402,8 +413,8 @@ def bench_spec(run: BenchRun, spec: str) -> None:
     for ``autoregressive`` on the lean pass the same loop through transformers' forward."""
     from .engine import SpeculativeDecoder
 
-    if spec == "posthoc":
-        bench_posthoc(run)
+    if spec in AFTER:
+        bench_posthoc(run, spec)
         return
     strat, dedup, first = parse_spec(spec)
     n = {"autoregressive": 0, "single": 1, "depth_adaptive": 3, "hedge": len(run.proposers)}.get(strat, 2)

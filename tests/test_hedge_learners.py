@@ -254,3 +254,31 @@ def test_rollout_is_the_drafters_own_multi_step_draft(verifier, random_drafter_d
         hook.remove()
     shared = props[0].head is props[1].head
     assert calls == ([2, 2, 2] if shared else [1, 1, 1]), calls
+
+
+# -- the bench's rows that choose between finished generations ------------------------------------
+def test_bench_keeps_the_higher_scored_generation_and_pays_both():
+    """``posthoc`` keeps the generation of the higher mean path score V, ``hindsight`` the higher tau;
+    both pay every decoder's wall time (the decoders here return finished turns)."""
+    from decoding.bench import hindsight_score, posthoc_score, time_posthoc
+    from decoding.engine import TurnResult
+
+    def step(committed, v):
+        return {"committed": committed, "accepted_path_confidence": [v] * (committed - 1), "offpath_confidence_sum":
+                0.0, "offpath_nodes": 0, "tree_size": 4, "t_draft_s": 0.0}
+
+    class Fixed:
+        def __init__(self, out, steps):
+            self.res = TurnResult(out, len(steps), sum(s["committed"] for s in steps), 0.0, steps)
+
+        def generate(self, ids, seed_key=""):
+            return self.res
+
+    sure_short = Fixed([1, 2, 3], [step(2, 0.9), step(1, 0.9)])  # tau 1.5, V 0.9
+    long_unsure = Fixed([1, 2, 3, 4, 5], [step(3, 0.2), step(2, 0.2)])  # tau 2.5, V 0.2
+    inputs, base = [("p", [0])], (lambda ids: ([1, 2], 1.0))
+    assert posthoc_score(sure_short.res.steps) == pytest.approx(0.9)
+    assert hindsight_score(long_unsure.res.steps) == pytest.approx(2.5)
+    post = time_posthoc([sure_short, long_unsure], inputs, base)
+    hind = time_posthoc([sure_short, long_unsure], inputs, base, score=hindsight_score)
+    assert (post.toks, hind.toks) == (3, 5) and post.prompts == hind.prompts == 1
