@@ -134,6 +134,62 @@ def test_hedge_is_compared_with_the_home_specialist_per_benchmark_the_post_hoc_r
         assert r["verdict_holm"] in (expected, "inconclusive (Holm)") and "own online router" in r["study"]
 
 
+NH, UCB = "hedge(normalhedge, acceptance, ties=stay)", "hedge(ucb, bandit, ties=stay)"
+
+
+@pytest.mark.parametrize("tau,expected", [(3.0, "holds"), (2.0, "does not hold")])
+def test_hedge_is_compared_with_the_bandit_and_the_hindsight_oracle(tau, expected):
+    """Each full-information learner against the bandit (UCB) and against the hindsight oracle; the
+    bandit is not compared with itself; at T=1 the oracle's rows carry ‡ (it picks between samples)."""
+    from orchestrator.report.routers import LOSSY_MARK, ORACLE
+
+    pp = _pp({NH: tau, UCB: 2.5, ORACLE: 2.5, "math": 2.5, "chat": 2.5})
+    cl = check_claims(pp, None, None)
+    (r,) = _rows(cl, "hedge-bandit").iter_rows(named=True)
+    assert r["comparison"] == f"{NH} - {UCB}, average (tau)" and r["verdict"] == expected
+    oracle = _rows(cl, "hedge-oracle")
+    assert sorted(oracle["comparison"]) == [f"{NH} - {ORACLE}, average (tau)", f"{UCB} - {ORACLE}, average (tau)"]
+    hot = _rows(check_claims(pp.with_columns(pl.lit(1.0).alias("temperature")), None, None), "hedge-oracle")
+    assert all(c.endswith(f"{ORACLE} {LOSSY_MARK}, average (tau)") for c in hot["comparison"]), hot["comparison"]
+
+
+def test_the_hindsight_oracle_keeps_each_prompts_better_specialist_and_pays_both():
+    from orchestrator.report.routers import ORACLE, oracle_rows, with_posthoc
+
+    pp = _pp({"math": (2.5, 0), "chat": (2.5, 1), HEDGE: 2.5}).with_columns(
+        pl.col("method").alias("drafter"),
+        pl.when(pl.col("method") == HEDGE).then(pl.lit("hedge")).otherwise(pl.lit("single")).alias("strategy"))
+    rows = oracle_rows(pp)
+    assert rows.height == 2 * N and set(rows["method"]) == {ORACLE} and set(rows["strategy"]) == {"oracle"}
+    wide = pp.pivot(on="method", index=["benchmark", "prompt_id"], values="new_tokens")
+    best = wide.select("benchmark", "prompt_id", pl.max_horizontal("math", "chat").alias("best"))
+    got = rows.join(best, on=["benchmark", "prompt_id"])
+    assert (got["new_tokens"] == got["best"]).all() and (rows["wall_time_s"] == 2.0).all()
+    assert set(rows["routing_choice"]) == {0, 1}
+    assert ORACLE in set(with_posthoc(pp, None)["method"])  # a run with hedge cells gets it
+    assert ORACLE not in set(with_posthoc(pp.filter(pl.col("strategy") != "hedge"), None)["method"])
+
+
+def test_every_t1_verdict_row_on_the_post_hoc_router_carries_the_lossy_mark():
+    """RQ3a, RQ3b, merged-best and hedge-posthoc at T=1 compare with the post hoc router, which picks
+    between finished samples: the comparison carries ‡, the verdict table and the summary grid say
+    what it means; at T=0 nothing is marked."""
+    from orchestrator.report.routers import LOSSY_MARK, NOT_LOSSLESS, POSTHOC
+    from orchestrator.report.summary import claims_grid
+    from orchestrator.report.verdicts import verdict_table
+
+    pp = _pp({POSTHOC: 2.7, "merged": 2.8, "math": 2.5, "chat": 2.3, HEDGE: 2.5})
+    for temp in (0.0, 1.0):
+        cl = check_claims(pp.with_columns(pl.lit(temp).alias("temperature")), None, None)
+        on = cl.filter(pl.col("comparison").str.contains(POSTHOC, literal=True))
+        assert set(on["claim"]) >= {"RQ3a", "RQ3b", "merged-best", "hedge-posthoc"}, set(on["claim"])
+        marked = [LOSSY_MARK in c for c in on["comparison"]]
+        assert all(marked) if temp else not any(marked), on["comparison"].to_list()
+        assert (NOT_LOSSLESS in verdict_table(cl)) == bool(temp)
+        grid = claims_grid(cl.filter(pl.col("claim") == "RQ3a"))
+        assert grid[f"hass T={temp:g}"][0].endswith(LOSSY_MARK) == bool(temp)
+
+
 def test_hedge_claims_are_listed_as_not_run_without_hedge_cells():
     cl = check_claims(_pp({"math": 2.5, "chat": 2.5}), None, None)
     for claim in ("hedge-home", "hedge-posthoc", "hedge-merged", "hedge-speed"):

@@ -5,7 +5,8 @@ from pathlib import Path
 
 import polars as pl
 
-from .routers import NOT_DEPLOYABLE, POSTHOCS
+from .labels import AFTER_THE_FACT
+from .routers import LOSSY_MARK, NOT_DEPLOYABLE, lossless
 from .tables import lambda_of
 
 
@@ -37,9 +38,12 @@ def fig_tau(t1: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path | 
         lo = [sub[m]["tau"] - sub[m]["tau_lo"] if m in sub and sub[m]["tau_lo"] == sub[m]["tau_lo"] else 0 for m in methods]
         hi = [sub[m]["tau_hi"] - sub[m]["tau"] if m in sub and sub[m]["tau_hi"] == sub[m]["tau_hi"] else 0 for m in methods]
         ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=b)
-    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(methods))], methods, rotation=35, ha="right")
+    names = [m if lossless(m, temp) else f"{m} {LOSSY_MARK}" for m in methods]
+    ax.set_xticks([i + 0.4 - w / 2 for i in range(len(methods))], names, rotation=35, ha="right")
     ax.set_ylabel("acceptance length τ (tokens per verifier call)")
-    ax.set_title(f"{backbone}: acceptance length by drafter / composition (T={temp:g}, 95% CI)")
+    lossy = f"; {LOSSY_MARK} not lossless at T>0 (picks between finished samples)" if names != methods else ""
+    ax.set_title(f"{backbone}: acceptance length by drafter / composition (T={temp:g}, 95% CI{lossy})",
+                 fontsize=10 if lossy else None)
     ax.axhline(1.0, color="grey", lw=0.8, ls=":")
     ax.legend(title="benchmark")
     fig.tight_layout()
@@ -139,14 +143,14 @@ def fig_depth(depth: pl.DataFrame, backbone: str, temp: float, path: Path) -> Pa
     return path
 
 
-def speed_bars(s: pl.DataFrame) -> list[tuple[str, float, str, str]]:
+def speed_bars(s: pl.DataFrame, temp: float = 0.0) -> list[tuple[str, float, str, str]]:
     """(label, speedup, colour, hatch) per bar: green at or above the baseline, red below, and the
-    post hoc router hatched grey with a † (it decodes with both specialists to choose one afterwards,
-    so its time is not a deployable method's)."""
+    post hoc router (and the hindsight oracle) hatched grey with a † (it decodes with both specialists
+    to choose one afterwards, so its time is not a deployable method's), and a ‡ at T>0 (not lossless)."""
     out = []
     for b, m, v in zip(s["backbone"], s["method"], s["speedup"]):
-        if m in POSTHOCS:
-            out.append((f"{b}:{m} †", v, "lightgrey", "//"))
+        if m in AFTER_THE_FACT:
+            out.append((f"{b}:{m} †" + ("" if lossless(m, temp) else f" {LOSSY_MARK}"), v, "lightgrey", "//"))
         else:
             out.append((f"{b}:{m}", v, "tab:green" if v >= 1 else "tab:red", ""))
     return out
@@ -160,7 +164,7 @@ def fig_speed(sp: pl.DataFrame, temp: float, path: Path) -> Path | None:
     if s.is_empty():  # nothing timed against a baseline (e.g. a grid without the autoregressive cell)
         return None
     plt = _plt()
-    bars = speed_bars(s)
+    bars = speed_bars(s, temp)
     fig, ax = plt.subplots(figsize=(max(7, 0.5 * s.height), 4.8))
     for i, (_, v, colour, hatch) in enumerate(bars):
         ax.bar(i, v, color=colour, hatch=hatch, edgecolor="dimgrey" if hatch else colour)
@@ -170,7 +174,8 @@ def fig_speed(sp: pl.DataFrame, temp: float, path: Path) -> Path | None:
         from matplotlib.patches import Patch
 
         handles.append(Patch(facecolor="lightgrey", hatch="//", edgecolor="dimgrey",
-                             label=f"† post hoc router: {NOT_DEPLOYABLE}"))
+                             label=f"† post hoc router: {NOT_DEPLOYABLE}"
+                             + (f"; {LOSSY_MARK} not lossless at T>0" if temp > 0 else "")))
     ax.set_xticks(range(s.height), [b[0] for b in bars], rotation=40, ha="right")
     ax.set_ylabel(f"speedup over {base.split(' ')[0]} (×)")  # short: the legend names the baseline in full
     ax.set_title(f"Measured speedup, mean over benchmarks (T={temp:g})")

@@ -7,6 +7,10 @@ from __future__ import annotations
 POSTHOC = "confidence(post hoc)"  # the study's code's router exactly (its Table 1 numbers)
 POSTHOC_NODE = "confidence(post hoc, node)"  # the project's earlier reading of it: c(v), first rejected child
 POSTHOCS = (POSTHOC, POSTHOC_NODE)
+# the better specialist of the route pair per prompt, in hindsight (by its tau): the ceiling of a router over
+# the pair (hedge's), not a method: not deployable, and at T>0 not lossless (it picks between two samples)
+ORACLE = "oracle(hindsight)"
+AFTER_THE_FACT = (*POSTHOCS, ORACLE)  # the methods that choose between finished generations
 PROMPT_NODE = "confidence(prompt, node)"  # the study's text's router: once per prompt, mean c(v)
 HEADS = "entropy(turn, 4 heads)"  # the study's code's entropy router over math, chat, mixed, averaged
 LAST_TURN = ", last turn)"  # Table 2's variant of a per-turn router: the prompt's choice is its last turn's

@@ -18,23 +18,41 @@ from __future__ import annotations
 
 import polars as pl
 
-from .labels import HEADS, HEADS_LAST, LAST_TURN, POSTHOC, POSTHOC_NODE, POSTHOCS, PROMPT_NODE
+from .labels import (AFTER_THE_FACT, HEADS, HEADS_LAST, LAST_TURN, ORACLE, POSTHOC, POSTHOC_NODE, POSTHOCS,
+                     PROMPT_NODE)
 from .steps import as_summary
 from .study_tables import other_of
 from .tables import KEYS, MATH_BENCH
 
 NOT_DEPLOYABLE = "not deployable (sees both whole generations)"
 LOSSY_MARK = "‡"
-NOT_LOSSLESS = (f"{LOSSY_MARK} not lossless at T>0: a post hoc router chooses between finished samples by a "
-                "function of those samples, so its output is no longer a sample of the verifier's distribution "
-                "(at T=0 both generations are the verifier's greedy output, so the choice changes only "
-                "acceptance). Every other strategy and router here decides from tokens already verified or "
-                "before verification, and is lossless at every temperature.")
+NOT_LOSSLESS = (f"{LOSSY_MARK} not lossless at T>0: a post hoc router (and the hindsight oracle) chooses between "
+                "finished samples by a function of those samples, so its output is no longer a sample of the "
+                "verifier's distribution and a comparison with it is selection-biased in its favour (at T=0 both "
+                "generations are the verifier's greedy output, so the choice changes only acceptance). Every "
+                "other strategy and router here decides from tokens already verified or before verification, and "
+                "is lossless at every temperature.")
 
 
 def lossless(method: str, temperature: float) -> bool:
     """Whether a method's output is the verifier's (greedy at T=0, its distribution at T>0)."""
-    return not (method in POSTHOCS and temperature > 0)
+    return not (method in AFTER_THE_FACT and temperature > 0)
+
+
+def mark_lossy(temperature: pl.Expr | float = pl.col("temperature"), column: str = "method") -> pl.Expr:
+    """``column`` with LOSSY_MARK on the methods not lossless at ``temperature`` (a column or a number)."""
+    temp = temperature if isinstance(temperature, pl.Expr) else pl.lit(temperature)
+    lossy = pl.col(column).is_in(list(AFTER_THE_FACT)) & (temp > 0)
+    return pl.when(lossy).then(pl.col(column) + f" {LOSSY_MARK}").otherwise(pl.col(column)).alias(column)
+
+
+def mark_comparison(text: str, temperature: float) -> str:
+    """A comparison's words with LOSSY_MARK after every method in it that is not lossless at ``temperature``."""
+    if temperature <= 0 or LOSSY_MARK in text:
+        return text
+    for m in sorted(AFTER_THE_FACT, key=len, reverse=True):  # (no name is inside another: each ends its ")")
+        text = text.replace(m, f"{m} {LOSSY_MARK}")
+    return text
 
 
 TIE = 0.01  # the study's near-tie margin
@@ -54,12 +72,18 @@ DESCRIBE = {
     "confidence(step)": "the project's own: every verifier call, on the mean path confidence V",
     "confidence(prompt)": "the project's own: once per prompt, on the mean path confidence V",
     "entropy(step)": "the project's own: every verifier call, the lower mean draft entropy",
+    ORACLE: "the ceiling of a router over the pair: per prompt, the specialist whose run had the higher tau, "
+            "chosen in hindsight; " + NOT_DEPLOYABLE,
 }
 
 
 def describe(method: str) -> str:
     if method in DESCRIBE:
         return DESCRIBE[method]
+    if method.startswith("hedge("):
+        return ("the project's online router (decoding/hedge.py): only the chosen drafter drafts, the learner "
+                "reads verified tokens; deployable and lossless" + ("" if method == "hedge(step)" else
+                                                                    f"; options: {method[6:-1]}"))
     if method.startswith("switching("):
         return ("the study's proposed next experiment: starts as the text's router, switches after k steps "
                 "with nothing accepted")
@@ -121,11 +145,37 @@ def posthoc_rows(pp: pl.DataFrame, steps, pair=("math", "chat"),
     return rows.select([c for c in pp.columns if c in rows.columns] + ["posthoc_margin", "posthoc_tie_fallback"])
 
 
+def oracle_rows(pp: pl.DataFrame, pair=("math", "chat")) -> pl.DataFrame:
+    """ORACLE's per-prompt rows: of the pair's two single runs of a prompt, the one with the higher tau
+    over its turns (ties: the pair's first), chosen in hindsight; ``routing_choice`` indexes ``drafter``
+    = "a+b", ``wall_time_s`` is both runs' (it decodes both). Empty without both runs."""
+    a, b = pair
+    on = ["backbone", "temperature", "benchmark", "prompt_id"]
+    runs = pp.filter(pl.col("method").is_in([a, b]) & (pl.col("verifier_calls") > 0))
+    if runs.is_empty():
+        return pl.DataFrame()
+    tau = pl.col("new_tokens") / pl.col("verifier_calls")
+    side = lambda m: runs.filter(pl.col("method") == m).select(  # noqa: E731
+        *on, tau.alias(f"_tau_{m}"), pl.col("wall_time_s").alias(f"_w_{m}"))
+    better = pl.when(pl.col(f"_tau_{b}") > pl.col(f"_tau_{a}")).then(pl.lit(b)).otherwise(pl.lit(a))
+    dec = side(a).join(side(b), on=on, how="inner").select(
+        *on, better.alias("_method"), (pl.col(f"_w_{a}") + pl.col(f"_w_{b}")).alias("_wall"))
+    rows = (runs.join(dec, left_on=on + ["method"], right_on=on + ["_method"], how="inner")
+            .with_columns((pl.col("method") == b).cast(pl.Int64).alias("routing_choice"),
+                          pl.lit(ORACLE).alias("method"), pl.lit(f"{a}+{b}").alias("drafter"),
+                          pl.lit("oracle").alias("strategy"), pl.col("_wall").alias("wall_time_s"))
+            .drop("_wall").sort(on))
+    return rows.select([c for c in pp.columns if c in rows.columns])
+
+
 def with_posthoc(pp: pl.DataFrame, steps, pair=("math", "chat"), mixed: str = "mixed_full") -> pl.DataFrame:
     """``pp`` plus both post hoc routers' rows (POSTHOC, POSTHOC_NODE) where the run has what each needs
-    (``steps``: a step frame or its StepSummary, read once for both)."""
+    (``steps``: a step frame or its StepSummary, read once for both), and, in a run with hedge cells,
+    ORACLE's (the hindsight ceiling of a router over the pair)."""
     steps = as_summary(steps)
     rows = [r for r in (posthoc_rows(pp, steps, pair, mixed, m) for m in POSTHOCS) if r.height]
+    if "strategy" in pp.columns and pp.filter(pl.col("strategy") == "hedge").height:
+        rows += [r for r in (oracle_rows(pp, pair),) if r.height]
     return pl.concat([pp, *rows], how="diagonal_relaxed") if rows else pp
 
 

@@ -11,7 +11,8 @@ from . import figures
 from .labels import ROUTED, SPEED_ROUTED
 from .markdown import md_table, p_text
 from .prose import CLAIMS_NOTE, LAMBDA_NOTE, SPEED_NOTE, STUDY_NOTE, TABLE2_NOTE
-from .routers import LOSSY_MARK, NOT_DEPLOYABLE, NOT_LOSSLESS, POSTHOC, POSTHOCS, describe, is_router, lossless
+from .routers import (LOSSY_MARK, NOT_DEPLOYABLE, NOT_LOSSLESS, POSTHOC, POSTHOCS, describe, is_router, lossless,
+                      mark_lossy)
 from .study_tables import comparison_note
 from .tables import lambda_table, table1_wide
 
@@ -22,8 +23,8 @@ def routers_section(by_prompt: pl.DataFrame) -> list[str]:
     """What each router and composition of the run is, by name (the post hoc one marked not deployable)."""
     if "strategy" not in by_prompt.columns:
         return []
-    names = sorted(set(by_prompt.filter(is_router() | pl.col("strategy").is_in(["switching", "depth_adaptive"]))
-                       ["method"].to_list()))
+    names = sorted(set(by_prompt.filter(is_router() | pl.col("strategy").is_in(
+        ["switching", "depth_adaptive", "hedge", "oracle"]))["method"].to_list()))
     if not names:
         return []
     rows = pl.DataFrame({"method": names, "what it is": [describe(m) for m in names],
@@ -82,9 +83,12 @@ def figures_section(t1: pl.DataFrame, speed: pl.DataFrame, entropy: pl.DataFrame
 
 def marked_method(temperature: float) -> pl.Expr:
     """The method column with LOSSY_MARK on the methods not lossless at ``temperature``."""
-    lossy = [m for m in POSTHOCS if not lossless(m, temperature)]
-    return (pl.when(pl.col("method").is_in(lossy)).then(pl.col("method") + f" {LOSSY_MARK}")
-            .otherwise(pl.col("method")).alias("method"))
+    return mark_lossy(temperature)
+
+
+def marked(df: pl.DataFrame) -> pl.DataFrame:
+    """A table for people: its ``method`` marked per row's ``temperature`` (mark_lossy); as it is without them."""
+    return df.with_columns(mark_lossy()) if {"method", "temperature"} <= set(df.columns) else df
 
 
 def table1_section(t1: pl.DataFrame, backbones: list[str], temps: list[float]) -> list[str]:
@@ -114,8 +118,11 @@ def appendix(run_name: str, t1: pl.DataFrame, tables: dict[str, pl.DataFrame]) -
     """Every claim comparison, the wordings, the study's numbers beside ours, Tables 2-8 and the speed of
     every cell. ``tables``: the report's tables by their file name (build.py)."""
     claims, study = tables["claims"], tables["study_vs_ours"]
-    ours = study.filter(pl.col("our_tau").is_not_null())
-    return [f"# Appendix to the report for `{run_name}`\n",
+    ours = marked(study.filter(pl.col("our_tau").is_not_null()))
+    shown = [marked(tables[k]) for k in ("table2_routing", "speed")]
+    lossy = any(LOSSY_MARK in str(v) for t in (ours, *shown) if "method" in t.columns for v in t["method"]) or \
+        any(LOSSY_MARK in str(v) for v in (claims["comparison"] if "comparison" in claims.columns else []))
+    return [f"# Appendix to the report for `{run_name}`\n", *([NOT_LOSSLESS + "\n"] if lossy else []),
             "## Claims of the study, checked on this run (every comparison)\n",
             CLAIMS_NOTE,
             md_table(p_text(claims.select(*CLAIM_COLUMNS)) if not claims.is_empty() else claims),
@@ -126,11 +133,11 @@ def appendix(run_name: str, t1: pl.DataFrame, tables: dict[str, pl.DataFrame]) -
             STUDY_NOTE + comparison_note(t1) + "\n",
             md_table(ours if ours.height else study.head(0)),
             "## Table 2 — routing decisions per prompt, every router by name\n", TABLE2_NOTE,
-            md_table(tables["table2_routing"]),
+            md_table(shown[0]),
             "## Tables 3–4 — entropy (nats) of accepted vs first-rejected tokens\n",
             md_table(tables["table3_4_entropy"]),
             "## Tables 5–8 — acceptance rate by depth\n", md_table(tables["table5_8_depth"]),
             "## Tables 5–8, deeper levels (depth > 5; the study's tables stop at 5)\n",
             md_table(tables["table5_8_depth_deeper"]),
             "## Wall-clock speed, every cell (same run, same machine)\n", SPEED_NOTE,
-            md_table(tables["speed"].select(*SPEED_COLUMNS))]
+            md_table(shown[1].select(*SPEED_COLUMNS))]

@@ -7,7 +7,8 @@ import polars as pl
 from .claims import MIN_PROMPTS, STUDY
 from .markdown import md_table
 from .prose import CLAIMS_SUMMARY, RQ3C_SCALE, routing_headline
-from .routers import LOSSY_MARK, NOT_LOSSLESS, POSTHOCS, is_router
+from .labels import AFTER_THE_FACT
+from .routers import LOSSY_MARK, NOT_LOSSLESS, is_router
 from .tables import GENERATE
 from .verdicts import estimate_text, hidden_reasons, verdict_shown, verdict_word
 
@@ -43,6 +44,8 @@ def claims_grid(cl: pl.DataFrame) -> pl.DataFrame:
             cell += hidden_reasons(g)
         if has_study and (g["study_consistent"].fill_null(True) == False).any():  # noqa: E712
             cell += " †"
+        if "comparison" in g.columns and any(LOSSY_MARK in str(c) for c in g["comparison"].to_list()):
+            cell += f" {LOSSY_MARK}"  # compared with a method not lossless at this temperature
         rows.setdefault(claim, {"claim": claim})[col] = cell
     return pl.DataFrame([{c: r.get(c, "—") for c in ["claim", *cols]} for r in rows.values()])
 
@@ -100,7 +103,7 @@ def _tau_by_column(t1: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
 def _tau_section(t1: pl.DataFrame) -> list[str]:
     """The headline τ table, the post hoc router's T>0 cells marked not lossless."""
     wide, hot = _tau_by_column(t1)
-    wide = wide.with_columns(pl.when(pl.col("method").is_in(list(POSTHOCS)) & (pl.col(c) != "—"))
+    wide = wide.with_columns(pl.when(pl.col("method").is_in(list(AFTER_THE_FACT)) & (pl.col(c) != "—"))
                              .then(pl.col(c) + f" {LOSSY_MARK}").otherwise(pl.col(c)).alias(c) for c in hot)
     more = max(0, wide.height - HEADLINE_ROWS)
     md = ["**Acceptance length τ**: ours (in brackets `tau_taps`, τ as the study's code computes the numbers "
@@ -116,6 +119,9 @@ def _claims_section(cl: pl.DataFrame) -> list[str]:
     md = [CLAIMS_SUMMARY]
     ran = cl.filter(~pl.col("verdict").str.contains("not in this run", literal=True))
     md.append(md_table(claims_grid(ran)) if ran.height else "_no claim has cells in this run_\n")
+    if "comparison" in ran.columns and any(LOSSY_MARK in str(c) for c in ran["comparison"].to_list()):
+        md.append(f"{LOSSY_MARK} in a verdict cell: a comparison there is with a method not lossless at that "
+                  f"temperature. {NOT_LOSSLESS}\n")
     idle = [c for c in dict.fromkeys(cl["claim"].to_list()) if c not in set(ran["claim"].to_list())]
     if idle:
         md.append(f"Not checked (no cells in this run; `tables/claims.csv` says what each needs): "

@@ -9,6 +9,8 @@ import re
 
 import polars as pl
 
+from .routers import LOSSY_MARK, NOT_LOSSLESS
+
 COLUMNS = ("claim", "family", "backbone", "temperature", "benchmark", "comparison", "prompts", "estimate",
            "ci_lo", "ci_hi", "verdict", "verdict_holm", "wording")
 
@@ -73,6 +75,8 @@ def verdict_table(cl: pl.DataFrame) -> str:
             r["comparison"], r["prompts"], estimate_text(r["estimate"], r["ci_lo"], r["ci_hi"]), r["verdict"], holm,
             r["wording"])) + " |")
     out = "\n".join(lines) + "\n"
+    if any(LOSSY_MARK in str(c) for c in ran["comparison"].to_list()):
+        out += f"\n{NOT_LOSSLESS}\n"
     if not_run.height:
         out += "\nNot checked in this run (what each needs):\n\n"
         for claim, g in not_run.group_by("claim", maintain_order=True):

@@ -13,6 +13,7 @@ from typing import Callable
 
 import polars as pl
 
+from ..routers import mark_comparison
 from ..stats import paired_avg_diff_ci, paired_diff_ci, verdict
 from ..steps import StepSummary
 from ..tables import aligned, timed
@@ -158,7 +159,9 @@ class Claim:
     def row(self, backbone: str, temp: float, what: str, est, lo, hi, v: str, n: int | None = None,
             p: float | None = None, study: dict | None = None, bench: str | None = None,
             family: str | None = None) -> Row:
-        """One comparison; a conclusive verdict on fewer than MIN_PROMPTS prompts reads inconclusive."""
+        """One comparison; a conclusive verdict on fewer than MIN_PROMPTS prompts reads inconclusive. A
+        method not lossless at ``temp`` (a post hoc router, the hindsight oracle at T>0) carries ‡ in it."""
+        what = mark_comparison(what, temp)
         if n is not None and n < MIN_PROMPTS and v != "inconclusive" and not v.startswith("inconclusive ("):
             v = f"inconclusive (n={n} < {MIN_PROMPTS} prompts)"
         ev = study or evidence()

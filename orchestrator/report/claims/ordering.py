@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from ..labels import ORACLE
 from ..stats import B_TEST, data_rng, kendall_tau_b
 from . import study
 from .claim import STUDY, Cell, Claim, Row
@@ -60,7 +61,8 @@ def _ordering(claim: Claim, cell: Cell, seed: int = 0) -> list[Row]:
     sub = cell.prompts.filter((pl.col("temperature") == temp) & pl.col("backbone").is_in(list(pair))
                               & (pl.col("verifier_calls") > 0))
     per_bb = [set(sub.filter(pl.col("backbone") == bb)["method"].to_list()) for bb in pair]
-    methods = sorted(m for m in per_bb[0] & per_bb[1] if "@" not in m and "[" not in m and m != "autoregressive")
+    methods = sorted(m for m in per_bb[0] & per_bb[1] if "@" not in m and "[" not in m
+                     and m not in ("autoregressive", ORACLE))
     if len(methods) < 3:
         return []
     nums, dens = _per_benchmark(sub, pair, methods)
