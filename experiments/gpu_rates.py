@@ -3,7 +3,7 @@
 and evaluation alike; orchestrator/rates/gpu.py).
 
     bash experiments/gpu_rates.sh                 # one CUDA GPU: the full Llama-3-8B shape (installs first)
-    bash experiments/gpu_rates.sh --dry           # the same code on the CPU at a tiny shape (the test suite's)
+    bash experiments/gpu_rates.sh --dry           # the same code on the CPU at a tiny shape (the suite's)
 
 The verifier is built once, here, with Llama-3-8B-Instruct's shape (32 layers, hidden 4096, GQA 32/8,
 128,256-token vocabulary) in bf16, random with a planted near-bigram next token
@@ -76,8 +76,9 @@ class Context:
         t = self.profile.eval.tree
         self.tree = tuple(args.tree or (t.top_k, t.depth, t.total_tokens))
         self.experiment = _experiment
+        cpu = platform.processor() or platform.machine()
         self.device_name = (torch.cuda.get_device_name() if self.device.startswith("cuda")
-                            else f"cpu ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)")
+                            else f"cpu ({cpu}, {os.cpu_count()} cores)")
 
     def build(self) -> float:
         """The verifier, its data, prompts and a random HASS drafter; returns the seconds it took."""
@@ -134,8 +135,8 @@ class Context:
         """The built verifier's sizes in orchestrator/costs.py's form (what sizing estimates from)."""
         m = self.load_plain_verifier()
         c = m.config
-        return {"params": sum(p.numel() for p in m.parameters()), "hidden": c.hidden_size, "vocab": c.vocab_size,
-                "heads": c.num_attention_heads, "kv_heads": c.num_key_value_heads,
+        return {"params": sum(p.numel() for p in m.parameters()), "hidden": c.hidden_size,
+                "vocab": c.vocab_size, "heads": c.num_attention_heads, "kv_heads": c.num_key_value_heads,
                 "intermediate": c.intermediate_size, "layers": c.num_hidden_layers}
 
     def vocab_file(self, size: int | None) -> str | None:
@@ -149,8 +150,9 @@ class Context:
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=10).stdout.strip() or "unknown"
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 
@@ -192,14 +194,17 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", default=None, help="the rates file (default: WORKDIR/gpu-rates.json)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--stands-for", default=None,
-                    help="the profile verifier these rates stand for (default: llama3-8b-instruct at the full shape)")
-    ap.add_argument("--tree", type=int, nargs=3, default=None, help="top_k depth total_tokens (default: the profile's)")
+                    help="the profile verifier these rates stand for (default: llama3-8b-instruct at the "
+                         "full shape)")
+    ap.add_argument("--tree", type=int, nargs=3, default=None,
+                    help="top_k depth total_tokens (default: the profile's)")
     ap.add_argument("--n-prompts", type=int, default=1, help="per benchmark (gsm8k, mt_bench)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--packing", default="1,2,4")
     ap.add_argument("--backbones", default="eagle2,hass,eagle3")
     ap.add_argument("--train-tokens", default="350,900", help="micro-batch lengths (MathInstruct, ShareGPT)")
-    ap.add_argument("--train-steps", type=int, default=8, help="timed steps per row (after two warm-up steps)")
+    ap.add_argument("--train-steps", type=int, default=8,
+                    help="timed steps per row (after two warm-up steps)")
     ap.add_argument("--feature-examples", type=int, default=96)
     return ap
 
@@ -224,7 +229,8 @@ def main(argv=None) -> int:
     args = _parser().parse_args(argv)
     _settle(args)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
-        print("error: no CUDA device; --device cpu --shape small runs the same code on the CPU", file=sys.stderr)
+        print("error: no CUDA device; --device cpu --shape small runs the same code on the CPU",
+              file=sys.stderr)
         return 2
     gp = _experiment("gpu_rates_parts")
     ctx = Context(args)

@@ -78,7 +78,8 @@ def test_the_paper_dry_run_reads_the_file_and_names_it_as_each_rates_source(dry_
 
 
 def _file(**parts) -> dict:
-    return {"kind": "gpu-rates", "format": 1, "date": "2026-12-06 00:00 UTC", "commit": "abc", "device": "NVIDIA H100",
+    return {"kind": "gpu-rates", "format": 1, "date": "2026-12-06 00:00 UTC", "commit": "abc",
+            "device": "NVIDIA H100",
             "shape": "llama3-8b", "full_shape": True, "stands_for": "llama3-8b-instruct",
             "verifier_dtype": "bfloat16", "parts": parts}
 
@@ -96,7 +97,8 @@ def test_the_reader_turns_rows_into_rates_and_keeps_what_it_did_not_measure_assu
     assert r.measured and r.train_tokens_per_s["eagle2"] == pytest.approx(1250 / 0.125)
     assert r.train_tokens_per_s["hass"] == est.train_tokens_per_s["hass"]  # not measured: the assumption
     assert "hass assumed" in r.sources["train"]
-    assert r.eval_steps_per_s == {"*": pytest.approx(1 / 0.060)} and r.generate_tokens_per_s == pytest.approx(40)
+    assert r.eval_steps_per_s == {"*": pytest.approx(1 / 0.060)}
+    assert r.generate_tokens_per_s == pytest.approx(40)
     assert r.features_tokens_per_s == est.features_tokens_per_s and r.eval_tau == est.eval_tau
     assert any("features: not in the file" in n for n in r.notes)
     assert 0 < r.packing["t_dev_s"] < 0.060
