@@ -534,3 +534,50 @@ def test_the_paper_profiles_fetched_checkpoints_fit_well_inside_each_nodes_stagi
     launcher = yaml.safe_load(LAUNCHER.read_text())
     [disk] = launcher["available_node_types"]["gpu_worker"]["node_config"]["BlockDeviceMappings"]
     assert budget <= disk["Ebs"]["VolumeSize"] * 1e9 / 2**30 / 4
+
+
+def _run_init(tmp_path, devices: str, mounted: tuple = ()) -> list[str]:
+    """The launcher's initialization command under stubs: lsblk lists ``devices``, mountpoint says yes
+    only for ``mounted``, sudo records its commands instead of running them. Returns them."""
+    [cmd] = yaml.safe_load(LAUNCHER.read_text())["initialization_commands"]
+    bin_dir, log = tmp_path / "bin", tmp_path / "sudo.log"
+    bin_dir.mkdir(parents=True)
+    yes = " ".join(mounted or ["none"])
+    stubs = {"lsblk": f"printf '{devices}'", "sudo": f'echo "$*" >> {log}',
+             "mountpoint": f'for m in {yes}; do [ "$2" = "$m" ] && exit 0; done; exit 1'}
+    for name, body in stubs.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    r = subprocess.run(["bash", "-c", cmd], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return log.read_text().splitlines() if log.exists() else []
+
+
+def test_gpu_nodes_stage_on_their_instance_store_nvme(tmp_path):
+    """The GPU worker's staging dir (feature shards, fetched checkpoints, epochs) is the node's NVMe:
+    the host's initialization assembles the instance-store drives into one RAID-0 at /mnt/nvme (or
+    bind-mounts the AMI's own NVMe mount), a node with none gets a plain directory; the container
+    mounts it at TASKSPEC_STAGING, and the shard budget plus the checkpoint budget fit the plan's
+    node disk (resources.node.disk_gb, p4de's 8 x 1,000 GB)."""
+    from orchestrator.profile import load_profile
+
+    two = "/dev/nvme0n1 Amazon Elastic Block Store\\n/dev/nvme1n1 Amazon EC2 NVMe Instance Storage\\n" \
+          "/dev/nvme2n1 Amazon EC2 NVMe Instance Storage\\n"
+    cmds = _run_init(tmp_path / "a", two)
+    assert cmds[0] == ("mdadm --create /dev/md/nvme --level=0 --force --run --raid-devices=2 "
+                       "/dev/nvme1n1 /dev/nvme2n1")
+    assert "mount /dev/md/nvme /mnt/nvme" in cmds and cmds[-2:] == [
+        "mkdir -p /mnt/nvme/taskspec-staging", "chmod 1777 /mnt/nvme/taskspec-staging"]
+    assert _run_init(tmp_path / "b", "/dev/nvme0n1 Amazon Elastic Block Store\\n")[0] == \
+        "mkdir -p /mnt/nvme/taskspec-staging"  # the head: no drives, nothing formatted
+    dlami = _run_init(tmp_path / "c", two, mounted=("/opt/dlami/nvme",))
+    assert "mount --bind /opt/dlami/nvme /mnt/nvme" in dlami and not any("mdadm" in c for c in dlami)
+    assert _run_init(tmp_path / "d", two, mounted=("/mnt/nvme",))[0] == "mkdir -p /mnt/nvme/taskspec-staging"
+    cfg = yaml.safe_load(LAUNCHER.read_text())
+    opts = cfg["available_node_types"]["gpu_worker"]["docker"]["worker_run_options"]
+    staging = next(o.split("=", 1)[1] for o in cfg["docker"]["run_options"] if "TASKSPEC_STAGING=" in o)
+    assert f"-v /mnt/nvme/taskspec-staging:{staging}" in opts
+    shards_gib = float(next(o.split("=", 1)[1] for o in opts if "TASKSPEC_FEATURE_CACHE_GB=" in o))
+    p = load_profile("paper")
+    assert (shards_gib + p.resources.eval.checkpoint_disk_gb) * 2**30 / 1e9 <= 0.75 * p.resources.node.disk_gb
