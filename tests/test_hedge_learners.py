@@ -18,7 +18,7 @@ from decoding.config import DecodeConfig, TreeConfig
 from decoding.hedge import (HedgeConfig, acceptance_gains, choose, learn, learn_chosen, normalhedge_scale,
                             normalhedge_weights, start_state, ucb_scores, weights)
 from decoding.strategies import make_strategy
-from decoding.tree import chain_tree
+from tests.test_hedge import Scripted
 
 TREE = TreeConfig(top_k=3, depth=3, total_tokens=10)
 
@@ -133,20 +133,8 @@ def test_gains_and_options_are_checked_by_name():
 
 
 # -- the strategy with scripted proposers ----------------------------------------------------------
-class Scripted:
-    """Drafts a fixed chain; its own draft along the committed tokens predicts ``guess`` everywhere."""
-
-    def __init__(self, owner, guess):
-        self.owner, self.guess, self.name = owner, guess, f"s{owner}"
-
-    def reset(self):
-        pass
-
-    def draft(self, tokens, features, cfg, temperature):
-        return chain_tree([[self.guess, self.guess]], self.owner)
-
-    def predict(self, tokens, features, start):
-        return torch.full((tokens.shape[0] - start,), self.guess, dtype=torch.long)
+# Scripted (tests/test_hedge.py): drafts a fixed chain; its own draft along the committed tokens
+# predicts ``guess`` everywhere
 
 
 def _step(s, props, committed, accepted=0, target=None):
