@@ -15,7 +15,7 @@ from . import packing
 from . import rates as rates_mod
 from .costs import ASSUMPTIONS, VERIFIERS
 from .grid import BENCHMARK_SIZES, cell_prompts, eval_cells, train_cells
-from .makespan import STAGE_ORDER, schedule
+from .makespan import GRAPH_BARRIERS, STAGE_ORDER, schedule
 from .plan import Cluster, actors_per_gpu, derive, eval_cpu_problem, parse_cluster
 from .profile import Profile
 from .rates import overheads
@@ -28,24 +28,28 @@ def fmt(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds < 3 * 3600 else f"{seconds / 3600:.1f} h"
 
 
-def _run(tasks: list, devices: float, caps: dict, release: bool = False) -> dict:
-    """The graph scheduled with barriers (as the driver runs) and without; per stage its span and its
-    billed, allocated and busy device-hours. ``release``: the report bills the devices only until the
-    autoscaler returns them (ASSUMPTIONS' idle_release_s)."""
-    s = schedule(tasks, devices, caps, barriers=True)
+def _run(tasks: list, devices: float, caps: dict, release: bool = False, graph: bool = False) -> dict:
+    """The graph scheduled as the driver runs it (``graph``: training after every cache, merges and
+    evaluation on what is ready, cluster.schedule; else stage after stage) and the other way; per stage its span, and its
+    allocated and busy device-hours; billed per stage when the stages do not overlap. ``release``:
+    the report bills the devices only until the autoscaler returns them (ASSUMPTIONS' idle_release_s)."""
+    staged = schedule(tasks, devices, caps, barriers=True)
     free = schedule(tasks, devices, caps, barriers=False)
+    s = schedule(tasks, devices, caps, barriers=GRAPH_BARRIERS) if graph else staged
     spans = {st: b - a for st, (a, b) in s["stages"].items()}
     held = {st: spans.get(st, 0.0) for st in STAGE_ORDER}
     if release:
         held["report"] = min(held["report"], ASSUMPTIONS["idle_release_s"])
-    billed = {st: devices * held[st] / 3600 for st in STAGE_ORDER}
+    billed = None if graph else {st: devices * held[st] / 3600 for st in STAGE_ORDER}  # (spans overlap)
     used = {st: s["stage_busy"].get(st, 0.0) / 3600 for st in STAGE_ORDER}
     busy = {st: s["stage_device"].get(st, 0.0) / 3600 for st in STAGE_ORDER}
-    total_billed = devices * (s["makespan"] - spans.get("report", 0.0) + held["report"]) / 3600
-    return {"devices": devices, "caps": caps, "stages": spans, "total": s["makespan"],
-            # (a pipelined driver may keep the stage order too: greedy list scheduling without the
-            # barriers can come out a little longer, an anomaly of the heuristic, not of the graph)
-            "pipelined": min(free["makespan"], s["makespan"]), "billed": billed, "used": used, "busy": busy,
+    report_start = s["stages"]["report"][0] if "report" in s["stages"] else s["makespan"]
+    total_billed = devices * (report_start + held["report"]) / 3600
+    return {"devices": devices, "caps": caps, "stages": spans, "total": s["makespan"], "graph": graph,
+            "staged": staged["makespan"],
+            # (greedy list scheduling without the barriers can come out a little longer than with
+            # them, an anomaly of the heuristic, not of the graph: the bound is the shorter)
+            "pipelined": min(free["makespan"], staged["makespan"]), "billed": billed, "used": used, "busy": busy,
             "billed_total": total_billed, "used_total": s["busy"] / 3600, "busy_total": sum(busy.values()),
             "utilisation": s["busy"] / 3600 / total_billed if total_billed else 0.0}
 
@@ -74,13 +78,15 @@ def on_cluster(p: Profile, r: rates_mod.Rates, cluster: Cluster) -> dict:
     devices = float(cluster.nodes * cluster.gpus)
     tasks = rates_mod.tasks(pc, r, gpus=devices, actors=plan.eval.units)
     caps = {"train": plan.train.units, "eval": plan.eval.units, "merge": 1}
-    return _run(tasks, devices, caps, release=True) | {"cluster": cluster, "plan": plan, "profile": pc, "rates": r}
+    graph = p.cluster.graph(p.resources.train.use_gpu)
+    return _run(tasks, devices, caps, release=True, graph=graph) | {"cluster": cluster, "plan": plan, "profile": pc, "rates": r}
 
 
 def as_configured(p: Profile, r: rates_mod.Rates) -> dict:
     """The profile's own concurrency on as many devices as it uses (a CPU profile: its machine)."""
     tasks = rates_mod.tasks(p, r)
-    return _run(tasks, rates_mod.profile_devices(p), rates_mod.caps(p)) | {
+    graph = p.cluster.graph(p.resources.train.use_gpu)
+    return _run(tasks, rates_mod.profile_devices(p), rates_mod.caps(p), graph=graph) | {
         "cluster": None, "plan": None, "profile": p, "rates": r}
 
 
@@ -138,9 +144,15 @@ def _derived_packing(m: dict, p: Profile) -> list[str]:
 COLUMNS = (("features", "features"), ("train", "train"), ("merge", "merge"), ("eval", "eval"), ("report", "report"))
 
 
+def _other(m: dict) -> str:
+    """The schedule the driver does not run, for comparison: its column's heading."""
+    return "stage after stage" if m["graph"] else "no barriers"
+
+
 def _table(rows: list[dict], unit: str) -> list[str]:
+    other = _other(rows[0])
     head = (f"  {'cluster':<27}{'eval step':>20}" + "".join(f"{h:>10}" for _, h in COLUMNS)
-            + f"{'total':>9}{'no barriers':>13}{'billed ' + unit + '-h':>14}{'allocated':>11}{'busy':>9}"
+            + f"{'total':>9}{other:>19}{'billed ' + unit + '-h':>14}{'allocated':>11}{'busy':>9}"
             + f"{'busy%':>6}")
     out = [head]
     for m in rows:
@@ -149,21 +161,27 @@ def _table(rows: list[dict], unit: str) -> list[str]:
                  else f"{m['devices']:g} {unit} (as configured)")
         cols = "".join(f"{fmt(m['stages'].get(s, 0.0)):>10}" for s, _ in COLUMNS)
         share = m["busy_total"] / m["billed_total"] if m["billed_total"] else 0.0
-        out.append(f"  {label:<27}{step_label(m['rates']):>20}{cols}{fmt(m['total']):>9}{fmt(m['pipelined']):>13}"
+        alt = m["staged"] if m["graph"] else m["pipelined"]
+        out.append(f"  {label:<27}{step_label(m['rates']):>20}{cols}{fmt(m['total']):>9}{fmt(alt):>19}"
                    f"{m['billed_total']:>14,.0f}{m['used_total']:>11,.0f}{m['busy_total']:>9,.0f}{share:>6.0%}")
     return out
 
 
 def _detail(m: dict) -> list[str]:
-    """One cluster's plan and its stages: span, billed, allocated and busy GPU-hours."""
+    """One cluster's plan and its stages: span, billed (stage after stage), allocated and busy GPU-hours."""
     c = m["cluster"]
     out = [f"on {c.nodes}x{c.gpus}, eval step {step_label(m['rates'])}: {c.describe()}", "  " + m["plan"].line()]
+    if m["graph"]:
+        out.append("  (the task graph: the stages' spans overlap, so only the total is billed; alloc% and "
+                   "busy% of a stage are of its span's devices)")
     out.append(f"  {'stage':<10}{'span':>10}{'billed GPU-h':>14}{'allocated':>11}{'busy':>9}"
                f"{'alloc%':>8}{'busy%':>7}  (% of billed)")
-    rows = [(st, m["stages"].get(st, 0.0), m["billed"][st], m["used"][st], m["busy"][st]) for st in STAGE_ORDER]
+    per = m["billed"] or {st: m["devices"] * m["stages"].get(st, 0.0) / 3600 for st in STAGE_ORDER}
+    rows = [(st, m["stages"].get(st, 0.0), per[st], m["used"][st], m["busy"][st]) for st in STAGE_ORDER]
     rows.append(("total", m["total"], m["billed_total"], m["used_total"], m["busy_total"]))
     for st, span, b, u, d in rows:
-        out.append(f"  {st:<10}{fmt(span):>10}{b:>14,.1f}{u:>11,.1f}{d:>9,.1f}"
+        shown = "-" if m["graph"] and st != "total" else f"{b:,.1f}"
+        out.append(f"  {st:<10}{fmt(span):>10}{shown:>14}{u:>11,.1f}{d:>9,.1f}"
                    f"{u / b if b else 0.0:>8.0%}{d / b if b else 0.0:>7.0%}")
     return out
 
@@ -203,9 +221,13 @@ def print_makespan(p: Profile, runs, clusters: list[str] | None = None) -> None:
     rows = [on_cluster(p, r, c) for c in grid for r in runs] if gpu else [as_configured(p, r) for r in runs]
     for line in _table(rows, "GPU" if gpu else "CPU"):
         print(line)
-    print("  (total: stage after stage, as the driver runs; no barriers: the same graph if stages overlapped; "
-          "billed: every device of the cluster for the total, the report's GPUs until the autoscaler returns "
-          "them; allocated: device time the tasks held; busy: the part of it the devices computed)")
+    how = ("total: as the driver runs it (cluster.schedule graph: merges and evaluation start as their "
+           "inputs exist); stage after stage: each stage after the last" if rows[0]["graph"] else
+           "total: stage after stage, as the driver runs (cluster.schedule stages); no barriers: the same "
+           "graph if stages overlapped")
+    print(f"  ({how}; billed: every device of the cluster for the total, the report's GPUs until the "
+          "autoscaler returns them; allocated: device time the tasks held; busy: the part of it the devices "
+          "computed)")
     for m in rows if specs else []:
         for line in _derived_packing(m, p) + _detail(m):
             print("  " + line)

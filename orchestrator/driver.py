@@ -1,4 +1,5 @@
-"""The Ray driver: features -> training (Tune + Train) -> merges -> evaluation -> report.
+"""The Ray driver: features -> training (Tune + Train) -> merges -> evaluation -> report, stage after
+stage or, with ``cluster.schedule`` graph, merges and evaluation beside training (orchestrator/graph.py).
 
 Every unit has a content key from the configuration that produced it; the manifest records each
 unit once its files are complete, so rerunning the same command skips finished work.
@@ -9,7 +10,6 @@ import dataclasses
 import json
 import os
 import time
-import traceback
 import warnings
 from pathlib import Path
 
@@ -28,9 +28,10 @@ from workers.relay import Relay
 from workers.tune_sweep import run_sweep
 
 from . import keys as unit_keys
-from .cluster import cluster_nodes, eval_pool, machine, ray_init
-from .eval_pool import NoEvalActor
-from .grid import EvalCell, cell_prompts, eval_cells, eval_job, merge_cells, pool_sizes, train_cells
+from .cluster import cluster_nodes, machine, ray_init
+from .eval_run import EvalRun
+from .graph import GraphRun
+from .grid import EvalCell, cell_prompts, eval_cells, merge_cells, pool_sizes, train_cells
 from .grid import corpora as grid_corpora
 from .manifest import STAGES, Lease, Manifest
 from .preflight import check_cluster, check_train_resources, preflight
@@ -154,9 +155,12 @@ class Driver:
         self.machine = machine()
         self.plan = self._plan(len(train_cells(self.p)), None, quiet=False)
         caches = self._timed("features", self.stage_features)
-        ckpts = self._timed("train", self.stage_train, caches)
-        ckpts.update(self._timed("merge", self.stage_merge, ckpts))
-        summary = self._timed("eval", self.stage_eval, ckpts)
+        if self.p.cluster.graph(self.p.resources.train.use_gpu):  # merges and evaluation beside training
+            summary = GraphRun(self, caches).go()
+        else:
+            ckpts = self._timed("train", self.stage_train, caches)
+            ckpts.update(self._timed("merge", self.stage_merge, ckpts))
+            summary = self._timed("eval", self.stage_eval, ckpts)
         self._timed("report", self.stage_report)
         track_summary(self.tracker, self.p, self.out, self.stage_seconds)
         print("stage wall times (s): " + ", ".join(f"{k} {v:.0f}" for k, v in self.stage_seconds.items()))
@@ -259,15 +263,26 @@ class Driver:
         )
 
     def stage_train(self, caches) -> dict:
+        ckpts, todo, prog = self.train_todo(caches)
+        if todo:
+            grid = self.start_sweep(todo, prog)
+            errors = {res.config["cell"]: res.error for res in grid if res.error}
+            for name in todo:
+                self.train_finished(name, errors.get(name), ckpts, prog)
+            self.tracker.publish()  # the sweep's tracker records, to the output URI
+        return ckpts
+
+    def train_todo(self, caches) -> tuple[dict, dict, Progress]:
+        """The trained checkpoints recorded done ({cell name: ref}) and the TrainConfigs of the cells
+        still to train, longest first (as the dry run plans); every cell's key in ckpt_keys."""
         cells = train_cells(self.p)
         prog = Progress("train", len(cells))
-        ckpts, todo, keys = {}, {}, {}
+        ckpts, todo = {}, {}
         for b in self.p.train.backbones:
             print(("" if not self.p.train.per_backbone else f"[{b}] ")
                   + batch_plan(self.p, self.p.train.for_backbone(b)).describe(), flush=True)
         for cell in cells:
             key = unit_keys.train_key(self.p, self.verifier_name, cell.backbone, cell.variant)
-            keys[cell.name] = key
             self.ckpt_keys[cell.name] = key
             if self.manifest.done(key):
                 ckpts[cell.name] = self.ref(f"checkpoints/{cell.name}/final")
@@ -277,31 +292,34 @@ class Driver:
                 storage.remove(self.ref(f"checkpoints/{cell.name}"))
                 storage.remove(self.ref(f"checkpoints/_ray_train/train-{cell.name}"))  # Ray Train's run snapshot
             todo[cell.name] = self._train_config(cell, caches)
-        if todo:
-            r = self.p.resources.train
-            check_train_resources(self.p)  # the autoscaler's maximum, or the cluster as it is now
-            if self.force in ("features", "train"):  # else Tune would restore the finished sweep
-                storage.remove(self.ref("ray_results"))
-            prog.log(f"Tune sweep over {sorted(todo)}")
-            per_trial = {"num_workers": r.num_workers, "cpus_per_worker": r.cpus_per_worker, "use_gpu": r.use_gpu,
-                         "max_failures": self.p.retries}
-            todo = {n: todo[n] for n in trial_order(self.p, list(todo))}  # longest first, as the dry run plans
-            trials = self._plan(len(todo), None).train.units  # as many as the cluster holds, up to the cap
-            grid = run_sweep(todo, self.ref("ray_results"), per_trial, max_concurrent=trials,
-                             callbacks=self.tracker.tune_callbacks())
-            errors = {res.config["cell"]: res.error for res in grid if res.error}
-            for name in todo:
-                final = self.ref(f"checkpoints/{name}/final")
-                if name in errors or not storage.exists(storage.join(final, "model.safetensors")):
-                    err = str(errors.get(name, "no final checkpoint"))[:2000]
-                    self.manifest.record(keys[name], "train", name, "failed", error=err)
-                    prog.step(f"{name} FAILED: {err[:200]}")
-                    continue
-                self.manifest.record(keys[name], "train", name, "done", files=[f"checkpoints/{name}/final/model.safetensors"])
-                ckpts[name] = final
-                prog.step(name)
-            self.tracker.publish()  # the sweep's tracker records, to the output URI
-        return ckpts
+        return ckpts, {n: todo[n] for n in trial_order(self.p, list(todo))}, prog
+
+    def start_sweep(self, todo: dict, prog: Progress, callbacks=()):
+        """The Tune sweep over ``todo``'s cells, as many trials at once as the cluster holds (up to
+        the profile's cap); Tune's ResultGrid when every trial has ended."""
+        r = self.p.resources.train
+        check_train_resources(self.p)  # the autoscaler's maximum, or the cluster as it is now
+        if self.force in ("features", "train"):  # else Tune would restore the finished sweep
+            storage.remove(self.ref("ray_results"))
+        prog.log(f"Tune sweep over {sorted(todo)}")
+        per_trial = {"num_workers": r.num_workers, "cpus_per_worker": r.cpus_per_worker, "use_gpu": r.use_gpu,
+                     "max_failures": self.p.retries}
+        trials = self._plan(len(todo), None).train.units  # as many as the cluster holds, up to the cap
+        return run_sweep(todo, self.ref("ray_results"), per_trial, max_concurrent=trials,
+                         callbacks=[*self.tracker.tune_callbacks(), *callbacks])
+
+    def train_finished(self, name: str, error, ckpts: dict, prog: Progress) -> bool:
+        """A trial that ended: recorded done (its final checkpoint is there) or failed. True if done."""
+        key, final = self.ckpt_keys[name], self.ref(f"checkpoints/{name}/final")
+        if error is not None or not storage.exists(storage.join(final, "model.safetensors")):
+            err = str(error if error is not None else "no final checkpoint")[:2000]
+            self.manifest.record(key, "train", name, "failed", error=err)
+            prog.step(f"{name} FAILED: {err[:200]}")
+            return False
+        self.manifest.record(key, "train", name, "done", files=[f"checkpoints/{name}/final/model.safetensors"])
+        ckpts[name] = final
+        prog.step(name)
+        return True
 
     # ------------------------------------------------------------------ 3. merges
     def stage_merge(self, ckpts: dict) -> dict:
@@ -309,30 +327,39 @@ class Driver:
         prog = Progress("merge", len(cells))
         out, inits = {}, {}
         for m in cells:
-            src = [ckpts.get(f"{m.backbone}-math"), ckpts.get(f"{m.backbone}-chat")]
-            key = unit_keys.merge_key(self.p, m.kind, m.lam, [self.ckpt_keys.get(f"{m.backbone}-{v}") for v in ("math", "chat")])
-            self.ckpt_keys[m.name] = key
-            dest = self.out / "checkpoints" / m.name
-            if self.manifest.done(key):
-                out[m.name] = self.ref(f"checkpoints/{m.name}")
-                prog.step(f"{m.name} (done earlier)", skipped=True)
-                continue
-            if None in src:
-                self.manifest.record(key, "merge", m.name, "failed", error="a source drafter failed to train")
-                prog.step(f"{m.name} skipped: missing source", skipped=True)
-                continue
-            try:
-                base = None if m.kind == "linear" else self._initial(m.backbone, src[0], inits)
-                src = [str(storage.fetch(s)) for s in src]
-                merge_checkpoints(m.kind, src, str(dest), lam=m.lam, base=base, density=self.p.merge.ties_density)
-                self._publish(f"checkpoints/{m.name}")
-                self.manifest.record(key, "merge", m.name, "done", files=[f"checkpoints/{m.name}/model.safetensors"])
-                out[m.name] = self.ref(f"checkpoints/{m.name}")
-                prog.step(m.name)
-            except Exception as e:  # noqa: BLE001 - recorded, the grid goes on
-                self.manifest.record(key, "merge", m.name, "failed", error=f"{type(e).__name__}: {e}")
-                prog.step(f"{m.name} FAILED: {e}")
+            self._merge_one(m, ckpts, inits, out, prog)
         return out
+
+    def merge_key(self, m) -> str:
+        """A merge's unit key, from its sources' training keys (also kept in ckpt_keys)."""
+        src = [self.ckpt_keys.get(f"{m.backbone}-{v}") for v in ("math", "chat")]
+        self.ckpt_keys[m.name] = key = unit_keys.merge_key(self.p, m.kind, m.lam, src)
+        return key
+
+    def _merge_one(self, m, ckpts: dict, inits: dict, out: dict, prog: Progress) -> None:
+        """One merge cell: done earlier, failed for a missing source, or merged now (into ``out``)."""
+        src = [ckpts.get(f"{m.backbone}-math"), ckpts.get(f"{m.backbone}-chat")]
+        key = self.merge_key(m)
+        dest = self.out / "checkpoints" / m.name
+        if self.manifest.done(key):
+            out[m.name] = self.ref(f"checkpoints/{m.name}")
+            prog.step(f"{m.name} (done earlier)", skipped=True)
+            return
+        if None in src:
+            self.manifest.record(key, "merge", m.name, "failed", error="a source drafter failed to train")
+            prog.step(f"{m.name} skipped: missing source", skipped=True)
+            return
+        try:
+            base = None if m.kind == "linear" else self._initial(m.backbone, src[0], inits)
+            src = [str(storage.fetch(s)) for s in src]
+            merge_checkpoints(m.kind, src, str(dest), lam=m.lam, base=base, density=self.p.merge.ties_density)
+            self._publish(f"checkpoints/{m.name}")
+            self.manifest.record(key, "merge", m.name, "done", files=[f"checkpoints/{m.name}/model.safetensors"])
+            out[m.name] = self.ref(f"checkpoints/{m.name}")
+            prog.step(m.name)
+        except Exception as e:  # noqa: BLE001 - recorded, the grid goes on
+            self.manifest.record(key, "merge", m.name, "failed", error=f"{type(e).__name__}: {e}")
+            prog.step(f"{m.name} FAILED: {e}")
 
     def _initial(self, backbone: str, src: str, inits: dict) -> str:
         """The shared initial drafter of a backbone (every variant starts from it: the base of task
@@ -397,39 +424,11 @@ class Driver:
         if not todo:
             return {"eval_units": len(units)}
         ev = self._plan(None, len(todo)).eval  # as many as the cluster holds, up to the cap
-        pool = eval_pool(self.p, ev.units, log=prog.log, num_gpus=ev.gpus)  # its share of a GPU
-        queue = [(u, 1) for u in todo]
-        while queue or pool.running:  # a failed actor's slot is probed in the background (EvalPool)
-            while queue and pool.free:
-                (cell, shard, key), attempt = item = queue.pop(0)
-                # "running", with the attempt, before it starts: a driver that resumes after this one is
-                # killed counts the attempt (attempts in the manifest count over every driver of the output)
-                self.manifest.record(key, "eval", cell.label, "running", attempts=earlier[key] + attempt)
-                job = eval_job(self.p, cell)  # its DecodeConfig (tree included), through Ray as it is
-                drafters = [ckpts[d] for d in cell.drafters]
-                pool.submit(lambda a, job=job, drafters=drafters, shard=shard, name=f"eval:{cell.label}":
-                            a.run.options(name=name).remote(job, drafters, shard), item)
-            try:
-                finished = pool.next()
-            except NoEvalActor as e:  # every actor failed to start, again and again: the rest fail with why
-                for (cell, shard, key), attempt in queue + [item for _, item in pool.running.values()]:
-                    self.manifest.record(key, "eval", cell.label, "failed", attempts=earlier[key] + attempt,
-                                         error=str(e))
-                    prog.step(f"{cell.label} FAILED: {str(e)[:200]}")
-                break
-            if finished is None:  # a probe answered: a slot is free again (or its actor was replaced)
-                continue
-            ((cell, shard, key), attempt), result, e = finished
-            if e is None:
-                self._record_eval(cell, shard, key, earlier[key] + attempt, result, prog)
-            elif attempt <= self.p.retries:  # the actor died or decoding failed: retry, then record
-                prog.log(f"{cell.label}: attempt {attempt} failed ({type(e).__name__}); retrying")
-                queue.append(((cell, shard, key), attempt + 1))
-            else:
-                self.manifest.record(key, "eval", cell.label, "failed", attempts=earlier[key] + attempt,
-                                     error="".join(traceback.format_exception_only(type(e), e))[-2000:])
-                prog.step(f"{cell.label} FAILED after {attempt} attempts")
-        pool.close()
+        run = EvalRun(self, prog, earlier)
+        run.add(todo, ckpts)
+        run.open(ev.units, ev.gpus)  # its share of a GPU
+        run.drain()  # a failed actor's slot is probed in the background (EvalPool)
+        run.close()
         return {"eval_units": len(units)}
 
     def _eval_todo(self, units, prog: Progress) -> tuple[list, dict]:

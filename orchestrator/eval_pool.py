@@ -55,13 +55,19 @@ class EvalPool:
         self.log(f"eval actor {slot} replaced ({why})")
         self._probe(slot)
 
-    def next(self):
-        """Wait for a shard or a probe. A shard: (item, result, None) or (item, None, error), the
-        slot probed after an error; a probe: None (its slot is free again, or being replaced)."""
+    def next(self, timeout: float | None = None):
+        """Wait for a shard or a probe (at most ``timeout`` seconds; None: until one comes). A shard:
+        (item, result, None) or (item, None, error), the slot probed after an error; a probe, or
+        nothing before the timeout: None (a probed slot is free again, or being replaced)."""
         deadline = min((d for _, d in self.probes.values()), default=None)
-        timeout = None if deadline is None else max(0.0, deadline - time.time())
-        ready, _ = ray.wait([*self.running, *self.probes], num_returns=1, timeout=timeout)
-        if not ready:  # a probe ran out of time: no node took the restarted actor
+        wait = None if deadline is None else max(0.0, deadline - time.time())
+        wait = timeout if wait is None else wait if timeout is None else min(wait, timeout)
+        refs = [*self.running, *self.probes]
+        if not refs:  # an idle pool: nothing to wait for
+            time.sleep(wait or 0.0)
+            return None
+        ready, _ = ray.wait(refs, num_returns=1, timeout=wait)
+        if not ready:  # the timeout, or a probe ran out of time: no node took the restarted actor
             for ref, (slot, d) in list(self.probes.items()):
                 if d <= time.time():
                     del self.probes[ref]

@@ -5,9 +5,10 @@ profile) and may start once every task in ``deps`` has finished, and then only w
 ``group`` (Tune's concurrent trials, the eval actor pool) has a free slot. Ready tasks start in
 order of their longest path to the end (the critical path first), smaller ones backfilling
 devices a larger one cannot use yet. With ``barriers`` every task of a stage also waits for
-every task of the stage before it: that is what the driver does today (features, then the
-whole training sweep, then merges, then evaluation); without, the bound a pipelined driver
-could reach on the same graph.
+every task of the stage before it: the driver's stages (cluster.schedule stages: features, then
+the whole training sweep, then merges, then evaluation); with the training barrier alone, the
+driver's task graph (cluster.schedule graph: merges and evaluation start on what is ready);
+without any, the bound on the same graph.
 """
 from __future__ import annotations
 
@@ -29,11 +30,14 @@ class Task:
     busy: float = 1.0  # the share of its held device-time the devices compute (the rest: host, I/O, loads)
 
 
-def _with_barriers(tasks: list[Task]) -> list[Task]:
-    """Every task also depends on every task of the nearest earlier stage that has tasks."""
+def _with_barriers(tasks: list[Task], stages=STAGE_ORDER) -> list[Task]:
+    """Every task of ``stages`` also depends on every task of the nearest earlier stage that has tasks."""
     by_stage = {s: [t.name for t in tasks if t.stage == s] for s in STAGE_ORDER}
     out = []
     for t in tasks:
+        if t.stage not in stages:
+            out.append(t)
+            continue
         before = [s for s in STAGE_ORDER[: STAGE_ORDER.index(t.stage)] if by_stage[s]]
         extra = tuple(by_stage[before[-1]]) if before else ()
         out.append(replace(t, deps=tuple(dict.fromkeys(t.deps + extra))))
@@ -135,14 +139,20 @@ class _Timeline:
         return n
 
 
+GRAPH_BARRIERS = ("train",)  # the driver's task graph (cluster.schedule graph): training waits for every cache
+
+
 def schedule(tasks: list[Task], devices: int, caps: dict[str, int] | None = None,
-             barriers: bool = True) -> dict:
+             barriers: bool | tuple = True) -> dict:
     """{"makespan": s, "stages": {stage: (first start, last end)}, "busy": device-seconds held,
     "stage_busy": {stage: device-seconds held}, "stage_device": {stage: device-seconds computing}}.
-    ``devices`` and a task's ``need`` may be fractions (actors sharing a GPU). Raises ValueError when a task needs more devices than there are."""
+    ``devices`` and a task's ``need`` may be fractions (actors sharing a GPU). ``barriers``: True,
+    every stage waits for the one before (stage after stage); a tuple, those stages only
+    (GRAPH_BARRIERS: the driver's task graph); False, none. Raises ValueError when a task needs more
+    devices than there are."""
     caps = caps or {}
     if barriers:
-        tasks = _with_barriers(tasks)
+        tasks = _with_barriers(tasks, STAGE_ORDER if barriers is True else barriers)
     by_name = {t.name: t for t in tasks}
     _check(tasks, by_name, devices, caps)
     waiting = {t.name: len(t.deps) for t in tasks}

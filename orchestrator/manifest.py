@@ -222,13 +222,18 @@ class Manifest:
                 self.recorded[stage] = self.recorded.get(stage, 0) + 1
             self._change({"op": "record", "key": key, "cell": cell})
 
-    def record_stage(self, stage: str, seconds: float, units_run: int, machine: str) -> None:
+    def record_stage(self, stage: str, seconds: float, units_run: int, machine: str,
+                     overlapped: bool = False) -> None:
         """A stage's wall time in this invocation, kept only when it ran units (a resume that
-        found everything done leaves the earlier timing): what orchestrator/rates/measured.py measures."""
+        found everything done leaves the earlier timing): what orchestrator/rates/measured.py measures.
+        ``overlapped``: the span of a stage that ran beside others (cluster.schedule graph), which
+        measures no rate."""
         if units_run < 1:
             return
         with self._lock:
             value = {"seconds": seconds, "units_run": units_run, "machine": machine}
+            if overlapped:
+                value["overlapped"] = True
             self._change({"op": "stage", "stage": stage, "value": value})
 
     def set_plan(self, stage: str, keys) -> None:

@@ -96,7 +96,7 @@ FULL_ENV = "TASKSPEC_FULL_TESTS"
 RAY_GROUP = ("test_grid.py", "test_multinode.py", "test_faults.py", "test_lost_work.py",
              "test_eagle3_training.py", "test_lease.py", "test_bad_input.py", "test_profiles.py",
              "test_grid_eagle3.py", "test_gpu_check.py", "test_rehearsal.py", "test_eval_packing.py",
-             "test_resume_old_run.py")
+             "test_resume_old_run.py", "test_graph_run.py")
 
 
 def _group(path: str) -> str:

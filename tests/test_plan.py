@@ -169,7 +169,7 @@ def test_fractional_tasks_share_a_device_and_stages_count_what_they_held():
 
 
 def test_the_dry_runs_cluster_rows_bill_every_gpu_and_count_what_is_held():
-    p = load_profile("paper")
+    p = load_profile("paper", ["cluster.schedule=stages"])  # a bill per stage (the graph's: tests/test_graph.py)
     r = rates.estimated(p)
     m = billing.on_cluster(p, r, parse_cluster("4x8"))
     report = m["stages"]["report"]  # on the driver's CPU: the GPU nodes go back after the idle timeout

@@ -265,8 +265,17 @@ class ClusterCfg:
     # is refused on a multi-node cluster without it (use a URI, or declare the mount here)
     shared_mount: bool = False
     lease_s: int = 120  # a driver's lease on its output lasts this long unless renewed (every lease_s / 4)
+    # graph: a checkpoint's merges and evaluation start as soon as their inputs exist, while other
+    # trials train (orchestrator/graph.py); stages: features, training, merges, evaluation, each
+    # after the last; auto: graph when training uses GPUs (on a CPU node the stages would share the
+    # same cores, and a run's stage times, which `--rates` measures, would overlap)
+    schedule: str = "auto"
 
-    RULES = {"shared_mount": BOOL, "lease_s": integer(10)}
+    RULES = {"shared_mount": BOOL, "lease_s": integer(10), "schedule": one_of("auto", "graph", "stages")}
+
+    def graph(self, use_gpu: bool) -> bool:
+        """Whether the driver runs the task graph (``use_gpu``: resources.train.use_gpu)."""
+        return self.schedule == "graph" or (self.schedule == "auto" and use_gpu)
 
 
 @dataclass(frozen=True)

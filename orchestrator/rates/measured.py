@@ -21,9 +21,9 @@ from .taskgraph import caps, profile_devices, tasks, trial_tokens
 
 def _stage(manifest: dict, stage: str, units: int) -> dict | None:
     """A stage's record (seconds, units_run, machine), when the invocation that timed it ran all
-    of its ``units``."""
+    of its ``units`` alone (not overlapped with other stages: cluster.schedule graph)."""
     s = manifest.get("stages", {}).get(stage)
-    return s if s and s.get("units_run", 0) >= units > 0 else None
+    return s if s and not s.get("overlapped") and s.get("units_run", 0) >= units > 0 else None
 
 
 def _fit_overhead(p: Profile, r: Rates, stage: str, seconds: float, name: str) -> float:
@@ -134,7 +134,10 @@ def _with_overheads(p: Profile, r: Rates, man: dict, feats_timed: bool) -> Rates
                                ("eval", "eval_overhead_s", _done(man, "eval"))):
         st = _stage(man, stage, units)
         if st is None:
-            r.notes.append(f"{stage} overhead not measured (no invocation ran the whole {stage} stage)")
+            why = ("it ran beside other stages: cluster.schedule graph"
+                   if man.get("stages", {}).get(stage, {}).get("overlapped")
+                   else f"no invocation ran the whole {stage} stage")
+            r.notes.append(f"{stage} overhead not measured ({why})")
         elif stage != "features" or feats_timed:  # (a features rate from the stage time has it already)
             fits[name] = _fit_overhead(p, r, stage, st["seconds"], name)
             if fits[name] == 0.0:

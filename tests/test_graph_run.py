@@ -1,0 +1,64 @@
+"""The driver's task graph on a local Ray (cluster.schedule graph): the smoke grid with one trial
+at a time, so the first drafter's merges and evaluation can only overlap the second's training.
+Then the same output under cluster.schedule stages: every unit is found done (the graph makes the
+units, keys and manifest records the stages make), and nothing runs again."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from tests.test_grid import ENV, GRID, _end, _private_tmp, _procs_with_env
+
+pytestmark = pytest.mark.slow
+SETS = ["cluster.schedule=graph", "resources.train.max_concurrent_trials=1", "eval.temperatures=[0.0]",
+        "eval.tree_auto=[]", "eval.strategies=[autoregressive, single, merged]"]
+
+
+def _grid(out, sets: list[str]) -> subprocess.CompletedProcess:
+    ray_tmp = _private_tmp()
+    try:
+        return subprocess.run(GRID + ["--output-dir", str(out), *[a for s in sets for a in ("--set", s)]],
+                              capture_output=True, text=True, timeout=1800, env={**ENV, "TMPDIR": ray_tmp})
+    finally:
+        _end(_procs_with_env("TMPDIR", ray_tmp))
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def graph_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("graph") / "run"
+    first = _grid(out, SETS)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    again = _grid(out, [s.replace("=graph", "=stages") for s in SETS])
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    return SimpleNamespace(out=out, log=first.stdout, again=again.stdout)
+
+
+def test_the_first_drafters_evaluation_starts_while_the_second_trains(graph_run):
+    lines = graph_run.log.splitlines()
+    opened = [i for i, x in enumerate(lines) if "eval actor(s) started while 1 trial(s) train" in x]
+    trained = [i for i, x in enumerate(lines) if "] [train] 2/2 done" in x]
+    units = [i for i, x in enumerate(lines) if "] [eval] " in x and " done, " in x]
+    assert opened and trained and opened[0] < trained[0], "\n".join(lines[-60:])
+    assert units and max(units) > trained[0]  # (the second drafter's units after it)
+    assert "FAILED" not in graph_run.log
+
+
+def test_the_stages_find_every_unit_the_graph_made_done(graph_run):
+    from orchestrator.grid import eval_cells, merge_cells, train_cells
+    from orchestrator.manifest import read_manifest
+    from orchestrator.profile import load_profile
+
+    p = load_profile("smoke", SETS)
+    man = read_manifest(graph_run.out / "manifest.json")
+    done = {st: sum(c["stage"] == st and c["status"] == "done" for c in man["cells"].values())
+            for st in ("train", "merge", "eval")}
+    assert done == {"train": len(train_cells(p)), "merge": len(merge_cells(p)), "eval": len(eval_cells(p))}
+    assert all(man["stages"][st].get("overlapped") for st in ("train", "merge", "eval")), man["stages"]
+    again = graph_run.again.splitlines()
+    ran = [x for x in again if " done, " in x and "(done earlier)" not in x and "] [features] " not in x]
+    assert not ran, "\n".join(ran)
+    assert sum("(done earlier)" in x for x in again) >= sum(done.values())
