@@ -581,3 +581,13 @@ def test_gpu_nodes_stage_on_their_instance_store_nvme(tmp_path):
     shards_gib = float(next(o.split("=", 1)[1] for o in opts if "TASKSPEC_FEATURE_CACHE_GB=" in o))
     p = load_profile("paper")
     assert (shards_gib + p.resources.eval.checkpoint_disk_gb) * 2**30 / 1e9 <= 0.75 * p.resources.node.disk_gb
+    # the KubeRay worker: the same shard budget, inside its staging emptyDir, inside the node's NVMe
+    job, _ = load_rayjob()
+    worker = job["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    env = {e["name"]: e.get("value") for e in worker["containers"][0]["env"]}
+    mounts = worker["containers"][0]["volumeMounts"]
+    [mount] = [m for m in mounts if _inside(env["TASKSPEC_STAGING"], [m["mountPath"]])]
+    [volume] = [v for v in worker["volumes"] if v["name"] == mount["name"]]
+    limit = _gib(volume["emptyDir"]["sizeLimit"])
+    assert float(env["TASKSPEC_FEATURE_CACHE_GB"]) == shards_gib
+    assert shards_gib + p.resources.eval.checkpoint_disk_gb <= limit <= p.resources.node.disk_gb * 1e9 / 2**30
