@@ -67,7 +67,10 @@ def print_plan(p: Profile, output: str | None = None, rates: str | None = None,
                if is_uri(output) else "a directory: a multi-node run needs it on a filesystem every node mounts at this path")
         print(f"output: {output} -- {how}")
     print("DAG: features -> train (Tune grid over backbone x variant, each a Ray Train TorchTrainer + DeepSpeed) "
-          "-> merges -> evaluation (actor pool, sharded over prompts) -> report")
+          "-> merges -> evaluation (actor pool, sharded over prompts) -> report; "
+          + ("as a task graph: each checkpoint's merges and evaluation start as it is trained, while other "
+             "trials train (cluster.schedule)" if p.cluster.graph(r.train.use_gpu)
+             else "stage after stage (cluster.schedule)"))
     print(f"  features : {len(s['features'])} corpora {s['features']} (mode: {p.data.feature_mode}; n={p.data.n}/domain, max_length {p.data.max_length})"
           + (f"; self-distilled ({p.data.self_distill}): the verifier first regenerates the {p.data.n} training answers "
              "per corpus (decode time not in the estimate below)" if p.data.self_distill else ""))
