@@ -201,11 +201,14 @@ def test_a_cells_decode_config_carries_what_it_sets_and_the_defaults_otherwise()
 
 
 def test_cpu_study_runs_the_lambda_sweep_hass_and_t1_in_one_invocation():
-    """cpu-study's grid: five averaged EAGLE-2 drafters (lambda 0 to 1), each evaluated as a single drafter
-    on every benchmark and temperature, three backbones (EAGLE-3's and HASS's specialists with their
-    average and compositions: RQ1 and RQ3a for each), T=0 and T=1."""
+    """cpu-study's grid: averaged EAGLE-2 drafters at three lambdas strictly between 0 and 1 (Fig6 needs two;
+    lambda 0 and 1 would repeat the specialists), each evaluated as a single drafter on every benchmark and
+    temperature, three backbones (EAGLE-3's and HASS's specialists with their average and compositions: RQ1
+    and RQ3a for each), T=0 and T=1; EAGLE-2's both mixed drafters (RQ2-reversal) and depth-5 trees
+    (depth-deep's depths 4-5: issue 64 item 4)."""
     p = load_profile("cpu-study")
-    assert len(p.merge.lambdas) >= 5 and set(p.train.backbones) == {"eagle2", "hass", "eagle3"}
+    assert len(p.merge.lambdas) >= 3 and all(0 < lam < 1 for lam in p.merge.lambdas)
+    assert set(p.train.backbones) == {"eagle2", "hass", "eagle3"} and p.eval.tree.depth >= 5
     assert set(p.eval.temperatures) == {0.0, 1.0}
     cells = eval_cells(p)
     avg = {(c.drafter, c.benchmark, c.temperature) for c in cells if c.strategy == "single"
@@ -213,6 +216,8 @@ def test_cpu_study_runs_the_lambda_sweep_hass_and_t1_in_one_invocation():
     assert avg == {(f"avg{lam:g}", b, t) for lam in p.merge.lambdas for b in p.eval.benchmarks
                    for t in p.eval.temperatures}
     assert {c.backbone for c in cells if c.strategy == "single" and c.temperature == 1.0} == {"eagle2", "hass", "eagle3"}
+    mixed = {(c.drafter, c.temperature) for c in cells if c.strategy == "single" and c.backbone == "eagle2"}
+    assert {(m, t) for m in ("mixed_half", "mixed_full") for t in (0.0, 1.0)} <= mixed
     for b in ("hass", "eagle3"):
         mine = {(c.strategy, c.drafter) for c in cells if c.backbone == b}
         assert {("single", "math"), ("single", "chat"), ("single", "avg0.5"), ("merged", "math+chat")} <= mine
