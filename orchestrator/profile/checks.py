@@ -19,6 +19,7 @@ def check_profile(p: Profile) -> None:
     resources_checks(p.resources)
     eval_checks(p)
     drafter_checks(p)
+    report_checks(p)
     for b in p.train.backbones:  # refuses a global batch the workers cannot split
         batch_plan(p, p.train.for_backbone(b))
 
@@ -117,3 +118,17 @@ def drafter_checks(p: Profile) -> None:
          f"train.deepspeed: false trains without gradient synchronisation, so "
          f"resources.train.num_workers {p.resources.train.num_workers} would train that many separate "
          "drafters; set train.deepspeed: true or num_workers: 1", "train.deepspeed")
+
+
+def report_checks(p: Profile) -> None:
+    """The speed headline's strategy must be a cell of the grid: in eval.strategies, at T=0, and in
+    eval.tree_auto when it is read with tree auto."""
+    r, e = p.report, p.eval
+    if r.headline_strategy is None:
+        return
+    s = r.headline_strategy
+    need(s in e.strategies and 0.0 in e.temperatures, f"report.headline_strategy {s!r} is timed at T=0: it "
+         f"needs {s!r} in eval.strategies {e.strategies} and 0 in eval.temperatures {e.temperatures}",
+         "report.headline_strategy")
+    need(r.headline_tree == "fixed" or s in e.tree_auto, f"report.headline_strategy {s!r} with "
+         f"report.headline_tree auto needs {s!r} in eval.tree_auto {e.tree_auto}", "report.headline_tree")

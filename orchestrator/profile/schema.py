@@ -278,6 +278,23 @@ class ClusterCfg:
         return self.schedule == "graph" or (self.schedule == "auto" and use_gpu)
 
 
+# the deployable strategies a report may name for its speed headline: lossless at T=0, and none needs
+# to see finished generations (single: each benchmark's home specialist, the task known in advance)
+HEADLINE_STRATEGIES = ("single", "confidence", "entropy", "merged", "switching", "depth_adaptive", "hedge")
+
+
+@dataclass(frozen=True)
+class ReportCfg:
+    # the strategy whose speedup over generate (T=0, mean over benchmarks, with its interval) the
+    # report's first screen names: chosen in the profile before the run, not picked from its results;
+    # null: the first screen names none
+    headline_strategy: str | None = None
+    headline_tree: str = "auto"  # auto: its eval.tree_auto cells; fixed: its eval.tree cells
+
+    RULES = {"headline_strategy": one_of(None, *HEADLINE_STRATEGIES),
+             "headline_tree": one_of("auto", "fixed")}
+
+
 @dataclass(frozen=True)
 class Profile:
     name: str
@@ -292,6 +309,7 @@ class Profile:
     verifier_dtype: str | None = None
     tracking: TrackingCfg = field(default_factory=TrackingCfg)
     cluster: ClusterCfg = field(default_factory=ClusterCfg)
+    report: ReportCfg = field(default_factory=ReportCfg)
 
     RULES = {"name": Rule("a non-empty string without '/' (it names runs/<name>)",
                           lambda v: isinstance(v, str) and v.strip(" .") != "" and not {"/", "\\"} & set(v)),

@@ -22,7 +22,7 @@ from .run_records import recorded_traces
 from .sections import appendix, figures_section, routers_section, table1_section
 from .steps import PASS_ROWS, StepSummary, entropy_table, read_steps
 from .study_tables import study_comparison
-from .summary import summary_section
+from .summary import claims_section, summary_section
 from .tables import depth_table, depth_table_deeper, per_prompt, scan, speed, table1, trace_files
 from .verdicts import headline as verdict_headline
 from .verdicts import verdict_table
@@ -89,8 +89,10 @@ def build_report(run_dir, pass_rows: int = PASS_ROWS) -> Path:
         write_text_atomic(out / "tables" / "verdicts.md", f"{verdict_headline(claims)}\n\n{verdict_table(claims)}")
     backbones = sorted(set(by_prompt["backbone"].unique().to_list()) - {"none"})
     temps = sorted(by_prompt["temperature"].unique().to_list())
-    md = [title, TAU_NOTE + INTRO]
-    md += summary_section(t1, tables["speed"], claims, problems, by_prompt)
+    first = summary_section(t1, tables["speed"], claims, problems, by_prompt, profile.get("report") or {})
+    md = [title, *first]
+    md += ["## How to read the numbers\n", TAU_NOTE + INTRO]  # after the summary: the first screen is its
+    md += claims_section(claims)
     md += routers_section(by_prompt)
     md += figures_section(t1, tables["speed"], tables["table3_4_entropy"], tables["table5_8_depth"], backbones,
                           temps, out, lambda df, name: _save_table(df, out, name))

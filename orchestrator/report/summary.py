@@ -1,10 +1,11 @@
-"""The report's first screen (``summary_section``): the headline τ table, the claim verdicts, the
-speed against ``generate``, and what failed."""
+"""The report's first screen (``summary_section``): what the run shows (headline.py), the headline τ
+table, the speed against ``generate`` and what failed; then every claim's verdict (``claims_section``)."""
 from __future__ import annotations
 
 import polars as pl
 
 from .claims import MIN_PROMPTS, STUDY
+from .headline import headline_section
 from .markdown import md_table
 from .prose import CLAIMS_SUMMARY, RQ3C_SCALE, routing_headline
 from .labels import AFTER_THE_FACT
@@ -160,19 +161,25 @@ def _speed_section(speed: pl.DataFrame) -> list[str]:
 
 
 def summary_section(t1: pl.DataFrame, speed: pl.DataFrame, cl: pl.DataFrame, problems: list[str],
-                    by_prompt: pl.DataFrame) -> list[str]:
-    """One screen: the headline τ table, the claim verdicts, the speed against generate, what failed."""
+                    by_prompt: pl.DataFrame, report_cfg: dict | None = None) -> list[str]:
+    """One screen: what the run shows (the named strategy's speed, the home specialists' τ, the claims
+    that concluded: headline.py), the headline τ table, the speed against generate, what failed. Every
+    claim's verdict follows in ``claims_section``, below the first screen."""
     n_prompts = by_prompt.select("benchmark", "prompt_id").n_unique()
-    md = ["## Summary\n",
+    backbones = sorted(set(t1["backbone"].to_list()) - {"none"}) if "backbone" in t1.columns else []
+    md = ["## Summary\n", *headline_section(by_prompt, t1, cl, report_cfg or {}, backbones),
           f"{t1.height} cells over {n_prompts} prompts; {len(problems)} problem line(s) (under *What failed*).\n"]
     md += _tau_section(t1)
     if "strategy" in by_prompt.columns and by_prompt.filter(is_router()).height:
         md.append(routing_headline())
-    if not cl.is_empty():
-        md += _claims_section(cl)
     md += _speed_section(speed)
     md.append("**What failed**\n")
     md += (problems[:8] + ([f"- ... {len(problems) - 8} more"] if len(problems) > 8 else [])) if problems \
         else ["- nothing"]
     md.append("")
     return md
+
+
+def claims_section(cl: pl.DataFrame) -> list[str]:
+    """Every claim's verdict (conclusive or not), below the summary."""
+    return ["## Claims of the study: every verdict\n", *_claims_section(cl)] if not cl.is_empty() else []
