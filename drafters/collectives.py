@@ -1,6 +1,6 @@
 """What the training ranks agree on through torch.distributed: one flag (do all ranks go on?), one
-object per rank, and the digest by which two ranks' weights are compared. With one rank, or no
-process group (a simulated rank in tests), each is the local value."""
+object per rank, counts summed over ranks, and the digest by which two ranks' weights are
+compared. With one rank, or no process group (a simulated rank in tests), each is the local value."""
 from __future__ import annotations
 
 import hashlib
@@ -24,6 +24,18 @@ def all_ranks(go: bool, world: int) -> bool:
     flag = torch.tensor([int(go)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(flag, op=dist.ReduceOp.MIN)
     return bool(flag.item())
+
+
+def all_sum(values: list[int], world: int) -> list[int]:
+    """``values`` (integer counts) summed element-wise over every rank (one all-reduce; with one
+    rank, or no process group, ``values`` itself)."""
+    import torch.distributed as dist
+
+    if world == 1 or not distributed():
+        return list(values)
+    t = torch.tensor(values, dtype=torch.int64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return [int(v) for v in t.tolist()]
 
 
 def gather(obj, world: int) -> list:

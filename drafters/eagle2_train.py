@@ -52,9 +52,10 @@ def loss(cfg, model, embed, head, batch, generator, use_topk: bool, dtype, *, ha
     return total, parts
 
 
-def agreement(model, embed, head, batch_iter, depths: int = 3, dtype=None) -> dict:
-    """Top-1 agreement with the verifier's next token at depth 1 (teacher-forced) and depths 2..D
-    (rolled out on the drafter's own features), on assistant positions of held-out batches.
+def agreement_counts(model, embed, head, batch_iter, depths: int = 3, dtype=None) -> tuple[list, list]:
+    """Top-1 agreement counts (hits, positions per depth) with the verifier's next token at depth 1
+    (teacher-forced) and depths 2..D (rolled out on the drafter's own features), on assistant
+    positions of held-out batches.
     With a reduced draft vocabulary a verifier token outside it counts as a miss. ``dtype``: the
     features' (the training precision; None: the drafter's own weights' dtype)."""
     hits, counts = [0] * depths, [0] * depths
@@ -73,4 +74,4 @@ def agreement(model, embed, head, batch_iter, depths: int = 3, dtype=None) -> di
             hits[j] += int((a == b).sum())
             counts[j] += int(sel[0].numel())
     model.train()
-    return {f"top1_depth{j + 1}": hits[j] / counts[j] if counts[j] else float("nan") for j in range(depths)}
+    return hits, counts  # per depth: top-1 hits, positions counted (drafters/backbones.py top1_rates)

@@ -108,11 +108,12 @@ def loss(cfg, model, embed, head, batch: Eagle3Batch, generator, use_topk: bool,
 
 
 @torch.no_grad()
-def agreement(model, embed, head, batch_iter, depths: int = 3, dtype=None) -> dict:
-    """Top-1 agreement with the verifier's next token at TTT depths 1..D: depth j is step j-1 of the
-    unroll, i.e. the j-th token drafted past a verified prefix, on the rows EAGLE-2's agreement
-    counts (assistant input token). A verifier token outside the draft vocabulary is a miss (the
-    drafter's own head and d2t decide; ``head`` goes unused)."""
+def agreement_counts(model, embed, head, batch_iter, depths: int = 3, dtype=None) -> tuple[list, list]:
+    """Top-1 agreement counts (hits, positions per depth) with the verifier's next token at TTT
+    depths 1..D: depth j is step j-1 of the unroll, i.e. the j-th token drafted past a verified
+    prefix, on the rows EAGLE-2's agreement counts (assistant input token). A verifier token
+    outside the draft vocabulary is a miss (the drafter's own head and d2t decide; ``head`` goes
+    unused)."""
     hits, counts = [0] * depths, [0] * depths
     dtype = dtype or next(model.parameters()).dtype
     ids = model.draft_ids()
@@ -126,5 +127,5 @@ def agreement(model, embed, head, batch_iter, depths: int = 3, dtype=None) -> di
             hits[k] += int((pred == batch.top1[bi, ti + 1 + k]).sum())
             counts[k] += int(bi.numel())
     model.train()
-    return {f"top1_depth{j + 1}": hits[j] / counts[j] if counts[j] else float("nan") for j in range(depths)}
+    return hits, counts  # per depth: top-1 hits, positions counted (drafters/backbones.py top1_rates)
 

@@ -4,11 +4,11 @@ or directly.
 Per epoch: stream the rank's batches (drafters/train_data.py: from the feature cache, or computed
 online by the verifier, each rank for its own batches only), take optimizer steps on the backbone's
 loss (drafters/objective.py, drafters/backbones.py) through a runner (drafters/runners.py: DeepSpeed
-ZeRO or plain AdamW), evaluate top-1 agreement with the verifier at depths 1-3 on a held-out slice
-(drafters/heldout.py), and write an atomic checkpoint (drafter format + optimizer state) that a
-crashed run resumes from (drafters/train_checkpoints.py). With ``checkpoint_every`` a checkpoint is
-also written every N optimizer steps inside an epoch; it holds the data position and the noise
-generator too, so the resumed run takes the same steps.
+ZeRO or plain AdamW), evaluate top-1 agreement with the verifier at depths 1-3 on a held-out slice,
+the ranks sharing its batches (drafters/heldout.py), and write an atomic checkpoint (drafter format
++ optimizer state) that a crashed run resumes from (drafters/train_checkpoints.py). With
+``checkpoint_every`` a checkpoint is also written every N optimizer steps inside an epoch; it holds
+the data position and the noise generator too, so the resumed run takes the same steps.
 """
 from __future__ import annotations
 
@@ -138,14 +138,14 @@ def _resume(run: _Run) -> tuple[int, dict | None]:
         start, run.history, pos = run.ckpts.restore(latest)
         run.resumed = True
     run.step = sum(h["steps"] for h in run.history) + (pos["sums"]["batches"] if pos else 0)
-    if latest is None and run.rank == 0:
+    if latest is None:  # every rank: each evaluates its share of the held-out batches
         with run.runner.autocast():
             run.history.append({"epoch": 0, "steps": 0, **_heldout(run)})
     return start, pos
 
 
 def _heldout(run: _Run) -> dict:
-    return heldout_metrics(run.model, run.embed, run.head, run.cfg, run.online)
+    return heldout_metrics(run.model, run.embed, run.head, run.cfg, run.online, run.rank, run.world)
 
 
 def _epoch(run: _Run, epoch: int, pos: dict | None, saved) -> dict:
@@ -221,13 +221,12 @@ def _after_step(run: _Run, epoch: int, sums: dict, t0: float, saved) -> None:
 
 
 def _epoch_metrics(run: _Run, epoch: int, sums: dict, t0: float) -> dict:
-    """The epoch's training figures and (rank 0) its held-out agreement."""
+    """The epoch's training figures and its held-out agreement (every rank its share of it)."""
     wall, n = time.perf_counter() - t0, max(sums["batches"], 1)
     metrics = {"epoch": epoch, "steps": sums["batches"], "train_loss": sums["loss"] / n,
                "train_base_loss": sums["base"] / n, "epoch_seconds": wall,
                "train_tokens_per_s": sums["tokens"] / wall if wall else 0.0,
                "loss_token_fraction": sums["tokens"] / max(sums["rows"], 1)}  # loss / padded positions
-    if run.rank == 0:
-        with run.runner.autocast():
-            metrics.update(_heldout(run))
+    with run.runner.autocast():
+        metrics.update(_heldout(run))
     return metrics

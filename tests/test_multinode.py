@@ -436,9 +436,9 @@ def _downloads(tmp: Path) -> dict:
 def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(cluster, s3, tmp_path):
     """The features task streams a corpus's shards to s3:// one by one (its node's disk: at most
     two shards), in two data-parallel parts (a task on each node, then the index), and two ranks,
-    one per node, train from it: each downloads exactly the shards the
-    partition of the index gives it (rank 0 also the held-out set), both take the same steps, and
-    each node's shard cache stays under its bound (smaller than a rank's share, so shards are
+    one per node, train from it: each downloads exactly the shards the partition of the index gives
+    it (and the held-out set, which the ranks evaluate together), both take the same steps, and each
+    node's shard cache stays under its bound (smaller than a rank's share, so shards are
     evicted and fetched again in the second epoch). tests/sharded_training.py runs the job."""
     from drafters.shards import rank_plan
     from workers.artifacts import localize_data
@@ -477,7 +477,8 @@ def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(clus
     assert index["device"] == "cpu" and index["resumed_shards"] == 0
     # (the writer's own count is exact; a sample may miss a shard that is staged for milliseconds)
     assert 0 < index["staging_peak_bytes"] <= 2 * biggest and max(extract_peak.values()) <= 2 * biggest
-    # training: each rank downloaded exactly its own shards (and rank 0 the held-out set), within the bound
+    # training: each rank downloaded exactly its own shards (and the held-out set: every rank evaluates
+    # its share of its batches, drafters/heldout.py; ranks on one node share its cache), within the bound
     logs = _downloads(cluster.tmp)
     by_rank = {}
     for node, records in logs.items():
@@ -488,8 +489,8 @@ def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(clus
         own = {u.file for u in plan.mine(rank)}
         got = set(by_rank.get(rank, []))
         assert got - held_files == own, (rank, sorted(got - held_files), sorted(own))
-        assert (got & held_files) == (held_files if rank == 0 else set())
         assert len(by_rank[rank]) > len(got)  # the bound bit: some shards evicted and fetched again
+    assert set().union(*(by_rank[r] for r in range(2))) >= held_files
     train_peak = watch.peak(t["train_start"], t["train_end"])
     held_max = max(x["held_bytes"] for records in logs.values() for x in records)
     print(f"sharded features on two nodes: {len(index['shards'])} shards ({index['tokens']} tokens, largest "

@@ -49,11 +49,21 @@ def test_mixed_variants_reference_single_domain_caches(caches):
     assert set(half[0][2]) <= set(c["mathinstruct"]["train_ids"])
 
 
+@pytest.fixture(scope="module")
+def eagle2_final(verifier, caches, tmp_path_factory):
+    """An EAGLE-2 drafter trained for 3 epochs (its agreement well above zero)."""
+    root, c = caches
+    return train(_cfg(root, c, tmp_path_factory.mktemp("eagle2"), "eagle2", epochs=3), verifier[0])
+
+
 # HASS's objective trains by default in tests/test_multinode.py (two ranks, bf16) and tests/test_faults.py
 @pytest.mark.parametrize("backbone", ["eagle2", pytest.param("hass", marks=pytest.mark.full)])
-def test_short_training_lowers_loss_and_raises_agreement(verifier, caches, tmp_path, backbone):
+def test_short_training_lowers_loss_and_raises_agreement(verifier, caches, tmp_path, backbone, request):
     root, c = caches
-    final = train(_cfg(root, c, tmp_path / backbone, backbone, epochs=3), verifier[0])
+    if backbone == "eagle2":
+        final = request.getfixturevalue("eagle2_final")
+    else:
+        final = train(_cfg(root, c, tmp_path / backbone, backbone, epochs=3), verifier[0])
     hist = json.loads((final / "config.json").read_text())["training"]["history"]
     # the objective shared by every epoch (HASS adds its top-K term in the second stage)
     assert hist[-1]["train_base_loss"] < hist[1]["train_base_loss"], hist
@@ -107,19 +117,34 @@ def test_online_mode_matches_the_cache_and_trains(verifier, caches, tmp_path):
     assert hist[-1]["top1_depth1"] > hist[0]["top1_depth1"]
 
 
-def test_heldout_metrics_report_each_domain(verifier, caches, tmp_path):
-    """A specialist is judged on its own domain: pooled agreement plus one value per held-out set."""
-    from drafters.checkpoint import init_drafter
-    from drafters.config import DrafterConfig
-    from drafters.heldout import evaluate, heldout_metrics
+def test_heldout_sets_evaluated_once_give_the_pooled_passs_figures(verifier, caches, eagle2_final):
+    """A specialist is judged on its own domain: pooled agreement plus one value per held-out set. Each
+    set is evaluated once; the pooled figures, its summed hits over summed positions, equal one pass
+    over the sets pooled (where a batch spans both sets), at every depth; ranks that deal the sets'
+    batches round-robin count every batch once."""
+    from drafters.backbones import backbone, top1_rates
+    from drafters.checkpoint import load_any
+    from drafters.heldout import corpus_of, evaluate, heldout_metrics, set_counts
+    from drafters.train_data import batches
     from drafters.vocab import DraftHead
 
     model, _ = verifier
     root, c = caches
-    cfg = dataclasses.replace(_cfg(root, c, tmp_path, "eagle2"), heldout_data=heldout_data(root, c))
-    drafter = init_drafter(DrafterConfig.for_verifier(model, "smollm2-135m-instruct", "eagle2", seed=5))
+    cfg = dataclasses.replace(_cfg(root, c, "unused", "eagle2"), heldout_data=heldout_data(root, c))
+    drafter, b = load_any(eagle2_final), backbone("eagle2")
     embed, head = model.get_input_embeddings(), DraftHead(model.lm_head)
+    pooled = b.agreement(drafter, embed, head, batches(cfg.heldout_data, 8, None, collate_fn=b.collate), 3)
+    assert len(cfg.heldout_data) == 2 and min(pooled[1]) > 0 and pooled[0][0] > 0, pooled
     m = heldout_metrics(drafter, embed, head, cfg)
-    assert m["top1_depth1"] == evaluate(drafter, embed, head, cfg.heldout_data, cfg.eval_depths)["top1_depth1"]
-    for corpus, entry in zip(("mathinstruct", "sharegpt"), cfg.heldout_data):
-        assert m[f"top1_depth1_{corpus}"] == evaluate(drafter, embed, head, [entry], cfg.eval_depths)["top1_depth1"]
+    assert {k: m[k] for k in top1_rates(*pooled)} == top1_rates(*pooled)
+    for entry in cfg.heldout_data:  # each set's own figure: one pass over that set alone
+        alone = evaluate(drafter, embed, head, [entry], cfg.eval_depths)
+        assert {k: m[f"{k}_{corpus_of(entry)}"] for k in alone} == alone
+    # two ranks: batch i of the evaluation (over both sets, in order) on rank i % 2
+    one = [set_counts(drafter, embed, head, e, cfg, None, None, 0, 0, 1) for e in cfg.heldout_data]
+    first = [0, one[0][2]]
+    for e, (hits, positions, n), f in zip(cfg.heldout_data, one, first):
+        ranks = [set_counts(drafter, embed, head, e, cfg, None, None, f, r, 2) for r in range(2)]
+        assert [ranks[0][0][j] + ranks[1][0][j] for j in range(3)] == hits
+        assert [ranks[0][1][j] + ranks[1][1][j] for j in range(3)] == positions and ranks[0][2] == n
+    assert one[0][2] + one[1][2] >= 2  # (one batch alone would not test the dealing)
