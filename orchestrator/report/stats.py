@@ -111,26 +111,48 @@ def verdict(lo: float, hi: float, expected_positive: bool = True) -> str:
     return "inconclusive"
 
 
-def paired_avg_diff_ci(groups: list[tuple], seed: int = 0, b: int | None = None, p: bool = False):
-    """Mean over benchmarks of (ratio_a - ratio_b), each benchmark resampled over its own prompts.
+def avg_diff_draws(groups: list[tuple], seed: int = 0, b: int = B, weights=None):
+    """(point, draws) of the weighted mean over benchmarks of (ratio_a - ratio_b), each benchmark
+    resampled over its own prompts; draws None below 2 prompts on a benchmark, point NaN without data.
+    groups: [(num_a, den_a, num_b, den_b), ...] one per benchmark, arrays aligned by prompt; weights:
+    one per group (normalised here; None or all equal: the plain mean, drawn exactly as before)."""
+    groups = [tuple(np.asarray(x, float) for x in g) for g in groups]
+    w = None if weights is None else [float(x) for x in weights]
+    if w is not None and len(w) != len(groups):
+        raise ValueError(f"avg_diff_draws: {len(w)} weights for {len(groups)} benchmarks")
+    keep = [i for i, g in enumerate(groups) if len(g[0]) and g[1].sum() and g[3].sum()]
+    if w is not None and len({w[i] for i in keep}) > 1:  # the weight travels with its group as a constant row
+        groups = [groups[i] + (np.full(len(groups[i][0]), w[i]),) for i in keep]
+    else:
+        groups = [groups[i] for i in keep]
+    groups = [tuple(g) for g in _canonical_groups(groups)]
+    if not groups:
+        return float("nan"), None
+    rng = data_rng(seed, *(np.stack(g) for g in groups))
+    wt = np.array([g[4][0] if len(g) == 5 else 1.0 for g in groups])
+    diffs = np.array([g[0].sum() / g[1].sum() - g[2].sum() / g[3].sum() for g in groups])
+    point = float(np.mean(diffs) if (wt == 1).all() else (wt * diffs).sum() / wt.sum())
+    if min(len(g[0]) for g in groups) < 2:
+        return point, None
+    acc = np.zeros(b)
+    for wi, (na, da, nb, db, *_) in zip(wt, groups):
+        idx = rng.integers(0, len(na), size=(b, len(na)))
+        acc += wi * (na[idx].sum(1) / np.maximum(da[idx].sum(1), 1e-12)
+                     - nb[idx].sum(1) / np.maximum(db[idx].sum(1), 1e-12))
+    return point, acc / wt.sum()
+
+
+def paired_avg_diff_ci(groups: list[tuple], seed: int = 0, b: int | None = None, p: bool = False, weights=None):
+    """Mean over benchmarks of (ratio_a - ratio_b), each benchmark resampled over its own prompts,
+    weighted by ``weights`` (one per benchmark; None: equal) with a 95% CI (avg_diff_draws).
 
     groups: [(num_a, den_a, num_b, den_b), ...] one per benchmark, arrays aligned by prompt."""
-    b = _draws(b, p)
-    groups = [tuple(np.asarray(x, float) for x in g) for g in groups]
-    groups = [tuple(g) for g in _canonical_groups(
-        g for g in groups if len(g[0]) and g[1].sum() and g[3].sum())]
-    if not groups:
+    point, draws = avg_diff_draws(groups, seed, _draws(b, p), weights)
+    if not np.isfinite(point):
         return _out(*NAN3, None, p)
-    rng = data_rng(seed, *(np.stack(g) for g in groups))
-    point = np.mean([na.sum() / da.sum() - nb.sum() / db.sum() for na, da, nb, db in groups])
-    if min(len(g[0]) for g in groups) < 2:
+    if draws is None:
         return _out(point, np.nan, np.nan, None, p)
-    acc = np.zeros(b)
-    for na, da, nb, db in groups:
-        idx = rng.integers(0, len(na), size=(b, len(na)))
-        acc += na[idx].sum(1) / np.maximum(da[idx].sum(1), 1e-12) - nb[idx].sum(1) / np.maximum(db[idx].sum(1), 1e-12)
-    acc /= len(groups)
-    return _ci(point, acc, p)
+    return _ci(point, draws, p)
 
 
 def mean_diff_ci(a: np.ndarray, seed: int = 0, b: int | None = None, p: bool = False):

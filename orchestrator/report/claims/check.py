@@ -21,6 +21,7 @@ from .family import family_size, holm_by_family
 from .grid import Grid
 from .proposed import BASE, EARLY_STEPS
 from .registry import CLAIMS, family_of
+from .weighting import STUDY_W
 
 ALPHA = 0.05
 
@@ -74,26 +75,28 @@ def _missing(rows: list[Row], backbones: list[str], temps: list[float]) -> list[
 
 
 def _cells(pp: pl.DataFrame, steps, backbones: list[str], temps: list[float], benches: list[str],
-           route_pair: tuple) -> tuple[list[Cell], list[Cell]]:
+           route_pair: tuple, weighting: str) -> tuple[list[Cell], list[Cell]]:
     """(one Cell per backbone and temperature the run has, one per temperature across backbones)."""
     def methods(backbone, temp):
         return set(pp.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp))["method"])
 
-    per_cell = [Cell(pp, steps, bb, t, benches, methods(bb, t), backbones, route_pair)
+    per_cell = [Cell(pp, steps, bb, t, benches, methods(bb, t), backbones, route_pair, weighting)
                 for bb in backbones for t in temps]
-    across = [Cell(pp, steps, None, t, benches, set(), backbones, route_pair) for t in temps]
+    across = [Cell(pp, steps, None, t, benches, set(), backbones, route_pair, weighting) for t in temps]
     return per_cell, across
 
 
 def check_claims(pp: pl.DataFrame, steps, depth: pl.DataFrame | None,
-                 route_pair: tuple = ("math", "chat"), grid: Grid | None = None) -> pl.DataFrame:
+                 route_pair: tuple = ("math", "chat"), grid: Grid | None = None,
+                 weighting: str = STUDY_W) -> pl.DataFrame:
     """Each claim compares what the study compared: RQ3a/RQ3b use ``ROUTED``, RQ4 maps routing
     choices to drafters by the profile's ``route_pair``, the entropy claim uses the math drafter on
     GSM8K where present; then rows for claims without cells and the family-wise view (add_holm).
     ``grid``: what the profile asks for (Grid.from_profile; default: what the traces hold); it fixes
     the study family and names the benchmarks the prompt rule counts. ``steps``: the step frame, or
     its StepSummary (steps.py: the report reads the step table once, in passes). ``depth`` is not
-    read (Tables 5-8 as the claims need them come from ``steps``)."""
+    read (Tables 5-8 as the claims need them come from ``steps``). ``weighting``: how an average over
+    benchmarks weights them (weighting.py; default the study's 1 chat : 3 math)."""
     steps = as_summary(steps, BASE, EARLY_STEPS)
     present = sorted(pp["benchmark"].unique().to_list())
     backbones = sorted(set(pp["backbone"].unique().to_list()) - {"none"})
@@ -101,7 +104,7 @@ def check_claims(pp: pl.DataFrame, steps, depth: pl.DataFrame | None,
     if grid is None:
         grid = Grid(tuple(backbones) or ("none",), tuple(temps), tuple(present))
     benches = list(grid.benchmarks) + [b for b in present if b not in grid.benchmarks]
-    per_cell, across = _cells(pp, steps, backbones, temps, benches, route_pair)
+    per_cell, across = _cells(pp, steps, backbones, temps, benches, route_pair, weighting)
     rows = [r for claim in CLAIMS.values() for cell in (across if claim.across_backbones else per_cell)
             for r in claim.rows(cell)]
     rows = _no_rows(rows, [b for b in grid.benchmarks if b not in present])

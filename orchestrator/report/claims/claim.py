@@ -19,6 +19,7 @@ from ..steps import StepSummary
 from ..tables import aligned, timed
 from .grid import Grid
 from .study import evidence
+from .weighting import STUDY_W, weights
 
 STUDY, EXPLORATORY = "study", "exploratory"
 STUDY_BACKBONES = ("eagle2", "hass")  # the backbones the study's claims are about
@@ -59,7 +60,8 @@ class Cell:
     """What a check reads: the per-prompt rows of the run (tables.per_prompt, with the post hoc
     routers) and its step summary (None without step traces), one backbone (None for a claim across
     backbones) at one temperature, the benchmarks the prompt rule counts, the methods this backbone
-    ran at this temperature, every backbone of the run and the profile's route pair."""
+    ran at this temperature, every backbone of the run, the profile's route pair and the weighting of
+    the average over benchmarks (weighting.py: the study's 1 chat : 3 math)."""
     prompts: pl.DataFrame
     steps: StepSummary | None
     backbone: str | None
@@ -68,6 +70,7 @@ class Cell:
     methods: set[str]
     backbones: list[str]
     route_pair: tuple = ("math", "chat")
+    weighting: str = STUDY_W  # how ``average`` weights the benchmarks (weighting.py)
 
     def paired(self, a: str, b: str, bench: str, num: str = "new_tokens", den: str = "verifier_calls"):
         """(num_a, den_a, num_b, den_b) of methods a and b on the prompts both ran (tables.aligned)."""
@@ -79,10 +82,11 @@ class Cell:
         return paired_diff_ci(*arrays, p=True), len(arrays[0])
 
     def average(self, a: str, b: str, num: str = "new_tokens", den: str = "verifier_calls") -> tuple[tuple, int]:
-        """(num/den of a - of b, mean over the benchmarks, as (estimate, lo, hi, p)), and the fewest
-        prompts paired on a benchmark."""
+        """(num/den of a - of b, mean over the benchmarks weighted as ``weighting`` says, as (estimate,
+        lo, hi, p)), and the fewest prompts paired on a benchmark."""
         groups = [self.paired(a, b, bn, num, den) for bn in self.benches]
-        return paired_avg_diff_ci(groups, p=True), min(len(g[0]) for g in groups)
+        return (paired_avg_diff_ci(groups, p=True, weights=weights(self.benches, self.weighting)),
+                min(len(g[0]) for g in groups))
 
     def speed(self, a: str, b: str) -> tuple[tuple, int]:
         """``average`` in tokens per second (output tokens over wall-clock seconds)."""

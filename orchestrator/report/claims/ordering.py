@@ -1,7 +1,8 @@
 """The methods keep the same ordering on both backbones (Table 1, average): Kendall tau_b between the
-two backbones' orderings of the methods both ran (mean tau over benchmarks), with a bootstrap over
-prompts, the same resampled prompts for every cell of a benchmark. The study's pair is HASS and
-EAGLE-2; a run without it compares EAGLE-3 with EAGLE-2 (or any two backbones), exploratory."""
+two backbones' orderings of the methods both ran (mean tau over benchmarks, weighted as the study's
+average: weighting.py), with a bootstrap over prompts, the same resampled prompts for every cell of a
+benchmark. The study's pair is HASS and EAGLE-2; a run without it compares EAGLE-3 with EAGLE-2 (or any
+two backbones), exploratory."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,6 +12,7 @@ from ..labels import ORACLE
 from ..stats import B_TEST, data_rng, kendall_tau_b
 from . import study
 from .claim import STUDY, Cell, Claim, Row
+from .weighting import STUDY_W, weights
 
 CHUNK = 1000  # bootstrap draws per block (memory: 2 x methods x CHUNK x prompts)
 
@@ -21,9 +23,10 @@ def same_order(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return (np.sign(x[:, i] - x[:, j]) == np.sign(y[:, i] - y[:, j])).all(1)
 
 
-def _per_benchmark(sub: pl.DataFrame, pair: tuple, methods: list[str]) -> tuple[list, list]:
-    """Per benchmark: (2, M, n) arrays of tokens and of verifier calls on the prompts every cell has."""
-    nums, dens = [], []
+def _per_benchmark(sub: pl.DataFrame, pair: tuple, methods: list[str], weighting: str = STUDY_W):
+    """Per benchmark: (2, M, n) arrays of tokens and of verifier calls on the prompts every cell has,
+    and the benchmarks' weights in the average (weighting.py)."""
+    nums, dens, names = [], [], []
     for bn in sorted(sub["benchmark"].unique().to_list()):
         cells = [sub.filter((pl.col("backbone") == bb) & (pl.col("method") == m) & (pl.col("benchmark") == bn))
                  for bb in pair for m in methods]
@@ -34,18 +37,20 @@ def _per_benchmark(sub: pl.DataFrame, pair: tuple, methods: list[str]) -> tuple[
         cells = [c.filter(pl.col("prompt_id").is_in(ids)).sort("prompt_id") for c in cells]
         nums.append(np.array([c["new_tokens"].to_numpy() for c in cells], float).reshape(2, len(methods), -1))
         dens.append(np.array([c["verifier_calls"].to_numpy() for c in cells], float).reshape(2, len(methods), -1))
-    return nums, dens
+        names.append(bn)
+    return nums, dens, np.array(weights(names, weighting))
 
 
-def _resampled(nums: list, dens: list, n_methods: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(Kendall tau_b, same order) of B_TEST resamples of the prompts, in blocks of CHUNK."""
+def _resampled(nums: list, dens: list, n_methods: int, rng: np.random.Generator,
+               w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(Kendall tau_b, same order) of B_TEST resamples of the prompts, in blocks of CHUNK; the
+    benchmarks' taus averaged with weights ``w``."""
     taus, same = [], []
     for size in [CHUNK] * (B_TEST // CHUNK) + ([B_TEST % CHUNK] if B_TEST % CHUNK else []):
         boot = np.zeros((2, n_methods, size))
-        for nu, de in zip(nums, dens):
+        for wi, nu, de in zip(w, nums, dens):
             idx = rng.integers(0, nu.shape[-1], size=(size, nu.shape[-1]))  # (size, n)
-            boot += nu[:, :, idx].sum(-1) / np.maximum(de[:, :, idx].sum(-1), 1e-12)  # (2, M, size)
-        boot /= len(nums)
+            boot += wi * nu[:, :, idx].sum(-1) / np.maximum(de[:, :, idx].sum(-1), 1e-12)  # (2, M, size)
         taus.append(kendall_tau_b(boot[0].T, boot[1].T))
         same.append(same_order(boot[0].T, boot[1].T))
     return np.concatenate(taus), np.concatenate(same)  # (B_TEST,)
@@ -65,13 +70,14 @@ def _ordering(claim: Claim, cell: Cell, seed: int = 0) -> list[Row]:
                      and m not in ("autoregressive", ORACLE))
     if len(methods) < 3:
         return []
-    nums, dens = _per_benchmark(sub, pair, methods)
+    nums, dens, w = _per_benchmark(sub, pair, methods, cell.weighting)
     if not nums:
         return []
     rng = data_rng(seed, *nums, *dens)  # prompts in prompt_id order: the draws depend on the data alone
-    point = np.mean([nu.sum(-1) / de.sum(-1) for nu, de in zip(nums, dens)], axis=0)  # (2, M)
+    taus = np.array([nu.sum(-1) / de.sum(-1) for nu, de in zip(nums, dens)])  # (benchmarks, 2, M)
+    point = np.einsum("b,bij->ij", w, taus)  # (2, M)
     n = min(nu.shape[-1] for nu in nums)
-    draws, same = _resampled(nums, dens, len(methods), rng)
+    draws, same = _resampled(nums, dens, len(methods), rng, w)
     est = float(kendall_tau_b(point[0][None], point[1][None])[0])
     point_same = bool(same_order(point[0][None], point[1][None])[0])
     share = float(same.mean())

@@ -13,20 +13,23 @@ import polars as pl
 from ..labels import ORACLE, ROUTED, SINGLES
 from . import study
 from .claim import STUDY, Cell, Claim, Row
+from .weighting import mean_tau, named, picks
 
 ROUTING_NOTE = (f"this row's routing is {ROUTED}, the study's code's router behind its Table 1 numbers; "
                 "not deployable (sees both whole generations)")
 
 
 def _mean_tau(cell: Cell, m: str, benches) -> float:
-    """``m``'s tau (ratio of sums) per benchmark of ``benches``, averaged; -inf where it has none."""
-    vals = []
-    for bn in benches:
-        g = cell.prompts.filter((pl.col("backbone") == cell.backbone) & (pl.col("temperature") == cell.temp)
-                                & (pl.col("method") == m) & (pl.col("benchmark") == bn))
-        if g.height and g["verifier_calls"].sum() > 0:
-            vals.append(g["new_tokens"].sum() / g["verifier_calls"].sum())
-    return float(np.mean(vals)) if vals else float("-inf")
+    """``m``'s tau (ratio of sums) per benchmark of ``benches``, averaged as the cell weights them
+    (weighting.py); -inf where it has none."""
+    return mean_tau(cell.prompts, cell.backbone, cell.temp, m, list(benches), cell.weighting)
+
+
+def _pick(cell: Cell, methods: list[str], best: bool = True) -> tuple[str, str]:
+    """(the best or worst of ``methods`` under the cell's weighting, its name with the other
+    weighting's pick where that differs: weighting.named)."""
+    choice = picks(cell.prompts, cell.backbone, cell.temp, methods, cell.benches, best)
+    return choice[cell.weighting], named(choice, "best" if best else "worst", cell.weighting)
 
 
 def _singles(cell: Cell) -> list[str]:
@@ -45,20 +48,21 @@ def _rq3b(claim: Claim, cell: Cell) -> list[Row]:
     singles = _singles(cell)
     if ROUTED not in cell.methods or not singles:
         return []
-    best = max(singles, key=lambda m: _mean_tau(cell, m, cell.benches))
+    best, text = _pick(cell, singles)
     ev = study.rq3b(cell.backbone, cell.temp, ROUTED)
     ev["study_note"] = "; ".join(x for x in (ev["study_note"], ROUTING_NOTE) if x)
-    return [claim.tested(cell.backbone, cell.temp, f"{ROUTED} - best single ({best}), average",
-                         *cell.average(ROUTED, best), ev)]
+    what = f"{ROUTED} - best single ({text}), average ({cell.weighting})"
+    return [claim.tested(cell.backbone, cell.temp, what, *cell.average(ROUTED, best), ev)]
 
 
 def _rq3c(claim: Claim, cell: Cell) -> list[Row]:
     singles = _singles(cell)
     if "avg0.5" not in cell.methods or not singles:
         return []
-    worst = min(singles, key=lambda m: _mean_tau(cell, m, cell.benches))
-    return [claim.tested(cell.backbone, cell.temp, f"averaged - worst specialist ({worst}), average",
-                         *cell.average("avg0.5", worst), study.rq3c(cell.backbone, cell.temp), False)]
+    worst, text = _pick(cell, singles, best=False)
+    what = f"averaged - worst specialist ({text}), average ({cell.weighting})"
+    return [claim.tested(cell.backbone, cell.temp, what, *cell.average("avg0.5", worst),
+                         study.rq3c(cell.backbone, cell.temp), False)]
 
 
 def _rq3c_cells(claim: Claim, cell: Cell) -> list[Row]:
@@ -80,8 +84,9 @@ def _fig6(claim: Claim, cell: Cell) -> list[Row]:
     lams = sorted((float(m[3:]), m) for m in cell.methods if re.fullmatch(r"avg[0-9.]+", m) and 0 < float(m[3:]) < 1)
     if len(lams) < 2 or not {"math", "chat"} <= cell.methods:
         return []
-    spec = max(("math", "chat"), key=lambda m: _mean_tau(cell, m, cell.benches))
-    return [claim.tested(cell.backbone, cell.temp, f"{m} - best specialist ({spec}), average", *cell.average(m, spec),
+    spec, text = _pick(cell, ["math", "chat"])
+    tail = f"best specialist ({text}), average ({cell.weighting})"
+    return [claim.tested(cell.backbone, cell.temp, f"{m} - {tail}", *cell.average(m, spec),
                          study.fig6(cell.backbone, cell.temp), False) for _, m in lams]
 
 
@@ -90,9 +95,10 @@ def _merged_best(claim: Claim, cell: Cell) -> list[Row]:
               and m not in ("autoregressive", ORACLE)]  # (the hindsight oracle is a ceiling, not a method)
     if "merged" not in cell.methods or not others:
         return []
-    best = max(sorted(others), key=lambda m: _mean_tau(cell, m, cell.benches))
-    return [claim.tested(cell.backbone, cell.temp, f"merged - best other method ({best}), average",
-                         *cell.average("merged", best), study.merged_best(cell.backbone, cell.temp))]
+    best, text = _pick(cell, sorted(others))
+    what = f"merged - best other method ({text}), average ({cell.weighting})"
+    return [claim.tested(cell.backbone, cell.temp, what, *cell.average("merged", best),
+                         study.merged_best(cell.backbone, cell.temp))]
 
 
 def _sweep_slots(grid, backbone=None) -> int:

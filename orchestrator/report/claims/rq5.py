@@ -1,10 +1,12 @@
-"""RQ5: acceptance by depth (Tables 5-8). Acceptance falls with depth for every variant (RQ5); the
-matched specialist declines more slowly than the mismatched (depth-slope); the mixed drafter leads
-the matched specialist at depths 1-2 (depth-shallow) and the matched specialist beats it at depths
-4-5 (depth-deep). Each check takes one value per prompt (a prompt is a (benchmark, prompt_id) pair)
-and bootstraps prompts; steps within a prompt are not independent."""
+"""RQ5: acceptance by depth (Tables 5-8). Acceptance falls with depth for every variant (RQ5: one row
+per variant and benchmark, the universal claim cell by cell); the matched specialist declines more
+slowly than the mismatched (depth-slope); the mixed drafter leads the matched specialist at depths 1-2
+(depth-shallow) and the matched specialist beats it at depths 4-5 (depth-deep). Each check takes one
+value per prompt (a prompt is a (benchmark, prompt_id) pair) and bootstraps prompts; steps within a
+prompt are not independent."""
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -45,26 +47,34 @@ def _tested(claim: Claim, cell: Cell, what: str, values, n: int, ev: dict) -> Ro
     return claim.tested(cell.backbone, cell.temp, what, mean_diff_ci(values, p=True), n, ev)
 
 
+def _deepest(rm: pl.DataFrame, min_reached: int) -> int | None:
+    """The deepest depth (<= STUDY_DEPTH) reached >= min_reached times, when depth 1 is one of two or more."""
+    reached = rm.group_by("depth").agg(pl.col("reached").sum()).filter(
+        (pl.col("reached") >= min_reached) & (pl.col("depth") <= STUDY_DEPTH))
+    if reached.height < 2 or 1 not in reached["depth"].to_list():
+        return None
+    return int(reached["depth"].max())
+
+
 def _rq5(claim: Claim, cell: Cell, min_reached: int = MIN_REACHED) -> list[Row]:
-    """RQ5 for every variant: per prompt, its acceptance rate at depth 1 minus at the deepest depth
-    (<= 5) that variant reached >= min_reached times."""
+    """RQ5 for every variant on every benchmark (the universal claim cell by cell, each row a hypothesis
+    of the study family): per prompt, the acceptance rate at depth 1 minus at the deepest depth (<= 5)
+    that variant reached >= min_reached times on that benchmark."""
     r, out = _rates(cell), []
     if r.is_empty():
         return []
-    for method in sorted(r["method"].unique().to_list()):
-        rm = r.filter(pl.col("method") == method)
-        reached = rm.group_by("depth").agg(pl.col("reached").sum()).filter(
-            (pl.col("reached") >= min_reached) & (pl.col("depth") <= STUDY_DEPTH))
-        if reached.height < 2 or 1 not in reached["depth"].to_list():
+    for (method, bench), rm in sorted(r.group_by("method", "benchmark"), key=lambda kv: kv[0]):
+        deep = _deepest(rm, min_reached)
+        if deep is None:
             continue
-        deep = int(reached["depth"].max())
         per = (rm.filter(pl.col("depth").is_in([1, deep]))
                .pivot(on="depth", index=["benchmark", "prompt_id"], values="rate").drop_nulls()
                .select("benchmark", "prompt_id", (pl.col("1") - pl.col(str(deep))).alias("diff")))
         vals, n = _per_prompt([per])
         if n:
-            what = f"{method}: accept rate depth 1 - depth {deep}, per prompt"
-            out.append(_tested(claim, cell, what, vals, n, study.rq5(cell.backbone, cell.temp, method)))
+            what = f"{method}: accept rate depth 1 - depth {deep} on {bench}, per prompt"
+            row = _tested(claim, cell, what, vals, n, study.rq5(cell.backbone, cell.temp, method))
+            out.append(replace(row, benchmark=bench))
     return out
 
 
@@ -150,7 +160,7 @@ _deep = partial(_depth_gap, depths=DEEP, mixed_ahead=False, study_of=study.depth
 CLAIMS = (
     Claim("RQ5", "acceptance rate falls with depth for every variant (Tables 5-8)",
           "step traces of single drafters reaching two depths", STUDY, _rq5, study=study.rq5,
-          slots=lambda grid, backbone=None: len(VARIANTS)),
+          slots=lambda grid, backbone=None: len(VARIANTS) * len(grid.benchmarks)),
     Claim("depth-slope", "the matched specialist declines more slowly with depth than the mismatched (Tables 5-8)",
           "step traces of both specialists", STUDY, _slope, study=study.depth_slope),
     Claim("depth-shallow", "the mixed drafter leads the matched specialist at shallow depth 1-2 (Tables 5-8)",
