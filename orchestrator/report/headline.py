@@ -108,19 +108,33 @@ def tau_line(t1: pl.DataFrame, backbone: str) -> str:
     return f"- **Home specialists' τ** ({backbone}, T=0, fixed tree): " + "; ".join(parts) + ".\n"
 
 
+def _claim_line(g: pl.DataFrame, of: int) -> str:
+    """One claim's conclusive comparisons at one backbone and temperature (``of`` run there): the
+    comparison itself where there is one, else how many hold (or do not) and their estimates' range."""
+    r = g.row(0, named=True)
+    head = f"  - {r['claim']} ({r['backbone']}, T={r['temperature']:g}): "
+    if g.height == 1 and of == 1:
+        return head + (f"{r['comparison']}: {estimate_text(r['estimate'], r['ci_lo'], r['ci_hi'])}, "
+                       f"**{verdict_word(r['verdict_holm'])}**\n")
+    words = [verdict_word(v) for v in g["verdict_holm"]]
+    counts = ", ".join(f"**{w}** in {words.count(w)}" for w in CONCLUSIVE if w in words)
+    return head + (f"{counts} of {of} comparisons (estimates {g['estimate'].min():+.2f} to "
+                   f"{g['estimate'].max():+.2f}; each in the claims section)\n")
+
+
 def concluded_lines(cl: pl.DataFrame) -> list[str]:
-    """The claims whose Holm-adjusted verdict is conclusive, one line each; the count of the rest."""
+    """The claims whose Holm-adjusted verdict is conclusive, one line per claim, backbone and temperature."""
     if cl.is_empty() or "verdict_holm" not in cl.columns:
         return []
     ran = cl.filter(~pl.col("verdict").str.contains("not in this run", literal=True))
     word = pl.col("verdict_holm").map_elements(verdict_word, return_dtype=pl.String)
     done = ran.filter(word.is_in(CONCLUSIVE))
-    out = [f"- **Claims that concluded under Holm**: {done.height} of {ran.height} comparisons run"
-           + (":" if done.height else " (every verdict is in the claims table below).") + "\n"]
-    for r in done.iter_rows(named=True):
-        out.append(f"  - {r['claim']} ({r['backbone']}, T={r['temperature']:g}): {r['comparison']}: "
-                   f"{estimate_text(r['estimate'], r['ci_lo'], r['ci_hi'])}, "
-                   f"**{verdict_word(r['verdict_holm'])}**\n")
+    out = [f"- **Claims that concluded under Holm**: {done.height} of the {ran.height} comparisons run"
+           + (":" if done.height else " (every verdict is in the claims section below).") + "\n"]
+    keys = ("claim", "backbone", "temperature")
+    runs = {k: g.height for k, g in ran.group_by(*keys)}
+    for k, g in done.group_by(*keys, maintain_order=True):
+        out.append(_claim_line(g, runs[k]))
     return out
 
 
