@@ -10,9 +10,9 @@ benchmark's prompts scaled by rows / 58 M (at least 2 a benchmark), 20 prompts a
 two turns, the paper's step rows per turn (58 M over its turns, drawn 0.5x-1.5x) and every trace
 column the eval workers write (decoding/engine.py, decoding/runner.py, workers/eval_worker.py), one
 Parquet file per unit and kind under hive partitions, recorded in a manifest with the eval plan.
-``--code DIR``: the report of another checkout (e.g. ``git archive a0aaca6``, before the report
-read steps in passes). ``--compare-with DIR``: build the report with this checkout and with DIR's
-and say whether every output file is byte-identical.
+``--code DIR``: the report of another checkout (e.g. a ``git archive`` of the commit before the
+report read steps in passes, docs/report.md). ``--compare-with DIR``: build the report with this
+checkout and with DIR's and say whether every output file is byte-identical.
 """
 from __future__ import annotations
 

@@ -4,7 +4,8 @@ A unit (a corpus's features, the draft vocabulary, a drafter's training, a merge
 evaluation cell) is done once per key: the manifest records it under its key, and a run that finds
 the key done skips the unit. A key hashes what the unit's result depends on, so a setting added
 later enters a key only away from the value runs had before it existed (tests/test_keys_unchanged.py
-holds the keys of the shipped profiles to the ones runs wrote at 7b1ea68).
+holds the keys of the shipped profiles to the ones earlier runs wrote: the commit is named in
+docs/design.md).
 """
 from __future__ import annotations
 

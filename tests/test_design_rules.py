@@ -1,6 +1,7 @@
 """The layout's rules (docs/design.md), kept by reading the source: imports point down the layers,
-no import circles, no module over 500 lines and no function over 60 (the exceptions listed here,
-each with its reason)."""
+no import circles (a package's ``__init__`` counted: importing ``a.b.c`` runs ``a.b``), no module
+over 500 lines and no function over 60, no dates or commit hashes in code (the exceptions listed
+here, each with its reason)."""
 from __future__ import annotations
 
 import ast
@@ -12,9 +13,21 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("common", "drafters", "decoding", "workers", "orchestrator", "experiments")
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
-# entry points sit above every room: `python -m drafters train` launches Ray Train (workers/), and
-# nothing imports an entry point
-ENTRY_POINTS = {"drafters.__main__", "decoding.__main__"}
+# entry points sit above every room and nothing imports them. The one listed imports up:
+# `python -m drafters train|merge` comes from workers/train_cli.py (train launches Ray Train, in
+# workers/); it stays until issue #66 item 4 places the train and merge CLI where nothing imports up
+# (a module move, left to that step), which removes this exemption
+ENTRY_POINTS = {"drafters.__main__"}
+# circles known and why each stays (sorted modules -> reason); the test fails on any other circle and
+# on a listed one that is gone
+KNOWN_CIRCLES: dict[tuple[str, ...], str] = {
+    ("orchestrator.feature_modes", "orchestrator.grid", "orchestrator.profile", "orchestrator.profile.load",
+     "orchestrator.sizing"):
+        "load_profile resolves data.feature_mode auto with the cost model (sizing -> feature_modes -> "
+        "grid), and the cost model reads the profile's schema, batch plan and error, whose package "
+        "__init__ exports load_profile. Breaking it moves a module (the schema out of the loader's "
+        "package, or the loader above the plan): issue #66 item 3 (orchestrator/plan/) removes it",
+}
 LONG_FUNCTIONS: dict[str, str] = {  # "module:function" -> why it stays longer than 60 lines
 }
 
@@ -51,9 +64,18 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
+def _with_packages(name: str, targets: set[str], modules: dict[str, Path]) -> set[str]:
+    """``targets`` and the packages importing them runs (``a.b`` for ``a.b.c``), less ``name``'s own
+    packages (already run when ``name`` runs)."""
+    own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
+    parents = {".".join(t.split(".")[:i]) for t in targets for i in range(1, t.count(".") + 1)}
+    return targets | {p for p in parents if p in modules and p not in own}
+
+
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
-    return {name: _imports(name, path, modules) for name, path in modules.items()}
+    return {name: _with_packages(name, _imports(name, path, modules), modules)
+            for name, path in modules.items()}
 
 
 def test_imports_point_down_the_layers():
@@ -107,12 +129,24 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_circles():
-    circles = _circles(_graph())
-    assert not circles, "import circles:\n" + "\n".join(" <-> ".join(c) for c in circles)
+    circles = {tuple(c) for c in _circles(_graph())}
+    new = sorted(circles - set(KNOWN_CIRCLES))
+    assert not new, "import circles:\n" + "\n".join(" <-> ".join(c) for c in new)
+    gone = sorted(set(KNOWN_CIRCLES) - circles)
+    assert not gone, f"KNOWN_CIRCLES lists circles that are gone (drop them): {gone}"
 
 
 def test_the_circle_finder_finds_one():
     assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_a_package_init_is_in_the_graph():
+    """``x.m`` importing ``x.p.q`` runs ``x.p``'s ``__init__``: the circle through it is found."""
+    modules = dict.fromkeys(["x", "x.m", "x.p", "x.p.q", "x.p.load"], Path())
+    graph = {"x.m": {"x.p.q"}, "x.p": {"x.p.load", "x.p.q"}, "x.p.load": {"x.m", "x.p.q"}, "x.p.q": set()}
+    graph = {n: _with_packages(n, t, modules) for n, t in graph.items()}
+    assert graph["x.m"] == {"x.p.q", "x.p"} and graph["x.p.load"] == {"x.m", "x.p.q"}
+    assert _circles(graph) == [["x.m", "x.p", "x.p.load"]]
 
 
 def test_no_module_over_500_lines():
@@ -136,13 +170,23 @@ def test_no_function_over_60_lines():
     assert not stale, f"LONG_FUNCTIONS names modules that are gone: {stale}"
 
 
+# a date, or a commit hash (7-40 hex digits, at least one letter and one digit)
+DATED = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+
+
 def test_no_dated_measurements_in_code():
     """Measurements name their date, commit and machine, and live in docs/ (docs/performance.md):
-    a date in a module is a measurement that moved into code."""
-    dated = [f"{name}:{i}" for name, path in _modules().items()
-             for i, line in enumerate(path.read_text().splitlines(), 1)
-             if re.search(r"\b20\d\d-[01]\d-[0-3]\d\b", line)]
-    assert not dated, f"dates in code (move the measurement to docs/): {dated}"
+    a date or a commit hash in a module is a measurement (or a history) that moved into code. Tests
+    and their fixtures (tests/, not read here) keep the commits they load on purpose."""
+    dated = [f"{name}:{i}: {m.group()}" for name, path in _modules().items()
+             for i, line in enumerate(path.read_text().splitlines(), 1) for m in DATED.finditer(line)]
+    assert not dated, f"dates or commit hashes in code (move them to docs/): {dated}"
+
+
+def test_the_date_rule_finds_dates_and_commit_hashes():
+    hits = [bool(DATED.search(t)) for t in ("at 7b1ea68", "on 2026-12-07", "sha 0123abcdef4567",
+                                             "deadbeef", "1234567", "a 64-hex " + "ab12" * 16, "float16")]
+    assert hits == [True, True, True, False, False, False, False]
 
 
 def test_the_design_page_lists_every_module_once():
