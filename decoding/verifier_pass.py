@@ -203,7 +203,3 @@ def commit_path(cache, prefix_len: int, path: list[int], path_index: torch.Tenso
             layer.buf_k[..., prefix_len:m, :] = layer.buf_k[..., idx, :]  # gather copies first: no aliasing
             layer.buf_v[..., prefix_len:m, :] = layer.buf_v[..., idx, :]
         layer.set_length(m)
-
-
-def cache_length(cache) -> int:
-    return cache.get_seq_length()

@@ -82,11 +82,6 @@ def noise(features: torch.Tensor, generator: torch.Generator | None, lengths: to
     return features + (u - 0.5) * per[:, None, None]
 
 
-def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    m = mask.to(x.dtype)
-    return (x * m).sum() / m.sum().clamp_min(1.0)
-
-
 def eagle_losses(pred: torch.Tensor, target: torch.Tensor, head, mask: torch.Tensor, top_ids=None, top_probs=None):
     """Returns (feature SmoothL1, soft CE vs the verifier's distribution, top-K distillation, logp).
 
