@@ -1,4 +1,4 @@
-"""python -m drafters {init,train,merge,features,export,import} ..."""
+"""python -m drafters {init,train,merge,export,import} ... (train and merge: workers/train_cli.py)."""
 from __future__ import annotations
 
 import argparse

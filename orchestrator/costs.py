@@ -95,9 +95,10 @@ def train_flops_per_token(v: dict, backbone: str, hass_steps: int) -> float:
 
 
 def checkpoint_bytes(v: dict, backbone: str, precision: str, draft_vocab: int | None = None) -> int:
-    """One epoch checkpoint (drafters/trainer.py ``_save``): the weights as trained (bf16: 2 bytes a
-    parameter) plus DeepSpeed's state, its module copy and the float32 master weights and Adam's m
-    and v (12 bytes): 16 bytes a parameter in bf16, 20 in fp32 (about 13 GB for Llama-3-8B's EAGLE-3)."""
+    """One epoch checkpoint (drafters/train_checkpoints.py ``RunCheckpoints.save``): the weights as
+    trained (bf16: 2 bytes a parameter) plus DeepSpeed's state, its module copy and the float32 master
+    weights and Adam's m and v (12 bytes): 16 bytes a parameter in bf16, 20 in fp32 (about 13 GB for
+    Llama-3-8B's EAGLE-3)."""
     w = 2 if precision == "bf16" else 4
     return drafter_params(v, backbone, draft_vocab) * (2 * w + 12)
 

@@ -1,4 +1,4 @@
-"""`python -m drafters train|merge|features`."""
+"""`python -m drafters train|merge`."""
 from __future__ import annotations
 
 import json
