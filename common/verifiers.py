@@ -101,8 +101,8 @@ def _saved_dtype(source: VerifierSource) -> str | None:
     return saved if saved in ("bfloat16", "float16") else None
 
 
-def load_verifier(name: str = DEFAULT_VERIFIER, dtype: str | None = None, device: str = "cpu",
-                  prepare=None):
+def load_from_registry(name: str = DEFAULT_VERIFIER, dtype: str | None = None, device: str = "cpu",
+                       prepare=None):
     """Load (model, tokenizer) once per process per (verifier, dtype, device, prepare), however the
     call spells them (``dtype=None`` and the dtype it defaults to are one model); the model is in eval
     mode with grads off. ``prepare(model)``, if given, replaces the model's multi-token attention

@@ -1,5 +1,6 @@
-"""The verifier as decoding loads it: the registry's model (common/verifiers.py) with this machine's
-CPU kernels installed on it (decoding/cpu/) when it runs on the CPU."""
+"""The verifier as decoding loads it: the registry's model (common/verifiers.py
+``load_from_registry``) with this machine's CPU kernels installed on it (decoding/cpu/) when it runs
+on the CPU."""
 from __future__ import annotations
 
 from common import verifiers as _registry
@@ -14,4 +15,4 @@ def load_verifier(name: str = _registry.DEFAULT_VERIFIER, dtype: str | None = No
     ``matmul_forms=False`` gives the plain model (tuning the matmul tables costs a cold machine a
     minute per process, and training runs the plain product anyway)."""
     prepare = _install_cpu if device == "cpu" and matmul_forms else None
-    return _registry.load_verifier(name, dtype=dtype, device=device, prepare=prepare)
+    return _registry.load_from_registry(name, dtype=dtype, device=device, prepare=prepare)

@@ -6,14 +6,14 @@ import sys
 
 
 def _init(args) -> None:
-    from common.verifiers import load_verifier, resolve
+    from common.verifiers import load_from_registry, resolve
 
     from .checkpoint import init_drafter, load_any, save_any
     from .config import DrafterConfig
     from .eagle3 import Eagle3Config, init_eagle3
 
     name = resolve(args.verifier).name
-    model, _ = load_verifier(args.verifier)
+    model, _ = load_from_registry(args.verifier)
     # the same draft vocabulary as a trained drafter (a TIES / task-arithmetic base)
     ids = load_any(args.vocab_from).draft_ids() if args.vocab_from else None
     size = None if ids is None else int(ids.shape[0])

@@ -123,11 +123,11 @@ class Context:
 
     def load_plain_verifier(self):
         """The verifier as training and extraction load it (one copy per process: common's cache)."""
-        from common.verifiers import load_verifier
+        from common.verifiers import load_from_registry
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            model, _ = load_verifier(self.verifier, dtype=self.dtype, device=self.device)
+            model, _ = load_from_registry(self.verifier, dtype=self.dtype, device=self.device)
         return model
 
     @property

@@ -14,7 +14,7 @@ def warm(verifier: str, threads: list[int], dtypes: list[str]) -> int:
     a busy test suite or grid would time them again in every process)."""
     import torch
 
-    from common.verifiers import load_verifier
+    from common.verifiers import load_from_registry
 
     from . import matmul as cpu_matmul
 
@@ -25,7 +25,7 @@ def warm(verifier: str, threads: list[int], dtypes: list[str]) -> int:
         for n in threads:
             torch.set_num_threads(n)
             t = time.time()
-            model, _ = load_verifier(verifier, dtype=dtype)  # the plain model: the tables alone are tuned
+            model, _ = load_from_registry(verifier, dtype=dtype)  # the plain model: only the tables are tuned
             before = _keys(cpu_matmul.CACHE, n, model.dtype)
             # the tables alone: the model (shared by this process's other training-style loads) keeps
             # its plain forward
