@@ -43,7 +43,8 @@ class RunCheckpoints:
     def save(self, name: str, history: list, state: dict, step: int) -> Path:
         """Checkpoint ``name``: weights, every rank's optimizer shard and noise generator, then
         state.json (``state`` + history + config + each rank's micro-batch count and weights digest);
-        renamed into place whole, on rank 0, which then drops the checkpoints this one makes stale.
+        renamed into place whole, on rank 0, which then drops the checkpoints this one makes stale
+        (none of them is being uploaded: the trainer settles every upload before it saves).
         Ranks that ran different step counts or hold different weights stop the run here."""
         out, cfg = self.out, self.cfg
         d, tmp = out / name, out / f".{name}.tmp"

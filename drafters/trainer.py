@@ -58,6 +58,7 @@ class _Run:
     history: list = field(default_factory=list)
     step: int = 0  # micro-batches taken, over every epoch
     resumed: bool = False
+    settle: object = None  # () -> None: once no checkpoint upload is in flight (train's ``settle``)
 
     @property
     def tag(self) -> str:
@@ -65,27 +66,37 @@ class _Run:
 
 
 def train(cfg: TrainConfig, verifier_model, rank: int = 0, world: int = 1, report=None, tokenizer=None,
-          saved=None) -> Path:
+          saved=None, settle=None) -> Path:
     """Train (or resume) one drafter; returns the final checkpoint directory (out_dir/final).
-    Every rank calls ``report(metrics, dir)`` after each epoch's checkpoint and ``saved(dir)``
-    after each step checkpoint. A resume restores weights, optimizer, each rank's noise generator
-    and the data position, so it takes the steps the uninterrupted run takes (same worker count)."""
+    Every rank calls ``report(metrics, dir)`` after each epoch's checkpoint, ``saved(dir)`` after
+    each step checkpoint and ``settle()`` before it writes a checkpoint and before the final one
+    (workers/artifacts.py Uploads: it returns once no upload is in flight, or raises one's failure).
+    A resume restores weights, optimizer, each rank's noise generator and the data position, so it
+    takes the steps the uninterrupted run takes (same worker count)."""
     if world > 1 and not cfg.deepspeed and distributed():  # (a simulated rank without a process group: tests)
         raise ValueError(f"deepspeed: false trains without gradient synchronisation; {world} ranks would "
                          "each train their own drafter. Set deepspeed: true (ZeRO 0-2) or use one worker")
     run = _start(cfg, verifier_model, rank, world, tokenizer)
+    run.settle = settle or (lambda: None)
     with reading_tensors(run.backbone.feature_tensors):  # cached shards: only what the backbone reads
         start, pos = _resume(run)
         for epoch in range(start + 1, cfg.epochs + 1):
             metrics = _epoch(run, epoch, pos, saved)
             pos = None
             run.history.append(metrics)
-            d = run.ckpts.save(f"epoch-{epoch}", run.history, {"epoch": epoch}, run.step)
+            d = _save(run, f"epoch-{epoch}", {"epoch": epoch})
             if report is not None:
                 report(metrics, d)
             if cfg.crash_after_epoch == epoch:
                 raise RuntimeError(f"injected crash after epoch {epoch}")
+    run.settle()  # every upload done before the final checkpoint
     return run.ckpts.finalize()
+
+
+def _save(run: _Run, name: str, state: dict) -> Path:
+    """Checkpoint ``name``, once no upload of an earlier one is in flight (rank 0 drops stale ones)."""
+    run.settle()
+    return run.ckpts.save(name, run.history, state, run.step)
 
 
 def _start(cfg: TrainConfig, verifier_model, rank: int, world: int, tokenizer) -> _Run:
@@ -213,7 +224,7 @@ def _after_step(run: _Run, epoch: int, sums: dict, t0: float, saved) -> None:
     if every and run.step % every == 0:
         sums["seconds"] = time.perf_counter() - t0
         state = {"epoch": epoch - 1, "position": {"sums": sums}}
-        d = run.ckpts.save(f"step-{epoch}-{sums['batches']}", run.history, state, run.step)
+        d = _save(run, f"step-{epoch}-{sums['batches']}", state)
         if saved is not None:
             saved(d)
     if cfg.crash_at_step and not run.resumed and run.step == cfg.crash_at_step * cfg.grad_accum:

@@ -76,6 +76,125 @@ def test_step_checkpoint_resume_ends_with_the_uninterrupted_weights(verifier, fe
     assert sorted(p.name for p in out.iterdir() if (p / "state.json").is_file()) == ["epoch-2", "final"]  # keep 1
 
 
+def _slow_uploads(monkeypatch, log: list, delay: float = 0.3, fail: str | None = None, stepped=None):
+    """storage.sync with each checkpoint's upload (its files, state.json excluded) taking ``delay``
+    seconds more, after the loop's next step where ``stepped`` (an Event the step sets) says so (at
+    most 2 s), logged as (name, start, end), checking its files are all still there when it ends;
+    the upload of checkpoint ``fail`` raises."""
+    import threading
+
+    from common import storage
+
+    real, stepped = storage.sync, stepped or threading.Event()
+
+    def sync(src, dst, exclude=(), **kw):
+        if "state.json" not in exclude:
+            return real(src, dst, exclude=exclude, **kw)
+        name, t0 = Path(src).name.removeprefix(".").removesuffix(".tmp"), time.time()
+        if name == fail:
+            raise OSError(f"injected: the store refused {name}")
+        files = sorted(p.relative_to(src) for p in Path(src).rglob("*") if p.is_file())
+        stepped.clear()
+        stepped.wait(2.0)  # (a next save that did not wait would come right after this step)
+        time.sleep(delay)
+        n = real(src, dst, exclude=exclude, **kw)
+        assert sorted(p.relative_to(src) for p in Path(src).rglob("*") if p.is_file()) == files, name
+        log.append((name, t0, time.time()))
+        return n
+
+    monkeypatch.setattr(storage, "sync", sync)
+
+
+@pytest.mark.slow
+def test_uploads_run_beside_training_and_a_kill_mid_upload_resumes_from_complete_ones(verifier, features,
+                                                                                       tmp_path, monkeypatch):
+    """Checkpoints every optimizer step to a file:// URI, each upload slowed: training goes on while
+    one uploads, one at a time, and no directory is dropped while it uploads (rank 0 drops stale ones
+    after each save). Then the same run is killed (SIGKILL) mid-upload of step-2-2: the URI holds
+    that checkpoint in part, without state.json, and resume sees only complete ones, fetches step-2-1
+    and ends with the uninterrupted run's weights; the partial copy is gone from the URI after."""
+    import threading
+
+    from common import storage
+    from tests.upload_job import train_uploading
+    from workers.artifacts import remote_checkpoints
+
+    model = verifier[0]
+    uri = f"file://{tmp_path}/bucket"
+    steps, log = [], []
+    monkeypatch.setenv("TASKSPEC_STAGING", str(tmp_path / "node-a"))
+    import drafters.trainer as trainer
+
+    real_step = trainer._step
+    def step(*a):
+        t0 = time.time()
+        real_step(*a)
+        steps.append((t0, time.time()))
+        stepped.set()
+
+    stepped = threading.Event()
+    monkeypatch.setattr(trainer, "_step", step)
+    _slow_uploads(monkeypatch, log, stepped=stepped)
+    cfg = _cfg(features, "unused", checkpoint_every=1, keep_checkpoints=1, out_uri=f"{uri}/whole")
+    cfg = dataclasses.replace(cfg, backbone="eagle2")  # (the loop's, the cheaper objective)
+    whole = train_uploading(cfg, model)
+    names = [n for n, _, _ in log]
+    assert names == ["step-1-1", "step-1-2", "step-1-3", "step-1-4", "epoch-1",
+                     "step-2-1", "step-2-2", "step-2-3", "step-2-4", "epoch-2"], names
+    assert all(a[2] <= b[1] for a, b in zip(log, log[1:]))  # one upload in flight at a time
+    assert any(s0 < t1 and t0 < s1 for _, t0, t1 in log for s0, s1 in steps)  # a step while one uploaded
+    assert storage.listdir(f"{uri}/whole") == ["epoch-2", "final"]
+
+    monkeypatch.undo()  # the child kills itself in step-2-2's upload
+    out_uri = f"{uri}/killed"
+    child = dataclasses.asdict(dataclasses.replace(cfg, out_uri=out_uri))
+    r = subprocess.run([sys.executable, str(ROOT / "tests/upload_job.py"), json.dumps(child), "step-2-2",
+                        str(torch.get_num_threads())],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT,
+                       env={**os.environ, "TASKSPEC_STAGING": str(tmp_path / "node-b")})
+    assert r.returncode == -9, r.stdout[-2000:] + r.stderr[-3000:]
+    there = storage.listdir(out_uri)
+    assert "step-2-2" in there and not storage.exists(f"{out_uri}/step-2-2/state.json"), there
+    assert sorted(remote_checkpoints(out_uri)) == ["epoch-1", "step-2-1"]
+    for name in remote_checkpoints(out_uri):  # what the URI calls complete is there whole
+        local = tmp_path / "node-b" / "x"
+        storage.sync(f"{out_uri}/{name}", str(local / name))
+        assert sorted(p.name for p in (local / name).iterdir()) == ["config.json", "model.safetensors",
+                                                                    "optimizer.pt", "rng.pt", "state.json"]
+    monkeypatch.setenv("TASKSPEC_STAGING", str(tmp_path / "node-c"))  # a fresh node resumes
+    resumed = train_uploading(dataclasses.replace(cfg, out_uri=out_uri), model)
+    hist = json.loads((resumed / "config.json").read_text())["training"]["history"]
+    assert [e["epoch"] for e in hist] == [0, 1, 2]
+    a, b = (load_file(str(d / "model.safetensors")) for d in (whole, resumed))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert storage.listdir(out_uri) == ["epoch-2", "final"]
+
+
+@pytest.mark.slow
+def test_a_failed_upload_is_raised_at_the_next_save_and_at_the_end(verifier, features, tmp_path, monkeypatch):
+    """The upload of step-1-2 fails in the background: the next save raises it (the run stops; the URI
+    never calls step-1-2 complete). A one-epoch run whose last upload fails raises it at the end,
+    before the final checkpoint is made."""
+    from common import storage
+    from tests.upload_job import train_uploading
+    from workers.artifacts import UploadFailed, remote_checkpoints
+
+    monkeypatch.setenv("TASKSPEC_STAGING", str(tmp_path / "node"))
+    uri = f"file://{tmp_path}/bucket"
+    _slow_uploads(monkeypatch, [], delay=0.0, fail="step-1-2")
+    cfg = dataclasses.replace(_cfg(features, "unused", checkpoint_every=1, keep_checkpoints=1, out_uri=f"{uri}/a"),
+                              backbone="eagle2")
+    with pytest.raises(UploadFailed, match="step-1-2.*injected: the store refused step-1-2"):
+        train_uploading(cfg, verifier[0])
+    assert remote_checkpoints(f"{uri}/a") == ["step-1-1"]
+    assert not (storage.node_cache(f"{uri}/a") / "step-1-3").exists()  # raised before the next was written
+    _slow_uploads(monkeypatch, [], delay=0.0, fail="epoch-1")
+    cfg = dataclasses.replace(cfg, out_uri=f"{uri}/b", checkpoint_every=None, epochs=1)
+    with pytest.raises(UploadFailed, match="epoch-1"):
+        train_uploading(cfg, verifier[0])
+    assert remote_checkpoints(f"{uri}/b") == [] and not (storage.node_cache(f"{uri}/b") / "final").exists()
+
+
 def test_ray_train_gets_the_profiles_retries_and_keeps_few_checkpoints(tmp_path):
     from workers.train_worker import trainer_for
 

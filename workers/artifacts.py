@@ -2,9 +2,10 @@
 
 Layout at the URI mirrors the local run directory: ``epoch-N/`` and ``step-N-B/`` checkpoints
 (weights, DeepSpeed state of every rank, ``state.json`` last, so a checkpoint with ``state.json``
-is complete) and ``final/``. Once a checkpoint is at the URI, the ones it makes stale are deleted
-there (older step checkpoints; epochs beyond ``keep_checkpoints``) and every node drops its local
-copies but the newest (the final checkpoint is made from it).
+is complete) and ``final/``. Checkpoints are uploaded in the background while training goes on,
+one at a time (:class:`Uploads`). Once a checkpoint is complete at the URI, the ones it makes stale
+are deleted there (older step checkpoints; epochs beyond ``keep_checkpoints``) and every node drops
+its local copies but the newest (the final checkpoint is made from it).
 
 Feature caches at the URI: a rank fetches their manifests (shard indexes) only; the shards it reads
 come through the node's bounded shard cache (workers/shard_cache.py). The features task streams a
@@ -16,6 +17,7 @@ import dataclasses
 import json
 import os
 import shutil
+import threading
 from pathlib import Path
 
 from drafters.checkpoint import checkpoint_position, latest_checkpoint, stale_checkpoints
@@ -76,26 +78,106 @@ def drop_local(out: Path, keep: str | None) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
-def publish_checkpoint(cfg, ckpt_dir: Path, rank: int, local_rank: int) -> None:
-    """Every node uploads the files its ranks wrote (ZeRO shards differ per rank); rank 0 adds
-    state.json once all have, which marks the checkpoint complete at the URI, then deletes the
-    remote checkpoints it makes stale. Each node then keeps only its newest local copy."""
-    if not cfg.out_uri:
-        return
-    dest = storage.join(cfg.out_uri, ckpt_dir.name)
-    _barrier()
-    if local_rank == 0:
-        tmp = ckpt_dir.parent / f".{ckpt_dir.name}.tmp"  # other nodes: rank 0's rename happened elsewhere
-        src = ckpt_dir if ckpt_dir.is_dir() else tmp
-        if src.is_dir():
-            storage.sync(str(src), dest, exclude=("state.json",))
-    _barrier()
-    if rank == 0:
-        storage.sync(str(ckpt_dir / "state.json"), storage.join(dest, "state.json"))
-        for stale in stale_checkpoints(remote_checkpoints(cfg.out_uri), cfg.keep_checkpoints):
-            storage.remove(storage.join(cfg.out_uri, stale))
-    if local_rank == 0:
-        drop_local(ckpt_dir.parent, keep=ckpt_dir.name)
+class UploadFailed(RuntimeError):
+    pass
+
+
+class Uploads:
+    """One rank's checkpoint uploads to ``cfg.out_uri``, each in a background thread while training
+    goes on (every rank makes one and calls :meth:`start` after each checkpoint is written and
+    :meth:`settle` before the next is written and before the final one).
+
+    Every node's first rank uploads the files its node's ranks wrote (ZeRO shards differ per rank),
+    ``state.json`` excluded; ``state.json`` follows once every node's files are there, which marks
+    the checkpoint complete at the URI (:func:`remote_checkpoints`), and then the remote checkpoints
+    it makes stale are deleted. On one node rank 0's thread does all of that at once; with several
+    nodes no thread knows when the others are done, so rank 0 completes the checkpoint at the next
+    :meth:`settle`, after the ranks agree that every upload succeeded. At most one upload is in
+    flight: :meth:`settle` waits for it, so the next checkpoint (and rank 0's drop of the ones it
+    makes stale, drafters/train_checkpoints.py) never touches a directory being uploaded. A failed
+    upload is raised by :meth:`settle` on every rank. Collectives run in the calling thread only."""
+
+    def __init__(self, cfg, rank: int, local_rank: int, world: int, nodes: int):
+        self.cfg, self.rank, self.local_rank, self.world, self.nodes = cfg, rank, local_rank, world, nodes
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._pending: Path | None = None  # uploaded on every node, state.json not yet written (nodes > 1)
+        self.in_flight: str | None = None  # the checkpoint this rank's thread uploads
+
+    @classmethod
+    def for_rank(cls, cfg, rank: int, local_rank: int, world: int) -> "Uploads":
+        """Every rank calls it (one gather: how many nodes upload)."""
+        from drafters.collectives import gather
+
+        return cls(cfg, rank, local_rank, world, sum(gather(local_rank == 0, world)))
+
+    def __enter__(self) -> "Uploads":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Leaving the training (a crash too): no upload keeps running beside a restarted run's
+        fetch of the latest complete checkpoint (artifacts.prepare); a failure left unraised here
+        is the crash's consequence, not news."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+    def start(self, ckpt_dir: Path) -> None:
+        """Checkpoint ``ckpt_dir`` is written on every rank: upload it in the background."""
+        if not self.cfg.out_uri:
+            return
+        self.settle()  # (the trainer settles before it writes; a caller that did not waits here)
+        _barrier()  # every rank's files are written
+        if self.nodes > 1:
+            self._pending = ckpt_dir
+        if self.local_rank == 0:
+            self.in_flight = ckpt_dir.name
+            self._thread = threading.Thread(target=self._run, args=(ckpt_dir,), daemon=True,
+                                            name=f"upload-{ckpt_dir.name}")
+            self._thread.start()
+
+    def settle(self) -> None:
+        """Return once no upload is in flight (and, with several nodes, the last one is complete at
+        the URI); raise on every rank if one failed."""
+        if not self.cfg.out_uri:
+            return
+        if self._thread is not None:
+            self._thread.join()
+        self._thread, name, self.in_flight = None, self.in_flight, None
+        err, self._error = self._error, None
+        from drafters.collectives import all_ranks
+
+        if not all_ranks(err is None, self.world):
+            self._pending = None
+            mine = f"the upload of {name} failed: {err!r}" if err else "another node's upload failed"
+            raise UploadFailed(f"rank {self.rank}: {mine}") from err
+        pending, self._pending = self._pending, None
+        if pending is not None and self.rank == 0:
+            self._complete(pending)
+
+    def _run(self, ckpt_dir: Path) -> None:
+        try:
+            dest = storage.join(self.cfg.out_uri, ckpt_dir.name)
+            tmp = ckpt_dir.parent / f".{ckpt_dir.name}.tmp"  # other nodes: rank 0's rename happened elsewhere
+            src = ckpt_dir if ckpt_dir.is_dir() else tmp
+            if src.is_dir():
+                storage.sync(str(src), dest, exclude=("state.json",))
+            if self.nodes == 1:
+                self._complete(ckpt_dir)
+            drop_local(ckpt_dir.parent, keep=ckpt_dir.name)  # this node keeps its newest copy only
+        except BaseException as e:  # raised by the next settle(), on every rank
+            self._error = e
+
+    def _complete(self, ckpt_dir: Path) -> None:
+        """(rank 0) state.json to the URI, then the remote checkpoints this one makes stale dropped,
+        and any older one left without state.json (an upload a killed run did not finish)."""
+        uri, here = self.cfg.out_uri, checkpoint_position(ckpt_dir.name)
+        storage.sync(str(ckpt_dir / "state.json"), storage.join(uri, ckpt_dir.name, "state.json"))
+        done = remote_checkpoints(uri)
+        broken = [n for n in storage.listdir(uri)
+                  if n not in done and (checkpoint_position(n) or here) < here]
+        for stale in stale_checkpoints(done, self.cfg.keep_checkpoints) + broken:
+            storage.remove(storage.join(uri, stale))
 
 
 def pointer(cfg, ckpt_dir: Path) -> Path:

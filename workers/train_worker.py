@@ -46,21 +46,24 @@ def train_loop_per_worker(config: dict) -> None:
               f"before the loop, imports {t1 - t0:.1f}s, inputs {t2 - t1:.1f}s, "
               f"verifier {time.time() - t2:.1f}s", flush=True)
 
-    def saved(ckpt_dir: Path) -> None:  # a step checkpoint: to the URI only (Ray Train: one report per epoch)
-        artifacts.publish_checkpoint(cfg, ckpt_dir, rank, local_rank)
+    # with a URI every checkpoint is uploaded there in the background while training goes on, one at
+    # a time (the trainer settles the last upload before it writes the next checkpoint and at the end)
+    uploads = artifacts.Uploads.for_rank(cfg, rank, local_rank, world)
 
     def report(metrics: dict, ckpt_dir: Path) -> None:
-        # with a URI the epoch is published there and Ray Train records a pointer to it (no second
-        # copy of the weights); without one Ray Train keeps a copy of the epoch directory
-        artifacts.publish_checkpoint(cfg, ckpt_dir, rank, local_rank)
+        # Ray Train records a pointer to the epoch's checkpoint at the URI (no second copy of the
+        # weights; the URI, where it is complete once its state.json is there, is what a restart
+        # resumes from: artifacts.prepare); without a URI Ray Train keeps a copy of the directory
+        uploads.start(ckpt_dir)
         ckpt = None
         if rank == 0:
             ckpt_ref = artifacts.pointer(cfg, ckpt_dir) if cfg.out_uri else ckpt_dir
             ckpt = ray.train.Checkpoint.from_directory(str(ckpt_ref))
         ray.train.report({k: v for k, v in metrics.items() if isinstance(v, (int, float))}, checkpoint=ckpt)
 
-    with reading_through(shards):  # a rank downloads only the shards it reads
-        final = train(cfg, model, rank=rank, world=world, report=report, tokenizer=tok, saved=saved)
+    with reading_through(shards), uploads:  # a rank downloads only the shards it reads
+        final = train(cfg, model, rank=rank, world=world, report=report, tokenizer=tok, saved=uploads.start,
+                      settle=uploads.settle)
     if shards.downloaded:
         print(f"[train {cfg.backbone}-{cfg.variant}] rank {rank}: downloaded {len(shards.downloaded)} feature "
               f"shard(s), {shards.bytes_read / 2**20:.1f} MiB, waited {shards.wait_s:.1f}s for shards (read-ahead "
