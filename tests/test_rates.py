@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import billing, rates
+from orchestrator import billing, costs, rates
 from orchestrator.rates import overheads
 from orchestrator.grid import cell_prompts, eval_cells, merge_cells, train_cells
 from orchestrator.makespan import Task, schedule
@@ -349,8 +349,19 @@ def test_overheads_are_costed_and_named():
         assert set(parts) == {"compute", "start-up", "verifier load", "checkpoint uploads", "held-out",
                               "waits for shards"}
         assert all(x.seconds > 0 for x in parts.values()), parts
-        assert parts["compute"].busy == 1.0 and parts["held-out"].busy == pytest.approx(1 / 8)
+        # held-out: each set once, shared by the 8 ranks (all of them busy meanwhile)
+        assert parts["compute"].busy == 1.0 and parts["held-out"].busy == 1.0
+        t = p.train.for_backbone(backbone)
+        heldout = overheads.heldout_seconds(p, backbone, tpe)
+        assert parts["held-out"].seconds == pytest.approx((t.epochs + 1) * heldout / 8)
         assert all(parts[k].busy == 0.0 for k in ("start-up", "verifier load", "checkpoint uploads"))
+        # uploads overlap the compute to the next checkpoint: at least the last one's whole upload, far
+        # less than all of them one after another (what a synchronous loop waited)
+        one = costs.checkpoint_bytes(costs.VERIFIERS[p.verifier], backbone, t.precision, t.draft_vocab) / \
+            costs.ASSUMPTIONS["checkpoint_upload_bytes_per_s"]
+        n = overheads.checkpoints(p, backbone, "mixed_full")
+        assert one <= parts["checkpoint uploads"].seconds < 0.5 * n * one
+        assert len(overheads.checkpoint_gaps(p, backbone, "mixed_full")) == n
     assert overheads.checkpoints(p, "eagle3", "math") == 70_000 // 8 * 10 // 1000 + 10
     feats = {x.name: x.seconds for x in overheads.features_parts(p, r, 1e6, 1)}
     assert feats["start-up"] > 0 and feats["verifier load"] > 0
@@ -390,3 +401,20 @@ def test_extraction_runs_in_parts_over_every_gpu():
 
     assert split_parts({"a": 900, "b": 350}, 32) == {"a": 23, "b": 9}
     assert split_parts({"a": 1, "b": 1}, 1) == {"a": 1, "b": 1}  # at least one each
+
+
+def test_checkpoint_gaps_follow_the_loop():
+    """A step checkpoint every ``checkpoint_every`` steps of the run and an epoch one at each epoch's end
+    (both where they meet, as drafters/trainer.py writes them); an upload costs only what outlasts the
+    compute to the next, the last one whole."""
+    p = load_profile("paper", ["train.epochs=2", "train.checkpoint_every=4", "data.n=40",
+                               "train.global_batch=8", "train.per_backbone={}"])
+    assert overheads.epoch_steps(p, "eagle2", "math") == 5  # 40 examples / 8
+    # written at steps 4, 5 (epoch 1), 8 and 10 (epoch 2)
+    assert overheads.checkpoint_gaps(p, "eagle2", "math") == [1, 3, 2, 0]
+    assert overheads.checkpoints(p, "eagle2", "math") == 4
+    assert overheads.upload_wait_s(p, "eagle2", "math", upload_s=2.0, step_s=1.0) == 1.0 + 0 + 0 + 2.0
+    # every 5: a step checkpoint and the epoch's at the same step, the second waits for the first's upload
+    p = dataclasses.replace(p, train=dataclasses.replace(p.train, checkpoint_every=5))
+    assert overheads.checkpoint_gaps(p, "eagle2", "math") == [0, 5, 0, 0]
+    assert overheads.upload_wait_s(p, "eagle2", "math", upload_s=2.0, step_s=1.0) == 2.0 + 0 + 2.0 + 2.0

@@ -5,11 +5,13 @@ overhead is a stated assumption (costs.ASSUMPTIONS, each with where its number c
 at a stated bandwidth, and is named with its source in the dry run's output (:func:`sources`):
 
 - a training trial: Ray Train's start-up; the verifier, which every worker loads (in cached mode too:
-  its embedding and LM head); its checkpoints, uploaded synchronously in the loop (one every
-  ``train.checkpoint_every`` steps and one per epoch, costs.checkpoint_bytes each); the held-out
-  passes rank 0 runs before the first epoch and after each while the other ranks wait (the drafter at
-  costs.HELDOUT_DEPTHS depths over every held-out set, pooled and then per set: drafters/heldout.py;
-  online, the verifier's forward too); with cached features, the wait for shards (orchestrator/io_cost.py);
+  its embedding and LM head); its checkpoints (one every ``train.checkpoint_every`` steps and one per
+  epoch, costs.checkpoint_bytes each), uploaded in the background while training goes on, one at a
+  time (workers/artifacts.py Uploads): an upload costs only the part longer than the compute to the
+  next checkpoint, and the last one whole (the end waits for it); the held-out passes before the
+  first epoch and after each, every set once and the ranks sharing its batches (the drafter at
+  costs.HELDOUT_DEPTHS depths: drafters/heldout.py; online, the verifier's forward too); with cached
+  features, the wait for shards (orchestrator/io_cost.py);
 - a features task: start-up, the verifier load, and its shards written to the object store behind
   its compute;
 - an eval shard: its own overhead, and the actors' verifier loads spread over the shards;
@@ -18,8 +20,8 @@ at a stated bandwidth, and is named with its source in the dry run's output (:fu
 
 A measured run's overheads are its fitted ones (Rates.train_overhead_s ...). Busy: the compute of
 training and extraction counts as device-busy (at the assumed MFU the device runs kernels the whole
-time; MFU is how well they use it, not idle time); held-out passes busy one GPU of the trial's; loads,
-start-up, uploads and waits for shards none. Pure Python.
+time; MFU is how well they use it, not idle time); held-out passes too (every GPU of the trial its
+share); loads, start-up, upload waits and waits for shards none. Pure Python.
 """
 from __future__ import annotations
 
@@ -71,19 +73,44 @@ def trial_examples(variant: str, n: int) -> int:
 def checkpoints(p: Profile, backbone: str, variant: str) -> int:
     """Checkpoints a trial uploads: every ``checkpoint_every`` optimizer steps and at each epoch's end."""
     t = p.train.for_backbone(backbone)
-    per_epoch = -(-trial_examples(variant, p.data.n) // batch_plan(p, t).global_batch)
+    per_epoch = epoch_steps(p, backbone, variant)
     steps = (per_epoch * t.epochs) // t.checkpoint_every if t.checkpoint_every else 0
     return steps + t.epochs
 
 
 def heldout_seconds(p: Profile, backbone: str, tpe: dict) -> float:
-    """One held-out evaluation on rank 0 (every set pooled, then each set alone when there are more)."""
+    """One held-out evaluation on one GPU: every held-out set once (the pooled figures are the sets'
+    counts summed, drafters/heldout.py); a trial's ranks share it."""
     v = VERIFIERS[p.verifier]
-    sets = corpora(p)
-    tokens = p.data.heldout * sum(min(tpe[c], p.data.max_length) for c in sets) * (2 if len(sets) > 1 else 1)
+    tokens = p.data.heldout * sum(min(tpe[c], p.data.max_length) for c in corpora(p))
     flops = HELDOUT_DEPTHS * forward_flops_per_token(v, backbone)
     flops += 2 * v["params"] if p.data.feature_mode == "online" else 0
     return tokens * flops / _eff()
+
+
+def checkpoint_gaps(p: Profile, backbone: str, variant: str) -> list[int]:
+    """Optimizer steps from each checkpoint to the next, in the order they are written (a step one
+    every ``checkpoint_every`` steps of the run, an epoch one at each epoch's end; both where they
+    meet), the last one's 0: the end waits for its upload."""
+    t = p.train.for_backbone(backbone)
+    per_epoch, at = epoch_steps(p, backbone, variant), []
+    for end in range(per_epoch, per_epoch * t.epochs + 1, per_epoch):
+        first = end - per_epoch
+        every = t.checkpoint_every
+        at += list(range((first // every + 1) * every, end + 1, every)) if every else []
+        at.append(end)
+    return [b - a for a, b in zip(at, at[1:])] + [0]
+
+
+def epoch_steps(p: Profile, backbone: str, variant: str) -> int:
+    """Optimizer steps in one epoch of a trial."""
+    return -(-trial_examples(variant, p.data.n) // batch_plan(p, p.train.for_backbone(backbone)).global_batch)
+
+
+def upload_wait_s(p: Profile, backbone: str, variant: str, upload_s: float, step_s: float) -> float:
+    """Seconds the loop waits for checkpoint uploads of ``upload_s`` each: an upload runs while the
+    next ``gap`` steps of ``step_s`` compute, and the next checkpoint waits for what is left."""
+    return sum(max(0.0, upload_s - g * step_s) for g in checkpoint_gaps(p, backbone, variant))
 
 
 def train_parts(p: Profile, r: Rates, backbone: str, variant: str, tokens: float, gpus: float,
@@ -94,11 +121,12 @@ def train_parts(p: Profile, r: Rates, backbone: str, variant: str, tokens: float
     if not r.modelled_overheads or r.verifier not in VERIFIERS:
         return [Part("compute", epoch * t.epochs, 1.0), Part("overhead (measured)", r.train_overhead_s, 0.0)]
     v = VERIFIERS[p.verifier]
+    upload_s = checkpoint_bytes(v, backbone, t.precision, t.draft_vocab) / A["checkpoint_upload_bytes_per_s"]
+    step_s = epoch / epoch_steps(p, backbone, variant)
     parts = [Part("compute", epoch * t.epochs, 1.0), Part("start-up", A["train_startup_s"], 0.0),
              Part("verifier load", verifier_load_s(p), 0.0),
-             Part("checkpoint uploads", checkpoints(p, backbone, variant) * checkpoint_bytes(
-                 v, backbone, t.precision, t.draft_vocab) / A["checkpoint_upload_bytes_per_s"], 0.0),
-             Part("held-out", (t.epochs + 1) * heldout_seconds(p, backbone, tpe), 1.0 / gpus)]
+             Part("checkpoint uploads", upload_wait_s(p, backbone, variant, upload_s, step_s), 0.0),
+             Part("held-out", (t.epochs + 1) * heldout_seconds(p, backbone, tpe) / gpus, 1.0)]
     if p.data.feature_mode != "online":
         n_aux = EAGLE3_AUX_LAYERS if "eagle3" in p.train.backbones else 0
         io = trial_io(epoch, t.epochs, tokens, int(gpus), p.resources.node, v["hidden"], n_aux, backbone == "eagle3")
@@ -149,9 +177,12 @@ def sources(p: Profile) -> list[str]:
         f"verifier load {verifier_load_s(p):.0f} s a process (assumed: {A['verifier_load_bytes_per_s'] / 1e9:g} GB/s "
         "from node disk to GPU), in every training worker, features task and eval actor",
         f"checkpoint uploads at {A['checkpoint_upload_bytes_per_s'] / 1e9:g} GB/s a node (assumed: 8 S3 "
-        "connections at 85-90 MB/s), synchronous, every train.checkpoint_every steps and every epoch",
-        f"held-out passes on rank 0 before training and after every epoch (drafter at {HELDOUT_DEPTHS} depths "
-        "over the held-out sets pooled, then per set; the FLOP rate of training): the other ranks wait",
+        "connections at 85-90 MB/s), every train.checkpoint_every steps and every epoch, in the "
+        "background one at a time: only the part longer than the compute to the next checkpoint costs, "
+        "and the last one whole",
+        f"held-out passes before training and after every epoch (drafter at {HELDOUT_DEPTHS} depths over "
+        "each held-out set once, pooled figures from its counts; the FLOP rate of training), shared by "
+        "the trial's ranks",
         f"shards: {node.object_store_gb_s:g} GB/s a node from the object store, {node.disk_gb:,.0f} GB of node disk "
         f"at {node.disk_gb_s:g} GB/s (resources.node); each rank reads {READ_AHEAD} shards ahead on {STREAMS} "
         f"streams of at most {STREAM_BYTES_PER_S / 1e6:.0f} MB/s (orchestrator/io_cost.py over feature_io.py)",
