@@ -36,7 +36,11 @@ def test_new_cells_decode_losslessly_and_carry_their_options(heads):
     from workers.eval_worker import EvalWorker
 
     p = load_profile("demo", ["train.backbones=[eagle2]", "eval.temperatures=[0.0]", "eval.benchmarks={gsm8k: 1}",
-                              "eval.switch_to=[specialist, merged]", "eval.switch_after=[1]"])
+                              "eval.switch_to=[specialist, merged]", "eval.switch_after=[1]",
+                              "train.variants=[math, chat, mixed_half, mixed_full]",
+                              "eval.strategies=[autoregressive, single, confidence, merged, switching, "
+                              "depth_adaptive]",
+                              "eval.heads=[math, chat, mixed_full, avg0.5]"])
     cells = [c for c in eval_cells(p) if c.strategy in ("autoregressive", "switching", "depth_adaptive")
              or c.route_score == "node" or len(c.drafters) == 4]
     assert len(cells) == 6

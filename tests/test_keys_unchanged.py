@@ -1,6 +1,8 @@
 """Unit keys are what let a run resume: every key the driver would write for the shipped profiles is
 the key the driver wrote at 7b1ea68 (tests/data/unit_keys_7b1ea68.json, computed there by the same
-walk), so a run started before the redesign resumes after it with every finished unit skipped."""
+walk), so a run started before the redesign resumes after it with every finished unit skipped. The
+demo's entry was re-pinned on 2026-12-07, when the demo was re-sized (issue 63: its grid changed, so
+its keys did); the other profiles' entries are still 7b1ea68's."""
 from __future__ import annotations
 
 import hashlib

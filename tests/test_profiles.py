@@ -64,7 +64,8 @@ def test_unwritable_output_dir_is_refused_before_work(tmp_path):
 
 
 def test_grid_includes_budget_matched_singles_and_both_granularities():
-    p = load_profile("demo", ["eval.budget_matched=true"])
+    p = load_profile("demo", ["eval.budget_matched=true",
+                              "eval.strategies=[autoregressive, single, confidence, merged]"])
     cells = eval_cells(p)
     bm = [c for c in cells if c.budget_matched and c.strategy == "single"]
     assert bm and all(c.total_tokens == 2 * (p.eval.tree.total_tokens - 1) + 1 for c in bm)
@@ -154,7 +155,9 @@ def test_the_studys_routers_and_the_new_strategies_as_cells():
 
 
 def test_cpu_profiles_add_the_budget_matched_rival_of_depth_adaptive():
-    p = load_profile("demo")  # cpu-study leaves switching and depth_adaptive out (its header says why)
+    # cpu-study and the demo leave switching and depth_adaptive out (their headers say why)
+    p = load_profile("demo", ["eval.strategies=[autoregressive, single, confidence, merged, switching, "
+                              "depth_adaptive]"])
     cells = eval_cells(p)
     assert not p.eval.budget_matched
     bm = [c for c in cells if c.strategy == "merged" and c.budget_matched]
@@ -166,7 +169,8 @@ def test_rq1_cells_read_more_prompts_and_the_others_a_subset_of_them():
     from drafters.data.sources import subsample
     from orchestrator.grid import cell_prompts, pool_sizes
 
-    p = load_profile("demo")
+    p = load_profile("demo", ["train.backbones=[eagle2]", "eval.rq1_prompts=12", "eval.rq1_backbone=eagle2",
+                              "eval.benchmarks={gsm8k: 2, math500: 2, svamp: 2, mt_bench: 2}"])
     cells = eval_cells(p)
     rq1 = [c for c in cells if c.prompts is not None]
     assert {(c.backbone, c.drafter, c.temperature, c.strategy, c.tree) for c in rq1} == {

@@ -27,11 +27,11 @@ def _local_svamp() -> dict:
     return {r["ID"]: r for r in json.loads((ROOT / "benchmarks/svamp/SVAMP.json").read_text())}
 
 
-def _grid_prompts(profile_name: str) -> dict:
+def _grid_prompts(profile_name: str, sets: tuple = ()) -> dict:
     """The prompts the grid evaluates, through the driver's own selection (load + seeded subsample)."""
     from orchestrator.driver import Driver
 
-    return Driver._prompts(SimpleNamespace(p=load_profile(profile_name)))
+    return Driver._prompts(SimpleNamespace(p=load_profile(profile_name, list(sets))))
 
 
 # ---------------------------------------------------------------- SVAMP: the study's 300, in its order
@@ -48,13 +48,14 @@ def test_paper_svamp_prompts_are_the_studys_ids_in_order_with_the_local_answers(
 
 
 @needs_data
-@pytest.mark.parametrize("name", ["demo"])  # cpu-study reads gsm8k and mt_bench only
+@pytest.mark.parametrize("name", ["demo"])  # the CPU profiles read gsm8k and mt_bench: svamp added
 def test_cpu_profiles_draw_svamp_from_the_study_set_in_its_order(name):
     from orchestrator.grid import pool_sizes
 
     ids = _study_ids()
-    n = pool_sizes(load_profile(name))["svamp"]  # the most any cell reads (demo: RQ1's cells read more)
-    got = [p.id for p in _grid_prompts(name)["svamp"]]
+    sets = ("eval.benchmarks={gsm8k: 2, svamp: 2, mt_bench: 2}", "eval.rq1_prompts=12")
+    n = pool_sizes(load_profile(name, list(sets)))["svamp"]  # the most any cell reads (RQ1's cells read more)
+    got = [p.id for p in _grid_prompts(name, sets)["svamp"]]
     assert len(got) == n and set(got) <= set(ids)
     assert got == sorted(got, key=ids.index)  # a seeded draw, kept in the study's order
 
@@ -178,7 +179,13 @@ def test_a_backbone_may_train_fewer_variants_and_gets_only_the_cells_they_allow(
     router's heads, depth_adaptive); EAGLE-2 keeps every cell it had."""
     from orchestrator.grid import corpora, eval_cells, merge_cells, train_cells
 
-    p, alone = load_profile("demo"), load_profile("demo", ["train.backbones=[eagle2]"])
+    # the demo of 2026-12-03 to 2026-12-06 in the keys this test reads
+    demo = ["train.variants=[math, chat, mixed_half, mixed_full]", "train.epochs=2",
+            "train.per_backbone={eagle3: {variants: [math, chat], epochs: 1}}",
+            "eval.strategies=[autoregressive, single, confidence, merged, switching, depth_adaptive]",
+            "eval.heads=[math, chat, mixed_full, avg0.5]"]
+    p, alone = load_profile("demo", [*demo, "train.backbones=[eagle2, eagle3]"]), \
+        load_profile("demo", [*demo, "train.backbones=[eagle2]"])
     assert [c.name for c in train_cells(p) if c.backbone == "eagle3"] == ["eagle3-math", "eagle3-chat"]
     assert p.train.for_backbone("eagle3").epochs == 1 and p.train.for_backbone("eagle2").epochs == 2
     assert [m.name for m in merge_cells(p)] == ["eagle2-avg0.5", "eagle3-avg0.5"]

@@ -78,7 +78,9 @@ def _rates(**kw) -> rates.Rates:
 
 
 def test_the_task_graph_follows_the_grid():
-    p = load_profile("demo", ["train.backbones=[eagle2, hass]"])
+    p = load_profile("demo", ["train.backbones=[eagle2, hass]",
+                              "train.variants=[math, chat, mixed_half, mixed_full]",
+                              "eval.strategies=[autoregressive, single, merged, switching]"])
     r = _rates()
     ts = rates.tasks(p, r)
     by = {t.name: t for t in ts}
@@ -147,8 +149,7 @@ def test_an_unmeasured_backbone_is_scaled_from_a_measured_one_by_flops_and_said_
     (orchestrator/costs.py), named in the notes; a profile with every rate measured is left alone."""
     from orchestrator.costs import VERIFIERS, train_flops_per_token
 
-    p = load_profile("demo")
-    assert "eagle3" in p.train.backbones
+    p = load_profile("demo", ["train.backbones=[eagle2, eagle3]"])
     r = _rates(train_tokens_per_s={"eagle2": 500.0})
     with pytest.raises(ValueError, match=r"no training rate for backbone\(s\) \['eagle3'\]"):
         rates.tasks(p, r)
