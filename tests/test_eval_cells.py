@@ -40,7 +40,7 @@ def test_new_cells_decode_losslessly_and_carry_their_options(heads):
                               "train.variants=[math, chat, mixed_half, mixed_full]",
                               "eval.strategies=[autoregressive, single, confidence, merged, switching, "
                               "depth_adaptive]",
-                              "eval.heads=[math, chat, mixed_full, avg0.5]"])
+                              "eval.heads=[math, chat, mixed_full, avg0.5]", "eval.mixed_variant=mixed_full"])
     cells = [c for c in eval_cells(p) if c.strategy in ("autoregressive", "switching", "depth_adaptive")
              or c.route_score == "node" or len(c.drafters) == 4]
     assert len(cells) == 6
