@@ -195,6 +195,30 @@ def test_a_failed_upload_is_raised_at_the_next_save_and_at_the_end(verifier, fea
     assert remote_checkpoints(f"{uri}/b") == [] and not (storage.node_cache(f"{uri}/b") / "final").exists()
 
 
+def test_with_several_nodes_a_checkpoint_is_complete_at_the_uri_only_once_every_node_uploaded(tmp_path):
+    """Rank 0 of a two-node run: its thread uploads its node's files but cannot know the other node is
+    done, so the checkpoint has no state.json at the URI until the next settle (where the ranks agree
+    every upload succeeded); that settle completes it and drops the one it makes stale."""
+    from common import storage
+    from workers.artifacts import Uploads, remote_checkpoints
+
+    uri = f"file://{tmp_path}/bucket"
+    cfg = SimpleNamespace(out_uri=uri, keep_checkpoints=1)
+    up = Uploads(cfg, rank=0, local_rank=0, world=1, nodes=2)
+    for name in ("step-1-1", "step-1-2"):
+        d = tmp_path / "node" / name
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"w" * 64)
+        (d / "state.json").write_text("{}")
+        up.settle()  # (as the trainer does before each save)
+        up.start(d)
+        up._thread.join()
+        assert storage.exists(f"{uri}/{name}/model.safetensors") and name not in remote_checkpoints(uri)
+    assert remote_checkpoints(uri) == ["step-1-1"]  # completed by the settle before step-1-2
+    up.settle()
+    assert remote_checkpoints(uri) == ["step-1-2"] and storage.listdir(uri) == ["step-1-2"]
+
+
 def test_ray_train_gets_the_profiles_retries_and_keeps_few_checkpoints(tmp_path):
     from workers.train_worker import trainer_for
 
