@@ -10,6 +10,7 @@ import torch
 
 from common.atomic import atomic_file
 from drafters.checkpoint import load_any, load_any_config
+from drafters.checkpoint_dir import check_weights
 from drafters.eagle3 import Eagle3Config
 from drafters.data.records import BenchmarkPrompt
 from drafters.data.templating import benchmark_prompt_ids
@@ -64,12 +65,14 @@ def _aux_layers(cfg) -> tuple[int, ...] | None:
 
 
 def check_drafter_files(paths: list[str], verifier_name: str) -> None:
-    """Cheap checks before any model loads: checkpoint exists, config parses, verifier id matches, and
-    the drafters read one kind of verifier features (no EAGLE-3 drafter beside EAGLE-2/HASS ones)."""
+    """Cheap checks before any model loads: checkpoint exists, config parses, verifier id matches, the
+    weights file reads (its header and size), and the drafters read one kind of verifier features (no
+    EAGLE-3 drafter beside EAGLE-2/HASS ones)."""
     cfgs = [load_any_config(path) for path in paths]
     for path, cfg in zip(paths, cfgs):
         if cfg.verifier != verifier_name:
             raise ValueError(f"drafter {path} was trained for verifier {cfg.verifier!r}, not {verifier_name!r}")
+        check_weights(path)
     composition_features([(path, _aux_layers(cfg)) for path, cfg in zip(paths, cfgs)])
 
 

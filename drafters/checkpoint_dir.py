@@ -1,13 +1,14 @@
 """A drafter checkpoint directory, whatever the backbone: ``config.json`` (the config that rebuilds
 the drafter, tagged with its ``format``) and ``model.safetensors``, written to a temp dir renamed
 into place, read back only whole (a missing or unexpected weight is refused: it would silently
-give a broken drafter)."""
+give a broken drafter; a damaged ``model.safetensors`` is refused in one line naming it)."""
 from __future__ import annotations
 
 import json
 import os
 from pathlib import Path
 
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from common.atomic import atomic_dir
@@ -36,10 +37,29 @@ def read_config_dict(path: str | os.PathLike, fmt: str) -> dict:
     return d
 
 
+def _damaged(path: str | os.PathLike, e: SafetensorError) -> ValueError:
+    return ValueError(f"checkpoint weights {Path(path) / 'model.safetensors'} do not read (truncated or "
+                      f"damaged: {e}); write or copy the checkpoint again")
+
+
+def check_weights(path: str | os.PathLike) -> None:
+    """Refuse a ``model.safetensors`` at ``path`` that does not read (truncated, or not safetensors),
+    from its header and size alone (no weight is read): a ValueError naming the file and the problem."""
+    try:
+        with safe_open(str(Path(path) / "model.safetensors"), "pt"):
+            pass
+    except SafetensorError as e:
+        raise _damaged(path, e) from None
+
+
 def load_weights(model, path: str | os.PathLike):
     """``model`` with the weights of the checkpoint at ``path``: exactly its key set, and a ``d2t``
-    (if any) that maps to sorted ids inside the verifier's vocabulary."""
-    state = load_file(str(Path(path) / "model.safetensors"))
+    (if any) that maps to sorted ids inside the verifier's vocabulary; a damaged weights file is one
+    ValueError (``check_weights``)."""
+    try:
+        state = load_file(str(Path(path) / "model.safetensors"))
+    except SafetensorError as e:
+        raise _damaged(path, e) from None
     expected = set(model.state_dict())
     missing, extra = expected - set(state), set(state) - expected
     if missing or extra:

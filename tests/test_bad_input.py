@@ -356,6 +356,36 @@ def test_unit_is_done_only_when_its_trace_reads_back(tmp_path, capsys, damage, r
     assert err == want[damage]
 
 
+
+# ---------------------------------------------------------------- decoding: a damaged drafter checkpoint
+def test_a_truncated_drafter_checkpoint_gets_one_line_before_the_verifier_loads(tmp_path):
+    """`python -m decoding generate` with a real drafter checkpoint whose model.safetensors was cut in
+    half: exit 2 and one line naming the file, before the verifier loads (was a safetensors traceback
+    after it had); loading the checkpoint later (a resume, a merge) says the same line."""
+    from types import SimpleNamespace
+
+    from common.verifiers import verifier_config
+    from drafters.checkpoint import init_drafter, load_any, save_checkpoint
+    from drafters.config import DrafterConfig
+
+    name = "smollm2-135m-instruct"
+    shape = SimpleNamespace(config=SimpleNamespace(**verifier_config(name)[0]))  # no weights loaded
+    ckpt = save_checkpoint(init_drafter(DrafterConfig.for_verifier(shape, name, "hass")), tmp_path / "drafter")
+    weights = ckpt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"id": "a", "turns": ["hi"]}) + "\n")
+    r = subprocess.run([sys.executable, "-m", "decoding", "generate", "--prompts", str(prompts), "--out",
+                        str(tmp_path / "o.parquet"), "--drafter", str(ckpt)],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    line = (f"checkpoint weights {weights} do not read (truncated or damaged: Error while deserializing "
+            "header: incomplete metadata, file not fully covered); write or copy the checkpoint again")
+    assert (r.returncode, r.stderr.splitlines()) == (2, [f"error: {line}"]), r.stderr
+    assert not (tmp_path / "o.parquet").exists()
+    with pytest.raises(ValueError) as e:
+        load_any(ckpt)
+    assert str(e.value) == line
+
 def test_yaml_anchors_still_load_with_the_duplicate_key_check(tmp_path):
     f = tmp_path / "anchors.yaml"
     f.write_text("resources:\n  features: &one {num_cpus: 1}\n  eval:\n    <<: *one\n    num_cpus: 2\n")
