@@ -118,8 +118,9 @@ def _claim_line(g: pl.DataFrame, of: int) -> str:
                        f"**{verdict_word(r['verdict_holm'])}**\n")
     words = [verdict_word(v) for v in g["verdict_holm"]]
     counts = ", ".join(f"**{w}** in {words.count(w)}" for w in CONCLUSIVE if w in words)
-    return head + (f"{counts} of {of} comparisons (estimates {g['estimate'].min():+.2f} to "
-                   f"{g['estimate'].max():+.2f}; each in the claims section)\n")
+    lo, hi = f"{g['estimate'].min():+.2f}", f"{g['estimate'].max():+.2f}"
+    est = f"estimate {lo}" if lo == hi else f"estimates {lo} to {hi}"
+    return head + f"{counts} of {of} comparisons ({est}; each in the claims section)\n"
 
 
 def concluded_lines(cl: pl.DataFrame) -> list[str]:
