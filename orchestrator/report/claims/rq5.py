@@ -83,6 +83,17 @@ def _at(r: pl.DataFrame, method: str, bench: str, d: int, name: str) -> pl.DataF
             .select("prompt_id", pl.col("rate").alias(name)))
 
 
+def fall_gap(r: pl.DataFrame, matched: str, other: str, bench: str, k: int) -> pl.DataFrame:
+    """Per prompt of ``bench`` (benchmark, prompt_id, diff): how much more ``other``'s acceptance rate
+    falls from depth 1 to depth ``k`` than ``matched``'s."""
+    j = (_at(r, matched, bench, 1, "m1").join(_at(r, matched, bench, k, "mk"), on="prompt_id")
+         .join(_at(r, other, bench, 1, "o1"), on="prompt_id")
+         .join(_at(r, other, bench, k, "ok"), on="prompt_id"))
+    return (j.select(pl.lit(bench).alias("benchmark"), "prompt_id",
+                     ((pl.col("o1") - pl.col("ok")) - (pl.col("m1") - pl.col("mk"))).alias("diff"))
+            .drop_nulls("diff"))
+
+
 def _slope(claim: Claim, cell: Cell, min_reached: int = MIN_REACHED) -> list[Row]:
     """Per prompt: (fall of the mismatched specialist) - (fall of the matched one) from depth 1 to
     the deepest depth (<= 5) both reach >= min_reached times on that benchmark; > 0 = matched
@@ -100,11 +111,7 @@ def _slope(claim: Claim, cell: Cell, min_reached: int = MIN_REACHED) -> list[Row
         if tot.height < 2 or int(tot["depth"].max()) < 2:
             continue
         k = int(tot["depth"].max())
-        j = (_at(r, match, bn, 1, "m1").join(_at(r, match, bn, k, "mk"), on="prompt_id")
-             .join(_at(r, mis, bn, 1, "x1"), on="prompt_id").join(_at(r, mis, bn, k, "xk"), on="prompt_id"))
-        frames.append(j.select(pl.lit(bn).alias("benchmark"), "prompt_id",
-                               ((pl.col("x1") - pl.col("xk")) - (pl.col("m1") - pl.col("mk"))).alias("diff"))
-                      .drop_nulls("diff"))
+        frames.append(fall_gap(r, match, mis, bn, k))
         depths.append(f"{bn}:{k}")
     vals, n = _per_prompt(frames)
     if not n:

@@ -13,7 +13,7 @@ from ..study_tables import other_of
 from ..tables import MATH_BENCH
 from . import study
 from .claim import STUDY, Cell, Claim, Row
-from .rq5 import MIN_REACHED, STUDY_DEPTH, _at, _per_prompt, _rates
+from .rq5 import MIN_REACHED, STUDY_DEPTH, _per_prompt, _rates, fall_gap
 
 AVG = "avg0.5"
 TABLE4 = (-0.5364, -0.6110)  # the study's negative gaps (HASS, Averaged); the benchmark of each is not stated
@@ -51,11 +51,7 @@ def _collapse(claim: Claim, cell: Cell, min_reached: int = MIN_REACHED) -> list[
         k = _common_deep(r, (match, AVG), bn, min_reached)
         if k is None:
             continue
-        j = (_at(r, match, bn, 1, "m1").join(_at(r, match, bn, k, "mk"), on="prompt_id")
-             .join(_at(r, AVG, bn, 1, "a1"), on="prompt_id").join(_at(r, AVG, bn, k, "ak"), on="prompt_id"))
-        frames.append(j.select(pl.lit(bn).alias("benchmark"), "prompt_id",
-                               ((pl.col("a1") - pl.col("ak")) - (pl.col("m1") - pl.col("mk"))).alias("diff"))
-                      .drop_nulls("diff"))
+        frames.append(fall_gap(r, match, AVG, bn, k))
         depths.append(f"{bn}:{k}")
     vals, n = _per_prompt(frames)
     if not n:
