@@ -83,6 +83,16 @@ def _at(r: pl.DataFrame, method: str, bench: str, d: int, name: str) -> pl.DataF
             .select("prompt_id", pl.col("rate").alias(name)))
 
 
+def common_deep(r: pl.DataFrame, methods: tuple, bench: str, min_reached: int) -> int | None:
+    """The deepest depth (<= 5) every one of ``methods`` reached >= min_reached times on ``bench``
+    (None below depth 2, or with fewer than two such depths)."""
+    tot = (r.filter((pl.col("benchmark") == bench) & pl.col("method").is_in(list(methods)))
+           .group_by("method", "depth").agg(pl.col("reached").sum())
+           .filter((pl.col("reached") >= min_reached) & (pl.col("depth") <= STUDY_DEPTH))
+           .group_by("depth").len().filter(pl.col("len") == len(methods)))
+    return int(tot["depth"].max()) if tot.height >= 2 and int(tot["depth"].max()) >= 2 else None
+
+
 def fall_gap(r: pl.DataFrame, matched: str, other: str, bench: str, k: int) -> pl.DataFrame:
     """Per prompt of ``bench`` (benchmark, prompt_id, diff): how much more ``other``'s acceptance rate
     falls from depth 1 to depth ``k`` than ``matched``'s."""
@@ -104,13 +114,9 @@ def _slope(claim: Claim, cell: Cell, min_reached: int = MIN_REACHED) -> list[Row
     frames, depths = [], []
     for bn in sorted(r["benchmark"].unique().to_list()):
         match, mis = ("math", "chat") if bn in MATH_BENCH else ("chat", "math")
-        tot = (r.filter((pl.col("benchmark") == bn) & pl.col("method").is_in([match, mis]))
-               .group_by("method", "depth").agg(pl.col("reached").sum())
-               .filter((pl.col("reached") >= min_reached) & (pl.col("depth") <= STUDY_DEPTH))
-               .group_by("depth").len().filter(pl.col("len") == 2))
-        if tot.height < 2 or int(tot["depth"].max()) < 2:
+        k = common_deep(r, (match, mis), bn, min_reached)
+        if k is None:
             continue
-        k = int(tot["depth"].max())
         frames.append(fall_gap(r, match, mis, bn, k))
         depths.append(f"{bn}:{k}")
     vals, n = _per_prompt(frames)

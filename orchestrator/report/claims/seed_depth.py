@@ -13,19 +13,10 @@ from ..study_tables import other_of
 from ..tables import MATH_BENCH
 from . import study
 from .claim import STUDY, Cell, Claim, Row
-from .rq5 import MIN_REACHED, STUDY_DEPTH, _per_prompt, _rates, fall_gap
+from .rq5 import MIN_REACHED, _per_prompt, _rates, common_deep, fall_gap
 
 AVG = "avg0.5"
 TABLE4 = (-0.5364, -0.6110)  # the study's negative gaps (HASS, Averaged); the benchmark of each is not stated
-
-
-def _common_deep(r: pl.DataFrame, methods: tuple, bench: str, min_reached: int) -> int | None:
-    """The deepest depth (<= 5) every one of ``methods`` reached >= min_reached times on ``bench``."""
-    tot = (r.filter((pl.col("benchmark") == bench) & pl.col("method").is_in(list(methods)))
-           .group_by("method", "depth").agg(pl.col("reached").sum())
-           .filter((pl.col("reached") >= min_reached) & (pl.col("depth") <= STUDY_DEPTH))
-           .group_by("depth").len().filter(pl.col("len") == len(methods)))
-    return int(tot["depth"].max()) if tot.height >= 2 and int(tot["depth"].max()) >= 2 else None
 
 
 def _collapse_ev(backbone: str, temp: float) -> dict:
@@ -48,7 +39,7 @@ def _collapse(claim: Claim, cell: Cell, min_reached: int = MIN_REACHED) -> list[
     frames, depths = [], []
     for bn in sorted(r["benchmark"].unique().to_list()):
         match = "math" if bn in MATH_BENCH else "chat"
-        k = _common_deep(r, (match, AVG), bn, min_reached)
+        k = common_deep(r, (match, AVG), bn, min_reached)
         if k is None:
             continue
         frames.append(fall_gap(r, match, AVG, bn, k))
