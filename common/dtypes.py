@@ -1,12 +1,26 @@
-"""Floating-point formats by name: the names (torch-free, for configs and profiles) and their torch
-dtypes."""
+"""Floating-point formats, declared once (torch-free): each format's name and bytes per element,
+and the short names training precisions go by. ``float32``, ``bfloat16`` and ``float16`` are the
+formats (torch's names: the verifier's dtype, exported drafters); ``fp32`` and ``bf16`` name two of
+them as ``train.precision`` (the profile, the worker's TrainConfig, ``python -m drafters train``)."""
 from __future__ import annotations
 
-NAMES = ("float32", "bfloat16", "float16")
+BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # format -> bytes per element
+NAMES = tuple(BYTES)
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}  # a training precision -> its format
+
+
+def nbytes(name: str) -> int:
+    """Bytes per element of a format, by its name or its training precision's."""
+    return BYTES[PRECISIONS.get(name, name)]
 
 
 def torch_dtypes() -> dict:
     """{name: torch.dtype} for every name in NAMES."""
     import torch
 
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    return {name: getattr(torch, name) for name in NAMES}
+
+
+def torch_dtype(name: str):
+    """The torch dtype of a format, by its name or its training precision's."""
+    return torch_dtypes()[PRECISIONS.get(name, name)]

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import torch
 
+from common.dtypes import torch_dtype
+
 from .backbones import backbone, top1_rates
 from .collectives import all_sum, distributed
 from .data.templating import TokenizedExample
-from .objective import PRECISION_DTYPES
 from .train_config import TrainConfig
 from .train_data import batches, plan_batches
 
@@ -28,7 +29,7 @@ def corpus_of(entry) -> str:
 def heldout_metrics(model, embed, head, cfg: TrainConfig, online=None, rank: int = 0, world: int = 1) -> dict:
     """Agreement on all held-out sets pooled (``top1_depth{j}``) and, with more than one set, on
     each (``top1_depth{j}_<corpus>``). Every one of the ``world`` ranks must call it."""
-    dtype = PRECISION_DTYPES[cfg.precision]
+    dtype = torch_dtype(cfg.precision)  # what the drafter computes in
     if not distributed():
         rank, world = 0, 1  # nothing to sum the counts with: this rank counts every batch
     counts, dealt = [], 0

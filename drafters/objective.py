@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import torch
 
+from common.dtypes import torch_dtype
+
 from .backbones import backbone
 from .shards import rank_plan
 from .train_config import ONLINE_ROOTS, TrainConfig
 from .train_data import count_examples
-
-# train.precision -> the dtype the drafter computes in (DeepSpeed's bf16 engine, or autocast without it)
-PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def compute_loss(cfg: TrainConfig, model, embed, head, batch, generator, use_topk: bool = True):
@@ -18,7 +17,7 @@ def compute_loss(cfg: TrainConfig, model, embed, head, batch, generator, use_top
     CE; HASS + 1.0 top-K (once ``use_topk``: the second stage of its schedule), summed over
     ``hass_steps`` alignment passes; EAGLE-3 the training-time test. Returns (loss, parts)."""
     return backbone(cfg.backbone).loss(cfg, model, embed, head, batch, generator, use_topk,
-                                       PRECISION_DTYPES[cfg.precision])
+                                       torch_dtype(cfg.precision))
 
 
 def schedule_steps(cfg: TrainConfig, world: int) -> int:

@@ -21,6 +21,8 @@ import re
 import statistics
 from pathlib import Path
 
+from common.dtypes import BYTES
+
 # memory bandwidth per device name (first match wins): vendors' figures for the SXM parts
 BANDWIDTH = ((r"H200", 4.8e12, "H200, 4.8 TB/s"), (r"H100.*PCIe", 2.0e12, "H100 PCIe, 2.0 TB/s"),
              (r"H100", 3.35e12, "H100 SXM, 3.35 TB/s"), (r"A100.*80", 2.04e12, "A100 80 GB, 2.04 TB/s"),
@@ -28,7 +30,7 @@ BANDWIDTH = ((r"H200", 4.8e12, "H200, 4.8 TB/s"), (r"H100.*PCIe", 2.0e12, "H100 
 ASSUMED_GPU = "A100 80GB"  # the dry run's GPU when nothing names one (costs.ASSUMPTIONS' 312 TFLOP/s)
 ASSUMED_GPU_MEMORY_GB = 80.0
 ACTOR_WORKING_GB = 2.0  # per eval actor beside weights and drafters: KV cache at batch 1, tree, CUDA context
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, None: 2}
+DTYPE_BYTES = {**BYTES, None: BYTES["bfloat16"]}  # None: the verifier's default dtype on a GPU
 PACKING_KIND = "gpu-check-packing"
 
 

@@ -27,6 +27,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from common.dtypes import nbytes
+
 from . import feature_modes
 from .costs import ASSUMPTIONS, EAGLE3_TTT_STEPS, GIB, VERIFIERS, drafter_params, feature_bytes_per_token, head_rows
 from .grid import corpora
@@ -40,7 +42,6 @@ FEATURE_BATCH_TOKENS = 4096  # drafters.features.verifier_features' batch_tokens
 # bytes of layer activations one row keeps per pass in bf16, as (x hidden, x intermediate): counted
 # on the real modules by tests/test_costs.py (the tensors autograd saves, weights excluded)
 ACT_PER_ROW = {"eagle2": (36, 8), "eagle3": (54, 8)}
-VERIFIER_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LARGER_NODE = "A100 80GB: p4de.24xlarge"
 
 
@@ -81,7 +82,7 @@ def kept_bytes(v: dict, backbone: str, rows: int, precision: str = "bf16", draft
     """Bytes the loss's forward keeps for the backward over ``rows`` rows and ``passes`` passes: layer
     activations (``ACT_PER_ROW``) and the float32 log-softmax and target over the head's rows."""
     a, b = ACT_PER_ROW["eagle3" if backbone == "eagle3" else "eagle2"]
-    scale = 1 if precision == "bf16" else 2
+    scale = nbytes(precision) // nbytes("bf16")  # ACT_PER_ROW is in bf16
     return passes * rows * (scale * (a * v["hidden"] + b * v["intermediate"]) + 8 * head_rows(v, draft_vocab))
 
 
@@ -105,7 +106,7 @@ def train_memory(v: dict, backbone: str, *, micro_batch: int, max_length: int, p
     states, bucket = _states(params, precision, deepspeed, zero_stage, ranks)
     acts = _activations(v, backbone, micro_batch, max_length, precision, online, draft_vocab, hass_steps,
                         ttt_steps)
-    parts = {"states": states, "verifier": v["params"] * VERIFIER_BYTES[verifier_dtype], "activations": acts,
+    parts = {"states": states, "verifier": v["params"] * nbytes(verifier_dtype), "activations": acts,
              "buffers": bucket + RUNTIME_BYTES}
     return TrainMemory(backbone, micro_batch, max_length, params, {k: float(x) for k, x in parts.items()})
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from common.dtypes import PRECISIONS
 from drafters.config import BACKBONES
 
 
@@ -93,7 +94,7 @@ def add_subcommands(sub) -> None:
                    help="train on the verifier's own answers to the training prompts (cached; held-out stays original)")
     t.add_argument("--loss-mask", choices=["next", "reference"], default="next",
                    help="loss positions: next = the input token is the assistant's (decode-time); reference = EAGLE/HASS's")
-    t.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+    t.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
                    help="bf16: DeepSpeed's bf16 engine (float32 master weights), or autocast with --no-deepspeed")
     t.add_argument("--no-deepspeed", action="store_true")
     t.add_argument("--no-ray", action="store_true", help="train in this process (no Ray Train)")
