@@ -17,7 +17,7 @@ from .losses import aligned_passes, eagle_losses, noise, step_mask
 
 def drafter_config(cfg, verifier_model, draft_ids: torch.Tensor | None) -> DrafterConfig:
     """The drafter a TrainConfig trains, sized by the verifier."""
-    return DrafterConfig.for_verifier(verifier_model, cfg.verifier, cfg.backbone, seed=cfg.seed,
+    return DrafterConfig.for_verifier(verifier_model, cfg.verifier, cfg.backbone, seed=cfg.init_seed,
                                       draft_vocab_size=None if draft_ids is None else int(draft_ids.shape[0]))
 
 

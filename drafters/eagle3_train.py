@@ -64,7 +64,7 @@ def collate(examples: list, mask_mode: str = "next") -> Eagle3Batch:
 
 def drafter_config(cfg, verifier_model, draft_ids: torch.Tensor | None) -> Eagle3Config:
     """The drafter a TrainConfig trains: ``cfg.aux_layers`` (None: the reference's three layers)."""
-    return Eagle3Config.for_verifier(verifier_model, cfg.verifier, seed=cfg.seed,
+    return Eagle3Config.for_verifier(verifier_model, cfg.verifier, seed=cfg.init_seed,
                                      draft_vocab_size=None if draft_ids is None else int(draft_ids.shape[0]),
                                      aux_layers=cfg.aux_layers)
 

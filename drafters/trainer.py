@@ -110,7 +110,7 @@ def _start(cfg: TrainConfig, verifier_model, rank: int, world: int, tokenizer) -
         if cfg.online_spec else None
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(cfg.seed)
+    torch.manual_seed(cfg.init_seed)
     embed = verifier_model.get_input_embeddings()
     head = DraftHead(verifier_model.lm_head, ids)
     device = embed.weight.device  # the rank's device: the verifier's
@@ -123,7 +123,7 @@ def _start(cfg: TrainConfig, verifier_model, rank: int, world: int, tokenizer) -
         print(f"[train {cfg.backbone}-{cfg.variant}] data: "
               f"{rank_plan(cfg.train_data, world, cfg.batch_size).describe()}", flush=True)
     runner = _make_runner(model, opt, cfg, rank, world)
-    gen = torch.Generator(device=device).manual_seed(cfg.seed)
+    gen = torch.Generator(device=device).manual_seed(cfg.init_seed)
     ckpts = RunCheckpoints(out, runner.module, dcfg, cfg, runner, rank, world, gen)
     return _Run(cfg, rank, world, bb, online, embed, head, runner.module, runner, opt, gen, ckpts,
                 total_steps)
@@ -165,7 +165,7 @@ def _epoch(run: _Run, epoch: int, pos: dict | None, saved) -> dict:
     cfg = run.cfg
     sums = dict(pos["sums"]) if pos else dict.fromkeys(SUMS, 0)  # this epoch so far
     t0, ran = time.perf_counter() - sums["seconds"], 0
-    it = batches(cfg.train_data, cfg.batch_size, cfg.seed * 1000 + epoch, run.online, cfg.bucket,
+    it = batches(cfg.train_data, cfg.batch_size, cfg.init_seed * 1000 + epoch, run.online, cfg.bucket,
                  mask_mode=cfg.loss_mask, rank=run.rank, world=run.world, skip=sums["batches"],
                  collate_fn=run.backbone.collate)
     while True:

@@ -248,17 +248,13 @@ class Driver:
         root = self.ref("features")
         t = self.p.train.for_backbone(cell.backbone)  # with its train.per_backbone values
         bp = batch_plan(self.p, t)  # train.global_batch -> per-worker batch and accumulation
+        settings = dataclasses.replace(t.settings, batch_size=bp.per_worker, grad_accum=bp.grad_accum)
         out = self.ref(f"checkpoints/{cell.name}")
         return TrainConfig(
-            verifier=self.verifier_name, verifier_dtype=self.p.verifier_dtype, backbone=cell.backbone,
-            variant=cell.variant,
-            out_dir=str(storage.node_cache(out)), out_uri=out if self.uri else None,
-            train_data=variant_data(cell.variant, root, caches, self.p.data.n),
-            heldout_data=heldout_data(root, caches), epochs=t.epochs, lr=t.lr, batch_size=bp.per_worker,
-            grad_accum=bp.grad_accum, warmup_steps=t.warmup_steps, seed=t.init_seed, hass_steps=t.hass_steps,
-            deepspeed=t.deepspeed, zero_stage=t.zero_stage, precision=t.precision, max_seconds=t.max_seconds, draft_vocab=self.vocab,
-            lr_schedule=t.lr_schedule, grad_clip_mode=t.grad_clip_mode, topk_from=t.topk_from, bucket=t.bucket,
-            loss_mask=t.loss_mask, checkpoint_every=t.checkpoint_every, keep_checkpoints=t.keep_checkpoints,
+            **dataclasses.asdict(settings), verifier=self.verifier_name, verifier_dtype=self.p.verifier_dtype,
+            backbone=cell.backbone, variant=cell.variant, out_dir=str(storage.node_cache(out)),
+            out_uri=out if self.uri else None, draft_vocab=self.vocab,
+            train_data=variant_data(cell.variant, root, caches, self.p.data.n), heldout_data=heldout_data(root, caches),
             online_spec=self._data_spec() if self.p.data.feature_mode == "online" else None,
         )
 

@@ -106,7 +106,7 @@ def _run(cfg, model, rank, rec) -> dict:
 
 def test_each_rank_computes_features_only_for_its_own_examples(tiny_verifier, recorder, tmp_path):
     cfg = _online(tmp_path / "plan")
-    plan = list(plan_batches(cfg.train_data, BATCH, cfg.seed * 1000 + 1, trainer_mod.OnlineFeatures(
+    plan = list(plan_batches(cfg.train_data, BATCH, cfg.init_seed * 1000 + 1, trainer_mod.OnlineFeatures(
         tiny_verifier, None, SPEC), bucket=True))
     assert len(plan) == 8 and recorder["calls"] == 0  # planning the epoch runs no verifier pass
     computed = {}

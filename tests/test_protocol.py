@@ -2,6 +2,7 @@
 whatever the worker count, and its depth tables stop at the study's 5 levels (deeper ones apart)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from types import SimpleNamespace
@@ -164,6 +165,10 @@ def test_per_backbone_train_settings_reach_only_their_backbones_drafters(tmp_pat
     finally:
         d.lease.release()
     assert {b: c.warmup_steps for b, c in cfgs.items()} == {"eagle2": 2000, "hass": 1660, "eagle3": 2000}
+    for b, c in cfgs.items():  # every setting as the profile has it for b, the batch split by the plan
+        t = p.train.for_backbone(b)
+        bp = batch_plan(p, t)
+        assert c.settings == dataclasses.replace(t.settings, batch_size=bp.per_worker, grad_accum=bp.grad_accum)
     # EAGLE-3 with SpecForge's recipe (lr 1e-4, 10 epochs), the others with the study's
     assert {b: (c.lr, c.epochs) for b, c in cfgs.items()} == {"eagle2": (3e-5, 20), "hass": (3e-5, 20),
                                                               "eagle3": (1e-4, 10)}

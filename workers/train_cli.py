@@ -45,8 +45,9 @@ def _train(args) -> None:
     cfg = TrainConfig(
         verifier=name, backbone=args.backbone, variant=args.variant, out_dir=str(Path(args.out).resolve()), draft_vocab=vocab,
         train_data=variant_data(args.variant, features, caches, args.n), heldout_data=heldout_data(features, caches),
-        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, seed=args.seed, deepspeed=not args.no_deepspeed,
-        zero_stage=args.zero_stage, loss_mask=args.loss_mask, precision=args.precision,
+        epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, init_seed=args.seed,
+        deepspeed=not args.no_deepspeed, zero_stage=args.zero_stage, loss_mask=args.loss_mask,
+        precision=args.precision,
     )
     if args.no_ray:
         from drafters.trainer import train

@@ -11,7 +11,7 @@ from pathlib import Path
 # the hyperparameters a tracker shows for each training cell (Tune logs the trial config as parameters)
 SHOWN = ("backbone", "variant", "epochs", "lr", "batch_size", "grad_accum", "warmup_steps", "lr_schedule",
          "grad_clip", "grad_clip_mode", "hass_steps", "topk_from", "bucket", "deepspeed", "zero_stage", "precision",
-         "seed")
+         "init_seed")
 
 
 RAY_KEYS = {"training_iteration", "timestamp", "time_this_iter_s", "time_total_s", "time_since_restore",

@@ -15,6 +15,7 @@ from decoding.config import GRANULARITIES, STRATEGY_NAMES, SWITCH_AFTER, SWITCH_
 from decoding.hedge import FEEDBACKS, LEARNERS, RESETS, TIES
 from drafters.config import BACKBONES
 from drafters.corpora import VARIANTS
+from drafters.train_config import TrainSettings
 from drafters.data.sources import BENCHMARKS
 
 # the study's own; switching and depth_adaptive are its proposed next steps; hedge the online router (issue 57)
@@ -46,66 +47,39 @@ class DataCfg:
 
 
 @dataclass(frozen=True)
-class TrainCfg:
+class TrainCfg(TrainSettings):
+    """The hyperparameters (drafters/train_config.py's TrainSettings, each with its rule there, read
+    here as train.<key>) and which cells train with them."""
+
     backbones: list = field(default_factory=lambda: ["eagle2", "hass"])
+    # variants: a subset of train.variants (e.g. a slower backbone trains only the specialists); the
+    # cells that need a variant it lacks (eval.heads, eval.mixed_variant) are left out for it
     variants: list = field(default_factory=lambda: list(VARIANTS))
-    epochs: int = 1
-    lr: float = 3e-5
-    # per worker: examples per micro-batch; with global_batch set, the most one worker holds
-    batch_size: int = 8
-    grad_accum: int = 1  # with global_batch set: derived (leave at 1), see batch_plan
     # examples per optimizer step over all workers (the study: 8); null = batch_size and grad_accum
     # per worker as written, so the global batch grows with resources.train.num_workers
     global_batch: int | None = None
-    warmup_steps: int = 0
-    deepspeed: bool = True
-    zero_stage: int = 1  # 0-2; ZeRO-3 is refused (rank 0 evaluates and saves, and would hold a shard)
-    # fp32 | bf16: what the drafter trains in (DeepSpeed's bf16 engine, or autocast without DeepSpeed); its
-    # inputs follow it and the losses stay float32. GPU profiles: bf16; the CPU profiles: fp32
-    precision: str = "fp32"
-    hass_steps: int = 3
-    max_seconds: float | None = None
-    init_seed: int = 0
     # reduced draft vocabulary size (one per run, from all trained corpora); null = full
     draft_vocab: int | None = None
-    lr_schedule: str = "linear"
-    grad_clip_mode: str = "value"
-    topk_from: float = 0.5
-    loss_mask: str = "next"  # next (decode-time positions) | reference (EAGLE/HASS loaders, one earlier)
-    bucket: bool = True
-    # a resumable checkpoint every N optimizer steps (weights, optimizer, RNG, data position), so a
-    # failure loses at most N steps; null = at epoch ends only. Neither key changes the result.
-    checkpoint_every: int | None = None
-    keep_checkpoints: int = 2  # epochs kept per drafter (locally, at the URI and in Ray Train's record)
     # per-backbone values of the PER_BACKBONE keys, e.g. {hass: {warmup_steps: 1660}} (the study's code warms
     # EAGLE up for 2,000 steps and HASS for 1% of its steps); the keys above hold for every other backbone
     per_backbone: dict = field(default_factory=dict)
 
-    # variants: a subset of train.variants (e.g. a slower backbone trains only the specialists); the
-    # cells that need a variant it lacks (eval.heads, eval.mixed_variant) are left out for it
     PER_BACKBONE = ("epochs", "lr", "batch_size", "global_batch", "warmup_steps", "precision", "hass_steps",
                     "variants", "checkpoint_every")
+    PREFIX = "train."
 
     def for_backbone(self, backbone: str) -> "TrainCfg":
         """The settings one backbone trains with (its per_backbone values over the shared ones)."""
         return dataclasses.replace(self, per_backbone={}, **self.per_backbone.get(backbone, {}))
 
-    RULES = {"backbones": subset(BACKBONES), "variants": subset(VARIANTS), "epochs": integer(1),
-             "lr": number(0, lo_open=True), "batch_size": integer(1), "grad_accum": integer(1),
-             "global_batch": optional(integer(1)),
-             "warmup_steps": integer(0), "deepspeed": BOOL, "zero_stage": integer(0, 2),
-             "precision": one_of("fp32", "bf16"),
-             "hass_steps": integer(1),
-             "max_seconds": optional(number(0, lo_open=True)), "init_seed": integer(0),
-             "draft_vocab": optional(integer(16)), "lr_schedule": one_of("linear", "constant"),
-             "grad_clip_mode": one_of("value", "norm"), "topk_from": number(0, 1),
-             "loss_mask": one_of("next", "reference"), "bucket": BOOL,
-             "checkpoint_every": optional(integer(1)), "keep_checkpoints": integer(1),
+    RULES = {**TrainSettings.RULES, "backbones": subset(BACKBONES), "variants": subset(VARIANTS),
+             "global_batch": optional(integer(1)), "draft_vocab": optional(integer(16)),
              "per_backbone": Rule(f"a mapping of backbone ({', '.join(BACKBONES)}) to {{key: value}} with keys from "
                                   f"[{', '.join(PER_BACKBONE)}], each value valid for that train key",
                                   lambda v: isinstance(v, dict) and all(
                                       b in BACKBONES and isinstance(o, dict) and all(
-                                          k in TrainCfg.PER_BACKBONE and TrainCfg.RULES[k].ok(x) for k, x in o.items())
+                                          k in TrainCfg.PER_BACKBONE and TrainCfg.RULES[k].ok(x)
+                                          for k, x in o.items())
                                       for b, o in v.items()))}
 
 
