@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from common.dtypes import PRECISIONS
+from common.dtypes import PRECISIONS, nbytes
 from common.rules import BOOL, Rule, check, integer, number, one_of, optional
 
 from .config import BACKBONES, FEATURE_BACKBONES
@@ -73,6 +73,12 @@ class TrainSettings:
     def settings(self) -> TrainSettings:
         """The shared hyperparameters alone (of a profile's TrainCfg or a worker's TrainConfig)."""
         return TrainSettings(**{f.name: getattr(self, f.name) for f in fields(TrainSettings)})
+
+
+def weight_bytes(precision: str, deepspeed: bool) -> int:
+    """Bytes of one drafter weight as it trains and is saved: DeepSpeed's bf16 engine holds bf16
+    weights (float32 master copies beside them); without DeepSpeed, bf16 is autocast over float32."""
+    return nbytes(precision) if deepspeed else nbytes("fp32")
 
 
 @dataclass(frozen=True, kw_only=True)

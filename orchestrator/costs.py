@@ -5,6 +5,8 @@ arithmetic on the shapes the modules are built from (drafters/model.py, drafters
 tests/test_costs.py checks it against the modules' own ``sum(p.numel())``."""
 from __future__ import annotations
 
+from drafters.train_config import weight_bytes
+
 GIB = 1 << 30
 
 # Per-verifier shapes (the Hugging Face config's hidden_size, vocab_size, num_attention_heads,
@@ -94,18 +96,18 @@ def train_flops_per_token(v: dict, backbone: str, hass_steps: int) -> float:
     return hass_steps * one if backbone == "hass" else one
 
 
-def checkpoint_bytes(v: dict, backbone: str, precision: str, draft_vocab: int | None = None) -> int:
+def checkpoint_bytes(v: dict, backbone: str, precision: str, deepspeed: bool,
+                     draft_vocab: int | None = None) -> int:
     """One epoch checkpoint (drafters/train_checkpoints.py ``RunCheckpoints.save``): the weights as
-    trained (bf16: 2 bytes a parameter) plus DeepSpeed's state, its module copy and the float32 master
-    weights and Adam's m and v (12 bytes): 16 bytes a parameter in bf16, 20 in fp32 (about 13 GB for
-    Llama-3-8B's EAGLE-3)."""
-    w = 2 if precision == "bf16" else 4
-    return drafter_params(v, backbone, draft_vocab) * (2 * w + 12)
+    trained (drafters/train_config.py ``weight_bytes``: 2 bytes a parameter in bf16 under DeepSpeed)
+    plus DeepSpeed's state, its module copy and the float32 master weights and Adam's m and v (12
+    bytes): 16 bytes a parameter in bf16, 20 in fp32 (about 13 GB for Llama-3-8B's EAGLE-3)."""
+    return drafter_params(v, backbone, draft_vocab) * (2 * weight_bytes(precision, deepspeed) + 12)
 
 
-def final_bytes(v: dict, backbone: str, precision: str, draft_vocab: int | None = None) -> int:
-    """A final or merged drafter: its weights only."""
-    return drafter_params(v, backbone, draft_vocab) * (2 if precision == "bf16" else 4)
+def final_bytes(v: dict, backbone: str, precision: str, deepspeed: bool, draft_vocab: int | None = None) -> int:
+    """A final or merged drafter: its weights only, as trained."""
+    return drafter_params(v, backbone, draft_vocab) * weight_bytes(precision, deepspeed)
 
 
 def feature_bytes_per_token(v: dict, eagle3: bool) -> int:

@@ -46,10 +46,11 @@ def estimate(p: Profile) -> dict:
     for c in train_cells(p):
         t = p.train.for_backbone(c.backbone)
         kept = min(t.epochs, p.train.keep_checkpoints)
-        ckpt += kept * checkpoint_bytes(v, c.backbone, t.precision, t.draft_vocab) + \
-            final_bytes(v, c.backbone, t.precision, t.draft_vocab)
-    ckpt += sum(final_bytes(v, m.backbone, p.train.for_backbone(m.backbone).precision, p.train.draft_vocab)
-                for m in merge_cells(p))
+        ckpt += kept * checkpoint_bytes(v, c.backbone, t.precision, t.deepspeed, t.draft_vocab) + \
+            final_bytes(v, c.backbone, t.precision, t.deepspeed, t.draft_vocab)
+    for m in merge_cells(p):
+        t = p.train.for_backbone(m.backbone)
+        ckpt += final_bytes(v, m.backbone, t.precision, t.deepspeed, p.train.draft_vocab)
     ckpt_gb = ckpt / 1e9
     return {"features_gpu_h": feat_h, "train_gpu_h": train_h, "feature_storage_gb": storage_gb,
             "checkpoint_storage_gb": ckpt_gb, "corpus_tokens": corpus_tokens}

@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from common.dtypes import nbytes
+from drafters.train_config import weight_bytes
 
 from . import feature_modes
 from .costs import ASSUMPTIONS, EAGLE3_TTT_STEPS, GIB, VERIFIERS, drafter_params, feature_bytes_per_token, head_rows
@@ -69,7 +70,7 @@ class TrainMemory:
 
 def _states(params: int, precision: str, deepspeed: bool, zero_stage: int, ranks: int) -> tuple[float, float]:
     """(weights + gradients + optimizer state, DeepSpeed's gradient bucket) in bytes per GPU."""
-    w = 2 if precision == "bf16" and deepspeed else 4  # plain bf16: float32 weights under autocast
+    w = weight_bytes(precision, deepspeed)  # plain bf16: float32 weights under autocast
     k = 12 if deepspeed and (precision == "bf16" or zero_stage >= 1) else 8
     shard_k = ranks if deepspeed and zero_stage >= 1 else 1
     shard_g = ranks if deepspeed and zero_stage >= 2 else 1

@@ -9,7 +9,7 @@ import pytest
 
 from common.dtypes import BYTES, NAMES, PRECISIONS, nbytes
 from drafters.corpora import CORPUS_OF
-from drafters.train_config import TrainConfig, TrainSettings
+from drafters.train_config import TrainConfig, TrainSettings, weight_bytes
 from orchestrator.profile import load_profile
 from orchestrator.profile.schema import TrainCfg
 
@@ -58,6 +58,8 @@ def test_the_profile_names_its_section_in_a_refusal_and_hands_its_settings_on_wh
 def test_precisions_and_their_bytes_come_from_one_table():
     assert set(PRECISIONS.values()) <= set(NAMES) == set(BYTES)
     assert (nbytes("bf16"), nbytes("bfloat16"), nbytes("fp32"), nbytes("float32")) == (2, 2, 4, 4)
+    # a weight as trained: bf16 only in DeepSpeed's bf16 engine, autocast keeps float32 weights
+    assert (weight_bytes("bf16", True), weight_bytes("bf16", False), weight_bytes("fp32", True)) == (2, 4, 4)
     assert TrainSettings.RULES["precision"].allowed == "fp32 or bf16"
 
 

@@ -121,7 +121,8 @@ def train_parts(p: Profile, r: Rates, backbone: str, variant: str, tokens: float
     if not r.modelled_overheads or r.verifier not in VERIFIERS:
         return [Part("compute", epoch * t.epochs, 1.0), Part("overhead (measured)", r.train_overhead_s, 0.0)]
     v = VERIFIERS[p.verifier]
-    upload_s = checkpoint_bytes(v, backbone, t.precision, t.draft_vocab) / A["checkpoint_upload_bytes_per_s"]
+    upload_s = (checkpoint_bytes(v, backbone, t.precision, t.deepspeed, t.draft_vocab)
+                / A["checkpoint_upload_bytes_per_s"])
     step_s = epoch / epoch_steps(p, backbone, variant)
     parts = [Part("compute", epoch * t.epochs, 1.0), Part("start-up", A["train_startup_s"], 0.0),
              Part("verifier load", verifier_load_s(p), 0.0),
@@ -158,7 +159,7 @@ def merge_seconds(p: Profile, r: Rates, backbone: str) -> float:
     if not r.modelled_overheads or v is None:
         return r.merge_s
     t = p.train.for_backbone(backbone)
-    moved = 3 * final_bytes(v, backbone, t.precision, t.draft_vocab)
+    moved = 3 * final_bytes(v, backbone, t.precision, t.deepspeed, t.draft_vocab)
     return A["merge_overhead_s"] + moved / (p.resources.node.object_store_gb_s * 1e9)
 
 
