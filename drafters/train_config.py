@@ -16,11 +16,15 @@ by the verifier inside the training worker (``online_spec`` selects the examples
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 from common.dtypes import PRECISIONS, nbytes
 from common.rules import BOOL, Rule, check, integer, number, one_of, optional
 
 from .config import BACKBONES, FEATURE_BACKBONES
+
+if TYPE_CHECKING:
+    from .variants import DataSpec
 
 MASK_MODES = ("next", "reference")  # loss positions (drafters/losses.py ``align``)
 ONLINE_ROOTS = ("online", "online-heldout")  # data entries whose features the verifier computes in the worker
@@ -102,7 +106,8 @@ class TrainConfig(TrainSettings):
     crash_at_step: int | None = None  # fault-injection for tests: raise after this optimizer step (fresh run)
     out_uri: str | None = None  # shared copy of out_dir (a URI); the Ray Train worker syncs epochs with it
     verifier_dtype: str | None = None  # the verifier's dtype in the worker (the profile's); None: its default
-    online_spec: dict | None = None  # DataSpec fields for "online" entries (features computed in the worker)
+    # the DataSpec that selects the "online" entries' examples (features computed in the worker)
+    online_spec: DataSpec | None = None
     aux_layers: tuple | None = None  # eagle3: the verifier layers it fuses (None: the reference's)
 
     RULES = {**TrainSettings.RULES, "backbone": one_of(*BACKBONES),

@@ -26,10 +26,10 @@ class OnlineFeatures:
     (tokenized examples, no verifier pass) is known up front, so batches and ranks are assigned
     before any feature is computed and each rank runs the verifier only on its own batches."""
 
-    def __init__(self, model, tokenizer, spec: dict, aux_layers=None):
+    def __init__(self, model, tokenizer, spec: DataSpec, aux_layers=None):
         from common.verifiers import eos_token_ids
 
-        self.model, self.tok, self.spec, self.aux_layers = model, tokenizer, DataSpec(**spec), aux_layers
+        self.model, self.tok, self.spec, self.aux_layers = model, tokenizer, spec, aux_layers
         self.eos = eos_token_ids(model, tokenizer)
         self._examples: dict[str, dict] = {}
 
@@ -181,7 +181,7 @@ def _own_groups(data, steps: int, batch_size: int, seed, bucket: bool, pool: int
         again = None if again is None else again + 7919
 
 
-def count_examples(data: list, online_spec: dict | None = None) -> int:
+def count_examples(data: list, online_spec: DataSpec | None = None) -> int:
     """Examples a data list holds (from manifests, id lists or, for an online entry without ids,
     the selection size of ``online_spec``); no shard is read and no feature computed."""
     n = 0
@@ -191,8 +191,8 @@ def count_examples(data: list, online_spec: dict | None = None) -> int:
         elif root in ONLINE_ROOTS:
             if online_spec is None:
                 raise ValueError("an online data entry without ids needs online_spec to be counted")
-            spec = DataSpec(**online_spec)  # select_examples returns exactly n (train) / heldout examples
-            n += spec.heldout if root == "online-heldout" else spec.n
+            # select_examples returns exactly n (train) / heldout examples
+            n += online_spec.heldout if root == "online-heldout" else online_spec.n
         else:
             n += int(FeatureStore(root, key).manifest()["examples"])
     return n

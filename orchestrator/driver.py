@@ -22,7 +22,7 @@ from drafters.checkpoint import initial_of, save_any
 from drafters.data.sources import load_benchmark, subsample
 from drafters.merge import merge_checkpoints
 from drafters.train_config import TrainConfig
-from drafters.variants import heldout_data, variant_data
+from drafters.variants import DataSpec, heldout_data, variant_data
 from workers import tasks
 from workers.relay import Relay
 from workers.tune_sweep import run_sweep
@@ -114,8 +114,9 @@ class Driver:
         if self.uri:
             storage.publish(self.out / rel, self.ref(rel))
 
-    def _data_spec(self) -> dict:
-        return unit_keys.data_spec(self.p)
+    def _data_spec(self) -> DataSpec:
+        """The data settings workers read, built from the very dict the unit keys hash."""
+        return DataSpec(**unit_keys.data_spec(self.p))
 
     def _sync(self) -> None:
         """Publish the manifest (after the files it records, which are published as they finish):

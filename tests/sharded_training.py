@@ -43,7 +43,7 @@ def main(uri: str) -> dict:
     times = {"extract_start": time.time()}
     try:
         task = ray.remote(num_cpus=1, max_retries=0)(_features_task)
-        parts = ray.get([task.remote(VERIFIER, None, "mathinstruct", SPEC.__dict__, feats, shards=(i, 2))
+        parts = ray.get([task.remote(VERIFIER, None, "mathinstruct", SPEC, feats, shards=(i, 2))
                          for i in range(2)])
         finish = ray.remote(num_cpus=1, max_retries=0)(features_finish_task)
         caches = {"mathinstruct": ray.get(finish.remote(feats, parts[0], 2))}

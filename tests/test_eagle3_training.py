@@ -185,7 +185,7 @@ def test_online_eagle3_features_match_the_cache(verifier, e3):
     model, tok = verifier
     root, caches, _ = e3
     ids = caches["mathinstruct"]["train_ids"][:3]
-    online = OnlineFeatures(model, tok, SPEC.__dict__, aux_layers=AUX)
+    online = OnlineFeatures(model, tok, SPEC, aux_layers=AUX)
     got = {e.id: e for e in iter_examples([["online", "mathinstruct", ids]], None, online=online)}
     ref = {e.id: e for e in iter_examples([[root, caches["mathinstruct"]["train"], ids]], None)}
     assert got.keys() == ref.keys() == set(ids)

@@ -23,6 +23,7 @@ from drafters.data.templating import TokenizedExample
 from drafters.objective import schedule_steps
 from drafters.train_config import TrainConfig
 from drafters.train_data import batches
+from drafters.variants import DataSpec
 from common import storage
 from workers.artifacts import RemoteDir, localize_data
 from workers.shard_cache import ShardCache, budget_bytes
@@ -534,7 +535,8 @@ def test_the_driver_runs_a_corpus_in_parts_then_writes_its_indexes(tmp_path, mon
 
     calls = []
 
-    def features_task(verifier, dtype, corpus, spec_dict, root, online, relay, aux, shards):
+    def features_task(verifier, dtype, corpus, spec, root, online, relay, aux, shards):
+        assert isinstance(spec, DataSpec)  # crosses Ray as itself, built from the dict the keys hash
         calls.append((corpus, shards))
         out = {}
         for part, exs in (("train", _tokenized(40, seed=1)), ("heldout", _tokenized(6, seed=2))):

@@ -23,9 +23,10 @@ from drafters.objective import schedule_steps
 from drafters.train_config import TrainConfig
 from drafters.train_data import plan_batches
 from drafters.trainer import train
+from drafters.variants import DataSpec
 
 N, HELD, BATCH, WORLD = 22, 2, 3, 2  # 8 batches (the last holds one example): 4 per rank per epoch
-SPEC = {"n": N, "heldout": HELD, "max_length": 64, "seed": 0}
+SPEC = DataSpec(n=N, heldout=HELD, max_length=64, seed=0)
 VOCAB = 64
 
 

@@ -101,7 +101,7 @@ def test_online_mode_matches_the_cache_and_trains(verifier, caches, tmp_path):
 
     model, tok = verifier
     root, c = caches
-    online = OnlineFeatures(model, tok, SPEC.__dict__)
+    online = OnlineFeatures(model, tok, SPEC)
     ids = c["mathinstruct"]["train_ids"][:4]
     got = {e.id: e for e in iter_examples([["online", "mathinstruct", ids]], None, online=online)}
     ref = {e.id: e for e in iter_examples([[root, c["mathinstruct"]["train"], ids]], None)}
@@ -111,7 +111,7 @@ def test_online_mode_matches_the_cache_and_trains(verifier, caches, tmp_path):
         torch.testing.assert_close(got[k].features.float(), ref[k].features.float(), atol=2e-2, rtol=1e-2)
     cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone="eagle2", variant="math", out_dir=str(tmp_path / "online"),
                       train_data=[["online", "mathinstruct", None]], heldout_data=[["online-heldout", "mathinstruct", None]],
-                      epochs=1, lr=1e-3, batch_size=4, deepspeed=False, online_spec=SPEC.__dict__)
+                      epochs=1, lr=1e-3, batch_size=4, deepspeed=False, online_spec=SPEC)
     final = train(cfg, model, tokenizer=tok)
     hist = json.loads((final / "config.json").read_text())["training"]["history"]
     assert hist[-1]["top1_depth1"] > hist[0]["top1_depth1"]

@@ -21,7 +21,8 @@ from . import artifacts
 from .relay import RelaySender
 
 
-def features_task(verifier, dtype, corpus, spec_dict, root, online=False, relay=None, aux=False, shards=None):
+def features_task(verifier, dtype, corpus, spec: DataSpec, root, online=False, relay=None, aux=False,
+                  shards=None):
     """Extract one corpus's caches under ``root`` (a path or URI), on the task's GPU when it holds
     one (in the profile's dtype), else on the CPU. With a URI the remote copy is the truth: a cache
     whose manifest is there is done; else its shards are computed and uploaded one by one (local
@@ -32,7 +33,7 @@ def features_task(verifier, dtype, corpus, spec_dict, root, online=False, relay=
     indexes once every part is done)."""
     if online:  # fix the selection here; features are computed later, inside training
         model, tok = load_verifier(verifier, dtype=dtype)
-        return online_selection(tok, eos_token_ids(model, tok), corpus, DataSpec(**spec_dict))
+        return online_selection(tok, eos_token_ids(model, tok), corpus, spec)
     import torch
 
     device = extraction_device(ray.get_gpu_ids(), torch.cuda.is_available())
@@ -52,7 +53,7 @@ def features_task(verifier, dtype, corpus, spec_dict, root, online=False, relay=
     aux_layers = default_aux_layers(model.config.num_hidden_layers) if aux else None
     print(f"[features {tag}] verifier on {device} in {model.dtype}", flush=True)
     return ensure_features(model, tok, eos_token_ids(model, tok), resolve(verifier).name, corpus,
-                           DataSpec(**spec_dict), str(storage.node_cache(root)), progress=progress,
+                           spec, str(storage.node_cache(root)), progress=progress,
                            aux_layers=aux_layers,
                            store_for=artifacts.feature_stores(root, model, aux_layers), shards=shards)
 
@@ -74,11 +75,11 @@ def initial_task(verifier, dtype, src):
     return initial_of(storage.fetch(src), model.get_output_embeddings().weight)
 
 
-def vocab_task(verifier, dtype, corpora, spec_dict, size, dest):
+def vocab_task(verifier, dtype, corpora, spec: DataSpec, size, dest):
     """The reduced draft vocabulary of the run (every backbone trains on these corpora), written
     next to the features and published to ``dest`` (a path or URI)."""
     model, tok = load_verifier(verifier, dtype=dtype)
-    ids, stats = build_vocab(tok, eos_token_ids(model, tok), corpora, DataSpec(**spec_dict), size,
+    ids, stats = build_vocab(tok, eos_token_ids(model, tok), corpora, spec, size,
                              model.config.vocab_size)
     local = storage.node_cache(dest) if storage.is_uri(dest) else Path(dest)
     save_vocab(ids, local, stats)
