@@ -6,6 +6,7 @@ from pathlib import Path
 
 from common.dtypes import PRECISIONS
 from drafters.config import BACKBONES
+from drafters.corpora import CORPORA, VARIANTS, variant_corpora
 
 
 def _train(args) -> None:
@@ -23,7 +24,7 @@ def _train(args) -> None:
     features = str(Path(args.features_dir).resolve())
     model, tok = load_verifier(args.verifier)
     eos = eos_token_ids(model, tok)
-    corpora = {"math": ["mathinstruct"], "chat": ["sharegpt"]}.get(args.variant, ["mathinstruct", "sharegpt"])
+    corpora = variant_corpora(args.variant)
     aux = None
     if args.backbone == "eagle3":  # its caches hold the aux layers' hidden states (their own keys)
         from drafters.eagle3 import default_aux_layers
@@ -38,7 +39,7 @@ def _train(args) -> None:
 
         vocab = Path(features) / f"vocab-{name}-n{spec.n}-len{spec.max_length}-s{spec.seed}-{args.draft_vocab}.safetensors"
         if not vocab.is_file():
-            ids, stats = build_vocab(tok, eos, ["mathinstruct", "sharegpt"], spec, args.draft_vocab, model.config.vocab_size)
+            ids, stats = build_vocab(tok, eos, list(CORPORA), spec, args.draft_vocab, model.config.vocab_size)
             save_vocab(ids, vocab, stats)
             print(f"draft vocabulary {args.draft_vocab}: {100 * stats['coverage']:.1f}% of assistant tokens -> {vocab}")
         vocab = str(vocab)
@@ -79,7 +80,7 @@ def add_subcommands(sub) -> None:
     t = sub.add_parser("train", help="extract features (cached) and train one drafter with Ray Train + DeepSpeed")
     t.add_argument("--verifier", default="smollm2-135m-instruct")
     t.add_argument("--backbone", choices=list(BACKBONES), required=True)
-    t.add_argument("--variant", choices=["math", "chat", "mixed_half", "mixed_full"], required=True)
+    t.add_argument("--variant", choices=list(VARIANTS), required=True)
     t.add_argument("--n", type=int, default=256, help="examples per domain")
     t.add_argument("--heldout", type=int, default=32)
     t.add_argument("--max-length", type=int, default=512)
