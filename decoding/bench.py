@@ -421,7 +421,7 @@ def bench_spec(run: BenchRun, spec: str) -> None:
     props = run.proposers[first : first + n]
     cfg = dataclasses.replace(run.base, strategy=strat, merge_dedup=dedup)
     shapes = [("", cfg.tree)]
-    if run.args.tree == "auto" and strat != "autoregressive":
+    if run.args.tree_mode == "auto" and strat != "autoregressive":
         shapes.append((" auto", _auto_shape(run, spec, props, cfg)))
     for suffix, shape in shapes:
         dec = SpeculativeDecoder(run.model, props, dataclasses.replace(cfg, tree=shape), run.eos)

@@ -34,7 +34,7 @@ def cmd_generate(args) -> int:
     model, tok = load_verifier(args.verifier, dtype=args.dtype)
     proposers = load_proposers(model, args.drafter, name)
     check_prompt_lengths(tok, model, prompts, cfg)
-    if args.tree == "auto":
+    if args.tree_mode == "auto":
         import dataclasses
 
         from .autotree import auto_tree, calibration_inputs

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from common.rules import check, integer
 
@@ -26,6 +27,10 @@ SWITCH_AFTER = range(1, 6)
 # the strategy options every trace row carries (report columns), in this order
 OPTION_COLUMNS = ("route_score", "switch_after", "switch_to", "switch_depth")
 HEDGE_FIELDS = tuple(f.name for f in dataclasses.fields(HedgeConfig))  # DecodeConfig's hedge_<name> fields
+# how a run picks its tree: fixed, the TreeConfig given; auto, fitted to the machine and drafters
+# (decoding/autotree.py). The mode is ``tree_mode`` in code; the trace column keeps its first name, "tree"
+TREE_MODES = ("fixed", "auto")
+AUTOREGRESSIVE_BUDGET = 1  # nodes an autoregressive step verifies: the root alone (no tree)
 
 
 @dataclass(frozen=True)
@@ -36,14 +41,29 @@ class TreeConfig:
     depth: int = 4
     total_tokens: int = 16  # nodes verified per call, root included (EAGLE's total_token): the root + >= 1 node
 
-    RULES = {"top_k": integer(1), "depth": integer(1), "total_tokens": integer(2)}
+    SMALLEST = 2  # total_tokens' least value: the root and one node (the tree an autoregressive config holds)
+    RULES = {"top_k": integer(1), "depth": integer(1), "total_tokens": integer(SMALLEST)}
 
     def __post_init__(self):
         check(self, "tree ")
 
+    @property
+    def shape(self) -> str:
+        """top_k/depth/total_tokens (the trace column ``tree_shape``)."""
+        return f"{self.top_k}/{self.depth}/{self.total_tokens}"
+
 
 def _positive_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def switch_depth_error(switch_depth, depth: int) -> str | None:
+    """Why depth_adaptive cannot split a tree of ``depth`` levels at ``switch_depth`` (None: it can):
+    levels 1..switch_depth come from the mixed drafter, the deeper ones from a specialist (the one
+    statement of this rule: DecodeConfig, the profile's check and DepthAdaptive each ask it)."""
+    if _positive_int(switch_depth) and switch_depth < depth:
+        return None
+    return f"switch_depth must be an int in 1..tree.depth - 1 (tree depth {depth}), got {switch_depth!r}"
 
 
 @dataclass(frozen=True)
@@ -62,12 +82,13 @@ class DecodeConfig:
     switch_after: int = 2  # switching: k consecutive steps with nothing accepted switch (SWITCH_AFTER)
     switch_to: str = "specialist"  # switching: to the other specialist | to merged trees
     switch_depth: int = 2  # depth_adaptive: deepest level from the mixed drafter (1..tree.depth - 1)
-    hedge_eta: float = 0.5  # hedge: learning rate (> 0)
-    hedge_prior: str = "uniform"  # hedge: uniform | mixed-first (the first drafter starts ahead)
-    hedge_reset: str = "turn"  # hedge: fresh weights every turn | carry them across a prompt's turns
-    hedge_learner: str = "ftl"  # hedge: ftl | hedge | normalhedge | ucb (decoding/hedge.py LEARNERS)
-    hedge_feedback: str = "agreement"  # hedge: agreement (depth-1 top-1) | acceptance (counterfactual, multi-step)
-    hedge_ties: str = "lower"  # hedge: ties of ftl/ucb to the lower index | stay with the current drafter
+    # hedge: decoding/hedge.py's HedgeConfig field by field (``.hedge``), at its defaults (the first router's)
+    hedge_eta: float = HedgeConfig.eta  # learning rate (> 0)
+    hedge_prior: str = HedgeConfig.prior  # uniform | mixed-first (the first drafter starts ahead)
+    hedge_reset: str = HedgeConfig.reset  # fresh weights every turn | carry them across a prompt's turns
+    hedge_learner: str = HedgeConfig.learner  # ftl | hedge | normalhedge | ucb (decoding/hedge.py LEARNERS)
+    hedge_feedback: str = HedgeConfig.feedback  # agreement (depth-1 top-1) | acceptance (counterfactual)
+    hedge_ties: str = HedgeConfig.ties  # ties of ftl/ucb to the lower index | stay with the current drafter
     tree: TreeConfig = field(default_factory=TreeConfig)
 
     def __post_init__(self):
@@ -92,15 +113,21 @@ class DecodeConfig:
                              f"got {self.switch_after!r}")
         if self.switch_to not in SWITCH_TO:
             raise ValueError(f"switch_to must be one of {list(SWITCH_TO)}, got {self.switch_to!r}")
-        if not _positive_int(self.switch_depth) or (
-                self.strategy == "depth_adaptive" and self.switch_depth >= self.tree.depth):
-            raise ValueError(f"switch_depth must be an int in 1..tree.depth - 1 (tree depth {self.tree.depth}), "
-                             f"got {self.switch_depth!r}")
+        why = switch_depth_error(self.switch_depth, self.tree.depth)  # the other strategies: any positive int
+        if why and (self.strategy == "depth_adaptive" or not _positive_int(self.switch_depth)):
+            raise ValueError(why)
         _ = self.hedge  # refuses a bad hedge_* field by name
 
-    @property
+    @cached_property
     def hedge(self) -> HedgeConfig:
+        """The hedge_* fields as decoding/hedge.py's HedgeConfig (built once, on the first read)."""
         return HedgeConfig(**{k: getattr(self, f"hedge_{k}") for k in HEDGE_FIELDS})
+
+    @property
+    def budget(self) -> int:
+        """Nodes verified per call (the trace's and the cell key's ``total_tokens``): the tree's
+        total_tokens; autoregressive verifies the root alone (its tree, unused, is the smallest)."""
+        return AUTOREGRESSIVE_BUDGET if self.strategy == "autoregressive" else self.tree.total_tokens
 
     def columns(self) -> dict:
         """The strategy options as trace columns (OPTION_COLUMNS, every one; ``hedge_spec``: the hedge

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from .config import STRATEGY_NAMES, DecodeConfig, TreeConfig
+from .config import STRATEGY_NAMES, DecodeConfig, TreeConfig, switch_depth_error
 from .drafting import Proposer, acceptance_together, agreement_together, can_agree, can_roll_out, draft_together
 from .hedge import BANDITS, HedgeConfig, acceptance_gains, choose, learn, learn_chosen, start_state, step_losses
 from .tree import DraftTree, graft_trees, merge_trees, rerank
@@ -246,9 +246,9 @@ class DepthAdaptive(Confidence):
     routed_from = 1
 
     def propose(self, drafters, tokens, features, cfg, temperature):
-        if not 1 <= self.switch_depth < cfg.depth:
-            raise ValueError(f"switch_depth must be in 1..{cfg.depth - 1} (tree depth - 1), "
-                             f"got {self.switch_depth}")
+        why = switch_depth_error(self.switch_depth, cfg.depth)  # (the tree handed at this step)
+        if why:
+            raise ValueError(why)
         trees, stats, choice = self._route(drafters, tokens, features, cfg, temperature)
         tree = graft_trees(trees[0], trees[choice], self.switch_depth, cfg.total_tokens - 1)
         return Proposal(tree, choice, stats)
@@ -338,10 +338,14 @@ def strategy_for(cfg: DecodeConfig, n_drafters: int) -> Strategy:
     return cls(cfg)
 
 
-def make_strategy(name: str, n_drafters: int, granularity: str = "step", dedup: bool = False,
-                  decide_steps: int = 1, budget: bool = False, score: str = "path", switch_after: int = 2,
-                  switch_to: str = "specialist", switch_depth: int = 2,
-                  hedge: HedgeConfig = HedgeConfig()) -> Strategy:
+_D = DecodeConfig  # make_strategy's defaults are DecodeConfig's
+
+
+def make_strategy(name: str, n_drafters: int, granularity: str = _D.routing_granularity,
+                  dedup: bool = _D.merge_dedup, decide_steps: int = _D.routing_decide_steps,
+                  budget: bool = _D.merge_budget, score: str = _D.route_score,
+                  switch_after: int = _D.switch_after, switch_to: str = _D.switch_to,
+                  switch_depth: int = _D.switch_depth, hedge: HedgeConfig = HedgeConfig()) -> Strategy:
     """A strategy by name and options, without a decoder (tests, the CLI's early check): the options
     are checked by DecodeConfig whatever the strategy. No tree is known here, so DecodeConfig gets one
     deep enough for ``switch_depth``; DepthAdaptive checks it against the tree each step hands it."""

@@ -314,7 +314,7 @@ def commit() -> str:
 def parse(argv=None) -> tuple[argparse.Namespace, BenchSpec]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_decode_args(ap)  # --verifier, --dtype, --max-new-tokens, --temperature, --seed, fixed tree, --tree
-    ap.set_defaults(max_new_tokens=64, tree="auto")
+    ap.set_defaults(max_new_tokens=64, tree_mode="auto")
     ap.add_argument("--backbones", default=",".join(ORDER), help="comma list to train and decode")
     ap.add_argument("--n", type=int, default=64, help="training examples (math corpus)")
     ap.add_argument("--heldout", type=int, default=16, help="held-out examples for top-1 agreement")
@@ -373,7 +373,7 @@ def main(argv=None) -> int:
     command = "python experiments/bench_backbones.py " + " ".join(sys.argv[1:] if argv is None else argv)
     config = {"verifier": verifier, "dtype": args.dtype, **dataclasses.asdict(spec),
               "max_new_tokens": base.max_new_tokens, "temperature": base.temperature,
-              "fixed_tree": list(dataclasses.astuple(base.tree)), "tree": args.tree}
+              "fixed_tree": list(dataclasses.astuple(base.tree)), "tree": args.tree_mode}
     result = {"date": datetime.date.today().isoformat(), "commit": commit(), "machine": machine_class(),
               "command": command, "config": config, "training": {}}
 
@@ -412,7 +412,7 @@ def main(argv=None) -> int:
         save()
     log("stage 3/3: decode")
     ckpts = {b: t["checkpoint"] for b, t in result["training"].items()}
-    decode_all(model, tok, eos, verifier, ckpts, spec, base, args.tree, result, save)
+    decode_all(model, tok, eos, verifier, ckpts, spec, base, args.tree_mode, result, save)
     result["targets"] = targets(result)
     save()
     print(markdown(result))

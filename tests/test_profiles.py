@@ -108,7 +108,7 @@ def test_paper_dry_run_counts_match_an_independent_count():
     (["eval.strategies=[single, depth_adaptive]", "eval.mixed_variant=mixed_full"],
      "use eval.mixed_variant 'mixed_full', which train.variants"),
     (["eval.strategies=[single, depth_adaptive]", "train.variants=[math, chat, mixed_full]", "eval.switch_depth=3"],
-     r"eval.switch_depth must be < eval.tree.depth \(3\)"),
+     r"eval.switch_depth must be an int in 1..tree.depth - 1 \(tree depth 3\)"),
     (["eval.routers=[posthoc_confidence]", "train.variants=[math, chat, mixed_full]", "eval.strategies=[merged]"],
      "posthoc_confidence reads the single-drafter traces"),
     (["eval.rq1_prompts=10", "eval.temperatures=[1.0]"], "eval.rq1_prompts sizes the single math and chat cells"),

@@ -219,7 +219,7 @@ def test_depth_adaptive_routes_between_the_specialists_and_grafts():
     p = s.propose([mixed, a, b], None, None, TreeConfig(2, 3, 5), 0.0)
     assert p.chosen == 2 and set(_paths(p.tree)) == {(1,), (3,), (1, 2), (1, 2, 6)}
     assert p.tree.owner.tolist() == [0, 0, 0, 2]
-    with pytest.raises(ValueError, match="switch_depth must be in 1..2"):
+    with pytest.raises(ValueError, match=r"switch_depth must be an int in 1..tree.depth - 1 \(tree depth 3"):
         make_strategy("depth_adaptive", 3, switch_depth=3).propose([mixed, a, b], None, None, TreeConfig(2, 3, 5), 0.0)
 
 

@@ -4,6 +4,7 @@ after every field has passed its rule (load.py), each refusal one ProfileError l
 from __future__ import annotations
 
 from common.rules import is_int, is_num
+from decoding.config import switch_depth_error
 from drafters.data.sources import BENCHMARKS
 
 from .batch import batch_plan
@@ -81,9 +82,9 @@ def eval_checks(p: Profile) -> None:
         (["posthoc_confidence"] if "posthoc_confidence" in e.routers else [])
     need(not mixed_users or e.mixed_variant in t.variants, f"{mixed_users} use eval.mixed_variant "
          f"{e.mixed_variant!r}, which train.variants {t.variants} does not train", "eval.mixed_variant")
-    if "depth_adaptive" in e.strategies:
-        need(e.switch_depth < e.tree.depth, f"eval.switch_depth must be < eval.tree.depth ({e.tree.depth}) so "
-             f"the specialist drafts the deeper levels, got {e.switch_depth}", "eval.switch_depth")
+    if "depth_adaptive" in e.strategies:  # (the rule's one statement: decoding/config.py)
+        why = switch_depth_error(e.switch_depth, e.tree.depth)
+        need(why is None, f"eval.{why}", "eval.switch_depth")
     if "posthoc_confidence" in e.routers:
         need("single" in e.strategies, "eval.routers posthoc_confidence reads the single-drafter traces: "
              "eval.strategies must include single", "eval.routers")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from common.dtypes import NAMES as DTYPES
 from common.rules import (BOOL, Rule, booleans, integer, integers, is_num, mapping, number, numbers, one_of, optional,
                           subset, text)
-from decoding.config import GRANULARITIES, STRATEGY_NAMES, SWITCH_AFTER, SWITCH_TO, TreeConfig
+from decoding.config import GRANULARITIES, STRATEGY_NAMES, SWITCH_AFTER, SWITCH_TO, DecodeConfig, TreeConfig
 from decoding.hedge import FEEDBACKS, LEARNERS, RESETS, TIES
 from drafters.config import BACKBONES
 from drafters.corpora import VARIANTS
@@ -101,7 +101,8 @@ class EvalCfg:
     temperatures: list = field(default_factory=lambda: [0.0, 1.0])
     strategies: list = field(default_factory=lambda: list(STUDY_STRATEGIES))
     routing_granularities: list = field(default_factory=lambda: ["step"])
-    routing_decide_steps: int = 1  # turn/prompt routing: verifier calls whose mean scores decide (the study: 1)
+    # turn/prompt routing: verifier calls whose mean scores decide (the study: 1, DecodeConfig's default)
+    routing_decide_steps: int = DecodeConfig.routing_decide_steps
     route_pair: list = field(default_factory=lambda: ["math", "chat"])  # the specialists composed
     merge_dedup: list = field(default_factory=lambda: [False])
     budget_matched: bool = True
@@ -117,9 +118,12 @@ class EvalCfg:
     routers: list = field(default_factory=list)  # the study's routers (ROUTERS) beside the project's own
     heads: list = field(default_factory=lambda: ["math", "chat", "mixed_full", "avg0.5"])  # entropy_heads' drafters
     mixed_variant: str = "mixed_full"  # the mixed checkpoint: post hoc near-ties, depth_adaptive's shallow levels
-    switch_after: list = field(default_factory=lambda: [2])  # switching: one cell per k (steps with nothing accepted)
-    switch_to: list = field(default_factory=lambda: ["specialist"])  # switching: to the other specialist / merged
-    switch_depth: int = 2  # depth_adaptive: tree levels <= this come from the mixed drafter
+    # the strategies' options below default to DecodeConfig's defaults (decoding/config.py), which keep
+    # the keys cells had before each option existed (orchestrator/grid.py KEY_DEFAULTS)
+    # switching: one cell per k (steps with nothing accepted) and per target (the other specialist / merged)
+    switch_after: list = field(default_factory=lambda: [DecodeConfig.switch_after])
+    switch_to: list = field(default_factory=lambda: [DecodeConfig.switch_to])
+    switch_depth: int = DecodeConfig.switch_depth  # depth_adaptive: levels <= this from the mixed drafter
     # RQ1's cells (single math and chat drafters, fixed tree, T=0, one backbone) read this many prompts per
     # benchmark instead of eval.benchmarks' count (a superset of the other cells' prompts); null = off
     rq1_prompts: int | None = None
@@ -130,11 +134,11 @@ class EvalCfg:
     # hedge (decoding/hedge.py): one cell per learner x reset over eval.route_pair, each with this feedback,
     # tie rule and learning rate; the defaults are the first online router's (ftl on agreement, ties to
     # the lower index, fresh weights every turn), so the keys of runs made before these settings stay
-    hedge_learners: list = field(default_factory=lambda: ["ftl"])
-    hedge_resets: list = field(default_factory=lambda: ["turn"])
-    hedge_feedback: str = "agreement"
-    hedge_ties: str = "lower"
-    hedge_eta: float = 0.5
+    hedge_learners: list = field(default_factory=lambda: [DecodeConfig.hedge_learner])
+    hedge_resets: list = field(default_factory=lambda: [DecodeConfig.hedge_reset])
+    hedge_feedback: str = DecodeConfig.hedge_feedback
+    hedge_ties: str = DecodeConfig.hedge_ties
+    hedge_eta: float = DecodeConfig.hedge_eta
 
     RULES = {"benchmarks": mapping("benchmark: prompts (null = all)"), "temperatures": numbers(0),
              "strategies": subset(STRATEGY_NAMES),
