@@ -9,7 +9,6 @@ imports the allowed values from here and adds only what spans its stages.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -134,12 +133,3 @@ class DecodeConfig:
         options away from their defaults, "" at them)."""
         return {k: getattr(self, k) for k in OPTION_COLUMNS} | {"hedge_spec": self.hedge.label}
 
-
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DecodeConfig)}
-
-
-def decode_columns(options: Mapping) -> dict:
-    """The trace columns of ``options`` (a mapping with DecodeConfig's field names, e.g. a grid
-    cell's): OPTION_COLUMNS, each at DecodeConfig's default where ``options`` lacks it, and ``hedge_spec``."""
-    hedge = HedgeConfig(**{k: options.get(f"hedge_{k}", _DEFAULTS[f"hedge_{k}"]) for k in HEDGE_FIELDS})
-    return {k: options.get(k, _DEFAULTS[k]) for k in OPTION_COLUMNS} | {"hedge_spec": hedge.label}

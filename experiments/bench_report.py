@@ -17,7 +17,6 @@ checkout and with DIR's and say whether every output file is byte-identical.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import filecmp
 import hashlib
 import json
@@ -122,7 +121,6 @@ def make_run(root: Path, rows: int, seed: int = 0, shard_size: int | None = None
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from decoding.config import decode_columns
     from orchestrator.grid import BENCHMARK_SIZES, cell_prompts, eval_cells
     from orchestrator.profile import load_profile, profile_dict
 
@@ -141,9 +139,9 @@ def make_run(root: Path, rows: int, seed: int = 0, shard_size: int | None = None
         part = f"backbone={cell.backbone}/benchmark={cell.benchmark}/temperature={cell.temperature:g}"
         for s in range(0, n, shard):
             key = "eval-" + hashlib.sha256(f"{cell.key}/{s}".encode()).hexdigest()[:32]
-            d = dataclasses.asdict(cell)
+            d = cell.record  # (its "tree": the tree mode, the trace column's name)
             tags = {k: d[k] for k in ("drafter", "strategy", "routing_granularity", "merge_dedup",
-                                      "total_tokens", "budget_matched")} | {"tree": cell.tree} | decode_columns(d)
+                                      "total_tokens", "budget_matched", "tree")} | cell.decode.columns()
             tags |= {"tree_shape": f"10/{DEPTH}/{cell.total_tokens}", "cell_key": cell.key, "unit_key": key,
                      "invocation": "bench"}
             pt, st = _unit(pa, np, rng, cell, prompts[s : s + shard], turns[cell.benchmark], mean_steps, tags)

@@ -463,7 +463,7 @@ class Driver:
         calls = sum(x["verifier_calls"] for x in rows)
         tau = sum(x["new_tokens"] for x in rows) / calls if calls else float("nan")
         self.manifest.record(key, "eval", cell.label, "done", attempts=attempts, files=[pfile, sfile],
-                             cell=dataclasses.asdict(cell), prompts=len(shard), rows=len(rows),
+                             cell=cell.record, prompts=len(shard), rows=len(rows),
                              file_rows={pfile: len(rows), sfile: len(steps)})  # read back by done()
         if self.uri and time.time() - self._last_sync > MANIFEST_SYNC_S:  # what a crash can lose
             self._sync()

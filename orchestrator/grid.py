@@ -4,10 +4,9 @@ Pure Python (no torch, no Ray): the driver, the dry run and the tests all read t
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 
-from decoding.config import DecodeConfig
-from decoding.hedge import HedgeConfig
+from decoding.config import OPTION_COLUMNS, TREE_MODES, DecodeConfig, TreeConfig
 from drafters.corpora import CORPORA, variant_corpora
 from workers.eval_worker import EvalJob
 
@@ -36,42 +35,62 @@ class MergeCell:
         return f"{self.backbone}-avg{self.lam:g}" if self.kind == "linear" else f"{self.backbone}-{self.kind}"
 
 
-# EvalCell fields whose default leaves a cell's key as it was before the field existed (a key rule: the
-# values runs had, written out, not DecodeConfig's defaults, which they equal today)
-KEY_DEFAULTS = {"tree": "fixed", "route_score": "path", "switch_after": 2, "switch_to": "specialist",
-                "switch_depth": 2, "decide_steps": None, "prompts": None, "hedge_learner": "ftl",
-                "hedge_feedback": "agreement", "hedge_reset": "turn", "hedge_ties": "lower", "hedge_eta": 0.5}
-
-
 @dataclass(frozen=True)
 class EvalCell:
+    """One evaluation cell: the DecodeConfig it decodes with (strategy, temperature, routing, the
+    profile's tree at the cell's budget, the strategy's options: their defaults are DecodeConfig's)
+    and what picks its drafters, prompts and tree beside it. ``record`` is the cell as runs record and
+    key it, under the names records have always used."""
+
     backbone: str  # "none" for the autoregressive baseline
     drafter: str  # display name: variant, merge name, "math+chat" for compositions, "-" for AR
-    strategy: str
-    routing_granularity: str
-    merge_dedup: bool
     benchmark: str
-    temperature: float
-    total_tokens: int
+    decode: DecodeConfig
     drafters: tuple = field(default_factory=tuple)  # checkpoint names (train/merge cell names)
     budget_matched: bool = False
-    tree: str = "fixed"  # fixed: the profile's tree; auto: fitted to machine and drafters (decoding/autotree.py)
-    # the strategy options the cell sets: DecodeConfig's fields of the same names (decode_config), its defaults
-    route_score: str = DecodeConfig.route_score
-    switch_after: int = DecodeConfig.switch_after
-    switch_to: str = DecodeConfig.switch_to
-    switch_depth: int = DecodeConfig.switch_depth
-    decide_steps: int | None = None  # turn/prompt routing: None = eval.routing_decide_steps
+    tree_mode: str = TREE_MODES[0]  # fixed: decode.tree; auto: fitted on the actor (decoding/autotree.py)
+    decide_steps: int | None = None  # the cell's own routing_decide_steps; None: eval.routing_decide_steps
     prompts: int | None = None  # prompts per benchmark; None = eval.benchmarks' count
-    hedge_learner: str = DecodeConfig.hedge_learner  # hedge: decoding/hedge.py's options (the first router's)
-    hedge_feedback: str = DecodeConfig.hedge_feedback
-    hedge_reset: str = DecodeConfig.hedge_reset
-    hedge_ties: str = DecodeConfig.hedge_ties
-    hedge_eta: float = DecodeConfig.hedge_eta
+
+    def __post_init__(self):
+        if self.tree_mode not in TREE_MODES:
+            raise ValueError(f"tree_mode must be one of {list(TREE_MODES)}, got {self.tree_mode!r}")
+
+    @property
+    def strategy(self) -> str:
+        return self.decode.strategy
+
+    @property
+    def temperature(self) -> float:
+        return self.decode.temperature
+
+    @property
+    def routing_granularity(self) -> str:
+        return self.decode.routing_granularity
+
+    @property
+    def merge_dedup(self) -> bool:
+        return self.decode.merge_dedup
+
+    @property
+    def total_tokens(self) -> int:
+        return self.decode.budget
+
+    @property
+    def record(self) -> dict:
+        """The cell as the manifest records it and its key hashes: flat, ``total_tokens`` the budget,
+        ``tree`` the tree mode (its name in records and keys), the options of CELL_OPTIONS."""
+        d = self.decode
+        return {"backbone": self.backbone, "drafter": self.drafter, "strategy": d.strategy,
+                "routing_granularity": d.routing_granularity, "merge_dedup": d.merge_dedup,
+                "benchmark": self.benchmark, "temperature": d.temperature, "total_tokens": d.budget,
+                "drafters": self.drafters, "budget_matched": self.budget_matched, "tree": self.tree_mode,
+                **{k: getattr(d, k) for k in CELL_OPTIONS}, "decide_steps": self.decide_steps,
+                "prompts": self.prompts}
 
     @property
     def key(self) -> str:
-        d = asdict(self)
+        d = self.record
         for k, default in KEY_DEFAULTS.items():  # keys of cells at the defaults are what they were before
             if d[k] == default:
                 del d[k]
@@ -79,48 +98,48 @@ class EvalCell:
 
     @property
     def label(self) -> str:
-        g = f"/{self.routing_granularity}" if self.strategy in ROUTED_STRATEGIES else ""
-        g += "/node" if self.route_score == "node" and self.strategy in ROUTED_STRATEGIES else ""
-        g += f"/k={self.switch_after}" + ("->merged" if self.switch_to == "merged" else "") \
-            if self.strategy == "switching" else ""
-        g += f"/d={self.switch_depth}" if self.strategy == "depth_adaptive" else ""
-        spec = self.hedge.label if self.strategy == "hedge" else ""
+        o = self.decode
+        g = f"/{o.routing_granularity}" if o.strategy in ROUTED_STRATEGIES else ""
+        g += "/node" if o.route_score == "node" and o.strategy in ROUTED_STRATEGIES else ""
+        g += f"/k={o.switch_after}" + ("->merged" if o.switch_to == "merged" else "") \
+            if o.strategy == "switching" else ""
+        g += f"/d={o.switch_depth}" if o.strategy == "depth_adaptive" else ""
+        spec = o.hedge.label if o.strategy == "hedge" else ""
         g += f"/{spec.replace(', ', '/')}" if spec else ""
-        d = "/dedup" if self.merge_dedup else ""
+        d = "/dedup" if o.merge_dedup else ""
         b = f"@{self.total_tokens}" if self.budget_matched else ""
-        a = "[auto]" if self.tree == "auto" else ""
+        a = "[auto]" if self.tree_mode == "auto" else ""
         n = f"[n={self.prompts}]" if self.prompts is not None else ""
-        what = f"{self.backbone}:{self.strategy}{g}{d}:{self.drafter}{b}{a}{n}"
-        return f"{what}|{self.benchmark}|T={self.temperature:g}"
-
-
-    @property
-    def hedge(self) -> HedgeConfig:
-        return HedgeConfig(eta=self.hedge_eta, reset=self.hedge_reset, learner=self.hedge_learner,
-                           feedback=self.hedge_feedback, ties=self.hedge_ties)
+        what = f"{self.backbone}:{o.strategy}{g}{d}:{self.drafter}{b}{a}{n}"
+        return f"{what}|{self.benchmark}|T={o.temperature:g}"
 
 
 ROUTED_STRATEGIES = ("confidence", "entropy", "switching", "depth_adaptive")
+# the strategy options a cell's record carries (DecodeConfig's fields; hedge_prior: no cell sets it)
+CELL_OPTIONS = OPTION_COLUMNS + tuple(f"hedge_{k}" for k in ("learner", "feedback", "reset", "ties", "eta"))
+# record fields whose default leaves a cell's key as it was before the field existed (a key rule: each
+# at its home's default, DecodeConfig's or EvalCell's; tests/test_keys_unchanged.py holds the keys)
+KEY_DEFAULTS = {"tree": EvalCell.tree_mode, **{k: getattr(DecodeConfig, k) for k in CELL_OPTIONS},
+                "decide_steps": EvalCell.decide_steps, "prompts": EvalCell.prompts}
 
 
-def decode_config(p: Profile, cell: EvalCell) -> DecodeConfig:
-    """The one DecodeConfig a cell decodes with: its strategy and options, the profile's tree at the
-    cell's budget (autoregressive verifies the root alone; its tree keeps the smallest budget, 2)."""
-    e = p.eval
-    tree = replace(e.tree, total_tokens=2 if cell.strategy == "autoregressive" else cell.total_tokens)
-    return DecodeConfig(strategy=cell.strategy, temperature=cell.temperature, max_new_tokens=e.max_new_tokens,
-                        seed=e.seed, routing_granularity=cell.routing_granularity,
-                        routing_decide_steps=e.routing_decide_steps if cell.decide_steps is None else cell.decide_steps,
-                        merge_dedup=cell.merge_dedup, merge_budget=cell.strategy == "merged" and cell.budget_matched,
-                        route_score=cell.route_score, switch_after=cell.switch_after, switch_to=cell.switch_to,
-                        switch_depth=cell.switch_depth, hedge_learner=cell.hedge_learner,
-                        hedge_feedback=cell.hedge_feedback, hedge_reset=cell.hedge_reset, hedge_ties=cell.hedge_ties,
-                        hedge_eta=cell.hedge_eta, tree=tree)
+def make_cell(p: Profile, backbone: str, drafter: str, benchmark: str, drafters: tuple = (),
+              budget_matched: bool = False, tree_mode: str = TREE_MODES[0], decide_steps: int | None = None,
+              total_tokens: int | None = None, **options) -> EvalCell:
+    """A cell with its DecodeConfig: ``options`` (strategy, temperature and the others the cell sets)
+    over the profile's decode settings, the profile's tree at ``total_tokens`` (None: the profile's)."""
+    e, strategy = p.eval, options["strategy"]
+    budget = TreeConfig.SMALLEST if strategy == "autoregressive" else total_tokens or e.tree.total_tokens
+    steps = e.routing_decide_steps if decide_steps is None else decide_steps
+    decode = DecodeConfig(max_new_tokens=e.max_new_tokens, seed=e.seed, routing_decide_steps=steps,
+                          merge_budget=strategy == "merged" and budget_matched,
+                          tree=replace(e.tree, total_tokens=budget), **options)
+    return EvalCell(backbone, drafter, benchmark, decode, drafters, budget_matched, tree_mode, decide_steps)
 
 
 def eval_job(p: Profile, cell: EvalCell) -> EvalJob:
     """What the driver sends an eval actor for one cell (workers/eval_worker.py)."""
-    return EvalJob(decode_config(p, cell), cell.key, cell.drafter, cell.benchmark, cell.budget_matched, cell.tree,
+    return EvalJob(cell.decode, cell.key, cell.drafter, cell.benchmark, cell.budget_matched, cell.tree_mode,
                    p.eval.paired_baseline, p.eval.system_prompt)
 
 
@@ -145,11 +164,9 @@ def eval_cells(p: Profile) -> list[EvalCell]:
     cells = []
     for bench in e.benchmarks:
         for temp in e.temperatures:
-            base = dict(benchmark=bench, temperature=float(temp), routing_granularity="step", merge_dedup=False,
-                        total_tokens=e.tree.total_tokens)
-            mk = lambda **kw: EvalCell(**(base | kw))  # noqa: E731
+            mk = lambda **kw: make_cell(p, benchmark=bench, temperature=float(temp), **kw)  # noqa: E731
             if "autoregressive" in e.strategies:
-                cells.append(mk(backbone="none", drafter="-", strategy="autoregressive", total_tokens=1))
+                cells.append(mk(backbone="none", drafter="-", strategy="autoregressive"))
             for b in p.train.backbones:
                 cells += _backbone_cells(p, b, mk)
     return [_rq1_sized(p, c) for c in cells]
@@ -184,10 +201,10 @@ def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
                 out.append(merged(merge_dedup=bool(dd), budget_matched=True))
     for s in e.tree_auto:  # the same compositions with the tree fitted to this machine
         if s == "single":
-            out += [mk(backbone=b, drafter=d.split("-", 1)[1], strategy="single", drafters=(d,), tree="auto")
-                    for d in pair]
+            out += [mk(backbone=b, drafter=v, strategy=s, drafters=(d,), tree_mode="auto")
+                    for v, d in zip(names, pair)]
         else:
-            out.append(mk(backbone=b, drafter=pair_name, strategy=s, drafters=pair, tree="auto"))
+            out.append(mk(backbone=b, drafter=pair_name, strategy=s, drafters=pair, tree_mode="auto"))
     # the study's routers (posthoc_confidence has no cell: the report computes it from the single cells)
     merged_names = {m.name.split("-", 1)[1] for m in merge_cells(p) if m.backbone == b}
     heads_ok = set(e.heads) <= set(variants) | merged_names
@@ -225,7 +242,7 @@ def _rq1_sized(p: Profile, c: EvalCell) -> EvalCell:
     """RQ1's cells (single math / chat, fixed tree, T=0, eval.rq1_backbone) get eval.rq1_prompts prompts."""
     e = p.eval
     if e.rq1_prompts is None or c.strategy != "single" or c.drafter not in ("math", "chat") or c.budget_matched \
-            or c.tree != "fixed" or c.temperature != 0.0 or c.backbone != rq1_backbone(p):
+            or c.tree_mode != "fixed" or c.temperature != 0.0 or c.backbone != rq1_backbone(p):
         return c
     return replace(c, prompts=e.rq1_prompts)
 

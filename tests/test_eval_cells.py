@@ -42,7 +42,7 @@ def test_new_cells_decode_losslessly_and_carry_their_options(heads):
                               "depth_adaptive]",
                               "eval.heads=[math, chat, mixed_full, avg0.5]", "eval.mixed_variant=mixed_full"])
     cells = [c for c in eval_cells(p) if c.strategy in ("autoregressive", "switching", "depth_adaptive")
-             or c.route_score == "node" or len(c.drafters) == 4]
+             or c.decode.route_score == "node" or len(c.drafters) == 4]
     assert len(cells) == 6
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -11,7 +11,6 @@ the device budget (tests/test_accelerator.py) run hedge beside the other strateg
 from __future__ import annotations
 
 import math
-from dataclasses import asdict
 
 import pytest
 import torch
@@ -22,7 +21,8 @@ from decoding.hedge import (PRIOR_LEAD, HedgeConfig, hedge_choice, hedge_update,
 from decoding.strategies import make_strategy
 from decoding.config import TreeConfig
 from decoding.tree import chain_tree
-from orchestrator.grid import EvalCell
+from orchestrator.grid import KEY_DEFAULTS
+from orchestrator.keys import key_of
 from drafters.data.templating import benchmark_prompt_ids
 from tests.helpers import ConstantProposer, OracleProposer
 from tests.test_lossless import greedy_reference
@@ -381,12 +381,13 @@ def test_a_profile_names_its_learners_and_the_first_routers_keys_stay():
                                "eval.hedge_ties=stay"])
     cells = [c for c in eval_cells(p) if c.strategy == "hedge"]
     assert len(cells) == 6 * len(base)
-    assert {(c.hedge_learner, c.hedge_reset) for c in cells} == {(a, b) for a in ("ftl", "normalhedge", "ucb")
-                                                                 for b in ("turn", "carry")}
-    assert all(c.hedge_feedback == "acceptance" and c.hedge_ties == "stay" for c in cells)
+    assert {(c.decode.hedge_learner, c.decode.hedge_reset) for c in cells} == {
+        (a, b) for a in ("ftl", "normalhedge", "ucb") for b in ("turn", "carry")}
+    assert all(c.decode.hedge_feedback == "acceptance" and c.decode.hedge_ties == "stay" for c in cells)
     first = base[0]
-    assert first.hedge_learner == "ftl" and first.hedge_feedback == "agreement" and ":hedge:" in first.label
-    assert first.key == EvalCell(**{k: v for k, v in asdict(first).items() if not k.startswith("hedge_")}).key
+    assert first.decode.hedge == HedgeConfig() and ":hedge:" in first.label
+    kept = {k: v for k, v in first.record.items() if KEY_DEFAULTS.get(k, ...) != v}  # what its key hashes
+    assert first.key == key_of(kept) and not any(k.startswith("hedge_") for k in kept)
     assert len({c.key for c in cells}) == len(cells)
     for bad, match in (("eval.hedge_learners=[exp4]", "hedge_learners"), ("eval.hedge_ties=first", "hedge_ties"),
                        ("eval.hedge_eta=0", "hedge_eta")):

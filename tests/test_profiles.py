@@ -126,8 +126,6 @@ def test_bad_eval_keys_of_the_new_routers_and_strategies_are_refused_in_one_line
 def test_the_studys_routers_and_the_new_strategies_as_cells():
     """paper: the study's routers by name, switching for each k (and to merged), depth_adaptive with
     (mixed, math, chat); cells at the defaults keep the keys they had before the new fields."""
-    import dataclasses
-
     from orchestrator.grid import KEY_DEFAULTS
     from orchestrator.keys import key_of
 
@@ -136,17 +134,23 @@ def test_the_studys_routers_and_the_new_strategies_as_cells():
     heads = [c for c in cells if c.strategy == "entropy" and c.routing_granularity == "turn"]
     assert [(c.drafters, c.decide_steps) for c in heads] == [
         (("hass-math", "hass-chat", "hass-mixed_full", "hass-avg0.5"), 1)]
-    text = [c for c in cells if c.strategy == "confidence" and c.route_score == "node"]
+    text = [c for c in cells if c.strategy == "confidence" and c.decode.route_score == "node"]
     assert [(c.routing_granularity, c.decide_steps, c.drafters) for c in text] == [
         ("prompt", 1, ("hass-math", "hass-chat"))]
-    sw = [(c.switch_after, c.switch_to) for c in cells if c.strategy == "switching"]
+    sw = [(c.decode.switch_after, c.decode.switch_to) for c in cells if c.strategy == "switching"]
     assert sorted(sw) == [(k, to) for k in range(1, 6) for to in ("merged", "specialist")]
     (da,) = [c for c in cells if c.strategy == "depth_adaptive"]
-    assert da.drafters == ("hass-mixed_full", "hass-math", "hass-chat") and da.switch_depth == 2
+    assert da.drafters == ("hass-mixed_full", "hass-math", "hass-chat") and da.decode.switch_depth == 2
     assert da.total_tokens == p.eval.tree.total_tokens == 60 and (p.eval.tree.top_k, p.eval.tree.depth) == (10, 6)
-    old = [c for c in cells if all(getattr(c, k) == v for k, v in KEY_DEFAULTS.items())]
-    assert old and all(c.key == key_of({k: v for k, v in dataclasses.asdict(c).items() if k not in KEY_DEFAULTS})
+    old = [c for c in cells if all(c.record[k] == v for k, v in KEY_DEFAULTS.items())]
+    assert old and all(c.key == key_of({k: v for k, v in c.record.items() if k not in KEY_DEFAULTS})
                        for c in old)
+    assert KEY_DEFAULTS == {  # the values runs had before each field existed
+        "tree": "fixed", "route_score": "path", "switch_after": 2, "switch_to": "specialist",
+        "switch_depth": 2, "decide_steps": None, "prompts": None, "hedge_learner": "ftl",
+        "hedge_feedback": "agreement", "hedge_reset": "turn", "hedge_ties": "lower", "hedge_eta": 0.5}
+    ar = next(c for c in eval_cells(p) if c.strategy == "autoregressive")  # verifies the root alone: budget 1
+    assert (ar.total_tokens, ar.record["total_tokens"], ar.decode.tree.total_tokens) == (1, 1, 2)
     assert len({c.key for c in eval_cells(p)}) == len(eval_cells(p))
     # keys written by runs before these fields existed (smoke, as computed by the grid of that commit)
     smoke = {c.label: c.key for c in eval_cells(load_profile("smoke"))}
@@ -173,7 +177,7 @@ def test_rq1_cells_read_more_prompts_and_the_others_a_subset_of_them():
                               "eval.benchmarks={gsm8k: 2, math500: 2, svamp: 2, mt_bench: 2}"])
     cells = eval_cells(p)
     rq1 = [c for c in cells if c.prompts is not None]
-    assert {(c.backbone, c.drafter, c.temperature, c.strategy, c.tree) for c in rq1} == {
+    assert {(c.backbone, c.drafter, c.temperature, c.strategy, c.tree_mode) for c in rq1} == {
         ("eagle2", d, 0.0, "single", "fixed") for d in ("math", "chat")}
     assert len(rq1) == 8 and all(c.prompts == 12 and "[n=12]" in c.label for c in rq1)
     assert pool_sizes(p) == {b: 12 for b in ("gsm8k", "math500", "svamp", "mt_bench")}
@@ -197,8 +201,8 @@ def test_a_cells_decode_config_carries_what_it_sets_and_the_defaults_otherwise()
     assert (plain.route_score, plain.switch_after, plain.switch_to, plain.switch_depth) == (
         defaults.route_score, defaults.switch_after, defaults.switch_to, defaults.switch_depth)
     assert plain.tree == p.eval.tree and plain.max_new_tokens == p.eval.max_new_tokens
-    sw = eval_job(p, next(c for c in cells if c.strategy == "switching" and c.switch_after == 4
-                          and c.switch_to == "merged")).decode
+    sw = eval_job(p, next(c for c in cells if c.strategy == "switching" and c.decode.switch_after == 4
+                          and c.decode.switch_to == "merged")).decode
     assert (sw.route_score, sw.switch_after, sw.switch_to, sw.routing_decide_steps) == ("node", 4, "merged", 1)
     assert plain.columns() == {"route_score": "path", "switch_after": 2, "switch_to": "specialist",
                                      "switch_depth": 2, "hedge_spec": ""}

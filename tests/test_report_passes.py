@@ -30,9 +30,9 @@ def _cells(c) -> bool:
     """eagle2 and the autoregressive cells at T=0 on GSM8K and MT-Bench: single drafters (entropy,
     depth and post hoc router claims), the routers and switching (early acceptance)."""
     return (c.backbone in ("eagle2", "none") and c.temperature == 0.0 and c.benchmark in ("gsm8k", "mt_bench")
-            and c.strategy in STRATEGIES and c.tree == "fixed"
+            and c.strategy in STRATEGIES and c.tree_mode == "fixed"
             and not c.drafter.startswith(("avg", "ties", "task"))
-            and c.switch_after in (1, 2))
+            and c.decode.switch_after in (1, 2))
 
 
 def _run(tmp_path: Path) -> Path:

@@ -8,7 +8,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from decoding.config import DecodeConfig, TreeConfig
+from decoding.config import TREE_MODES, DecodeConfig, TreeConfig
 
 
 @dataclass(frozen=True)
@@ -21,18 +21,17 @@ class EvalJob:
     drafter: str  # the cell's display name (a trace column)
     benchmark: str  # tree auto calibrates on this benchmark's prompts that are not evaluated
     budget_matched: bool = False
-    tree: str = "fixed"  # fixed: decode.tree; auto: fitted on the actor (decoding/autotree.py)
+    tree_mode: str = TREE_MODES[0]  # fixed: decode.tree; auto: fitted on the actor (decoding/autotree.py)
     paired_baseline: bool = False  # time transformers' generate after every input, not only autoregressive's
     system_prompt: str | None = None
 
-    def columns(self, shape: TreeConfig) -> dict:
-        """The cell's columns on every trace row (``shape``: the tree decoded, auto or fixed)."""
+    def columns(self, tree: TreeConfig) -> dict:
+        """The cell's columns on every trace row (``tree``: the tree decoded, auto or fixed). The
+        tree mode's column keeps its first name, ``tree``."""
         d = self.decode
-        budget = 1 if d.strategy == "autoregressive" else d.tree.total_tokens  # autoregressive verifies the root
         return {"drafter": self.drafter, "strategy": d.strategy, "routing_granularity": d.routing_granularity,
-                "merge_dedup": d.merge_dedup, "total_tokens": budget, "budget_matched": self.budget_matched,
-                "tree": self.tree, **d.columns(), "tree_shape": f"{shape.top_k}/{shape.depth}/{shape.total_tokens}",
-                "cell_key": self.cell_key}
+                "merge_dedup": d.merge_dedup, "total_tokens": d.budget, "budget_matched": self.budget_matched,
+                "tree": self.tree_mode, **d.columns(), "tree_shape": tree.shape, "cell_key": self.cell_key}
 
 
 class DrafterCache:
@@ -123,7 +122,7 @@ class EvalWorker:
         cfg = job.decode
         keep = {f"{p}#{i}" for i, p in enumerate(checkpoint_paths)}  # this cell's drafters stay loaded
         props = [self._proposer(p, i, keep) for i, p in enumerate(checkpoint_paths)]
-        if job.tree == "auto":
+        if job.tree_mode == "auto":
             cfg = dataclasses.replace(cfg, tree=self._auto_tree(job, checkpoint_paths, props, prompts))
         dec = SpeculativeDecoder(self.model, props, cfg, self.eos)
         extra = job.columns(cfg.tree)

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import polars as pl
 
+from decoding.config import TREE_MODES, DecodeConfig
+
 from .stats import ratio_ci
 
 MATH_BENCH = ("gsm8k", "math500", "svamp")
@@ -13,9 +15,9 @@ KEYS = ["backbone", "method", "benchmark", "temperature"]
 LAMBDA_REFS = ("math", "chat", "mixed_half", "mixed_full")  # Figure 6's reference lines: both specialists, mixed
 
 
-# trace columns a run may lack (written before they existed), with the value they had then
-CELL_DEFAULTS = {"tree": "fixed", "route_score": "path", "switch_after": 2, "switch_to": "specialist",
-                 "switch_depth": 2, "hedge_spec": ""}
+# trace columns a run may lack (written before they existed), with the value they had then: the tree
+# mode's (column "tree") and the strategy options' (DecodeConfig's defaults, as its columns() writes them)
+CELL_DEFAULTS = {"tree": TREE_MODES[0]} | DecodeConfig().columns()
 
 
 def method_expr(names=None) -> pl.Expr:
