@@ -16,7 +16,7 @@ import os
 import shutil
 from pathlib import Path
 
-from .atomic import write_text_atomic
+from common.atomic import write_text_atomic
 
 
 def cache_dir() -> Path:

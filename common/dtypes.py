@@ -1,7 +1,7 @@
 """Floating-point formats, declared once (torch-free): each format's name and bytes per element,
 and the short names training precisions go by. ``float32``, ``bfloat16`` and ``float16`` are the
 formats (torch's names: the verifier's dtype, exported drafters); ``fp32`` and ``bf16`` name two of
-them as ``train.precision`` (the profile, the worker's TrainConfig, ``python -m drafters train``)."""
+them as ``train.precision`` (the profile, the worker's TrainConfig, ``python -m workers train``)."""
 from __future__ import annotations
 
 BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}  # format -> bytes per element

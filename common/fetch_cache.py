@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .atomic import write_text_atomic
+from common.atomic import write_text_atomic
 
-from . import storage
+from common import storage
 
 
 def tree_bytes(path: Path) -> int:

@@ -21,7 +21,7 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from .atomic import write_text_atomic
+from common.atomic import write_text_atomic
 
 LAST = ("state.json", "manifest.json")  # completion markers: copied after the files they describe
 # where an S3-compatible store is (MinIO, Ceph, a local test server): pyarrow's S3 client reads

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import torch
 
-from .atomic import atomic_dir
+from common.atomic import atomic_dir
 
-from .caches import cache_dir
+from common.caches import cache_dir
 
 FILES = ("model.safetensors", "config.json", "tokenizer.json")
 

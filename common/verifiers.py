@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-from . import grouped_attention, hub
-from .dtypes import NAMES as _DTYPE_NAMES
-from .dtypes import torch_dtypes
-from .verifier_copy import copy_dir, load_copy, save_copy
+from common import grouped_attention, hub
+from common.dtypes import NAMES as _DTYPE_NAMES
+from common.dtypes import torch_dtypes
+from common.verifier_copy import copy_dir, load_copy, save_copy
 
 DEFAULT_VERIFIER = "smollm2-135m-instruct"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

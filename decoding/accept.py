@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .tree import ancestor_matrix
+from decoding.tree import ancestor_matrix
 
 
 def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None):

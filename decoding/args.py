@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from .config import GRANULARITIES, SCORES, SWITCH_TO, TREE_MODES, DecodeConfig, TreeConfig
-from .hedge import FEEDBACKS, LEARNERS, PRIORS, RESETS, TIES
-from .strategies import STRATEGIES
+from decoding.config import GRANULARITIES, SCORES, SWITCH_TO, TREE_MODES, DecodeConfig, TreeConfig
+from decoding.hedge import FEEDBACKS, LEARNERS, PRIORS, RESETS, TIES
+from decoding.strategies import STRATEGIES
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from . import cpu, timing
-from .accept import greedy_match
+from decoding import cpu, timing
+from decoding.accept import greedy_match
 from common.caches import add_to_json_cache, cache_dir, load_json_cache
-from .drafting import feature_layers
-from .timing import synced_now
-from .config import TreeConfig
-from .tree import chain_tree
+from decoding.drafting import feature_layers
+from decoding.timing import synced_now
+from decoding.config import TreeConfig
+from decoding.tree import chain_tree
 
 CAL_TREES = {1: TreeConfig(1, 8, 9), 2: TreeConfig(2, 6, 24), 4: TreeConfig(4, 6, 32)}
 TOTALS = (2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32)
@@ -171,7 +171,7 @@ def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache:
     spread by more than ``timing.MAX_SPREAD`` of their median is timed once more, and costs where
     that second timing still spreads as much, or timed while this process got under
     ``timing.MIN_CPU_SHARE`` of its threads' CPU (on the CPU), serve this process only."""
-    from .verifier_pass import commit_path, new_cache, prefill, tree_forward
+    from decoding.verifier_pass import commit_path, new_cache, prefill, tree_forward
 
     key = _cache_key(model, layers)
     disk = load_json_cache(CACHE) if use_cache else {}
@@ -222,7 +222,7 @@ def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache:
 def calibrate(model, proposers, strategy: str, eos: list[int], inputs: list[list[int]], max_new_tokens: int = 32,
               dedup: bool = False, granularity: str = "step") -> Calibration:
     """Decode ``inputs`` (templated prompts) at T=0 with each calibration tree; record every step."""
-    from .engine import DecodeConfig, SpeculativeDecoder
+    from decoding.engine import DecodeConfig, SpeculativeDecoder
 
     cal = Calibration()
     book = []

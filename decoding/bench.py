@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from . import cpu
-from .args import add_decode_args, decode_config
-from .timing import synced_now
-from .drafting import draft_together
+from decoding import cpu
+from decoding.args import add_decode_args, decode_config
+from decoding.timing import synced_now
+from decoding.drafting import draft_together
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -51,7 +51,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 def hf_generate(model, ids: list[int], max_new: int, eos: list[int], temperature: float, seed: int) -> list[int]:
     """transformers' generate: greedy at T=0, else ancestral sampling from the full distribution."""
-    from .runner import generate_baseline
+    from decoding.runner import generate_baseline
 
     return generate_baseline(model, eos, max_new, temperature, seed)(ids)[0]
 
@@ -162,7 +162,7 @@ AFTER = {"posthoc": posthoc_score, "hindsight": hindsight_score}  # rows that ch
 
 def parse_spec(spec: str) -> tuple[str, bool, int]:
     """A --strategies entry -> (strategy, merge dedup, first drafter index); refused with one clear line."""
-    from .strategies import STRATEGIES
+    from decoding.strategies import STRATEGIES
 
     strat, dedup = (spec[:-6], True) if spec.endswith("-dedup") else (spec, False)
     first = 0
@@ -215,8 +215,8 @@ def _row(label: str, runs: list[Timing]) -> Timing:
 
 def micro(model, proposers, prompt_ids: list[int], cfg, reps: int = 7) -> None:
     """Verify ms per pass against nodes (a chain after a real prompt) and draft ms per level."""
-    from .tree import chain_tree
-    from .verifier_pass import keep_positions, new_cache, prefill, tree_forward
+    from decoding.tree import chain_tree
+    from decoding.verifier_pass import keep_positions, new_cache, prefill, tree_forward
 
     cache = new_cache()
     feats, _ = prefill(model, cache, prompt_ids)
@@ -328,9 +328,9 @@ def open_bench(args) -> BenchRun:
     from drafters.data.sources import load_benchmark
     from drafters.data.templating import benchmark_prompt_ids
 
-    from .runner import default_threads, load_proposers
+    from decoding.runner import default_threads, load_proposers
     from common.verifiers import eos_token_ids, resolve
-    from .verifiers import load_verifier
+    from decoding.verifiers import load_verifier
 
     default_threads()
     name = resolve(args.verifier).name
@@ -358,7 +358,7 @@ def open_bench(args) -> BenchRun:
 def reference_runs(run: BenchRun) -> None:
     """Warm up, then ``generate``'s reference outputs (the ``same`` column compares with them);
     print its speed, what the columns mean, and the table's header."""
-    from .runner import generate_baseline
+    from decoding.runner import generate_baseline
     from common.verifiers import TIE_GAP
 
     model, inputs, args = run.model, run.inputs, run.args
@@ -385,7 +385,7 @@ def reference_runs(run: BenchRun) -> None:
 
 def bench_posthoc(run: BenchRun, spec: str = "posthoc") -> None:
     """The ``posthoc`` (``hindsight``) row: the first two drafters' ``single`` decoders, ``time_posthoc``."""
-    from .engine import SpeculativeDecoder
+    from decoding.engine import SpeculativeDecoder
 
     cfg = dataclasses.replace(run.base, strategy="single")
     decs = [SpeculativeDecoder(run.model, [p], cfg, run.eos) for p in run.proposers[:2]]
@@ -397,7 +397,7 @@ def bench_posthoc(run: BenchRun, spec: str = "posthoc") -> None:
 
 def _auto_shape(run: BenchRun, spec: str, props: list, cfg):
     """``--tree auto``: the tree fitted for this entry on held-out prompts of the scored tasks."""
-    from .autotree import auto_tree, calibration_inputs
+    from decoding.autotree import auto_tree, calibration_inputs
 
     benches = run.args.benchmarks.split(",")  # held-out prompts of the scored tasks
     run.cal_inputs = run.cal_inputs or calibration_inputs(run.tok, max(1, 2 // len(benches)), benches,
@@ -411,7 +411,7 @@ def _auto_shape(run: BenchRun, spec: str, props: list, cfg):
 def bench_spec(run: BenchRun, spec: str) -> None:
     """The rows of one ``--strategies`` entry: its fixed tree, the fitted one (``--tree auto``), and
     for ``autoregressive`` on the lean pass the same loop through transformers' forward."""
-    from .engine import SpeculativeDecoder
+    from decoding.engine import SpeculativeDecoder
 
     if spec in AFTER:
         bench_posthoc(run, spec)
@@ -434,9 +434,9 @@ def bench_spec(run: BenchRun, spec: str) -> None:
 
 def bench_oracle(run: BenchRun) -> None:
     """The oracle ceiling: a chain of the loop's own greedy continuation, at each ``--oracle-depths``."""
-    from .engine import SpeculativeDecoder
-    from .oracle import OracleChainProposer
-    from .config import TreeConfig
+    from decoding.engine import SpeculativeDecoder
+    from decoding.oracle import OracleChainProposer
+    from decoding.config import TreeConfig
 
     # the oracle proposes the loop's own greedy continuation (untimed here): in float32 that is
     # generate's (the `same` column), in bf16 it may part from it at a near-tie, after which

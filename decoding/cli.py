@@ -6,20 +6,20 @@ import os
 import sys
 from pathlib import Path
 
-from .args import add_decode_args, decode_config
+from decoding.args import add_decode_args, decode_config
 
 
 def cmd_generate(args) -> int:
     from tqdm import tqdm
 
-    from .engine import SpeculativeDecoder
-    from .runner import (check_drafter_files, check_prompt_lengths, decode_prompt, default_threads,
+    from decoding.engine import SpeculativeDecoder
+    from decoding.runner import (check_drafter_files, check_prompt_lengths, decode_prompt, default_threads,
                          load_proposers, prompt_rows, read_prompts, write_parquet_atomic)
-    from .strategies import make_strategy
+    from decoding.strategies import make_strategy
     from common.verifiers import eos_token_ids, resolve
 
     # validate everything cheap before loading any model
-    from .verifiers import load_verifier
+    from decoding.verifiers import load_verifier
     cfg = decode_config(args)
     make_strategy(cfg.strategy, len(args.drafter), cfg.routing_granularity, score=cfg.route_score,
                   switch_after=cfg.switch_after, switch_to=cfg.switch_to, switch_depth=cfg.switch_depth,
@@ -37,7 +37,7 @@ def cmd_generate(args) -> int:
     if args.tree_mode == "auto":
         import dataclasses
 
-        from .autotree import auto_tree, calibration_inputs
+        from decoding.autotree import auto_tree, calibration_inputs
 
         choice = auto_tree(model, proposers, cfg.strategy, eos_token_ids(model, tok), calibration_inputs(tok),
                            cfg.merge_dedup, cfg.routing_granularity)
@@ -65,7 +65,7 @@ def cmd_cache(args) -> int:
     if args.action == "show":
         print(caches.show())
     elif args.action == "warm":
-        from .cpu.warm import warm
+        from decoding.cpu.warm import warm
 
         return warm(args.verifier, parse_ints(args.threads, "--threads"), args.dtypes.split(","))
     else:
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     c.add_argument("--dtypes", default="float32", help="warm: verifier dtypes, e.g. float32,bfloat16")
     c.set_defaults(fn=cmd_cache)
     b = sub.add_parser("bench", help="tokens/s and draft/verify split of every strategy vs autoregressive")
-    from .bench import add_bench_args
+    from decoding.bench import add_bench_args
 
     add_bench_args(b)
     args = p.parse_args(argv)

@@ -14,7 +14,7 @@ from functools import cached_property
 
 from common.rules import check, integer
 
-from .hedge import HedgeConfig
+from decoding.hedge import HedgeConfig
 
 # one strategy class per name (decoding/strategies.py's registry); the grid names them as strings
 STRATEGY_NAMES = ("autoregressive", "single", "confidence", "entropy", "merged", "switching", "depth_adaptive",

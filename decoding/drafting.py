@@ -25,10 +25,10 @@ from drafters.eagle3 import Eagle3Drafter
 from drafters.model import FeatureDrafter, KVCache, causal_mask
 from drafters.vocab import DraftHead
 
-from .accept import entropy, expected_accepted, position_acceptance
-from .cpu import row_aware
-from .config import TreeConfig
-from .tree import DraftTree, expand_frontier, select_nodes
+from decoding.accept import entropy, expected_accepted, position_acceptance
+from decoding.cpu import row_aware
+from decoding.config import TreeConfig
+from decoding.tree import DraftTree, expand_frontier, select_nodes
 
 
 class Proposer(Protocol):

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
-from .accept import accept_greedy, accept_sampling, entropy, logits_to_probs, sample
-from .config import DecodeConfig
-from .device import to_device
-from .drafting import Proposer, feature_layers
-from .strategies import strategy_for
-from .timing import Clock
-from .verifier_pass import commit_path, new_cache, prefill, tree_forward
+from decoding.accept import accept_greedy, accept_sampling, entropy, logits_to_probs, sample
+from decoding.config import DecodeConfig
+from decoding.device import to_device
+from decoding.drafting import Proposer, feature_layers
+from decoding.strategies import strategy_for
+from decoding.timing import Clock
+from decoding.verifier_pass import commit_path, new_cache, prefill, tree_forward
 
 
 @dataclass

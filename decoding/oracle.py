@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import TreeConfig
-from .tree import DraftTree, chain_tree
+from decoding.config import TreeConfig
+from decoding.tree import DraftTree, chain_tree
 
 
 class OracleChainProposer:

@@ -15,10 +15,10 @@ from drafters.eagle3 import Eagle3Config
 from drafters.data.records import BenchmarkPrompt
 from drafters.data.templating import benchmark_prompt_ids
 
-from .cpu import install
-from .drafting import Eagle3Proposer, FeatureDrafterProposer, composition_features
-from .engine import DecodeConfig, SpeculativeDecoder
-from .timing import synced_now
+from decoding.cpu import install
+from decoding.drafting import Eagle3Proposer, FeatureDrafterProposer, composition_features
+from decoding.engine import DecodeConfig, SpeculativeDecoder
+from decoding.timing import synced_now
 
 
 class PromptFileError(ValueError):
@@ -189,7 +189,7 @@ def write_parquet_atomic(rows: list[dict], path: str | os.PathLike, schema=None)
 
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    from .schema import to_table
+    from decoding.schema import to_table
 
     table = pa.Table.from_pylist(rows, schema=schema) if schema is not None else to_table(rows)
     with atomic_file(out) as tmp:

@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 
-from .config import STRATEGY_NAMES, DecodeConfig, TreeConfig, switch_depth_error
-from .drafting import Proposer, acceptance_together, agreement_together, can_agree, can_roll_out, draft_together
-from .hedge import BANDITS, HedgeConfig, acceptance_gains, choose, learn, learn_chosen, start_state, step_losses
-from .tree import DraftTree, graft_trees, merge_trees, rerank
+from decoding.config import STRATEGY_NAMES, DecodeConfig, TreeConfig, switch_depth_error
+from decoding.drafting import Proposer, acceptance_together, agreement_together, can_agree, can_roll_out, draft_together
+from decoding.hedge import BANDITS, HedgeConfig, acceptance_gains, choose, learn, learn_chosen, start_state, step_losses
+from decoding.tree import DraftTree, graft_trees, merge_trees, rerank
 
 STAT = {"path": 0, "entropy": 1, "node": 2}  # the columns of Proposal.stats
 

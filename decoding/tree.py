@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .device import to_device
+from decoding.device import to_device
 
 
 @dataclass

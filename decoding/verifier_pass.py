@@ -11,8 +11,8 @@ import contextlib
 
 import torch
 
-from . import cpu
-from .tree import ancestor_matrix
+from decoding import cpu
+from decoding.tree import ancestor_matrix
 
 
 def _cache_kwarg(model) -> str:

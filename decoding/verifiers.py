@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from common import verifiers as _registry
 
-from .cpu import install as _install_cpu
+from decoding.cpu import install as _install_cpu
 
 
 def load_verifier(name: str = _registry.DEFAULT_VERIFIER, dtype: str | None = None, device: str = "cpu",

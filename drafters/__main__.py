@@ -1,4 +1,5 @@
-"""python -m drafters {init,train,merge,export,import} ... (train and merge: workers/train_cli.py)."""
+"""python -m drafters {init,merge,export,import} ...: a drafter initialised, merged, exported or read back
+(training is `python -m workers train`, workers/train_cli.py: it launches Ray Train)."""
 from __future__ import annotations
 
 import argparse
@@ -8,9 +9,9 @@ import sys
 def _init(args) -> None:
     from common.verifiers import load_from_registry, resolve
 
-    from .checkpoint import init_drafter, load_any, save_any
-    from .config import DrafterConfig
-    from .eagle3 import Eagle3Config, init_eagle3
+    from drafters.checkpoint import init_drafter, load_any, save_any
+    from drafters.config import DrafterConfig
+    from drafters.eagle3 import Eagle3Config, init_eagle3
 
     name = resolve(args.verifier).name
     model, _ = load_from_registry(args.verifier)
@@ -30,10 +31,10 @@ def _init(args) -> None:
 def _export(args) -> None:
     from common.verifiers import verifier_config
 
-    from .checkpoint import load_config
-    from .eagle3 import is_eagle3_checkpoint, load_eagle3
-    from .export import ContractError, export
-    from .formats import EAGLE3_LAYOUTS, FORMATS, TOKEN_MAP_FILE
+    from drafters.checkpoint import load_config
+    from drafters.eagle3 import is_eagle3_checkpoint, load_eagle3
+    from drafters.export import ContractError, export
+    from drafters.formats import EAGLE3_LAYOUTS, FORMATS, TOKEN_MAP_FILE
 
     eagle3 = is_eagle3_checkpoint(args.ckpt)
     try:
@@ -55,9 +56,9 @@ def _export(args) -> None:
 
 
 def _import(args) -> None:
-    from .checkpoint import save_checkpoint
-    from .eagle3 import Eagle3Drafter, save_eagle3
-    from .export import ContractError, load_export
+    from drafters.checkpoint import save_checkpoint
+    from drafters.eagle3 import Eagle3Drafter, save_eagle3
+    from drafters.export import ContractError, load_export
 
     try:
         drafter = load_export(args.export_dir, verifier=args.verifier, backbone=args.backbone)
@@ -65,6 +66,17 @@ def _import(args) -> None:
         raise SystemExit(f"error: {e}")
     save = save_eagle3 if isinstance(drafter, Eagle3Drafter) else save_checkpoint
     print(f"wrote {save(drafter, args.out)} from {args.export_dir}")
+
+def _merge(args) -> None:
+    from drafters.merge import merge_checkpoints
+
+    out = merge_checkpoints(args.kind, args.checkpoints, args.out, lam=args.lam, base=args.base,
+                            alpha=args.alpha, density=args.density)
+    print(f"wrote {args.kind} merge to {out}")
+
+
+TRAIN_MOVED = ("error: `python -m drafters train` is now `python -m workers train`, with the same flags "
+               "(training launches Ray Train, which lives in workers/)")
 
 
 def main(argv=None) -> int:
@@ -95,9 +107,18 @@ def main(argv=None) -> int:
     q.add_argument("--verifier", default=None)
     q.add_argument("--backbone", choices=["eagle2", "hass"], default=None)
     q.set_defaults(fn=_import)
-    from workers.train_cli import add_subcommands
-
-    add_subcommands(sub)
+    m = sub.add_parser("merge", help="weight-space merge of drafter checkpoints")
+    m.add_argument("--kind", choices=["linear", "task_arithmetic", "ties"], required=True)
+    m.add_argument("checkpoints", nargs="+")
+    m.add_argument("--lam", type=float, default=None)
+    m.add_argument("--base", default=None)
+    m.add_argument("--alpha", type=float, default=1.0)
+    m.add_argument("--density", type=float, default=0.2)
+    m.add_argument("--out", required=True)
+    m.set_defaults(fn=_merge)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["train"]:
+        raise SystemExit(TRAIN_MOVED)
     args = p.parse_args(argv)
     args.fn(args)
     return 0

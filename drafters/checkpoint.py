@@ -7,12 +7,12 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint_dir import load_weights, read_config_dict, write_checkpoint_dir
-from .config import DrafterConfig
-from .eagle3 import FORMAT as EAGLE3_FORMAT
-from .eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3, is_eagle3_checkpoint, load_eagle3, save_eagle3
-from .model import FeatureDrafter, seeded
-from .vocab import d2t_of
+from drafters.checkpoint_dir import load_weights, read_config_dict, write_checkpoint_dir
+from drafters.config import DrafterConfig
+from drafters.eagle3 import FORMAT as EAGLE3_FORMAT
+from drafters.eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3, is_eagle3_checkpoint, load_eagle3, save_eagle3
+from drafters.model import FeatureDrafter, seeded
+from drafters.vocab import d2t_of
 
 FORMAT = "taskspec-drafter-v1"
 
@@ -70,7 +70,7 @@ def initial_of(path: str | os.PathLike, lm_head_weight: torch.Tensor | None = No
     """The seeded initial drafter that a trained checkpoint started from: every variant of a
     backbone starts from it, so it is the base of task arithmetic and TIES. An EAGLE-3 init holds
     the verifier's LM-head rows of the draft vocabulary: pass the verifier's head (V, H) as
-    ``lm_head_weight`` for it (the trainer's init, drafters/eagle3_train.py); EAGLE-2/HASS need none.
+    ``lm_head_weight`` for it (the trainer's init, drafters/train/eagle3.py); EAGLE-2/HASS need none.
     Returns ``(model, config)``, the config marked ``training: {"init": True}``."""
     cfg = dataclasses.replace(load_any_config(path), training={"init": True})
     ids = load_any(path).draft_ids()

@@ -19,9 +19,9 @@ from pathlib import Path
 import torch
 
 from common.atomic import write_text_atomic
-from .data.records import Conversation
-from .data.templating import prompt_ids
-from .features import content_key
+from drafters.data.records import Conversation
+from drafters.data.templating import prompt_ids
+from drafters.features import content_key
 
 MODES = ("greedy", "sample")
 

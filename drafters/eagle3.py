@@ -9,7 +9,7 @@ over the reduced draft vocabulary.
 
 Drafting step k+1 takes h'' of step k as its hidden state (``draft_step``): the drafter conditions
 on its own previous output, never on a verifier feature it does not have. Training unrolls these
-steps (drafters/eagle3_loss.py). The verifier's embedding is passed in at run time, never stored.
+steps (drafters/train/eagle3.py). The verifier's embedding is passed in at run time, never stored.
 
 ``aux_layers`` are indices into ``output_hidden_states`` (0 = the embeddings, i = the input of
 decoder layer i): the reference's (2, L // 2, L - 3) are the inputs of those layers, as in
@@ -27,10 +27,10 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .checkpoint_dir import load_weights, read_config_dict, write_checkpoint_dir
-from .config import DrafterBase
-from .model import DecoderLayer, Drafter, KVCache, RMSNorm, seeded
-from .vocab import d2t_of
+from drafters.checkpoint_dir import load_weights, read_config_dict, write_checkpoint_dir
+from drafters.config import DrafterBase
+from drafters.model import DecoderLayer, Drafter, KVCache, RMSNorm, seeded
+from drafters.vocab import d2t_of
 
 BACKBONE = "eagle3"
 FORMAT = "taskspec-eagle3-v1"  # config.json "format" of an eagle3 checkpoint (eagle2/hass: checkpoint.FORMAT)

@@ -17,13 +17,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common.atomic import atomic_dir
-from .checkpoint import load_checkpoint
-from .config import DrafterConfig
-from .eagle3 import Eagle3Config, Eagle3Drafter, is_eagle3_checkpoint, load_eagle3
-from .formats import (EAGLE3_LAYOUTS, FORMATS, LLAMA_KEYS, TOKEN_MAP_FILE, WRITTEN, Eagle3Layout, Format,
+from drafters.checkpoint import load_checkpoint
+from drafters.config import DrafterConfig
+from drafters.eagle3 import Eagle3Config, Eagle3Drafter, is_eagle3_checkpoint, load_eagle3
+from drafters.formats import (EAGLE3_LAYOUTS, FORMATS, LLAMA_KEYS, TOKEN_MAP_FILE, WRITTEN, Eagle3Layout, Format,
                       config_at, dims, shape_of)
-from .model import DTYPES as _DTYPES
-from .model import FeatureDrafter
+from drafters.model import DTYPES as _DTYPES
+from drafters.model import FeatureDrafter
 
 
 class ContractError(ValueError):

@@ -14,7 +14,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .features import SHARD_TOKENS, FeatureStore
+from drafters.features import SHARD_TOKENS, FeatureStore
 
 
 class StreamingFeatureStore(FeatureStore):

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from common.atomic import write_text_atomic
-from .data.templating import TokenizedExample
+from drafters.data.templating import TokenizedExample
 
 TOPK = 10
 AUX = "aux"  # EAGLE-3's aux layers in a shard; every shard also holds SHARD_TENSORS
@@ -257,7 +257,7 @@ def reading_through(opener) -> Iterator[None]:
 def reading_tensors(names) -> Iterator[None]:
     """Inside the block, shards are read for ``names`` only (None: every tensor); a shard of a cache
     that holds more (EAGLE-3's ``aux``) is opened for those alone, so a node cache downloads only
-    their bytes. drafters/trainer.py reads a backbone's ``feature_tensors``."""
+    their bytes. drafters/train/loop.py reads a backbone's ``feature_tensors``."""
     token = _TENSORS.set(None if names is None else tuple(sorted(names)))
     try:
         yield
@@ -362,7 +362,7 @@ class FeatureStore:
         manifest = {"key": self.key, **meta, "format": FORMAT, "examples": sum(s["examples"] for s in shards),
                     "tokens": sum(s["tokens"] for s in shards),
                     "shard_tokens": shard_tokens or self.shard_tokens, "resumed_shards": resumed, "shards": shards}
-        if seconds is not None:  # the extraction rate orchestrator/rates/measured.py reads (not for a resumed one)
+        if seconds is not None:  # the extraction rate orchestrator/plan/rates/measured.py reads (not for a resumed one)
             manifest["seconds"] = seconds
         self._write_text("manifest.json", json.dumps(manifest))
         return manifest

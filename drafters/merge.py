@@ -15,9 +15,9 @@ import dataclasses
 
 import torch
 
-from .checkpoint import load_any, save_any
-from .config import DrafterConfig
-from .eagle3 import Eagle3Config, is_eagle3_checkpoint
+from drafters.checkpoint import load_any, save_any
+from drafters.config import DrafterConfig
+from drafters.eagle3 import Eagle3Config, is_eagle3_checkpoint
 
 
 MAPS = ("d2t",)  # integer buffers: shared, never averaged

@@ -12,8 +12,8 @@ from torch import nn
 
 from common.dtypes import torch_dtypes
 
-from .config import DrafterBase, DrafterConfig
-from .vocab import ids_of
+from drafters.config import DrafterBase, DrafterConfig
+from drafters.vocab import ids_of
 
 # dtype names the verifier loader and the exporter accept (one table for both)
 DTYPES = torch_dtypes()

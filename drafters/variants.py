@@ -12,11 +12,11 @@ import random
 import warnings
 from dataclasses import dataclass
 
-from .corpora import CORPORA, variant_corpora
-from .data.sources import SourceOptions, load_corpus
-from .data.templating import tokenize_conversation
-from .distill import MODES, distilled
-from .features import FeatureStore, aux_tag, check_aux_layers, content_key, verifier_features
+from drafters.corpora import CORPORA, variant_corpora
+from drafters.data.sources import SourceOptions, load_corpus
+from drafters.data.templating import tokenize_conversation
+from drafters.distill import MODES, distilled
+from drafters.features import FeatureStore, aux_tag, check_aux_layers, content_key, verifier_features
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def build_vocab(tokenizer, eos_ids, corpora: list[str], spec: DataSpec, size: in
     """The reduced draft vocabulary of a backbone: the ``size`` most frequent target tokens at
     assistant positions of the training examples of every corpus it trains on (the end-of-turn
     ids always in). Returns (sorted ids, stats)."""
-    from .vocab import count_targets, select_ids
+    from drafters.vocab import count_targets, select_ids
 
     counts = sum(count_targets(select_examples(tokenizer, eos_ids, c, spec, options)[0], vocab_size) for c in corpora)
     ids = select_ids(counts, size, eos_ids)

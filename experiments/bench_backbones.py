@@ -7,7 +7,7 @@ Issue #40 item 6. python experiments/bench_backbones.py [--n 500] [--max-length 
 1. One EAGLE-3 feature cache of the math corpus (the aux layers plus what an EAGLE-2 cache holds):
    the eagle2 and hass runs read its LM-head features, so all three backbones see the same training
    and held-out examples, batches and draft vocabulary.
-2. Each backbone trains in this process (drafters.trainer.train: plain AdamW, fp32, no DeepSpeed):
+2. Each backbone trains in this process (drafters.train.loop.train: plain AdamW, fp32, no DeepSpeed):
    process CPU seconds and wall of the whole call (held-out evaluation included), the trainer's own
    loss tokens/s (epochs' wall, evaluation excluded) and its held-out top-1 agreement at depths 1-3
    after the last epoch. ``--equal-cpu`` trains eagle3 first, times one epoch of eagle2 and of hass
@@ -53,8 +53,8 @@ from drafters.config import BACKBONES  # noqa: E402
 from drafters.data.sources import BENCHMARKS, load_benchmark  # noqa: E402
 from drafters.data.templating import benchmark_prompt_ids  # noqa: E402
 from drafters.eagle3 import default_aux_layers  # noqa: E402
-from drafters.train_config import TrainConfig  # noqa: E402
-from drafters.trainer import train  # noqa: E402
+from drafters.train.config import TrainConfig  # noqa: E402
+from drafters.train.loop import train  # noqa: E402
 from drafters.variants import (DataSpec, ensure_features, heldout_data, select_examples,  # noqa: E402
                                variant_data)
 from drafters.vocab import count_targets, save_vocab, select_ids  # noqa: E402

@@ -4,7 +4,7 @@ python experiments/bench_eagle3_training.py [--n 16] [--max-length 96] [--epochs
 
 One EAGLE-3 feature cache of the math corpus (the aux layers plus what an EAGLE-2 cache holds): the
 eagle2 runs read its LM-head features and ignore the aux layers, so both backbones see the same
-examples, batches and draft vocabulary. Each run is drafters.trainer.train (plain AdamW, fp32,
+examples, batches and draft vocabulary. Each run is drafters.train.loop.train (plain AdamW, fp32,
 no DeepSpeed); the rate is the trainer's own ``train_tokens_per_s`` (loss tokens over the epochs'
 wall time, held-out evaluation excluded), pooled over the epochs. Runs alternate between the
 backbones so that a busy machine slows both alike. The cache and training helpers are

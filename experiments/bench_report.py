@@ -122,7 +122,8 @@ def make_run(root: Path, rows: int, seed: int = 0, shard_size: int | None = None
     import pyarrow.parquet as pq
 
     from orchestrator.grid import BENCHMARK_SIZES, cell_prompts, eval_cells
-    from orchestrator.profile import load_profile, profile_dict
+    from orchestrator.profile import profile_dict
+    from orchestrator.plan.sizing import load_profile
 
     p = load_profile("paper")
     every = eval_cells(p)

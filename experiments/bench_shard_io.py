@@ -1,5 +1,5 @@
 """Benchmark: how long training ranks wait for feature shards over a throttled S3 store, with and
-without read-ahead, beside orchestrator/feature_io.py's prediction for the same bandwidth.
+without read-ahead, beside orchestrator/plan/feature_io.py's prediction for the same bandwidth.
 
     python experiments/bench_shard_io.py [--mbps 5] [--shards 12] [--view-mb 2] [--compute 1.0 0.2]
                                          [--ranks 1] [--read-ahead 4] [--streams 4]
@@ -8,7 +8,7 @@ An EAGLE-3 cache (three aux layers, hidden 1024: EAGLE-2's view is a quarter of 
 on moto's S3 server behind a bandwidth throttle (tests/s3_server.py: every byte the server sends
 shares one token bucket, as a node's link would). ``--ranks`` ranks on one node (threads, each with
 its own ShardCache in one staging dir, as Ray Train's workers on a node share one) read their own
-shards (drafters/shards.py) as EAGLE-2 does (no aux layers), each 'training' ``--compute`` seconds
+shards (drafters/train/shards.py) as EAGLE-2 does (no aux layers), each 'training' ``--compute`` seconds
 per shard (a sleep), once without read-ahead and once with it. The wait is the time a rank spent
 in ``ShardCache.open`` before a shard was on its disk. The prediction takes the bytes a rank
 downloaded per shard (its views and their headers) and the throttle's bandwidth.
@@ -57,8 +57,8 @@ def run_ranks(uri: str, node: Path, ranks: int, compute_s: float, read_ahead: in
     shard holds ``per_shard`` examples)."""
     from common import storage
     from drafters.features import SHARD_TENSORS, reading_through, reading_tensors
-    from drafters.shards import rank_plan
-    from drafters.train_data import iter_examples
+    from drafters.train.shards import rank_plan
+    from drafters.train.data import iter_examples
     from workers.artifacts import localize_data
     from workers.shard_cache import ShardCache
 
@@ -135,7 +135,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
 
     from common import storage
-    from orchestrator import feature_io
+    from orchestrator.plan import feature_io
     from tests.s3_server import CREDS, throttled_s3
 
     work = Path(tempfile.mkdtemp(prefix="bench-shard-io-"))

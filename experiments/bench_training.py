@@ -60,9 +60,9 @@ def _train_rate(model, args, backbone: str, label: str, vocab, order: list, bf16
 
     from drafters.checkpoint import init_drafter
     from drafters.config import DrafterConfig
-    from drafters.losses import collate
-    from drafters.objective import compute_loss
-    from drafters.train_config import TrainConfig
+    from drafters.train.eagle2 import collate
+    from drafters.train.backbones import compute_loss
+    from drafters.train.config import TrainConfig
     from drafters.vocab import DraftHead
 
     cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone=backbone, variant="math", out_dir=tempfile.mkdtemp(),

@@ -25,7 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--dry-run", action="store_true", help="print the plan; load no model")
     ap.add_argument("--rates", default=None, metavar="RUN_DIR|FILE",
                     help="with --dry-run: time the plan with the stage rates measured on a finished run "
-                         "(its directory) or saved from one (python -m orchestrator.rates RUN_DIR), or the GPU "
+                         "(its directory) or saved from one (python -m orchestrator.plan.rates RUN_DIR), or the GPU "
                          "check's packing file (or a directory holding it as gpu_rates.json)")
     ap.add_argument("--cluster", action="append", default=[], metavar="NODESxGPUS[xCPUS]",
                     help="with --dry-run: the makespan, billed and used GPU-hours on this cluster (e.g. 4x8; "
@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _dry_run(profile, out: str, args) -> int:
     """Print the plan; load no model."""
-    from orchestrator.dryrun import print_plan
+    from orchestrator.plan.dryrun import print_plan
 
     try:
         print_plan(profile, out, args.rates, args.cluster)
@@ -53,8 +53,8 @@ def _dry_run(profile, out: str, args) -> int:
 
 def _run(profile, out: str, uri: bool, args) -> int:
     """The grid under the driver, to the end or to a clean stop that releases the lease."""
-    from orchestrator.driver import Driver
-    from orchestrator.preflight import PreflightError
+    from orchestrator.run.driver import Driver
+    from orchestrator.plan.preflight import PreflightError
 
     # `ray job stop` and a pod's deletion send SIGTERM: exit through the same path as Ctrl-C, so the
     # lease is released (Driver and Lease release it on every exception, KeyboardInterrupt included)
@@ -78,7 +78,8 @@ def _run(profile, out: str, uri: bool, args) -> int:
 
 
 def main(argv=None) -> int:
-    from orchestrator.profile import ProfileError, load_profile
+    from orchestrator.profile import ProfileError
+    from orchestrator.plan.sizing import load_profile
 
     args = _parser().parse_args(argv)
     if args.verbose:

@@ -139,7 +139,7 @@ def measure(args, drafter: str, dtype: str, inputs: list[list[int]], counts: lis
 
 
 def write_rates(path: str | Path, device_name: str, model_label: str, dtype: str, rows: list[dict]) -> Path:
-    """The rates file the dry run reads (orchestrator/rates/): written to a temp name, then renamed."""
+    """The rates file the dry run reads (orchestrator/plan/rates/): written to a temp name, then renamed."""
     path = Path(path)
     body = {"kind": "gpu-check-packing", "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "device": device_name, "verifier": model_label, "dtype": dtype, "strategy": "single",

@@ -4,7 +4,7 @@ Two trainers, one data path and one verdict:
 
 - ``ray``: Ray Train with DeepSpeed ZeRO-1, in bf16 on CUDA (and on the CPU, DeepSpeed's bf16), the
   grid's own training path;
-- ``torch``: the same ``drafters.trainer.train`` loop in this process with plain AdamW (bf16 autocast
+- ``torch``: the same ``drafters.train.loop.train`` loop in this process with plain AdamW (bf16 autocast
   on CUDA, float32 on the CPU), for a machine with torch and transformers but no Ray or DeepSpeed.
 
 The run fails the check when its loss is not finite, does not fall from the first epoch to the last,
@@ -54,7 +54,7 @@ def free_verifiers(device: str) -> None:
 def _config(args, name: str, model, tok, precision: str, deepspeed: bool):
     """Features of the generated corpus (extracted here, on the device) and the run's TrainConfig."""
     from common.verifiers import eos_token_ids
-    from drafters.train_config import TrainConfig
+    from drafters.train.config import TrainConfig
     from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
 
     root = tempfile.mkdtemp(prefix="gpu-check-features-")
@@ -85,7 +85,7 @@ def _run_ray(cfg, gpu: bool) -> tuple[Path, dict]:
 
 
 def _run_torch(cfg, model, tok) -> tuple[Path, dict]:
-    from drafters.trainer import train
+    from drafters.train.loop import train
 
     seen: dict = {}
     final = train(cfg, model, tokenizer=tok, report=lambda metrics, _dir: seen.update(metrics))

@@ -1,6 +1,6 @@
 """The paper plan's GPU rates, measured on one GPU in one short run, written as the rates file that
 ``python experiments/full_grid.py --profile paper --dry-run --rates FILE`` reads (features, training
-and evaluation alike; orchestrator/rates/gpu.py).
+and evaluation alike; orchestrator/plan/rates/gpu.py).
 
     bash experiments/gpu_rates.sh                 # one CUDA GPU: the full Llama-3-8B shape (installs first)
     bash experiments/gpu_rates.sh --dry           # the same code on the CPU at a tiny shape (the suite's)
@@ -18,7 +18,7 @@ its budget is spent, and names what it skipped):
   (b) train: optimizer steps of EAGLE-2, HASS and EAGLE-3 through the project's DeepSpeed runner on one
       rank (ZeRO as the paper profile sets it; one rank shards nothing), micro-batch 1 x 350 and
       1 x 900 tokens with the paper profile's vocabulary: ms per step and peak memory beside
-      orchestrator/sizing.py's estimate;
+      orchestrator/plan/sizing.py's estimate;
   (a) features: the project's extraction code at 1,024-token batches, with and without EAGLE-3's aux
       layers (and asynchronous host copies where the code has them): tokens/s and bytes written/s.
 
@@ -68,7 +68,7 @@ class Context:
     paper profile's settings, the prompts and a random drafter for the eval part."""
 
     def __init__(self, args):
-        from orchestrator.profile import load_profile
+        from orchestrator.plan.sizing import load_profile
 
         self.args, self.device, self.dtype = args, args.device, "bfloat16"
         self.workdir = args.workdir or tempfile.mkdtemp(prefix="gpu-rates-")
@@ -132,7 +132,7 @@ class Context:
 
     @property
     def shape_constants(self) -> dict:
-        """The built verifier's sizes in orchestrator/costs.py's form (what sizing estimates from)."""
+        """The built verifier's sizes in orchestrator/plan/costs.py's form (what sizing estimates from)."""
         m = self.load_plain_verifier()
         c = m.config
         return {"params": sum(p.numel() for p in m.parameters()), "hidden": c.hidden_size,

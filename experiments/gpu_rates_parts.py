@@ -5,7 +5,7 @@ built verifier and a time budget, returning its part of the rates file:
   tree, 1, 2 and 4 processes on the one device (experiments/gpu_check_packing.py's workers), and
   transformers' ``generate`` per token in the one-process run;
 - :func:`train_part` (b): optimizer steps of each backbone through the project's DeepSpeed runner on
-  one rank, micro-batch 1 x each length, beside orchestrator/sizing.py's memory estimate;
+  one rank, micro-batch 1 x each length, beside orchestrator/plan/sizing.py's memory estimate;
 - :func:`features_part` (a): the project's extraction code (``verifier_features`` and the feature
   store's shards) at 1,024-token batches: tokens and bytes written per second.
 
@@ -60,7 +60,7 @@ def packing_counts(ctx, wanted: list[int]) -> tuple[list[int], str]:
 def eval_part(ctx, budget_s: float, emit) -> dict:
     """Packing rows (one per process count, each printed as it completes) and generate's ms/token."""
     pk = ctx.experiment("gpu_check_packing")
-    from orchestrator import packing
+    from orchestrator.plan import packing
 
     counts, note = packing_counts(ctx, ctx.args.packing)
     inputs = Path(ctx.workdir) / "eval-inputs.json"
@@ -126,7 +126,7 @@ def aux_layers(n_layers: int) -> tuple[int, ...]:
 
 
 def _train_config(ctx, backbone: str, out: str, n_layers: int):
-    from drafters.train_config import TrainConfig
+    from drafters.train.config import TrainConfig
 
     t = ctx.profile.train.for_backbone(backbone)
     return TrainConfig(verifier=ctx.verifier, backbone=backbone, variant="math", out_dir=out,
@@ -138,9 +138,9 @@ def _train_config(ctx, backbone: str, out: str, n_layers: int):
 
 def _time_steps(ctx, model, backbone: str, tokens: int, steps: int) -> dict:
     """ms per optimizer step (after two warm-up steps) and peak memory of one backbone at 1 x tokens."""
-    from drafters.backbones import backbone as lookup
-    from drafters.objective import compute_loss
-    from drafters.runners import make_runner
+    from drafters.train.backbones import backbone as lookup
+    from drafters.train.backbones import compute_loss
+    from drafters.train.runners import make_runner
     from drafters.vocab import DraftHead, load_vocab
 
     cfg = _train_config(ctx, backbone, tempfile.mkdtemp(dir=ctx.workdir), model.config.num_hidden_layers)
@@ -174,7 +174,7 @@ def _time_steps(ctx, model, backbone: str, tokens: int, steps: int) -> dict:
 
 
 def _sizing_gib(ctx, backbone: str, tokens: int) -> float:
-    from orchestrator.sizing import train_memory
+    from orchestrator.plan.sizing import train_memory
 
     t = ctx.profile.train.for_backbone(backbone)
     m = train_memory(ctx.shape_constants, backbone, micro_batch=1, max_length=tokens, precision=t.precision,

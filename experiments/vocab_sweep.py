@@ -36,7 +36,7 @@ def _parse(argv) -> argparse.Namespace:
 def _train(model, tok, eos, name: str, size: int, spec, caches: dict, out: Path, args) -> tuple[Path, float, float]:
     """One HASS math drafter with a draft vocabulary of ``size`` (0: the full one): its final
     checkpoint, the vocabulary's coverage of assistant tokens, and the training call's seconds."""
-    from drafters.trainer import TrainConfig, train
+    from drafters.train.loop import TrainConfig, train
     from drafters.variants import build_vocab, heldout_data, variant_data
     from drafters.vocab import save_vocab
 

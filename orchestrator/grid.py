@@ -10,8 +10,8 @@ from decoding.config import OPTION_COLUMNS, TREE_MODES, DecodeConfig, TreeConfig
 from drafters.corpora import CORPORA, variant_corpora
 from workers.eval_worker import EvalJob
 
-from .keys import key_of
-from .profile.schema import Profile
+from orchestrator.keys import key_of
+from orchestrator.profile.schema import Profile
 
 
 @dataclass(frozen=True)

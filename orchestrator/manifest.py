@@ -225,7 +225,7 @@ class Manifest:
     def record_stage(self, stage: str, seconds: float, units_run: int, machine: str,
                      overlapped: bool = False) -> None:
         """A stage's wall time in this invocation, kept only when it ran units (a resume that
-        found everything done leaves the earlier timing): what orchestrator/rates/measured.py measures.
+        found everything done leaves the earlier timing): what orchestrator/plan/rates/measured.py measures.
         ``overlapped``: the span of a stage that ran beside others (cluster.schedule graph), which
         measures no rate."""
         if units_run < 1:

@@ -28,10 +28,10 @@ BUDGET = 64 << 20  # each node's shard cache: a rank's share fits
 
 
 def read_rank(uri: str, key: str, rank: int, compute_s: float, read_ahead: int) -> dict:
-    """Rank ``rank`` of 2: its own shards (drafters/shards.py) through its node's shard cache."""
+    """Rank ``rank`` of 2: its own shards (drafters/train/shards.py) through its node's shard cache."""
     from drafters.features import SHARD_TENSORS, reading_through, reading_tensors
-    from drafters.shards import rank_plan
-    from drafters.train_data import iter_examples
+    from drafters.train.shards import rank_plan
+    from drafters.train.data import iter_examples
     from workers.artifacts import localize_data
     from workers.shard_cache import ShardCache
 

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, f
 
 import ray  # noqa: E402
 
-from drafters.train_config import TrainConfig  # noqa: E402
+from drafters.train.config import TrainConfig  # noqa: E402
 from drafters.variants import DataSpec, heldout_data, variant_data  # noqa: E402
 from common import storage  # noqa: E402
 from workers.tasks import features_finish_task, features_task as _features_task  # noqa: E402

@@ -379,10 +379,10 @@ def test_features_training_steps_and_merges_run_on_the_device(verifier, bench_pr
     from drafters.config import DrafterConfig
     from drafters.data.templating import TokenizedExample, benchmark_prompt_ids
     from drafters.features import verifier_features
-    from drafters.losses import collate
+    from drafters.train.eagle2 import collate
     from drafters.merge import linear
-    from drafters.objective import compute_loss
-    from drafters.train_config import TrainConfig
+    from drafters.train.backbones import compute_loss
+    from drafters.train.config import TrainConfig
     from drafters.vocab import DraftHead
 
     model, tok = verifier

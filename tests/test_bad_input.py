@@ -18,8 +18,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from orchestrator.manifest import Manifest
-from orchestrator.preflight import PreflightError, preflight
-from orchestrator.profile import PROFILE_DIR, Profile, ProfileError, load_profile
+from orchestrator.plan.preflight import PreflightError, preflight
+from orchestrator.profile import PROFILE_DIR, Profile, ProfileError
+from orchestrator.plan.sizing import load_profile
 from orchestrator.profile.schema import DataCfg, TrainCfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -197,7 +198,7 @@ def test_preflight_refuses_a_corpus_that_no_place_holds_enough_of(tmp_path):
     """The paper's 70,512 a corpus against this machine: the package's 17,671 ShareGPT records and the
     14,973 local stand-in records for MathInstruct, and no Hub. One line each, before any work."""
     from drafters.data.sources import SourceOptions
-    from orchestrator.preflight import corpus_lines
+    from orchestrator.plan.preflight import corpus_lines
 
     p = load_profile("smoke", ["data.n=70000", "data.heldout=512"])
     found, problems = corpus_lines(p, SourceOptions(hub_path=str(tmp_path / "no-hub")))
@@ -451,7 +452,7 @@ def test_cli_refuses_a_misspelt_force_stage_before_the_lease(tmp_path, dry_run):
 def test_bad_input_found_after_the_lease_releases_it(tmp_path):
     """A manifest that is not JSON is found once the lease is held (the manifest is read under it):
     one line naming the file, exit 2, and no lease.json left behind."""
-    from orchestrator.driver import Driver
+    from orchestrator.run.driver import Driver
 
     out = tmp_path / "run"
     out.mkdir()

@@ -1,5 +1,5 @@
-"""The cost model against the modules it models: parameter counts (orchestrator/costs.py) against
-the drafters' own ``sum(p.numel())``, the activation bytes (orchestrator/sizing.py) against what
+"""The cost model against the modules it models: parameter counts (orchestrator/plan/costs.py) against
+the drafters' own ``sum(p.numel())``, the activation bytes (orchestrator/plan/sizing.py) against what
 autograd saves on the real losses, the memory refusal, the deploy files' node type, and the
 features mode picked from the cache estimate. Fast: no verifier, no Ray."""
 from __future__ import annotations
@@ -11,13 +11,14 @@ from torch import nn
 
 from drafters.config import DrafterConfig
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3
-from drafters.eagle3_loss import ttt_loss_targets
-from drafters.losses import aligned_passes, eagle_losses, step_mask
+from drafters.train.eagle3 import ttt_loss_targets
+from drafters.train.eagle2 import aligned_passes, eagle_losses, step_mask
 from drafters.model import FeatureDrafter
 from drafters.vocab import DraftHead
-from orchestrator.costs import GIB, VERIFIERS, checkpoint_bytes, drafter_params, feature_bytes_per_token
-from orchestrator.profile import ProfileError, load_profile
-from orchestrator.sizing import (feature_cache_bytes, feature_mode_reason, kept_bytes, memory_problem,
+from orchestrator.plan.costs import GIB, VERIFIERS, checkpoint_bytes, drafter_params, feature_bytes_per_token
+from orchestrator.profile import ProfileError
+from orchestrator.plan.sizing import load_profile
+from orchestrator.plan.sizing import (feature_cache_bytes, feature_mode_reason, kept_bytes, memory_problem,
                                  profile_memory)
 from tests.test_deploy import LAUNCHER, load_rayjob
 
@@ -172,11 +173,11 @@ def test_feature_mode_auto_picks_cached_when_the_cache_with_eagle3s_aux_layers_f
 
 
 def test_the_features_mode_follows_its_cost_and_flips_with_the_nodes_io():
-    """auto takes the cheaper runnable mode by the cost model (orchestrator/feature_modes.py): cached at
+    """auto takes the cheaper runnable mode by the cost model (orchestrator/plan/feature_modes.py): cached at
     the deploy node's defaults; online when the object store is very slow and no share stays on node
     disk (every epoch from the store); cached again when the store is fast. The dry run's reason and the
     preflight's name the costs."""
-    from orchestrator import feature_modes
+    from orchestrator.plan import feature_modes
 
     p = load_profile("paper")
     t = feature_modes.totals(p)
@@ -202,9 +203,9 @@ def test_the_features_mode_follows_its_cost_and_flips_with_the_nodes_io():
 def test_eagle2_and_hass_read_no_aux_layers():
     """EAGLE-3 reads the three aux layers; EAGLE-2 and HASS only the LM head's input and its top-10, so
     their shard reads (and the bytes/s a trial needs) are about a quarter of EAGLE-3's per token."""
-    from orchestrator.costs import HELDOUT_DEPTHS, read_bytes_per_token
-    from orchestrator.io_cost import trial_io
-    from drafters.train_config import TrainConfig
+    from orchestrator.plan.costs import HELDOUT_DEPTHS, read_bytes_per_token
+    from orchestrator.plan.io_cost import trial_io
+    from drafters.train.config import TrainConfig
 
     v = VERIFIERS["llama3-8b-instruct"]
     assert read_bytes_per_token(v, "eagle2") == read_bytes_per_token(v, "hass") == 4096 * 2 + 60
@@ -216,12 +217,12 @@ def test_eagle2_and_hass_read_no_aux_layers():
 
 
 def test_the_io_term_waits_only_where_the_bandwidth_is_short():
-    """orchestrator/io_cost.py over feature_io.py: a trial whose share fits node disk waits for the store
+    """orchestrator/plan/io_cost.py over feature_io.py: a trial whose share fits node disk waits for the store
     in its first epoch only; one that does not, every epoch; a store slower than the compute's need
     stretches the epoch by what it cannot carry."""
     from dataclasses import replace
 
-    from orchestrator.io_cost import trial_io
+    from orchestrator.plan.io_cost import trial_io
 
     node = load_profile("paper").resources.node
     args = (1000.0, 10, 2e7, 8)  # 1,000 s an epoch over 20 M tokens of a cache with EAGLE-3's layers

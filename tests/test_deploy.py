@@ -494,9 +494,9 @@ def test_the_paper_profiles_units_fit_the_rayjobs_gpu_nodes_and_a_trial_fits_one
     8-GPU node. That holds only because the trial's own Tune actor holds no CPU (the head has none
     to offer): with 0.01 CPU on that node, it would hold 7 such workers, and the last would wait
     for the autoscaler's second 8-GPU node."""
-    from orchestrator import preflight
-    from orchestrator.plan import derive
-    from orchestrator.profile import load_profile
+    from orchestrator.plan import preflight
+    from orchestrator.plan.concurrency import derive
+    from orchestrator.plan.sizing import load_profile
     from workers.tune_sweep import TRIAL_RESOURCES
 
     job = load_rayjob()[0]["spec"]["rayClusterSpec"]
@@ -522,7 +522,7 @@ def test_the_paper_profiles_fetched_checkpoints_fit_well_inside_each_nodes_stagi
     """resources.eval.checkpoint_disk_gb (what a node keeps of fetched checkpoints) is at most a
     quarter of the staging volume on a GPU node, in both deploy files: the rest holds the training
     epochs and the checkpoints in use, and a pod past its emptyDir's sizeLimit is evicted."""
-    from orchestrator.profile import load_profile
+    from orchestrator.plan.sizing import load_profile
 
     budget = load_profile("paper").resources.eval.checkpoint_disk_gb
     job, _ = load_rayjob()
@@ -560,7 +560,7 @@ def test_gpu_nodes_stage_on_their_instance_store_nvme(tmp_path):
     bind-mounts the AMI's own NVMe mount), a node with none gets a plain directory; the container
     mounts it at TASKSPEC_STAGING, and the shard budget plus the checkpoint budget fit the plan's
     node disk (resources.node.disk_gb, p4de's 8 x 1,000 GB)."""
-    from orchestrator.profile import load_profile
+    from orchestrator.plan.sizing import load_profile
 
     two = "/dev/nvme0n1 Amazon Elastic Block Store\\n/dev/nvme1n1 Amazon EC2 NVMe Instance Storage\\n" \
           "/dev/nvme2n1 Amazon EC2 NVMe Instance Storage\\n"

@@ -13,20 +13,11 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ("common", "drafters", "decoding", "workers", "orchestrator", "experiments")
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 60
-# entry points sit above every room and nothing imports them. The one listed imports up:
-# `python -m drafters train|merge` comes from workers/train_cli.py (train launches Ray Train, in
-# workers/); it stays until issue #66 item 4 places the train and merge CLI where nothing imports up
-# (a module move, left to that step), which removes this exemption
-ENTRY_POINTS = {"drafters.__main__"}
+# entry points (`__main__` modules) follow the same rule: `python -m drafters` runs drafters' commands,
+# `python -m workers train` the one that launches Ray Train
 # circles known and why each stays (sorted modules -> reason); the test fails on any other circle and
 # on a listed one that is gone
 KNOWN_CIRCLES: dict[tuple[str, ...], str] = {
-    ("orchestrator.feature_modes", "orchestrator.grid", "orchestrator.profile", "orchestrator.profile.load",
-     "orchestrator.sizing"):
-        "load_profile resolves data.feature_mode auto with the cost model (sizing -> feature_modes -> "
-        "grid), and the cost model reads the profile's schema, batch plan and error, whose package "
-        "__init__ exports load_profile. Breaking it moves a module (the schema out of the loader's "
-        "package, or the loader above the plan): issue #66 item 3 (orchestrator/plan/) removes it",
 }
 LONG_FUNCTIONS: dict[str, str] = {  # "module:function" -> why it stays longer than 60 lines
 }
@@ -80,8 +71,8 @@ def _graph() -> dict[str, set[str]]:
 
 def test_imports_point_down_the_layers():
     rank = {room: i for i, room in enumerate(LAYERS)}
-    up = [f"{a} -> {b}" for a, targets in _graph().items() if a not in ENTRY_POINTS
-          for b in sorted(targets) if rank[b.split(".")[0]] > rank[a.split(".")[0]]]
+    up = [f"{a} -> {b}" for a, targets in _graph().items() for b in sorted(targets)
+          if rank[b.split(".")[0]] > rank[a.split(".")[0]]]
     assert not up, "imports pointing up a layer:\n" + "\n".join(sorted(up))
 
 

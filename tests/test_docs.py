@@ -8,7 +8,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from orchestrator.profile import load_profile
+from orchestrator.plan.sizing import load_profile
 from tests.test_grid import _readme_job_block
 
 ROOT = Path(__file__).resolve().parents[1]

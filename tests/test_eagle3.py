@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from drafters.eagle3 import Eagle3Config, default_aux_layers, init_eagle3, load_eagle3, save_eagle3
-from drafters.eagle3_loss import ttt_loss, ttt_mask, ttt_unroll
+from drafters.train.eagle3 import ttt_loss, ttt_mask, ttt_unroll
 from drafters.model import KVCache, causal_mask
 from tests.conftest import VERIFIER
 from tests.helpers import eagle3_math_batch

@@ -16,7 +16,7 @@ from decoding.config import TreeConfig
 from decoding.verifier_pass import new_cache, prefill, tree_forward
 from drafters.data.templating import benchmark_prompt_ids
 from drafters.eagle3 import Eagle3Config, default_aux_layers, init_eagle3, save_eagle3
-from drafters.eagle3_loss import ttt_loss
+from drafters.train.eagle3 import ttt_loss
 from tests.conftest import VERIFIER
 from tests.helpers import eagle3_math_batch
 from tests.test_lossless import greedy_reference

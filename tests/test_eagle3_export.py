@@ -26,7 +26,7 @@ from drafters.__main__ import main as drafters_main
 from common.atomic import atomic_dir
 from drafters.data.templating import prompt_ids
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3, load_eagle3, save_eagle3
-from drafters.eagle3_loss import ttt_unroll
+from drafters.train.eagle3 import ttt_unroll
 from drafters.export import ContractError, check_export, export, load_export
 from drafters.model import causal_mask
 from tests.conftest import VERIFIER

@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from drafters import eagle3_train
+from drafters.train import eagle3 as eagle3_train
 from drafters.__main__ import main as drafters_cli
 from drafters.checkpoint import init_drafter, initial_of, load_any, save_checkpoint
 from drafters.config import DrafterConfig
@@ -25,8 +25,8 @@ from drafters.eagle3 import (Eagle3Config, Eagle3Drafter, default_aux_layers, in
                              save_eagle3)
 from drafters.features import FeatureStore, captured_layers, content_key, verifier_features
 from drafters.merge import merge_checkpoints, task_arithmetic
-from drafters.train_config import TrainConfig
-from drafters.trainer import train
+from drafters.train.config import TrainConfig
+from drafters.train.loop import train
 from drafters.variants import DataSpec, ensure_features, heldout_data, select_examples, variant_data
 from drafters.vocab import count_targets, save_vocab, select_ids
 from tests.conftest import TRAIN_SPEC, VERIFIER
@@ -180,7 +180,7 @@ def test_eagle3_step_checkpoint_resume_ends_with_the_uninterrupted_weights(verif
 
 @pytest.mark.full  # breadth: online features for eagle3 (the cached path trains by default)
 def test_online_eagle3_features_match_the_cache(verifier, e3):
-    from drafters.train_data import OnlineFeatures, iter_examples
+    from drafters.train.data import OnlineFeatures, iter_examples
 
     model, tok = verifier
     root, caches, _ = e3
@@ -223,7 +223,7 @@ def test_eagle3_trains_under_ray_train_and_deepspeed_in_bf16(e3, tmp_path):
 @pytest.mark.full  # the CLI end to end (a subprocess: its own verifier load and extraction)
 def test_cli_trains_an_eagle3_drafter(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "drafters", "train", "--backbone", "eagle3", "--variant", "math", "--n", "8",
+    cmd = [sys.executable, "-m", "workers", "train", "--backbone", "eagle3", "--variant", "math", "--n", "8",
            "--heldout", "2", "--max-length", "64", "--epochs", "1", "--batch-size", "4", "--draft-vocab", "512",
            "--no-ray", "--no-deepspeed", "--features-dir", str(tmp_path / "f"), "--out", str(tmp_path / "o")]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

@@ -10,7 +10,7 @@ import polars as pl
 import pytest
 
 from orchestrator.grid import eval_cells
-from orchestrator.profile import load_profile
+from orchestrator.plan.sizing import load_profile
 from orchestrator.report.routers import HEADS, PROMPT_NODE
 from orchestrator.report.tables import CELL_DEFAULTS, method_expr
 from tests.conftest import VERIFIER

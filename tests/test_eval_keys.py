@@ -3,9 +3,9 @@ to another directory or copied to a URI resumes without evaluating anything agai
 import shutil
 
 from common.verifiers import resolve
-from orchestrator.driver import Driver
+from orchestrator.run.driver import Driver
 from orchestrator.grid import eval_cells, merge_cells, train_cells
-from orchestrator.profile import load_profile
+from orchestrator.plan.sizing import load_profile
 
 
 def _keys(output: str, sets=()) -> list[list[str]]:

@@ -1,6 +1,6 @@
 """Several evaluation actors packed onto one GPU, on a CPU: a local Ray that declares one (logical)
 GPU and two CPUs, the smoke profile with resources.eval.num_gpus 0.25 and num_cpus 0.5, the plan
-the driver derives there (4 actors), the driver's own actor pool (orchestrator.driver.eval_pool:
+the driver derives there (4 actors), the driver's own actor pool (orchestrator.run.driver.eval_pool:
 real EvalWorkers with the real verifier, the real EvalPool) decoding real GSM8K prompts. Ray's
 resource accounting and placement are the real ones; only the GPU is declared, not present, so
 the actors decode on the CPU (CUDA_VISIBLE_DEVICES names the GPU they share)."""
@@ -14,7 +14,7 @@ import warnings
 import pytest
 
 from orchestrator.grid import eval_cells, eval_job
-from orchestrator.profile import load_profile
+from orchestrator.plan.sizing import load_profile
 from workers.eval_worker import EvalWorker
 
 PACKED = ["resources.eval.num_gpus=0.25", "resources.eval.num_cpus=0.5", "resources.eval_actors=8",
@@ -53,8 +53,8 @@ def one_gpu_ray(tmp_path):
 @pytest.mark.full  # breadth: tests/test_rehearsal.py's paper rehearsal packs eval actors too (make test-full)
 def test_four_actors_share_one_gpu_through_the_drivers_pool(one_gpu_ray, random_drafter_dirs):
     from drafters.data.sources import load_benchmark
-    from orchestrator.cluster import cluster_nodes, eval_pool
-    from orchestrator.plan import derive
+    from orchestrator.run.cluster import cluster_nodes, eval_pool
+    from orchestrator.plan.concurrency import derive
 
     ray = one_gpu_ray
     p = load_profile("smoke", PACKED)

@@ -198,3 +198,16 @@ def test_round_trip_drafts_the_same_trees(verifier, eos, bench_prompts, ckpts, v
     assert o1 == o2 and len(t1) == len(t2) > 0
     for (a, sa), (b, sb) in zip(t1, t2):
         assert torch.equal(a, b) and torch.equal(sa, sb)
+
+
+def test_the_train_command_moved_to_workers_with_one_line():
+    """`python -m drafters train` (before the train command moved where nothing imports up) refuses in one
+    line naming `python -m workers train`; `python -m workers train --help` lists the same flags."""
+    with pytest.raises(SystemExit) as e:
+        drafters_main(["train", "--backbone", "hass", "--variant", "math", "--out", "x"])
+    assert str(e.value).startswith("error: `python -m drafters train` is now `python -m workers train`")
+    from workers.train_cli import main as workers_main
+
+    with pytest.raises(SystemExit) as e:
+        workers_main(["train", "--help"])
+    assert e.value.code == 0

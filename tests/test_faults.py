@@ -18,12 +18,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from drafters.train_config import TrainConfig
-from drafters.trainer import train
+from drafters.train.config import TrainConfig
+from drafters.train.loop import train
 from drafters.variants import DataSpec, heldout_data, variant_data
-from orchestrator import preflight
+from orchestrator.plan import preflight
 from orchestrator.manifest import Lease, LeaseHeld
-from orchestrator.profile import load_profile
+from orchestrator.plan.sizing import load_profile
 from tests.conftest import TRAIN_SPEC
 from workers.eval_worker import DrafterCache
 
@@ -123,7 +123,7 @@ def test_uploads_run_beside_training_and_a_kill_mid_upload_resumes_from_complete
     uri = f"file://{tmp_path}/bucket"
     steps, log = [], []
     monkeypatch.setenv("TASKSPEC_STAGING", str(tmp_path / "node-a"))
-    import drafters.trainer as trainer
+    import drafters.train.loop as trainer
 
     real_step = trainer._step
     def step(*a):
@@ -392,7 +392,7 @@ def _drain(pool, items, die_once):
 
 @pytest.mark.slow
 def test_a_dead_eval_actor_restarts_in_the_background_and_the_others_go_on(local_ray):
-    from orchestrator.eval_pool import EvalPool
+    from orchestrator.run.eval_pool import EvalPool
 
     ray = local_ray[0]
     cls = ray.remote(num_cpus=0.5, max_restarts=-1, max_task_retries=0)(_Flaky)
@@ -419,7 +419,7 @@ def test_actors_that_never_start_end_the_pool_with_the_error_not_a_hang(local_ra
     """A constructor that always raises (on 2026-12-01 a test module Ray could not import did
     this, and the pool replaced actors forever): each slot is retired after 3 failed starts in a
     row and the pool raises NoEvalActor naming the error, within seconds."""
-    from orchestrator.eval_pool import EvalPool, NoEvalActor
+    from orchestrator.run.eval_pool import EvalPool, NoEvalActor
 
     ray = local_ray[0]
     cls = ray.remote(num_cpus=0.5, max_restarts=-1, max_task_retries=0)(_Flaky)
@@ -447,7 +447,7 @@ def test_a_long_units_own_progress_reaches_the_driver_log_and_a_dead_relay_loses
     (through the Relay actor); with the relay killed the task and the wait still give the result."""
     import io
 
-    from orchestrator.progress import Progress, wait_relaying
+    from orchestrator.run.progress import Progress, wait_relaying
     from workers.relay import Relay
 
     ray = local_ray[0]
@@ -480,7 +480,7 @@ def test_tracker_records_reach_the_output_uri(tmp_path):
     pytest.importorskip("mlflow")
     import mlflow
 
-    from orchestrator.tracking import Tracker
+    from orchestrator.run.tracking import Tracker
 
     uri = f"file://{tmp_path}/bucket/run"
     first = Tracker("mlflow", tmp_path / "driver-a", "smoke", remote=uri)

@@ -1,9 +1,9 @@
-"""orchestrator/feature_io.py, the shard-read model, worked out by hand (torch-free, fast)."""
+"""orchestrator/plan/feature_io.py, the shard-read model, worked out by hand (torch-free, fast)."""
 from __future__ import annotations
 
 import pytest
 
-from orchestrator import feature_io as io
+from orchestrator.plan import feature_io as io
 
 MB = 1e6
 

@@ -1,5 +1,5 @@
 """Feature shards: cut before any forward pass, streamed to a store, split between ranks, and read
-through a bounded node cache (drafters/features.py, drafters/shards.py, workers/shard_cache.py).
+through a bounded node cache (drafters/features.py, drafters/train/shards.py, workers/shard_cache.py).
 
 Fast and CPU-only: synthetic feature examples (the shard layout is what is checked, not the
 verifier's numbers; tests/test_multinode.py extracts with the real verifier and trains on two
@@ -15,14 +15,14 @@ import threading
 import pytest
 import torch
 
-from drafters import shards
+from drafters.train import shards
 from drafters.feature_stream import StreamingFeatureStore
 from drafters.features import (FeatureExample, FeatureStore, extraction_device,
                                plan_shards, reading_through, shard_tokens_for, token_bytes)
 from drafters.data.templating import TokenizedExample
-from drafters.objective import schedule_steps
-from drafters.train_config import TrainConfig
-from drafters.train_data import batches
+from drafters.train.backbones import schedule_steps
+from drafters.train.config import TrainConfig
+from drafters.train.data import batches
 from drafters.variants import DataSpec
 from common import storage
 from workers.artifacts import RemoteDir, localize_data
@@ -505,12 +505,12 @@ def test_extraction_copies_to_the_host_without_waiting_for_the_device(tmp_path):
 
 
 def test_the_driver_extracts_in_one_part_a_gpu():
-    """orchestrator/rates/taskgraph.py ``feature_parts``: the driver's features tasks per corpus, the
+    """orchestrator/plan/rates/taskgraph.py ``feature_parts``: the driver's features tasks per corpus, the
     dry run's split (one a GPU, by tokens); one a corpus on CPUs, online or self-distilled."""
     import dataclasses
 
-    from orchestrator.profile import load_profile
-    from orchestrator.rates.taskgraph import feature_parts
+    from orchestrator.plan.sizing import load_profile
+    from orchestrator.plan.rates.taskgraph import feature_parts
 
     paper = load_profile("paper")
     assert feature_parts(paper, 32) == {"mathinstruct": 9, "sharegpt": 23}  # 350 vs 900 tokens an example
@@ -529,8 +529,8 @@ def test_the_driver_runs_a_corpus_in_parts_then_writes_its_indexes(tmp_path, mon
     import dataclasses
     import types
 
-    from orchestrator import driver as drv
-    from orchestrator.profile import load_profile
+    from orchestrator.run import driver as drv
+    from orchestrator.plan.sizing import load_profile
     from workers import tasks
 
     calls = []

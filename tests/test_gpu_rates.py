@@ -1,6 +1,6 @@
 """The GPU rates script (experiments/gpu_rates.sh -> gpu_rates.py) runs as shipped in its CPU mode on
 a tiny shape, writes the rates file part by part, and the paper dry run reads it; the file's reader
-(orchestrator/rates/gpu.py) refuses what does not stand for the profile; the shell scripts pick the
+(orchestrator/plan/rates/gpu.py) refuses what does not stand for the profile; the shell scripts pick the
 project's .venv, or name the interpreter before installing into it."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import rates as rates_mod
-from orchestrator.profile import load_profile
+from orchestrator.plan import rates as rates_mod
+from orchestrator.plan.sizing import load_profile
 from tests.hub_stub import paper_hub_env
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import billing, rates
-from orchestrator.costs import ASSUMPTIONS
-from orchestrator.makespan import GRAPH_BARRIERS, Task, schedule
-from orchestrator.plan import parse_cluster
-from orchestrator.profile import ProfileError, load_profile
+from orchestrator.plan import billing
+from orchestrator.plan import rates
+from orchestrator.plan.costs import ASSUMPTIONS
+from orchestrator.plan.makespan import GRAPH_BARRIERS, Task, schedule
+from orchestrator.plan.concurrency import parse_cluster
+from orchestrator.profile import ProfileError
+from orchestrator.plan.sizing import load_profile
 
 
 def test_the_graph_waits_for_every_cache_then_runs_each_trials_work_as_it_ends():

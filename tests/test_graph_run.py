@@ -50,7 +50,7 @@ def test_the_first_drafters_evaluation_starts_while_the_second_trains(graph_run)
 def test_the_stages_find_every_unit_the_graph_made_done(graph_run):
     from orchestrator.grid import eval_cells, merge_cells, train_cells
     from orchestrator.manifest import read_manifest
-    from orchestrator.profile import load_profile
+    from orchestrator.plan.sizing import load_profile
 
     p = load_profile("smoke", SETS)
     man = read_manifest(graph_run.out / "manifest.json")

@@ -56,7 +56,7 @@ def _eval_units(run: Path) -> dict:
 
 def _check_traces(run: Path, overrides: list[str] = ()):
     from orchestrator.grid import eval_cells
-    from orchestrator.profile import load_profile
+    from orchestrator.plan.sizing import load_profile
 
     p = load_profile("smoke", list(overrides))
     units = _eval_units(run)
@@ -121,7 +121,7 @@ def readme_run(tmp_path_factory):
     home.mkdir()
     ray_tmp = _private_tmp()
     from common.caches import cache_dir
-    from drafters.runners import jit_build_dir
+    from drafters.train.runners import jit_build_dir
 
     # no RAY_* setting of ours reaches the commands (RAY_DASHBOARD_STARTUP_TIMEOUT_S excepted: a
     # loaded machine may need a longer wait); the machine's caches (matmul tuning, verify costs,
@@ -259,9 +259,9 @@ def test_the_run_measures_its_stage_rates_and_predicts_its_own_time(readme_run):
     """The driver recorded each stage's wall time (the rerun above, which ran nothing, left them);
     the rates measured from them, the caches and the traces time the same profile back to within
     30% of each stage's real time (overheads are fitted per unit, decode times are not)."""
-    from orchestrator import rates
-    from orchestrator.billing import as_configured
-    from orchestrator.profile import load_profile
+    from orchestrator.plan import rates
+    from orchestrator.plan.billing import as_configured
+    from orchestrator.plan.sizing import load_profile
 
     man = json.loads((readme_run.run / "manifest.json").read_text())
     stages = man["stages"]
@@ -406,7 +406,7 @@ def test_mlflow_store_has_the_training_curves_and_the_summary(forced_run):
     from mlflow.tracking import MlflowClient
 
     from orchestrator.grid import train_cells
-    from orchestrator.profile import load_profile
+    from orchestrator.plan.sizing import load_profile
 
     run = forced_run.run
     p = load_profile("smoke", FORCED)

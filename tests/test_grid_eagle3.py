@@ -17,7 +17,7 @@ import torch
 from drafters.checkpoint import load_any
 from drafters.eagle3 import Eagle3Drafter, is_eagle3_checkpoint
 from orchestrator.grid import eval_cells, merge_cells, train_cells
-from orchestrator.profile import load_profile
+from orchestrator.plan.sizing import load_profile
 from tests.test_grid import ENV, GRID, ROOT, _end, _private_tmp, _procs_with_env
 
 # a whole grid run (282 s here under load): make test-full. By default, the pieces: the shared init

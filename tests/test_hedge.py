@@ -357,7 +357,8 @@ def test_normalhedge_on_acceptance_samples_the_verifier_distribution(verifier, e
 # -- the grid: a profile asks for hedge by name -----------------------------------------------------
 def test_a_profile_asks_for_hedge_and_gets_one_cell_over_the_route_pair():
     from orchestrator.grid import eval_cells
-    from orchestrator.profile import ProfileError, load_profile
+    from orchestrator.profile import ProfileError
+    from orchestrator.plan.sizing import load_profile
 
     p = load_profile("smoke", ["eval.strategies=[autoregressive, single, hedge]"])
     cells = [c for c in eval_cells(p) if c.strategy == "hedge"]
@@ -372,7 +373,8 @@ def test_a_profile_names_its_learners_and_the_first_routers_keys_stay():
     """One cell per learner x reset, each with the profile's feedback, ties and eta; the first router's
     cell (ftl on agreement, ties lower, reset turn) keeps the key and label it had."""
     from orchestrator.grid import eval_cells
-    from orchestrator.profile import ProfileError, load_profile
+    from orchestrator.profile import ProfileError
+    from orchestrator.plan.sizing import load_profile
 
     plain = load_profile("smoke", ["eval.strategies=[single, hedge]"])
     base = [c for c in eval_cells(plain) if c.strategy == "hedge"]

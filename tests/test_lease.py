@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.driver import MANIFEST_SYNC_S
+from orchestrator.run.driver import MANIFEST_SYNC_S
 from orchestrator.manifest import Lease, LeaseHeld, pid_space
 
 ROOT = Path(__file__).resolve().parents[1]

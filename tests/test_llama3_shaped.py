@@ -18,8 +18,8 @@ from common.verifiers import compare_greedy, eos_token_ids, resolve
 from decoding.verifiers import load_verifier
 from drafters.data.sources import load_benchmark
 from drafters.data.templating import benchmark_prompt_ids
-from drafters.train_config import TrainConfig
-from drafters.trainer import train
+from drafters.train.config import TrainConfig
+from drafters.train.loop import train
 from drafters.variants import DataSpec, build_vocab, ensure_features, heldout_data, variant_data
 from drafters.vocab import save_vocab
 

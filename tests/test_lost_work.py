@@ -16,8 +16,8 @@ import pytest
 
 from common import storage
 from common.fetch_cache import FetchCache, tree_bytes
-from orchestrator.profile import load_profile
-from orchestrator.rates import estimated, optimizer_step_seconds
+from orchestrator.plan.sizing import load_profile
+from orchestrator.plan.rates import estimated, optimizer_step_seconds
 from tests.conftest import VERIFIER
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +74,7 @@ def test_the_sweeps_failure_config_retries_a_trial_whose_actor_died(ray_local, t
 # ---------------------------------------------------------------- step checkpoints of the paper profile
 def test_paper_checkpoints_often_enough_that_a_lost_node_costs_about_ten_minutes():
     """Each backbone's train.checkpoint_every x its slowest optimizer step of the paper grid (the dry
-    run's GPU estimate, orchestrator.rates, in the features mode the profile resolves to) is at most
+    run's GPU estimate, orchestrator.plan.rates, in the features mode the profile resolves to) is at most
     10 minutes, and x its fastest at least one minute."""
     p = load_profile("paper")
     steps = optimizer_step_seconds(p, estimated(p))

@@ -33,10 +33,10 @@ from pyarrow import fs
 from ray.cluster_utils import Cluster
 
 from drafters.data.sources import load_benchmark
-from drafters.collectives import weights_digest
+from drafters.train.runners import weights_digest
 from orchestrator.grid import eval_cells
 from orchestrator.manifest import read_manifest
-from orchestrator.profile import load_profile
+from orchestrator.plan.sizing import load_profile
 from orchestrator.report.build import build_report
 from orchestrator.report.duplicates import DuplicateRows
 from tests.s3_server import CREDS, moto_s3
@@ -350,7 +350,7 @@ def test_training_on_two_nodes_with_an_odd_batch_count_in_bf16(cluster, s3, tmp_
     drafter, and the loss is finite and falls (the grid above decodes drafters trained so: exact at T=0)."""
     from safetensors.torch import load_file
 
-    from drafters.collectives import weights_digest
+    from drafters.train.runners import weights_digest
 
     endpoint, s3fs = s3
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_"))}
@@ -440,7 +440,7 @@ def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(clus
     it (and the held-out set, which the ranks evaluate together), both take the same steps, and each
     node's shard cache stays under its bound (smaller than a rank's share, so shards are
     evicted and fetched again in the second epoch). tests/sharded_training.py runs the job."""
-    from drafters.shards import rank_plan
+    from drafters.train.shards import rank_plan
     from workers.artifacts import localize_data
 
     endpoint, s3fs = s3
@@ -478,7 +478,7 @@ def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(clus
     # (the writer's own count is exact; a sample may miss a shard that is staged for milliseconds)
     assert 0 < index["staging_peak_bytes"] <= 2 * biggest and max(extract_peak.values()) <= 2 * biggest
     # training: each rank downloaded exactly its own shards (and the held-out set: every rank evaluates
-    # its share of its batches, drafters/heldout.py; ranks on one node share its cache), within the bound
+    # its share of its batches, drafters/train/backbones.py; ranks on one node share its cache), within the bound
     logs = _downloads(cluster.tmp)
     by_rank = {}
     for node, records in logs.items():
@@ -511,9 +511,9 @@ def test_ranks_on_two_nodes_wait_less_for_shards_with_read_ahead(cluster, tmp_pa
     """An EAGLE-3 cache at s3:// behind a bandwidth throttle; two ranks, one per node, read their own
     shards as EAGLE-2 does (tests/shard_read_job.py), without and with read-ahead. Asserted: each
     rank downloads exactly its own shards, and of them only EAGLE-2's tensors; read-ahead strictly
-    reduces every rank's wait. Printed: the waits beside orchestrator/feature_io.py's prediction
+    reduces every rank's wait. Printed: the waits beside orchestrator/plan/feature_io.py's prediction
     (the throttle is one link shared by both ranks)."""
-    from orchestrator import feature_io
+    from orchestrator.plan import feature_io
     from tests.s3_server import throttled_s3
     from tests.test_shard_reads import make_cache
 

@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from orchestrator.report.claims import check_claims
-from orchestrator.report.claims.proposed import BASE
+from orchestrator.report.claims.project import BASE
 from orchestrator.report.routers import PROMPT_NODE
 
 N = 12
@@ -108,7 +108,7 @@ def test_early_acceptance_predicts_the_whole_generation(whole_of, expected):
         assert abs(r["estimate"]) > 0.9
 
 
-# ---------------------------------------------------------------- hedge, the online router (claims/hedge.py)
+# ---------------------------------------------------------------- hedge, the online router (claims/project.py)
 HEDGE = "hedge(step)"
 
 

@@ -15,14 +15,14 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 import drafters.features as features_mod
-import drafters.trainer as trainer_mod
+import drafters.train.loop as trainer_mod
 import drafters.variants as variants_mod
 from drafters.data.templating import TokenizedExample
 from drafters.features import FeatureStore, verifier_features
-from drafters.objective import schedule_steps
-from drafters.train_config import TrainConfig
-from drafters.train_data import plan_batches
-from drafters.trainer import train
+from drafters.train.backbones import schedule_steps
+from drafters.train.config import TrainConfig
+from drafters.train.data import plan_batches
+from drafters.train.loop import train
 from drafters.variants import DataSpec
 
 N, HELD, BATCH, WORLD = 22, 2, 3, 2  # 8 batches (the last holds one example): 4 per rank per epoch

@@ -1,5 +1,5 @@
-"""The plan that fills a cluster (orchestrator/plan.py) and the packing model of evaluation actors
-(orchestrator/packing.py), worked out by hand on given node lists and step times; the GPU check's
+"""The plan that fills a cluster (orchestrator/plan/concurrency.py) and the packing model of evaluation actors
+(orchestrator/plan/packing.py), worked out by hand on given node lists and step times; the GPU check's
 packing file through --rates; the dry run's --cluster table. Fast: no Ray, no model."""
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator import billing, packing, rates
-from orchestrator.makespan import Task, schedule
-from orchestrator.plan import actors_per_gpu, derive, eval_cpu_problem, max_nodes, parse_cluster
-from orchestrator.profile import load_profile
+from orchestrator.plan import billing
+from orchestrator.plan import packing
+from orchestrator.plan import rates
+from orchestrator.plan.makespan import Task, schedule
+from orchestrator.plan.concurrency import actors_per_gpu, derive, eval_cpu_problem, max_nodes, parse_cluster
+from orchestrator.plan.sizing import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 P4DE = {"CPU": 96.0, "GPU": 8.0, "accelerator_type:A100": 1.0}
@@ -74,7 +76,7 @@ def test_the_driver_reads_the_autoscalers_groups(monkeypatch):
     import ray
     from ray._private.state import state
 
-    from orchestrator.cluster import cluster_nodes
+    from orchestrator.run.cluster import cluster_nodes
 
     monkeypatch.setattr(ray, "nodes", lambda: [{"Alive": True, "Resources": HEAD},
                                                {"Alive": False, "Resources": P4DE}])
@@ -192,7 +194,7 @@ def test_packing_auto_packs_what_memory_and_cpus_hold_and_says_why():
     """resources.eval.packing auto: the fewest actors per GPU that place the most on a node, within one
     GPU's memory (gpu_memory_gib over packing.actor_memory_gb) and the node's CPUs; the profile's share
     where nothing says (no memory given, a verifier of unknown size)."""
-    from orchestrator.plan import pack_per_gpu
+    from orchestrator.plan.concurrency import pack_per_gpu
 
     p = load_profile("paper")
     k, why = pack_per_gpu(p, [HEAD, P4DE])
@@ -212,7 +214,7 @@ def test_packing_auto_packs_what_memory_and_cpus_hold_and_says_why():
 
 def test_the_driver_asks_ray_for_the_plans_share(monkeypatch):
     """cluster.eval_pool places the actors at the share the plan derived (the driver passes it)."""
-    from orchestrator import cluster
+    from orchestrator.run import cluster
 
     seen = {}
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.grid import eval_cells, plan_summary
-from orchestrator.profile import PROFILE_DIR, ProfileError, load_profile
+from orchestrator.profile import PROFILE_DIR, ProfileError
+from orchestrator.plan.sizing import load_profile
 from tests.hub_stub import paper_hub_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,7 +79,7 @@ def test_grid_includes_budget_matched_singles_and_both_granularities():
 def test_paper_dry_run_counts_match_an_independent_count():
     """Every benchmark counts (null = all its prompts), corpora follow the variants, and an
     unknown verifier gets no invented cost constants."""
-    from orchestrator.dryrun import estimate
+    from orchestrator.plan.dryrun import estimate
     from orchestrator.grid import corpora
 
     p = load_profile("paper")

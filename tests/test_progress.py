@@ -6,8 +6,8 @@ import re
 import time
 from types import SimpleNamespace
 
-from orchestrator import progress
-from orchestrator.progress import Progress
+from orchestrator.run import progress
+from orchestrator.run.progress import Progress
 
 
 def _etas(text: str) -> list[str]:

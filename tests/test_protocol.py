@@ -12,7 +12,8 @@ import pytest
 
 from drafters.data.sources import (SVAMP_STUDY_IDS, DataSourceNotFound, SourceOptions, default_data_root,
                                    load_benchmark)
-from orchestrator.profile import ProfileError, batch_plan, load_profile
+from orchestrator.profile import ProfileError, batch_plan
+from orchestrator.plan.sizing import load_profile
 from orchestrator.report.tables import STUDY_DEPTHS, depth_table, depth_table_deeper
 
 ROOT = default_data_root()
@@ -30,7 +31,7 @@ def _local_svamp() -> dict:
 
 def _grid_prompts(profile_name: str, sets: tuple = ()) -> dict:
     """The prompts the grid evaluates, through the driver's own selection (load + seeded subsample)."""
-    from orchestrator.driver import Driver
+    from orchestrator.run.driver import Driver
 
     return Driver._prompts(SimpleNamespace(p=load_profile(profile_name, list(sets))))
 
@@ -149,7 +150,7 @@ def test_per_backbone_train_settings_reach_only_their_backbones_drafters(tmp_pat
     """train.per_backbone: the paper profile warms HASS up as the study's code does (1% of its steps),
     EAGLE-2 for 2,000 steps; each drafter's TrainConfig and unit key carry its own backbone's values,
     and a profile without per_backbone keeps the keys runs had before."""
-    from orchestrator.driver import Driver
+    from orchestrator.run.driver import Driver
     from orchestrator.keys import train_key_settings as _train_key_settings
     from orchestrator.grid import train_cells
 

@@ -11,13 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import billing, costs, rates
-from orchestrator.rates import overheads
+from orchestrator.plan import billing
+from orchestrator.plan import costs
+from orchestrator.plan import rates
+from orchestrator.plan.rates import overheads
 from orchestrator.grid import cell_prompts, eval_cells, merge_cells, train_cells
-from orchestrator.makespan import Task, schedule
-from orchestrator.profile import load_profile
-from orchestrator.rates.measured import _fit_overhead
-from orchestrator.rates.taskgraph import _for, _tokens_per_turn
+from orchestrator.plan.makespan import Task, schedule
+from orchestrator.plan.sizing import load_profile
+from orchestrator.plan.rates.measured import _fit_overhead
+from orchestrator.plan.rates.taskgraph import _for, _tokens_per_turn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,7 +112,7 @@ def test_unmeasured_strategies_take_the_mean_and_unknown_lengths_the_assumption(
 
 
 def test_more_gpus_never_take_longer_and_the_estimate_says_so():
-    from orchestrator.plan import parse_cluster
+    from orchestrator.plan.concurrency import parse_cluster
 
     p = load_profile("paper")
     r = rates.estimated(p)
@@ -122,7 +124,7 @@ def test_more_gpus_never_take_longer_and_the_estimate_says_so():
     assert all(m["pipelined"] <= m["total"] + 1e-6 for m in rows)
     # 8 GPUs, one 8-GPU trial at a time: the training compute is the GPU-h estimate's own figure (busy,
     # with the held-out passes' one GPU in eight); the overheads come on top of it (allocated)
-    from orchestrator.dryrun import estimate
+    from orchestrator.plan.dryrun import estimate
 
     train = estimate(p)["train_gpu_h"]
     assert rows[0]["busy"]["train"] == pytest.approx(train, rel=0.02)
@@ -146,8 +148,8 @@ def test_dry_run_times_a_cpu_profile_with_saved_rates(tmp_path):
 
 def test_an_unmeasured_backbone_is_scaled_from_a_measured_one_by_flops_and_said_so():
     """A run without EAGLE-3 times a profile with it: EAGLE-2's rate x its FLOPs per token over EAGLE-3's
-    (orchestrator/costs.py), named in the notes; a profile with every rate measured is left alone."""
-    from orchestrator.costs import VERIFIERS, train_flops_per_token
+    (orchestrator/plan/costs.py), named in the notes; a profile with every rate measured is left alone."""
+    from orchestrator.plan.costs import VERIFIERS, train_flops_per_token
 
     p = load_profile("demo", ["train.backbones=[eagle2, eagle3]"])
     r = _rates(train_tokens_per_s={"eagle2": 500.0})
@@ -296,7 +298,7 @@ def test_rates_that_cannot_time_a_profile_say_why(change, match):
 def _paper_rows(clusters=("4x8", "8x8")):
     """The paper profile's dry-run rows stage after stage (cluster.schedule stages: a bill per
     stage; the task graph's own figures: tests/test_graph.py)."""
-    from orchestrator.plan import parse_cluster
+    from orchestrator.plan.concurrency import parse_cluster
 
     p = load_profile("paper", ["cluster.schedule=stages"])
     runs = [rates.estimated(p, end) for end in rates.estimates.ENDS]
@@ -398,7 +400,7 @@ def test_extraction_runs_in_parts_over_every_gpu():
         trial = next(t for t in rates.tasks(p, r, gpus=gpus) if t.name == "train:eagle2-mixed_full")
         assert set(trial.deps) == {t.name for t in feats}
     assert len([t for t in rates.tasks(p, r) if t.stage == "features"]) == 2
-    from orchestrator.rates.taskgraph import split_parts
+    from orchestrator.plan.rates.taskgraph import split_parts
 
     assert split_parts({"a": 900, "b": 350}, 32) == {"a": 23, "b": 9}
     assert split_parts({"a": 1, "b": 1}, 1) == {"a": 1, "b": 1}  # at least one each
@@ -406,7 +408,7 @@ def test_extraction_runs_in_parts_over_every_gpu():
 
 def test_checkpoint_gaps_follow_the_loop():
     """A step checkpoint every ``checkpoint_every`` steps of the run and an epoch one at each epoch's end
-    (both where they meet, as drafters/trainer.py writes them); an upload costs only what outlasts the
+    (both where they meet, as drafters/train/loop.py writes them); an upload costs only what outlasts the
     compute to the next, the last one whole."""
     p = load_profile("paper", ["train.epochs=2", "train.checkpoint_every=4", "data.n=40",
                                "train.global_batch=8", "train.per_backbone={}"])

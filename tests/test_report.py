@@ -359,7 +359,7 @@ def test_the_drivers_closing_summary_reads_a_run_without_a_baseline(tmp_path, ca
     """The driver's last lines (best τ, fastest method) on a run whose speed table has no speedups:
     it printed the fastest method's speedup as a number and died on None."""
     from orchestrator.manifest import Manifest
-    from orchestrator.summary import print_summary
+    from orchestrator.run.summary import print_summary
 
     run = _make_run(tmp_path / "run")
     m = json.loads((run / "manifest.json").read_text())

@@ -13,7 +13,7 @@ from pathlib import Path
 import polars as pl
 
 from orchestrator.report.build import build_report
-from orchestrator.report.claims.proposed import BASE, EARLY_STEPS
+from orchestrator.report.claims.project import BASE, EARLY_STEPS
 from orchestrator.report.run_records import recorded_traces
 from orchestrator.report.steps import plan_passes, read_steps, summarize
 from orchestrator.report.tables import scan, trace_files

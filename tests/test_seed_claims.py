@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from orchestrator.report.claims import Grid, check_claims, family_size
-from orchestrator.report.claims.weighting import EQUAL_W, STUDY_W, weights
+from orchestrator.report.claims.claim import EQUAL_W, STUDY_W, weights
 from orchestrator.report.labels import HEADS, ROUTED
 from orchestrator.report.stats import paired_avg_diff_ci
 from tests.test_claims import N, _pp, _rows, _steps, _words

@@ -4,7 +4,7 @@ the tensors a backbone reads, fetched ahead of the rank in parallel, within the 
 Fast and single-process: synthetic shards at a file:// URI, and for the timing a moto S3 server
 behind a bandwidth throttle (tests/s3_server.py). Timings on 2 noisy cores are asserted only where
 they cannot flake: read-ahead strictly reduces the wait. experiments/bench_shard_io.py prints the
-measured waits beside orchestrator/feature_io.py's prediction; tests/test_multinode.py runs the
+measured waits beside orchestrator/plan/feature_io.py's prediction; tests/test_multinode.py runs the
 same on two Ray nodes (``full``)."""
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from common import storage
 from drafters.features import (AUX, SHARD_TENSORS, FeatureExample, FeatureStore, expect_shards, open_shard,
                                reading_through, reading_tensors)
 from drafters.data.templating import TokenizedExample
-from drafters.shards import rank_plan
-from drafters.train_data import batches, iter_examples
+from drafters.train.shards import rank_plan
+from drafters.train.data import batches, iter_examples
 from workers import shard_fetch
 from workers.artifacts import localize_data
 from workers.shard_cache import ShardCache, read_ahead_settings

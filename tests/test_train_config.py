@@ -1,4 +1,4 @@
-"""The training settings' one home (drafters/train_config.py ``TrainSettings``): the profile's
+"""The training settings' one home (drafters/train/config.py ``TrainSettings``): the profile's
 train section and the worker's TrainConfig hold the same fields with the same rules, and the
 precision names and byte sizes come from one table (common/dtypes.py). Torch-free, no Ray."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 
 from common.dtypes import BYTES, NAMES, PRECISIONS, nbytes
 from drafters.corpora import CORPUS_OF
-from drafters.train_config import TrainConfig, TrainSettings, weight_bytes
-from orchestrator.profile import load_profile
+from drafters.train.config import TrainConfig, TrainSettings, weight_bytes
+from orchestrator.plan.sizing import load_profile
 from orchestrator.profile.schema import TrainCfg
 
 RUN = dict(verifier="v", backbone="hass", variant="math", out_dir="x", train_data=[["r", "k", None]])
@@ -66,10 +66,10 @@ def test_precisions_and_their_bytes_come_from_one_table():
 def test_the_train_cli_offers_the_variants_and_precisions_of_their_homes():
     import argparse
 
-    from workers.train_cli import add_subcommands
+    from workers.train_cli import add_train
 
     parser = argparse.ArgumentParser()
-    add_subcommands(parser.add_subparsers())
+    add_train(parser.add_subparsers())
     train = parser._subparsers._group_actions[0].choices["train"]
     choices = {a.dest: a.choices for a in train._actions if a.choices}
     assert list(choices["variant"]) == list(CORPUS_OF) and list(choices["precision"]) == list(PRECISIONS)

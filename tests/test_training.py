@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from drafters.train_config import TrainConfig
-from drafters.trainer import TrainingDiverged, train
+from drafters.train.config import TrainConfig
+from drafters.train.loop import TrainingDiverged, train
 from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
 from tests.conftest import TRAIN_SPEC
 
@@ -97,7 +97,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(verifier, caches, tmp_pat
 @pytest.mark.full  # breadth: online features (tests/test_online_training.py checks its plumbing by default)
 def test_online_mode_matches_the_cache_and_trains(verifier, caches, tmp_path):
     """`online` computes the same features inside the trainer (no cache) and trains on them."""
-    from drafters.train_data import OnlineFeatures, iter_examples
+    from drafters.train.data import OnlineFeatures, iter_examples
 
     model, tok = verifier
     root, c = caches
@@ -122,10 +122,10 @@ def test_heldout_sets_evaluated_once_give_the_pooled_passs_figures(verifier, cac
     set is evaluated once; the pooled figures, its summed hits over summed positions, equal one pass
     over the sets pooled (where a batch spans both sets), at every depth; ranks that deal the sets'
     batches round-robin count every batch once."""
-    from drafters.backbones import backbone, top1_rates
+    from drafters.train.backbones import backbone, top1_rates
     from drafters.checkpoint import load_any
-    from drafters.heldout import corpus_of, evaluate, heldout_metrics, set_counts
-    from drafters.train_data import batches
+    from drafters.train.backbones import corpus_of, evaluate, heldout_metrics, set_counts
+    from drafters.train.data import batches
     from drafters.vocab import DraftHead
 
     model, _ = verifier

@@ -12,7 +12,7 @@ import torch
 
 from drafters.checkpoint import init_drafter, load_checkpoint, save_checkpoint
 from drafters.config import DrafterConfig
-from drafters.losses import AlignedBatch, align, aligned_passes, hass_mask
+from drafters.train.eagle2 import AlignedBatch, align, aligned_passes, hass_mask
 from drafters.merge import linear, merge_checkpoints, ties
 
 CFG = DrafterConfig(backbone="hass", verifier="toy", hidden_size=16, vocab_size=50, num_attention_heads=4,
@@ -103,7 +103,7 @@ def test_each_variant_reads_its_corpora_and_the_mixed_ones_their_share():
     from drafters.corpora import variant_corpora
     from drafters.variants import heldout_data, variant_data
     from orchestrator.grid import corpora
-    from orchestrator.profile import load_profile
+    from orchestrator.plan.sizing import load_profile
 
     caches = {"mathinstruct": {"train": "km", "heldout": "hm", "train_ids": ["m1", "m2", "m3", "m4"]},
               "sharegpt": {"train": "ks", "heldout": "hs", "train_ids": ["s1", "s2", "s3", "s4"]}}
@@ -129,7 +129,7 @@ def test_each_variant_reads_its_corpora_and_the_mixed_ones_their_share():
 def test_deepspeed_imports_without_mlflow_and_mlflow_still_imports_after():
     """DeepSpeed's autotuner tries `import mlflow` at import time; the trainer skips it (seconds
     of every training process) and leaves mlflow importable afterwards (the driver's tracking)."""
-    code = ("import sys, importlib.util; from drafters.runners import import_deepspeed; "
+    code = ("import sys, importlib.util; from drafters.train.runners import import_deepspeed; "
             "ds = import_deepspeed(); from deepspeed.autotuning import autotuner; "
             "print('mlflow' in sys.modules, autotuner.has_mlflow, ds.__name__); "
             "has = importlib.util.find_spec('mlflow') is not None; "
@@ -144,7 +144,7 @@ def test_deepspeed_trains_without_jit_building_its_cpu_comm_op(tmp_path):
     """DeepSpeed's torch backend JIT-compiles its shm comm op at start-up on CPU (a minute of both
     cores in every new environment) for inference all-reduces only. The trainer's engine (bf16,
     ZeRO 1, a gloo process group) is built and steps with nothing compiled: the build dir stays empty."""
-    code = ("import torch; from drafters.train_config import TrainConfig; from drafters.runners import _DeepSpeed; "
+    code = ("import torch; from drafters.train.config import TrainConfig; from drafters.train.runners import _DeepSpeed; "
             "cfg = TrainConfig(backbone='eagle2', variant='math', verifier='toy', "
             "train_data=[['x', 'k', None]], out_dir='.', epochs=1, lr=1e-2, batch_size=2, deepspeed=True, "
             "zero_stage=1, precision='bf16'); "
@@ -175,7 +175,7 @@ def test_deepspeeds_jit_ops_build_once_per_python_environment(tmp_path):
     """The JIT build directory follows sys.prefix as the process sees it (one venv reached through
     a worktree's symlink used to rebuild the other path's objects, a minute of both cores); a
     TORCH_EXTENSIONS_DIR the user set is kept."""
-    code = ("import os, sys; from drafters.runners import _jit_build_setup, jit_build_dir; "
+    code = ("import os, sys; from drafters.train.runners import _jit_build_setup, jit_build_dir; "
             "_jit_build_setup(); print(os.environ['TORCH_EXTENSIONS_DIR']); "
             "print(os.environ['PATH'].split(os.pathsep)[0]); sys.prefix = '/elsewhere/venv'; "
             "print(jit_build_dir())")

@@ -6,11 +6,11 @@ import torch
 
 from drafters.checkpoint import init_drafter, load_checkpoint, save_checkpoint
 from drafters.config import DrafterConfig
-from drafters.losses import AlignedBatch, aligned_passes, eagle_losses, noise
+from drafters.train.eagle2 import AlignedBatch, aligned_passes, eagle_losses, noise
 from drafters.merge import merge_checkpoints
-from drafters.objective import clamp_grads_by_value, compute_loss, lr_factor
-from drafters.train_config import TrainConfig
-from drafters.train_data import batches
+from drafters.train.backbones import clamp_grads_by_value, compute_loss, lr_factor
+from drafters.train.config import TrainConfig
+from drafters.train.data import batches
 from drafters.vocab import DraftHead, count_targets, d2t_of, ids_of, load_vocab, save_vocab, select_ids
 
 V, H = 50, 16
@@ -162,7 +162,7 @@ def test_length_buckets_cut_padding_and_keep_every_example():
             self.loss_mask = torch.ones(n, dtype=torch.bool)
             self.features, self.top_ids, self.top_probs = torch.zeros(n, 4), torch.zeros(n, 2, dtype=torch.int32), torch.zeros(n, 2)
 
-    import drafters.train_data as tr
+    import drafters.train.data as tr
 
     exs = [FE(i, n) for i, n in enumerate([5, 60, 6, 61, 7, 62, 8, 63] * 4)]
     orig = tr.iter_examples
@@ -179,7 +179,7 @@ def test_length_buckets_cut_padding_and_keep_every_example():
 
 
 def test_loss_mask_modes_next_and_reference_differ_by_one_position():
-    from drafters.losses import align
+    from drafters.train.eagle2 import align
 
     ids = torch.arange(8)
     feats = torch.randn(8, 4)

@@ -26,7 +26,7 @@ import ray  # noqa: E402
 from common.verifiers import eos_token_ids  # noqa: E402
 
 from decoding.verifiers import load_verifier
-from drafters.train_config import TrainConfig
+from drafters.train.config import TrainConfig
 from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
 from common import storage
 from workers.train_worker import run_training

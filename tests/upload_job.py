@@ -23,7 +23,7 @@ from common import storage  # noqa: E402
 
 def train_uploading(cfg, model) -> Path:
     """Train ``cfg`` (with ``out_uri``) as one Ray Train rank does; returns the local final."""
-    from drafters.trainer import train
+    from drafters.train.loop import train
     from workers import artifacts
 
     cfg = artifacts.prepare(cfg, 0)
@@ -52,7 +52,7 @@ def main() -> None:
     import torch
 
     from decoding.verifiers import load_verifier
-    from drafters.train_config import TrainConfig
+    from drafters.train.config import TrainConfig
 
     torch.set_num_threads(int(sys.argv[3]))
     cfg = TrainConfig(**json.loads(sys.argv[1]))

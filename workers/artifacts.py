@@ -94,7 +94,7 @@ class Uploads:
     nodes no thread knows when the others are done, so rank 0 completes the checkpoint at the next
     :meth:`settle`, after the ranks agree that every upload succeeded. At most one upload is in
     flight: :meth:`settle` waits for it, so the next checkpoint (and rank 0's drop of the ones it
-    makes stale, drafters/train_checkpoints.py) never touches a directory being uploaded. A failed
+    makes stale, drafters/train/loop.py) never touches a directory being uploaded. A failed
     upload is raised by :meth:`settle` on every rank. Collectives run in the calling thread only."""
 
     def __init__(self, cfg, rank: int, local_rank: int, world: int, nodes: int):
@@ -107,7 +107,7 @@ class Uploads:
     @classmethod
     def for_rank(cls, cfg, rank: int, local_rank: int, world: int) -> "Uploads":
         """Every rank calls it (one gather: how many nodes upload)."""
-        from drafters.collectives import gather
+        from drafters.train.runners import gather
 
         return cls(cfg, rank, local_rank, world, sum(gather(local_rank == 0, world)))
 
@@ -145,7 +145,7 @@ class Uploads:
             self._thread.join()
         self._thread, name, self.in_flight = None, self.in_flight, None
         err, self._error = self._error, None
-        from drafters.collectives import all_ranks
+        from drafters.train.runners import all_ranks
 
         if not all_ranks(err is None, self.world):
             self._pending = None
@@ -201,7 +201,7 @@ def publish_final(cfg, final: Path, rank: int) -> None:
 def shard_cache(cfg, rank: int):
     """The node's bounded cache for the shards of ``cfg``'s caches at URIs (before ``prepare``
     localizes them); budget from TASKSPEC_FEATURE_CACHE_GB (workers/shard_cache.py)."""
-    from .shard_cache import ShardCache, budget_bytes
+    from workers.shard_cache import ShardCache, budget_bytes
 
     roots = {root for root, _, _ in cfg.train_data + cfg.heldout_data if storage.is_uri(root)}
     return ShardCache(budget_bytes(), {str(storage.node_cache(r)): r for r in roots}, rank)

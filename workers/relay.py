@@ -1,6 +1,6 @@
 """A running task's progress lines, relayed to the driver: the task's ``RelaySender`` puts its
 latest line into a ``Relay`` actor at most every ``RELAY_EVERY_S`` seconds; the driver takes them
-while it waits for the task (orchestrator/progress.py: ``wait_relaying``)."""
+while it waits for the task (orchestrator/run/progress.py: ``wait_relaying``)."""
 from __future__ import annotations
 
 import time

@@ -3,12 +3,12 @@
 A rank reads a cache at a URI through :class:`ShardCache` (drafters.features.reading_through):
 each shard it opens is downloaded into the node cache (``storage.node_cache``: the mirror of the
 URI, where the cache's manifest already is) unless it is there, and held while it is read. Only
-the shards a rank opens are downloaded: its own (drafters/shards.py), and rank 0's held-out sets;
+the shards a rank opens are downloaded: its own (drafters/train/shards.py), and rank 0's held-out sets;
 and of each only the tensors its backbone reads (``tensors``: EAGLE-2 and HASS skip EAGLE-3's aux
 layers, workers/shard_fetch.py), kept as a smaller file beside the whole one.
 
 **Read-ahead.** A rank announces the order in which it will open its shards this epoch
-(``expect``, from drafters/train_data.py); a pool of ``streams`` threads then fetches the shard
+(``expect``, from drafters/train/data.py); a pool of ``streams`` threads then fetches the shard
 about to be read and the ``read_ahead`` after it while the rank trains, and each ``open`` moves the
 window on. A shard fetched ahead is *reserved* for its rank (a shared ``flock`` on
 ``<key>.ahead``) until the rank opens it. ``TASKSPEC_SHARD_READ_AHEAD`` (0: none, every download
@@ -49,7 +49,7 @@ from pathlib import Path
 from common import storage
 from common.atomic import write_text_atomic
 
-from . import shard_fetch
+from workers import shard_fetch
 
 ENV = "TASKSPEC_FEATURE_CACHE_GB"
 DEFAULT_GB = 100.0

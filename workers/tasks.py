@@ -17,8 +17,8 @@ from drafters.features import extraction_device
 from drafters.variants import DataSpec, build_vocab, ensure_features, online_selection
 from drafters.vocab import save_vocab
 
-from . import artifacts
-from .relay import RelaySender
+from workers import artifacts
+from workers.relay import RelaySender
 
 
 def features_task(verifier, dtype, corpus, spec: DataSpec, root, online=False, relay=None, aux=False,

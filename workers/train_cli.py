@@ -1,4 +1,5 @@
-"""`python -m drafters train|merge`."""
+"""`python -m workers train`: features extracted (cached) and one drafter trained, with Ray Train +
+DeepSpeed or in this process (`--no-ray`)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +16,7 @@ def _train(args) -> None:
     from common.verifiers import eos_token_ids, resolve
     from decoding.verifiers import load_verifier
 
-    from drafters.train_config import TrainConfig
+    from drafters.train.config import TrainConfig
     from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
 
     name = resolve(args.verifier).name
@@ -51,7 +52,7 @@ def _train(args) -> None:
         precision=args.precision,
     )
     if args.no_ray:
-        from drafters.trainer import train
+        from drafters.train.loop import train
 
         final = train(cfg, model)
     else:
@@ -68,15 +69,8 @@ def _train(args) -> None:
     print(f"final checkpoint: {final}")
 
 
-def _merge(args) -> None:
-    from drafters.merge import merge_checkpoints
 
-    out = merge_checkpoints(args.kind, args.checkpoints, args.out, lam=args.lam, base=args.base,
-                            alpha=args.alpha, density=args.density)
-    print(f"wrote {args.kind} merge to {out}")
-
-
-def add_subcommands(sub) -> None:
+def add_train(sub) -> None:
     t = sub.add_parser("train", help="extract features (cached) and train one drafter with Ray Train + DeepSpeed")
     t.add_argument("--verifier", default="smollm2-135m-instruct")
     t.add_argument("--backbone", choices=list(BACKBONES), required=True)
@@ -107,12 +101,13 @@ def add_subcommands(sub) -> None:
     t.add_argument("--features-dir", default="runs/features")
     t.add_argument("--out", required=True)
     t.set_defaults(fn=_train)
-    m = sub.add_parser("merge", help="weight-space merge of drafter checkpoints")
-    m.add_argument("--kind", choices=["linear", "task_arithmetic", "ties"], required=True)
-    m.add_argument("checkpoints", nargs="+")
-    m.add_argument("--lam", type=float, default=None)
-    m.add_argument("--base", default=None)
-    m.add_argument("--alpha", type=float, default=1.0)
-    m.add_argument("--density", type=float, default=0.2)
-    m.add_argument("--out", required=True)
-    m.set_defaults(fn=_merge)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m workers")
+    add_train(p.add_subparsers(dest="cmd", required=True))
+    args = p.parse_args(argv)
+    args.fn(args)
+    return 0

@@ -1,4 +1,4 @@
-"""Ray Train wrapper: a TorchTrainer whose workers run drafters.trainer.train with DeepSpeed."""
+"""Ray Train wrapper: a TorchTrainer whose workers run drafters.train.loop.train with DeepSpeed."""
 from __future__ import annotations
 
 import os
@@ -26,9 +26,9 @@ def train_loop_per_worker(config: dict) -> None:
 
     from decoding.verifiers import load_verifier
     from drafters.features import reading_through
-    from drafters.trainer import train
+    from drafters.train.loop import train
 
-    from . import artifacts
+    from workers import artifacts
 
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()

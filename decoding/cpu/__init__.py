@@ -13,12 +13,12 @@ import os
 
 from torch import nn
 
-from . import kernel, lean_pass, machine, matmul, onednn
-from .lean_pass import disabled as lean_disabled
-from .lean_pass import forward as lean_forward
-from .lean_pass import use_lean
-from .matmul import disabled as matmul_disabled
-from .matmul import installed, machine_key, row_aware
+from decoding.cpu import kernel, lean_pass, machine, matmul, onednn
+from decoding.cpu.lean_pass import disabled as lean_disabled
+from decoding.cpu.lean_pass import forward as lean_forward
+from decoding.cpu.lean_pass import use_lean
+from decoding.cpu.matmul import disabled as matmul_disabled
+from decoding.cpu.matmul import installed, machine_key, row_aware
 
 __all__ = ["install", "installed", "use_lean", "lean_forward", "lean_disabled", "matmul_disabled", "row_aware",
            "machine_key", "status", "kernel", "machine", "matmul", "lean_pass", "onednn"]

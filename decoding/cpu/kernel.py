@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from common.caches import cache_dir
-from .packed import PackedCopies
+from decoding.cpu.packed import PackedCopies
 
 SOURCE = Path(__file__).with_name("csrc") / "smallm.c"
 FLAGS = ["-O3", "-fopenmp", "-fPIC", "-shared"]

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from . import kernel as cpu_kernel
-from . import matmul
+from decoding.cpu import kernel as cpu_kernel
+from decoding.cpu import matmul
 
 FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16",
          "asimd", "sve")

@@ -35,10 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import timing
+from decoding import timing
 from common.caches import add_to_json_cache, cache_dir, load_json_cache
-from . import kernel as cpu_kernel
-from . import onednn
+from decoding.cpu import kernel as cpu_kernel
+from decoding.cpu import onednn
 
 # row counts that are timed (a tree pass: 1-32; a prompt's prefill: 32-256); larger ones use F.linear
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256)

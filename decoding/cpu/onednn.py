@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from .packed import PackedCopies
+from decoding.cpu.packed import PackedCopies
 
 _OK: dict = {}
 

@@ -16,7 +16,7 @@ def warm(verifier: str, threads: list[int], dtypes: list[str]) -> int:
 
     from common.verifiers import load_from_registry
 
-    from . import matmul as cpu_matmul
+    from decoding.cpu import matmul as cpu_matmul
 
     bad = [d for d in dtypes if d not in ("float32", "bfloat16", "float16")]
     if bad:

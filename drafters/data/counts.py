@@ -16,7 +16,7 @@ from pathlib import Path
 from common.atomic import write_text_atomic
 from common.caches import cache_dir
 
-from .jsonstream import iter_json_array
+from drafters.data.jsonstream import iter_json_array
 
 CACHE_FILE = "record_counts.json"
 _MEMO: dict[str, int] = {}

@@ -21,10 +21,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import hub as hub_access
-from .counts import count_records
-from .jsonstream import iter_json_array
-from .records import BenchmarkPrompt, Conversation, LoadReport, MalformedRecord, normalize_turns
+from drafters.data import hub as hub_access
+from drafters.data.counts import count_records
+from drafters.data.jsonstream import iter_json_array
+from drafters.data.records import BenchmarkPrompt, Conversation, LoadReport, MalformedRecord, normalize_turns
 
 ENV_DATA_ROOT = "TASKSPEC_DATA_ROOT"
 ENV_HUB_OVERRIDE = "TASKSPEC_HUB_{}"  # e.g. TASKSPEC_HUB_GSM8K=/path/to/local/dataset/dir

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .records import BenchmarkPrompt, Conversation
+from drafters.data.records import BenchmarkPrompt, Conversation
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,9 @@ the one-line refusals), batch.py (how a global batch splits over the workers), e
 """
 from __future__ import annotations
 
-from .batch import BatchPlan, batch_plan
-from .errors import ProfileError
-from .load import PROFILE_DIR, load_profile, profile_dict
-from .schema import Profile
+from orchestrator.profile.batch import BatchPlan, batch_plan
+from orchestrator.profile.errors import ProfileError
+from orchestrator.profile.load import PROFILE_DIR, profile_dict, read_profile
+from orchestrator.profile.schema import Profile
 
-__all__ = ["PROFILE_DIR", "BatchPlan", "Profile", "ProfileError", "batch_plan", "load_profile", "profile_dict"]
+__all__ = ["PROFILE_DIR", "BatchPlan", "Profile", "ProfileError", "batch_plan", "profile_dict", "read_profile"]

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import need
-from .schema import Profile, TrainCfg
+from orchestrator.profile.errors import need
+from orchestrator.profile.schema import Profile, TrainCfg
 
 
 @dataclass(frozen=True)

@@ -7,9 +7,9 @@ from common.rules import is_int, is_num
 from decoding.config import switch_depth_error
 from drafters.data.sources import BENCHMARKS
 
-from .batch import batch_plan
-from .errors import need
-from .schema import DataCfg, EvalCfg, MergeCfg, Profile, Resources
+from orchestrator.profile.batch import batch_plan
+from orchestrator.profile.errors import need
+from orchestrator.profile.schema import DataCfg, EvalCfg, MergeCfg, Profile, Resources
 
 
 def check_profile(p: Profile) -> None:

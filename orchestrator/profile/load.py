@@ -18,9 +18,9 @@ import yaml
 
 from common.rules import Rule, is_int
 
-from .checks import check_profile
-from .errors import ProfileError
-from .schema import Profile
+from orchestrator.profile.checks import check_profile
+from orchestrator.profile.errors import ProfileError
+from orchestrator.profile.schema import Profile
 
 PROFILE_DIR = Path(__file__).resolve().parents[2] / "experiments" / "profiles"
 
@@ -139,8 +139,10 @@ def _shown(path: Path) -> str:
         return str(path)
 
 
-def load_profile(name_or_path: str, overrides: list[str] = ()) -> Profile:
-    """Load a profile by name (experiments/profiles/NAME.yaml) or path, apply --set, validate.
+def read_profile(name_or_path: str, overrides: list[str] = (), finish=None) -> Profile:
+    """Read a profile by name (experiments/profiles/NAME.yaml) or path, apply --set, validate; then
+    ``finish`` (the plan's ``data.feature_mode auto`` resolution: orchestrator.plan.sizing.load_profile),
+    whose refusals name the file and the --set at fault as every other one does.
 
     Every refusal is one ProfileError line:
     ``<file>[ with --set <assignment>]: <key> must be <what is allowed>, got <value>``."""
@@ -167,21 +169,15 @@ def load_profile(name_or_path: str, overrides: list[str] = ()) -> Profile:
         except ProfileError as e:
             raise ProfileError(f"{shown} with --set {s}: {e}", e.key) from None
     data.setdefault("name", path.stem)
-    return _fail_at(shown, lambda: _validated(data), set_keys=set_keys)
+    return _fail_at(shown, lambda: _validated(data, finish), set_keys=set_keys)
 
 
-def _validated(data: dict) -> Profile:
-    """Structure, then every field's rule, then the cross-field checks; data.feature_mode auto
-    becomes cached or online by the cache estimate (orchestrator/sizing.py)."""
-    # imported here: sizing reads this package's schema, and a module-level import would run this
-    # package's __init__ (which imports this module) in the middle of sizing's own import; still a
-    # circle, listed in tests/test_design_rules.py (KNOWN_CIRCLES) until issue #66 moves the plan
-    from ..sizing import resolve_feature_mode
-
+def _validated(data: dict, finish=None) -> Profile:
+    """Structure, then every field's rule, then the cross-field checks, then ``finish``."""
     _check_structure(Profile, data, "")
     p = _build(Profile, data, "")
     check_profile(p)
-    return resolve_feature_mode(p)
+    return finish(p) if finish else p
 
 
 def _fail_at(shown: str, fn, set_keys: dict | None = None):

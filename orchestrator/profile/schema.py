@@ -15,7 +15,7 @@ from decoding.config import GRANULARITIES, STRATEGY_NAMES, SWITCH_AFTER, SWITCH_
 from decoding.hedge import FEEDBACKS, LEARNERS, RESETS, TIES
 from drafters.config import BACKBONES
 from drafters.corpora import VARIANTS
-from drafters.train_config import TrainSettings
+from drafters.train.config import TrainSettings
 from drafters.data.sources import BENCHMARKS
 
 # the study's own; switching and depth_adaptive are its proposed next steps; hedge the online router (issue 57)
@@ -37,7 +37,7 @@ class DataCfg:
     feature_mode: str = "cached"  # cached | online | auto (cached when the cache estimate fits feature_storage_gib)
     # null | greedy | sample: train on the verifier's own answers (held-out stays original)
     self_distill: str | None = None
-    # the storage the feature cache may take (orchestrator/sizing.py's estimate, EAGLE-3's aux layers
+    # the storage the feature cache may take (orchestrator/plan/sizing.py's estimate, EAGLE-3's aux layers
     # included): auto picks cached within it, and cached over it is refused; null = no budget
     feature_storage_gib: float | None = None
 
@@ -48,7 +48,7 @@ class DataCfg:
 
 @dataclass(frozen=True)
 class TrainCfg(TrainSettings):
-    """The hyperparameters (drafters/train_config.py's TrainSettings, each with its rule there, read
+    """The hyperparameters (drafters/train/config.py's TrainSettings, each with its rule there, read
     here as train.<key>) and which cells train with them."""
 
     backbones: list = field(default_factory=lambda: ["eagle2", "hass"])
@@ -175,7 +175,7 @@ class EvalResources(StageResources):
     # a checkpoint being fetched or loaded stays): keep it well under the node's staging volume
     checkpoint_disk_gb: float = 20.0
     # fixed: num_gpus as written. auto (a GPU profile): the plan packs as many batch-1 actors on a GPU as
-    # its memory (resources.gpu_memory_gib over each actor's, orchestrator/packing.py) and the node's CPUs
+    # its memory (resources.gpu_memory_gib over each actor's, orchestrator/plan/packing.py) and the node's CPUs
     # (num_cpus each) hold, up to plan.PACK_MOST; num_gpus stays the share where it cannot tell (no memory set)
     packing: str = "fixed"
 
@@ -186,7 +186,7 @@ class EvalResources(StageResources):
 @dataclass(frozen=True)
 class NodeIO:
     """What one GPU node moves feature shards and checkpoints with: the dry run's I/O term
-    (orchestrator/io_cost.py) and the features mode's cost (orchestrator/feature_modes.py). Defaults:
+    (orchestrator/plan/io_cost.py) and the features mode's cost (orchestrator/plan/feature_modes.py). Defaults:
     the deploy files' node type, p4de.24xlarge (AWS's EC2 P4 page: 8 x 1,000 GB NVMe SSD instance
     store; AWS's "Amazon EC2 P4d instances deep dive": 2.7 GB/s a device, about 16 GB/s read across 8
     in RAID 0). The object store: Amazon S3 from one node with parallel ranged GETs (AWS's S3
@@ -220,7 +220,7 @@ class Resources:
     # caps: the driver runs as many trials and eval actors at once as the cluster holds, up to these
     eval_actors: int = 2
     # memory of one GPU of the node type the profile runs on (A100 80GB: 80): training that needs more
-    # (orchestrator/sizing.py's estimate) is refused before any work; null = not checked
+    # (orchestrator/plan/sizing.py's estimate) is refused before any work; null = not checked
     gpu_memory_gib: float | None = None
     node: NodeIO = field(default_factory=NodeIO)  # object store and local disk, per node (cost model only)
 
@@ -244,7 +244,7 @@ class ClusterCfg:
     shared_mount: bool = False
     lease_s: int = 120  # a driver's lease on its output lasts this long unless renewed (every lease_s / 4)
     # graph: a checkpoint's merges and evaluation start as soon as their inputs exist, while other
-    # trials train (orchestrator/graph.py); stages: features, training, merges, evaluation, each
+    # trials train (orchestrator/run/graph.py); stages: features, training, merges, evaluation, each
     # after the last; auto: graph when training uses GPUs (on a CPU node the stages would share the
     # same cores, and a run's stage times, which `--rates` measures, would overlap)
     schedule: str = "auto"

@@ -11,21 +11,21 @@ import polars as pl
 
 from common.atomic import atomic_file, write_text_atomic
 
-from .claims import Grid, check_claims
-from .claims.proposed import BASE, EARLY_STEPS
-from .duplicates import check_unique, refuse
-from .markdown import to_html
-from .prose import INTRO, TAU_NOTE
-from .routers import table2, with_posthoc
-from .run_records import problems as run_problems
-from .run_records import recorded_traces
-from .sections import appendix, figures_section, routers_section, table1_section
-from .steps import PASS_ROWS, StepSummary, entropy_table, read_steps
-from .study_tables import study_comparison
-from .summary import claims_section, summary_section
-from .tables import depth_table, depth_table_deeper, per_prompt, scan, speed, table1, trace_files
-from .verdicts import headline as verdict_headline
-from .verdicts import verdict_table
+from orchestrator.report.claims import Grid, check_claims
+from orchestrator.report.claims.project import BASE, EARLY_STEPS
+from orchestrator.report.duplicates import check_unique, refuse
+from orchestrator.report.markdown import to_html
+from orchestrator.report.prose import INTRO, TAU_NOTE
+from orchestrator.report.routers import table2, with_posthoc
+from orchestrator.report.run_records import problems as run_problems
+from orchestrator.report.run_records import recorded_traces
+from orchestrator.report.sections import appendix, figures_section, routers_section, table1_section
+from orchestrator.report.steps import PASS_ROWS, StepSummary, entropy_table, read_steps
+from orchestrator.report.study_tables import study_comparison
+from orchestrator.report.summary import claims_section, summary_section
+from orchestrator.report.tables import depth_table, depth_table_deeper, per_prompt, scan, speed, table1, trace_files
+from orchestrator.report.verdicts import headline as verdict_headline
+from orchestrator.report.verdicts import verdict_table
 
 
 def _save_table(df: pl.DataFrame, out: Path, name: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from .tables import KEYS
+from orchestrator.report.tables import KEYS
 
 # what identifies a row: its cell, its prompt, its turn (and, for a step row, the step)
 ROW_KEYS = {"prompts": KEYS + ["prompt_id", "turn"], "steps": KEYS + ["prompt_id", "turn", "step"]}

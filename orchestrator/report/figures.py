@@ -5,9 +5,9 @@ from pathlib import Path
 
 import polars as pl
 
-from .labels import AFTER_THE_FACT
-from .routers import LOSSY_MARK, NOT_DEPLOYABLE, lossless
-from .tables import lambda_of
+from orchestrator.report.labels import AFTER_THE_FACT
+from orchestrator.report.routers import LOSSY_MARK, NOT_DEPLOYABLE, lossless
+from orchestrator.report.tables import lambda_of
 
 
 def _plt():

@@ -9,9 +9,9 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from .stats import B, canonical, data_rng
-from .tables import MATH_BENCH
-from .verdicts import estimate_text, verdict_word
+from orchestrator.report.stats import B, canonical, data_rng
+from orchestrator.report.tables import MATH_BENCH
+from orchestrator.report.verdicts import estimate_text, verdict_word
 
 CONCLUSIVE = ("holds", "does not hold")
 AUTO = " [tree auto]"  # tables.method_expr's mark of a tree-auto cell

@@ -1,8 +1,8 @@
 """The report's fixed prose: what each table's columns mean, beside the table (build.py places them)."""
 from __future__ import annotations
 
-from .labels import HEADS_LAST, POSTHOC, ROUTED, SPEED_ROUTED
-from .routers import NOT_DEPLOYABLE
+from orchestrator.report.labels import HEADS_LAST, POSTHOC, ROUTED, SPEED_ROUTED
+from orchestrator.report.routers import NOT_DEPLOYABLE
 
 INTRO = (" 95% CIs are percentile bootstraps over prompts (2,000 resamples). Raw per-prompt rows: "
          "`traces/prompts`, per-call rows: `traces/steps`; every table below is also in `tables/` "

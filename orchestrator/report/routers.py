@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import polars as pl
 
-from .labels import (AFTER_THE_FACT, HEADS, HEADS_LAST, LAST_TURN, ORACLE, POSTHOC, POSTHOC_NODE, POSTHOCS,
+from orchestrator.report.labels import (AFTER_THE_FACT, HEADS, HEADS_LAST, LAST_TURN, ORACLE, POSTHOC, POSTHOC_NODE, POSTHOCS,
                      PROMPT_NODE)
-from .steps import as_summary
-from .study_tables import other_of
-from .tables import KEYS, MATH_BENCH
+from orchestrator.report.steps import as_summary
+from orchestrator.report.study_tables import other_of
+from orchestrator.report.tables import KEYS, MATH_BENCH
 
 NOT_DEPLOYABLE = "not deployable (sees both whole generations)"
 LOSSY_MARK = "‡"

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import polars as pl
 
-from ..manifest import read_manifest
-from .tables import trace_files
+from orchestrator.manifest import read_manifest
+from orchestrator.report.tables import trace_files
 
 
 def planned(cells: dict, plan: dict | None) -> dict:

@@ -7,14 +7,14 @@ from typing import Callable
 
 import polars as pl
 
-from . import figures
-from .labels import ROUTED, SPEED_ROUTED
-from .markdown import md_table, p_text
-from .prose import CLAIMS_NOTE, LAMBDA_NOTE, SPEED_NOTE, STUDY_NOTE, TABLE2_NOTE
-from .routers import (LOSSY_MARK, NOT_DEPLOYABLE, NOT_LOSSLESS, POSTHOC, POSTHOCS, describe, is_router, lossless,
+from orchestrator.report import figures
+from orchestrator.report.labels import ROUTED, SPEED_ROUTED
+from orchestrator.report.markdown import md_table, p_text
+from orchestrator.report.prose import CLAIMS_NOTE, LAMBDA_NOTE, SPEED_NOTE, STUDY_NOTE, TABLE2_NOTE
+from orchestrator.report.routers import (LOSSY_MARK, NOT_DEPLOYABLE, NOT_LOSSLESS, POSTHOC, POSTHOCS, describe, is_router, lossless,
                       mark_lossy)
-from .study_tables import comparison_note
-from .tables import lambda_table, table1_wide
+from orchestrator.report.study_tables import comparison_note
+from orchestrator.report.tables import lambda_table, table1_wide
 
 SaveTable = Callable[[pl.DataFrame, str], None]
 

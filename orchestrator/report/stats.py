@@ -17,7 +17,7 @@ import numpy as np
 
 B = 2000  # bootstrap resamples of an interval
 # resamples of a test (p=True): p >= 1/(B_TEST+1) must stay below alpha/m for the study's Holm family of
-# m ~ 200 hypotheses (claims/family.py), which 1/(B+1) = 5e-4 is not
+# m ~ 200 hypotheses (claims/check.py), which 1/(B+1) = 5e-4 is not
 B_TEST = 10_000
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import polars as pl
 import pyarrow.parquet as pq
 
-from .duplicates import ROW_KEYS, duplicates
-from .tables import KEYS, scan_files
+from orchestrator.report.duplicates import ROW_KEYS, duplicates
+from orchestrator.report.tables import KEYS, scan_files
 
 PASS_ROWS = 2_000_000  # step rows one pass holds (its memory, measured: docs/report.md)
 PARTITIONS = ("backbone", "benchmark", "temperature")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import polars as pl
 
-from .labels import POSTHOC
+from orchestrator.report.labels import POSTHOC
 
 CSV_PATH = Path(__file__).with_name("study_tables.csv")
 COLUMNS = ("table", "quantity", "backbone", "row", "benchmark", "temperature", "value", "source")

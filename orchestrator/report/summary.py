@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import polars as pl
 
-from .claims import MIN_PROMPTS, STUDY
-from .headline import headline_section
-from .markdown import md_table
-from .prose import CLAIMS_SUMMARY, RQ3C_SCALE, routing_headline
-from .labels import AFTER_THE_FACT
-from .routers import LOSSY_MARK, NOT_LOSSLESS, is_router
-from .tables import GENERATE
-from .verdicts import estimate_text, hidden_reasons, verdict_shown, verdict_word
+from orchestrator.report.claims import MIN_PROMPTS, STUDY
+from orchestrator.report.headline import headline_section
+from orchestrator.report.markdown import md_table
+from orchestrator.report.prose import CLAIMS_SUMMARY, RQ3C_SCALE, routing_headline
+from orchestrator.report.labels import AFTER_THE_FACT
+from orchestrator.report.routers import LOSSY_MARK, NOT_LOSSLESS, is_router
+from orchestrator.report.tables import GENERATE
+from orchestrator.report.verdicts import estimate_text, hidden_reasons, verdict_shown, verdict_word
 
 HEADLINE_ROWS = 12
 

@@ -8,7 +8,7 @@ import polars as pl
 
 from decoding.config import TREE_MODES, DecodeConfig
 
-from .stats import ratio_ci
+from orchestrator.report.stats import ratio_ci
 
 MATH_BENCH = ("gsm8k", "math500", "svamp")
 KEYS = ["backbone", "method", "benchmark", "temperature"]

@@ -9,7 +9,7 @@ import re
 
 import polars as pl
 
-from .routers import LOSSY_MARK, NOT_LOSSLESS
+from orchestrator.report.routers import LOSSY_MARK, NOT_LOSSLESS
 
 COLUMNS = ("claim", "family", "backbone", "temperature", "benchmark", "comparison", "prompts", "estimate",
            "ci_lo", "ci_hi", "verdict", "verdict_holm", "wording")

@@ -1,15 +1,16 @@
-"""The claims the report checks: one record per claim (claim.Claim: name, wording, needs, Holm family,
-check), one module per research question (rq1..rq5, ordering, speed, entropy; proposed: the study's
-proposed next experiments; eagle3, hedge: the project's own), the registry of them in the report's
-order, the study's numbers for each claim's cell (study.py), the two Holm families (family.py) and
-``check_claims``, which runs them all on a run (check.py)."""
+"""The claims the report checks, grouped by research-question family: one record per claim and the
+benchmark weighting (claim.py), RQ1-RQ2 and the Table 1 statements (specialisation.py), RQ3-RQ4, the
+ordering across backbones and the speed estimate (composition.py), RQ5 and Tables 3-8 (depth.py), the
+project's own (project.py: the study's proposed next experiments, the third backbone, the online
+router), the study's numbers for each claim's cell (study.py), and the registry in the report's order
+with the two Holm families and ``check_claims``, which runs them all on a run (check.py)."""
 from __future__ import annotations
 
-from .check import add_holm, check_claims
-from .claim import EXPLORATORY, MIN_PROMPTS, STUDY, Cell, Claim, Row, frame
-from .family import family_size
-from .grid import Grid
-from .registry import CLAIMS, STUDY_CLAIMS, family_of
+from orchestrator.report.claims.check import add_holm, check_claims
+from orchestrator.report.claims.claim import EXPLORATORY, MIN_PROMPTS, STUDY, Cell, Claim, Row, frame
+from orchestrator.report.claims.check import family_size
+from orchestrator.report.claims.claim import Grid
+from orchestrator.report.claims.check import CLAIMS, STUDY_CLAIMS, family_of
 
 __all__ = ["CLAIMS", "EXPLORATORY", "MIN_PROMPTS", "STUDY", "STUDY_CLAIMS", "Cell", "Claim", "Grid", "Row",
            "add_holm", "check_claims", "family_of", "family_size", "frame"]

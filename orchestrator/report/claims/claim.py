@@ -1,25 +1,115 @@
-"""A claim as one record, the row each of its comparisons gives, and what a check reads.
+"""A claim, what it covers and how benchmarks are weighted.
+
+A claim as one record, the row each of its comparisons gives, and what a check reads.
 
 ``Claim``: a claim's name, its wording (as the study, or the project, states it), what it needs from
 a run, its Holm family, and its check (a function from one cell of the run to rows); beside them
 the few facts that differ between claims: the study's numbers shown where the run has no cells for
 it, the (backbone, temperature) keys it is checked on, and how many hypotheses of the study family
 one key holds. ``Row``: one comparison of a claim (a line of tables/claims.csv). ``Cell``: what a
-check reads, one backbone at one temperature (or every backbone, for a claim across backbones)."""
+check reads, one backbone at one temperature (or every backbone, for a claim across backbones).
+
+What a profile asks the claims to cover: backbones, temperatures, benchmarks and the averaging
+sweep's lambdas. It fixes the study's Holm family before any trace is read (check.py) and names the
+benchmarks the prompt rule counts (check.py).
+
+The average over benchmarks as the study weights it. The study's Table 1 average is the plain mean
+over MT-Bench, GSM8K, MATH-500 and SVAMP: one chat benchmark to three math ones (1 chat : 3 math). A
+run with other benchmarks keeps that ratio (``STUDY_W``): the math benchmarks share 3/4 of the weight
+and the chat ones 1/4, each class split equally inside it; a run of one class weights its benchmarks
+equally. With the study's four benchmarks this is the study's own mean; with GSM8K and MT-Bench alone
+(cpu-study) it is a stated reweighting, GSM8K 3/4 and MT-Bench 1/4, where the plain mean (``EQUAL_W``)
+would be 1 : 1. Which checkpoint is the "best single" can differ between the two (``picks``)."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Callable
-
+import math
+import numpy as np
 import polars as pl
+from dataclasses import dataclass, asdict
+from orchestrator.report.tables import MATH_BENCH, aligned, timed
+from typing import Callable
+from orchestrator.report.routers import mark_comparison
+from orchestrator.report.stats import paired_avg_diff_ci, paired_diff_ci, verdict
+from orchestrator.report.steps import StepSummary
+from orchestrator.report.claims.study import evidence
 
-from ..routers import mark_comparison
-from ..stats import paired_avg_diff_ci, paired_diff_ci, verdict
-from ..steps import StepSummary
-from ..tables import aligned, timed
-from .grid import Grid
-from .study import evidence
-from .weighting import STUDY_W, weights
+
+@dataclass(frozen=True)
+class Grid:
+    """What a profile asks for: backbones, temperatures, benchmarks, the averaging sweep's lambdas."""
+    backbones: tuple[str, ...]
+    temperatures: tuple[float, ...]
+    benchmarks: tuple[str, ...]
+    lambdas: tuple[float, ...] = ()
+    sweep_backbones: tuple[str, ...] | None = None  # where the lambda list runs (merge.sweep_backbones); None: all
+
+    def __post_init__(self):
+        for name in ("backbones", "temperatures", "benchmarks"):
+            if not getattr(self, name):
+                raise ValueError(f"claims grid: {name} is empty")
+        if any(not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0 for t in self.temperatures):
+            raise ValueError(f"claims grid: temperatures must be finite numbers >= 0, got {self.temperatures}")
+        if len(set(self.benchmarks)) != len(self.benchmarks):
+            raise ValueError(f"claims grid: benchmarks repeat: {self.benchmarks}")
+
+    @classmethod
+    def from_profile(cls, prof: dict, pp: pl.DataFrame) -> Grid:
+        """The grid of profile.json's ``train.backbones``, ``eval.temperatures``, ``eval.benchmarks``
+        and ``merge.lambdas`` (on ``merge.sweep_backbones``); a key the profile lacks falls back to what the
+        traces hold."""
+        ev, tr, mg = prof.get("eval", {}), prof.get("train", {}), prof.get("merge", {})
+        benches = ev.get("benchmarks") or sorted(pp["benchmark"].unique().to_list())
+        backbones = tr.get("backbones") or sorted(set(pp["backbone"].unique().to_list()) - {"none"}) or ["none"]
+        temps = ev.get("temperatures") or sorted(pp["temperature"].unique().to_list())
+        sweep = mg.get("sweep_backbones")
+        return cls(tuple(backbones), tuple(float(t) for t in temps), tuple(benches),
+                   tuple(float(x) for x in mg.get("lambdas", ())), None if sweep is None else tuple(sweep))
+
+
+STUDY_W = "1 chat : 3 math"  # the study's Table 1 average (its 4 benchmarks: 3 math, 1 chat)
+EQUAL_W = "equal per benchmark"
+MATH_SHARE = 0.75
+
+
+def weights(benches: list[str], kind: str = STUDY_W) -> list[float]:
+    """One weight per benchmark of ``benches`` (summing to 1) under ``kind``."""
+    if kind not in (STUDY_W, EQUAL_W):
+        raise ValueError(f"weighting {kind!r} is not one of {STUDY_W!r}, {EQUAL_W!r}")
+    n_math = sum(b in MATH_BENCH for b in benches)
+    n_chat = len(benches) - n_math
+    if kind == EQUAL_W or not n_math or not n_chat:
+        return [1 / len(benches)] * len(benches) if benches else []
+    return [MATH_SHARE / n_math if b in MATH_BENCH else (1 - MATH_SHARE) / n_chat for b in benches]
+
+
+def mean_tau(prompts: pl.DataFrame, backbone: str, temp: float, method: str, benches: list[str],
+             kind: str = STUDY_W) -> float:
+    """``method``'s tau (ratio of sums) per benchmark, averaged under ``kind`` over the benchmarks it
+    has rows on (weights renormalised); -inf where it has none."""
+    vals, ws = [], []
+    for bn, w in zip(benches, weights(benches, kind)):
+        g = prompts.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)
+                           & (pl.col("method") == method) & (pl.col("benchmark") == bn))
+        if g.height and g["verifier_calls"].sum() > 0:
+            vals.append(g["new_tokens"].sum() / g["verifier_calls"].sum())
+            ws.append(w)
+    return float(np.dot(vals, ws) / sum(ws)) if vals else float("-inf")
+
+
+def picks(prompts: pl.DataFrame, backbone: str, temp: float, methods: list[str], benches: list[str],
+          best: bool = True) -> dict[str, str]:
+    """The best (or worst) of ``methods`` by mean tau under each weighting: {weighting: method}."""
+    pick = max if best else min
+    return {kind: pick(sorted(methods), key=lambda m: mean_tau(prompts, backbone, temp, m, benches, kind))
+            for kind in (STUDY_W, EQUAL_W)}
+
+
+def named(choice: dict[str, str], what: str = "best", first: str = STUDY_W) -> str:
+    """The pick of weighting ``first``, and the other weighting's after it where they differ."""
+    other = EQUAL_W if first == STUDY_W else STUDY_W
+    mine, theirs = choice[first], choice[other]
+    return mine if mine == theirs else f"{mine}; {other}'s {what}: {theirs}"
+
 
 STUDY, EXPLORATORY = "study", "exploratory"
 STUDY_BACKBONES = ("eagle2", "hass")  # the backbones the study's claims are about
@@ -61,7 +151,7 @@ class Cell:
     routers) and its step summary (None without step traces), one backbone (None for a claim across
     backbones) at one temperature, the benchmarks the prompt rule counts, the methods this backbone
     ran at this temperature, every backbone of the run, the profile's route pair and the weighting of
-    the average over benchmarks (weighting.py: the study's 1 chat : 3 math)."""
+    the average over benchmarks (claim.py: the study's 1 chat : 3 math)."""
     prompts: pl.DataFrame
     steps: StepSummary | None
     backbone: str | None
@@ -70,7 +160,7 @@ class Cell:
     methods: set[str]
     backbones: list[str]
     route_pair: tuple = ("math", "chat")
-    weighting: str = STUDY_W  # how ``average`` weights the benchmarks (weighting.py)
+    weighting: str = STUDY_W  # how ``average`` weights the benchmarks (claim.py)
 
     def paired(self, a: str, b: str, bench: str, num: str = "new_tokens", den: str = "verifier_calls"):
         """(num_a, den_a, num_b, den_b) of methods a and b on the prompts both ran (tables.aligned)."""

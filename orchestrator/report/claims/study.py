@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..labels import POSTHOC
-from ..stats import kendall_tau_b
-from ..study_tables import FOUR, STUDY_NUMBERS, other_of, tau_of
+from orchestrator.report.labels import POSTHOC
+from orchestrator.report.stats import kendall_tau_b
+from orchestrator.report.study_tables import FOUR, STUDY_NUMBERS, other_of, tau_of
 
 NAMES = {"math": "MathInstruct 70k", "chat": "ShareGPT 70k", "mixed_half": "Mixed 35k+35k",
          "mixed_full": "Mixed 70k+70k", "avg0.5": "Averaged", POSTHOC: "Confidence routed",
