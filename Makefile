@@ -19,7 +19,7 @@ WARM_THREADS = $(shell echo 1 $(TEST_THREADS) | tr ' ' '\n' | sort -u | paste -s
 WARM = $(BIN)/python -m decoding cache warm --threads $(WARM_THREADS)
 WARM_BOTH = $(WARM) --dtypes bfloat16 & pid=$$!; $(WARM) --dtypes float32 && wait $$pid
 
-.PHONY: venv demo test test-full smoke bench clean ray-head
+.PHONY: venv demo test test-full lint smoke bench clean ray-head
 
 # pip byte-compiles what it installs on one core (54 of the install's 91 s on Zen 5); compileall
 # does it on every core afterwards (22 s). The .pyc files must exist: where PYTHONDONTWRITEBYTECODE
@@ -48,6 +48,10 @@ demo: venv
 
 smoke: venv
 	$(BIN)/python experiments/full_grid.py --profile smoke
+
+# ruff with pyproject.toml's rule set (.ci/run runs it before the tests)
+lint: venv
+	$(BIN)/ruff check .
 
 test: venv
 	$(WARM_BOTH)
