@@ -64,7 +64,8 @@ def show(root: Path | None = None) -> str:
         lines += [f"  {key}: {json.dumps(value, sort_keys=True)}" for key, value in sorted(data.items())]
     kernels = sorted((root / "kernels").glob("*.so")) if (root / "kernels").is_dir() else []
     lines.append(f"kernels/: {len(kernels)} built" + "".join(f"\n  {k.name}" for k in kernels))
-    copies = sorted(p for p in (root / "verifiers").iterdir() if p.is_dir()) if (root / "verifiers").is_dir() else []
+    copies = sorted(p for p in (root / "verifiers").iterdir()
+                    if p.is_dir()) if (root / "verifiers").is_dir() else []
     lines.append(f"verifiers/: {len(copies)} de-quantized cop{'y' if len(copies) == 1 else 'ies'}"
                  + "".join(f"\n  {c.name}" for c in copies))
     return "\n".join(lines)

@@ -21,9 +21,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from common.atomic import write_text_atomic
-
 from common import storage
+from common.atomic import write_text_atomic
 
 
 def tree_bytes(path: Path) -> int:

@@ -28,13 +28,16 @@ def grouped_sdpa_forward(module, query, key, value, attention_mask, dropout: flo
     b, nh, t, hd = query.shape
     nkv = key.shape[1]
     g = nh // nkv
-    plain = (g == 1 or t == 1 or attention_mask is None or attention_mask.dim() != 4 or attention_mask.shape[1] != 1
+    plain = (g == 1 or t == 1 or attention_mask is None or attention_mask.dim() != 4
+             or attention_mask.shape[1] != 1
              or dropout or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None)
     if plain:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling,
                                       is_causal=is_causal, **kwargs)
     mask = attention_mask[..., : key.shape[-2]].repeat(1, 1, g, 1)  # (Bm, 1, g*T, S): row j*T + t is mask[t]
-    out = F.scaled_dot_product_attention(query.reshape(b, nkv, g * t, hd), key, value, attn_mask=mask, scale=scaling)
+    out = F.scaled_dot_product_attention(query.reshape(b, nkv, g * t, hd), key, value, attn_mask=mask,
+                                         scale=scaling)
     return out.reshape(b, nh, t, hd).transpose(1, 2).contiguous(), None
 
 

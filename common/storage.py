@@ -126,7 +126,8 @@ def _files(filesystem, path: str) -> dict:
     if info.type == fs.FileType.File:
         return {"": info}
     sel = fs.FileSelector(path, recursive=True)
-    return {i.path[len(path.rstrip("/")) + 1 :]: i for i in filesystem.get_file_info(sel) if i.type == fs.FileType.File}
+    return {i.path[len(path.rstrip("/")) + 1 :]: i for i in filesystem.get_file_info(sel)
+            if i.type == fs.FileType.File}
 
 
 def list_files(ref: str) -> set[str]:
@@ -161,7 +162,8 @@ def _copy_one(sfs, spath: str, dfs, dpath: str) -> None:
     if local and isinstance(sfs, fs.LocalFileSystem):  # both local (or a shared mount): the kernel copies
         shutil.copyfile(spath, target)
     else:  # pyarrow's chunked, multi-threaded transfer (multipart uploads on object stores)
-        fs.copy_files(spath, target, source_filesystem=sfs, destination_filesystem=dfs, chunk_size=16 << 20, use_threads=True)
+        fs.copy_files(spath, target, source_filesystem=sfs, destination_filesystem=dfs, chunk_size=16 << 20,
+                      use_threads=True)
     if local:
         os.replace(target, dpath)
 
@@ -182,7 +184,8 @@ def sync(src: str, dst: str, exclude: tuple = (), force: bool = False, prune: bo
     todo = [r for r, i in have.items() if Path(r).name not in exclude and (force or _stale(i, there.get(r)))]
     todo.sort(key=lambda r: Path(r).name in LAST)
     for r in todo:
-        _copy_one(sfs, f"{spath.rstrip('/')}/{r}" if r else spath, dfs, f"{dpath.rstrip('/')}/{r}" if r else dpath)
+        _copy_one(sfs, f"{spath.rstrip('/')}/{r}" if r else spath, dfs, f"{dpath.rstrip('/')}/{r}" if r
+                  else dpath)
     return len(todo)
 
 

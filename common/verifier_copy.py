@@ -20,7 +20,6 @@ from pathlib import Path
 import torch
 
 from common.atomic import atomic_dir
-
 from common.caches import cache_dir
 
 FILES = ("model.safetensors", "config.json", "tokenizer.json")

@@ -11,8 +11,8 @@ Names:
 from __future__ import annotations
 
 import functools
-import json
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -136,7 +136,8 @@ def _load_verifier(source: VerifierSource, torch_dtype: torch.dtype, device: str
         kwargs = {"token": token} if token else {}
         tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
         # straight to its device: an 8B verifier never passes through host memory (16 GB per actor)
-        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype, device_map=device, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(source.path, dtype=torch_dtype, device_map=device,
+                                                     **kwargs)
     model.to(device).eval().requires_grad_(False)
     model.verifier_name = source.name  # recorded in drafter checkpoints and traces
     if prepare is not None:
@@ -197,7 +198,8 @@ TIE_GAP = {"float32": 0.01, "bfloat16": 0.5, "float16": 0.1}
 
 
 @torch.no_grad()
-def compare_greedy(model, ids: list[int], got: list[int], ref: list[int], gap: float) -> tuple[str, float | None]:
+def compare_greedy(model, ids: list[int], got: list[int], ref: list[int], gap: float) -> tuple[str,
+        float | None]:
     """A greedy output ``got`` against a reference ``ref`` after the prompt ``ids``: "equal",
     "near-tie" or "MISMATCH", and the verifier's top-2 logit gap where they first part (None if
     equal). In reduced precision another kernel may flip a near tie; a gap above ``gap`` may not."""

@@ -13,7 +13,8 @@ import torch
 from decoding.tree import ancestor_matrix
 
 
-def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int | None = None, top_p: float | None = None):
+def logits_to_probs(logits: torch.Tensor, temperature: float, top_k: int | None = None,
+                    top_p: float | None = None):
     """Verifier logits (..., V) -> sampling distribution q (..., V) after temperature/top-k/top-p.
 
     temperature must be > 0 here (temperature 0 is greedy and never samples).
@@ -100,7 +101,8 @@ def accept_greedy(tokens: torch.Tensor, parents: torch.Tensor, depths: torch.Ten
     ok = greedy_match(tokens, parents, target, anc)  # (N,)
     depth_ok = torch.where(ok, depths, torch.zeros_like(depths))  # (N,)
     # (1,), not 0-dim: indexing with a 0-dim device tensor reads it on the host (a sync per step)
-    leaf = torch.where(depth_ok.max() > 0, depth_ok.argmax() + 1, torch.zeros((), dtype=torch.long, device=dev))
+    leaf = torch.where(depth_ok.max() > 0, depth_ok.argmax() + 1, torch.zeros((), dtype=torch.long,
+            device=dev))
     leaf = leaf.reshape(1)
     d = max_depth if max_depth is not None else n
     path = _path_slots(anc.index_select(0, leaf)[0, 1:] & (leaf > 0), parents, d)  # the root -> leaf path

@@ -16,15 +16,18 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="the verifier's (and drafters') dtype; default float32 on CPU, the verifier's own "
                         "on GPU. bfloat16 on a CPU halves the bytes a pass streams")
-    p.add_argument("--drafter", action="append", default=[], help="drafter checkpoint dir (repeat for routing/merged)")
+    p.add_argument("--drafter", action="append", default=[],
+                   help="drafter checkpoint dir (repeat for routing/merged)")
     p.add_argument("--strategy", default=D.strategy, help=f"one of {sorted(STRATEGIES)}")
     p.add_argument("--routing-granularity", default=D.routing_granularity,
                    help=f"one of {list(GRANULARITIES)}")
     p.add_argument("--routing-decide-steps", type=int, default=D.routing_decide_steps,
                    help="turn/prompt routing: verifier calls whose mean scores decide the route")
-    p.add_argument("--merge-dedup", action="store_true", help="merged trees: verify shared prefixes once (trie)")
+    p.add_argument("--merge-dedup", action="store_true",
+                   help="merged trees: verify shared prefixes once (trie)")
     p.add_argument("--merge-budget", action="store_true",
-                   help="merged trees: rerank the union to --tree-total-tokens (budget-matched; default: concatenation)")
+                   help="merged trees: rerank the union to --tree-total-tokens (budget-matched; default: "
+                        "concatenation)")
     p.add_argument("--route-score", default=D.route_score,
                    help=f"confidence routing score, one of {list(SCORES)}: mean path confidence or mean node "
                         "confidence (the study's)")
@@ -42,10 +45,12 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hedge-learner", default=D.hedge_learner,
                    help=f"hedge: one of {list(LEARNERS)} (decoding/hedge.py; HedgeSpec runs normalhedge)")
     p.add_argument("--hedge-feedback", default=D.hedge_feedback,
-                   help=f"hedge: one of {list(FEEDBACKS)} (depth-1 top-1 agreement, or counterfactual acceptance "
+                   help=f"hedge: one of {list(FEEDBACKS)} (depth-1 top-1 agreement, or counterfactual "
+                        "acceptance "
                         "of each drafter's own draft on the verified path)")
     p.add_argument("--hedge-ties", default=D.hedge_ties,
-                   help=f"hedge: one of {list(TIES)} (ftl/ucb ties to the lower index, or stay with the current "
+                   help=f"hedge: one of {list(TIES)} (ftl/ucb ties to the lower index, or stay with the "
+                        "current "
                         "drafter, a seeded draw at the start)")
     p.add_argument("--temperature", type=float, default=D.temperature)
     p.add_argument("--top-p", type=float, default=D.top_p)
@@ -62,7 +67,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
 
 def decode_config(args) -> DecodeConfig:
     return DecodeConfig(
-        strategy=args.strategy, temperature=args.temperature, max_new_tokens=args.max_new_tokens, seed=args.seed,
+        strategy=args.strategy, temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+        seed=args.seed,
         routing_granularity=args.routing_granularity, merge_dedup=args.merge_dedup,
         routing_decide_steps=args.routing_decide_steps, merge_budget=args.merge_budget,
         top_k_sampling=args.top_k_sampling, top_p=args.top_p, route_score=args.route_score,

@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common.caches import add_to_json_cache, cache_dir, load_json_cache
 from decoding import cpu, timing
 from decoding.accept import greedy_match
-from common.caches import add_to_json_cache, cache_dir, load_json_cache
+from decoding.config import TreeConfig
 from decoding.drafting import feature_layers
 from decoding.timing import synced_now
-from decoding.config import TreeConfig
 from decoding.tree import chain_tree
 
 CAL_TREES = {1: TreeConfig(1, 8, 9), 2: TreeConfig(2, 6, 24), 4: TreeConfig(4, 6, 32)}
@@ -71,7 +71,8 @@ class Choice:
         head = f"tree auto: top_k={t.top_k} depth={t.depth} total_tokens={t.total_tokens}"
         if not self.pays:
             return (f"{head} (no tree is expected to pay on this machine: best expected "
-                    f"{self.table[0][4]:.1f} tok/s vs autoregressive {self.ar_tokens_per_s:.1f}; using the smallest tree)")
+                    f"{self.table[0][4]:.1f} tok/s vs autoregressive {self.ar_tokens_per_s:.1f}; using the "
+                    "smallest tree)")
         return (f"{head}: expected tau {self.tau:.2f}, {self.tokens_per_s:.1f} tok/s vs autoregressive "
                 f"{self.ar_tokens_per_s:.1f} ({self.tokens_per_s / self.ar_tokens_per_s:.2f}x)")
 
@@ -110,7 +111,8 @@ def tau_of(steps: list, chosen: list, depth: int, total: int, merged: bool, n_dr
         for owner in range(n_drafters):
             if not merged and ch >= 0 and owner != ch:
                 continue
-            mine = sorted((n for n in nodes if n[0] == owner and n[1] <= depth), key=lambda n: -n[2])[: total - 1]
+            mine = sorted((n for n in nodes if n[0] == owner and n[1] <= depth),
+                          key=lambda n: -n[2])[: total - 1]
             best = max([best] + [n[1] for n in mine if n[3]])
         acc.append(1 + best)
     return statistics.mean(acc)
@@ -128,7 +130,8 @@ def choose(cal: Calibration, verify_ms: dict[int, float], merged: bool, n_drafte
             for total in totals:
                 tau = tau_of(cal.steps[k], cal.chosen[k], depth, total, merged, n_drafters)
                 nodes = (total - 1) * (n_drafters if merged else 1)
-                ms = cal.draft_ms_level[k] * depth * n_drafters + _interp(verify_ms, nodes + 1) + cal.bookkeeping_ms
+                ms = cal.draft_ms_level[k] * depth * n_drafters + _interp(verify_ms,
+                        nodes + 1) + cal.bookkeeping_ms
                 table.append((k, depth, total, tau, 1000.0 * tau / ms))
     if not table:
         raise ValueError("calibration recorded no steps")
@@ -219,7 +222,8 @@ def measure_verify_costs(model, prompt_ids: list[int], reps: int = 5, use_cache:
     return out
 
 
-def calibrate(model, proposers, strategy: str, eos: list[int], inputs: list[list[int]], max_new_tokens: int = 32,
+def calibrate(model, proposers, strategy: str, eos: list[int], inputs: list[list[int]],
+              max_new_tokens: int = 32,
               dedup: bool = False, granularity: str = "step") -> Calibration:
     """Decode ``inputs`` (templated prompts) at T=0 with each calibration tree; record every step."""
     from decoding.engine import DecodeConfig, SpeculativeDecoder
@@ -235,7 +239,8 @@ def calibrate(model, proposers, strategy: str, eos: list[int], inputs: list[list
         def observe(tree_, target, prop):
             ok = greedy_match(tree_.tokens, tree_.parents, target)
             steps.append([(int(o), int(d), float(s), bool(g)) for o, d, s, g in
-                          zip(tree_.owner.tolist(), tree_.depths.tolist(), tree_.path_logp.tolist(), ok.tolist())])
+                          zip(tree_.owner.tolist(), tree_.depths.tolist(), tree_.path_logp.tolist(),
+                              ok.tolist())])
             chosen.append(int(prop.chosen))
 
         dec.observer = observe

@@ -30,8 +30,8 @@ import torch
 
 from decoding import cpu
 from decoding.args import add_decode_args, decode_config
-from decoding.timing import synced_now
 from decoding.drafting import draft_together
+from decoding.timing import synced_now
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -41,15 +41,19 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategies", default="autoregressive,single,confidence,entropy,merged,merged-dedup",
                    help="comma list of strategies; 'single' drafts with the first --drafter, 'single@I' "
                         "with the I-th (from 0); 'posthoc': the study's post hoc router over the first two "
-                        "(both generate, the higher mean path score is kept, the row pays both); 'hindsight': "
+                        "(both generate, the higher mean path score is kept, the row pays both); "
+                        "'hindsight': "
                         "the same keeping the higher tau (the oracle ceiling; neither is lossless at T>0)")
     p.add_argument("--oracle-depths", default="3,5,8", help="oracle chain depths ('' = none)")
-    p.add_argument("--micro", action="store_true", help="also time verify passes by node count and draft levels")
-    p.add_argument("--repeats", type=int, default=1, help="time every row this many times (median ratio, range)")
+    p.add_argument("--micro", action="store_true",
+                   help="also time verify passes by node count and draft levels")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="time every row this many times (median ratio, range)")
     p.set_defaults(fn=cmd_bench, max_new_tokens=64)
 
 
-def hf_generate(model, ids: list[int], max_new: int, eos: list[int], temperature: float, seed: int) -> list[int]:
+def hf_generate(model, ids: list[int], max_new: int, eos: list[int], temperature: float,
+                seed: int) -> list[int]:
     """transformers' generate: greedy at T=0, else ancestral sampling from the full distribution."""
     from decoding.runner import generate_baseline
 
@@ -157,7 +161,8 @@ def hindsight_score(steps: list[dict]) -> float:
     return sum(s["committed"] for s in steps) / len(steps) if steps else 0.0
 
 
-AFTER = {"posthoc": posthoc_score, "hindsight": hindsight_score}  # rows that choose between finished generations
+# rows that choose between finished generations
+AFTER = {"posthoc": posthoc_score, "hindsight": hindsight_score}
 
 
 def parse_spec(spec: str) -> tuple[str, bool, int]:
@@ -224,7 +229,8 @@ def micro(model, proposers, prompt_ids: list[int], cfg, reps: int = 7) -> None:
     keep_positions(cache, torch.arange(n))
     base, bound = None, None
     if model.device.type == "cpu":  # the machine, and the bound a one-token pass is held against
-        rec = cpu.machine.record([m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)])
+        rec = cpu.machine.record([m.weight.detach() for m in model.modules() if isinstance(m,
+                torch.nn.Linear)])
         print(cpu.machine.describe(rec))
         bound = rec["sum_ms"]
         for rows in (1, 6, 16):
@@ -263,7 +269,8 @@ def micro(model, proposers, prompt_ids: list[int], cfg, reps: int = 7) -> None:
         for _ in range(reps):
             for p in proposers:
                 p.reset()
-            draft_together(proposers, toks, feats[:-1], dataclasses.replace(cfg, depth=1, total_tokens=2), 0.0)
+            draft_together(proposers, toks, feats[:-1], dataclasses.replace(cfg, depth=1, total_tokens=2),
+                           0.0)
             t0 = synced_now(feats.device)
             draft_together(proposers, toks, feats[:-1], cfg, 0.0)
             ts.append(synced_now(feats.device) - t0)
@@ -324,13 +331,12 @@ def open_bench(args) -> BenchRun:
     """Load the verifier, the drafters and the prompts; print the run's settings."""
     import warnings
 
+    from common.verifiers import eos_token_ids, resolve
+    from decoding.runner import default_threads, load_proposers
+    from decoding.verifiers import load_verifier
     from drafters.data.records import BenchmarkPrompt
     from drafters.data.sources import load_benchmark
     from drafters.data.templating import benchmark_prompt_ids
-
-    from decoding.runner import default_threads, load_proposers
-    from common.verifiers import eos_token_ids, resolve
-    from decoding.verifiers import load_verifier
 
     default_threads()
     name = resolve(args.verifier).name
@@ -345,21 +351,23 @@ def open_bench(args) -> BenchRun:
             warnings.simplefilter("ignore")
             prompts += load_benchmark(b)[0][: args.n_prompts]
     inputs = [(p.id, benchmark_prompt_ids(tok, p, 0, [])) for p in prompts]
-    run = BenchRun(args, model, tok, eos, proposers, prompts, inputs, decode_config(args), cpu.use_lean(model))
+    run = BenchRun(args, model, tok, eos, proposers, prompts, inputs, decode_config(args),
+                   cpu.use_lean(model))
     base = run.base
     print(f"verifier {name} ({model.dtype}, {torch.get_num_threads()} threads; "
           f"{'lean pass' if run.lean else 'transformers forward'}); {len(inputs)} prompts "
           f"({args.benchmarks}); "
           f"max_new_tokens {base.max_new_tokens}; T={base.temperature}; tree top_k={base.tree.top_k} "
-          f"depth={base.tree.depth} total_tokens={base.tree.total_tokens}; drafters {[p.name for p in proposers]}")
+          f"depth={base.tree.depth} total_tokens={base.tree.total_tokens}; drafters "
+          f"{[p.name for p in proposers]}")
     return run
 
 
 def reference_runs(run: BenchRun) -> None:
     """Warm up, then ``generate``'s reference outputs (the ``same`` column compares with them);
     print its speed, what the columns mean, and the table's header."""
-    from decoding.runner import generate_baseline
     from common.verifiers import TIE_GAP
+    from decoding.runner import generate_baseline
 
     model, inputs, args = run.model, run.inputs, run.args
     run.run_gen = generate_baseline(model, run.eos, run.base.max_new_tokens, run.base.temperature, args.seed)
@@ -376,10 +384,13 @@ def reference_runs(run: BenchRun) -> None:
               f"below is kernel-neutral", end="")
     run.gap = gap = TIE_GAP[str(model.dtype).removeprefix("torch.")]
     repeats = f"; median of {args.repeats} repeats, 'range' their min-max" if args.repeats > 1 else ""
-    print(".\nEvery row is paired: generate runs again before each of its prompts ('gen tok/s'), and 'vs gen' "
+    print(".\nEvery row is paired: generate runs again before each of its prompts ('gen tok/s'), and 'vs "
+          "gen' "
           "is the row over those runs" + repeats + (
-              f". 'same': outputs equal to generate's; 'near-tie': parts from it where generate's top-2 logit "
-              f"gap is <= {gap} ({model.dtype} noise); a MISMATCH is a bug" if run.base.temperature == 0 else "."))
+              ". 'same': outputs equal to generate's; 'near-tie': parts from it where generate's top-2 "
+              "logit "
+              f"gap is <= {gap} ({model.dtype} noise); a MISMATCH is a bug" if run.base.temperature == 0
+              else "."))
     print(HEADER)
 
 
@@ -434,9 +445,9 @@ def bench_spec(run: BenchRun, spec: str) -> None:
 
 def bench_oracle(run: BenchRun) -> None:
     """The oracle ceiling: a chain of the loop's own greedy continuation, at each ``--oracle-depths``."""
+    from decoding.config import TreeConfig
     from decoding.engine import SpeculativeDecoder
     from decoding.oracle import OracleChainProposer
-    from decoding.config import TreeConfig
 
     # the oracle proposes the loop's own greedy continuation (untimed here): in float32 that is
     # generate's (the `same` column), in bf16 it may part from it at a near-tie, after which

@@ -12,11 +12,19 @@ from decoding.args import add_decode_args, decode_config
 def cmd_generate(args) -> int:
     from tqdm import tqdm
 
-    from decoding.engine import SpeculativeDecoder
-    from decoding.runner import (check_drafter_files, check_prompt_lengths, decode_prompt, default_threads,
-                         load_proposers, prompt_rows, read_prompts, write_parquet_atomic)
-    from decoding.strategies import make_strategy
     from common.verifiers import eos_token_ids, resolve
+    from decoding.engine import SpeculativeDecoder
+    from decoding.runner import (
+        check_drafter_files,
+        check_prompt_lengths,
+        decode_prompt,
+        default_threads,
+        load_proposers,
+        prompt_rows,
+        read_prompts,
+        write_parquet_atomic,
+    )
+    from decoding.strategies import make_strategy
 
     # validate everything cheap before loading any model
     from decoding.verifiers import load_verifier
@@ -55,7 +63,8 @@ def cmd_generate(args) -> int:
         write_parquet_atomic(steps, args.trace_out)
     calls = sum(r["verifier_calls"] for r in rows)
     new = sum(r["new_tokens"] for r in rows)
-    print(f"wrote {len(rows)} rows to {args.out}; acceptance length {new / max(calls, 1):.3f} ({new} tokens / {calls} calls)")
+    print(f"wrote {len(rows)} rows to {args.out}; acceptance length {new / max(calls, 1):.3f} ({new} tokens "
+          f"/ {calls} calls)")
     return 0
 
 

@@ -13,14 +13,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from common.rules import check, integer
-
 from decoding.hedge import HedgeConfig
 
 # one strategy class per name (decoding/strategies.py's registry); the grid names them as strings
-STRATEGY_NAMES = ("autoregressive", "single", "confidence", "entropy", "merged", "switching", "depth_adaptive",
+STRATEGY_NAMES = ("autoregressive", "single", "confidence", "entropy", "merged", "switching",
+                  "depth_adaptive",
                   "hedge")
 GRANULARITIES = ("step", "turn", "prompt")  # routing: per verifier call, per turn, per prompt
-SCORES = ("path", "node")  # confidence routing: mean path confidence V, or mean node confidence c (the study's)
+# confidence routing: mean path confidence V, or mean node confidence c (the study's)
+SCORES = ("path", "node")
 SWITCH_TO = ("specialist", "merged")
 SWITCH_AFTER = range(1, 6)
 # the strategy options every trace row carries (report columns), in this order
@@ -38,7 +39,8 @@ class TreeConfig:
 
     top_k: int = 4
     depth: int = 4
-    total_tokens: int = 16  # nodes verified per call, root included (EAGLE's total_token): the root + >= 1 node
+    # nodes verified per call, root included (EAGLE's total_token): the root + >= 1 node
+    total_tokens: int = 16
 
     SMALLEST = 2  # total_tokens' least value: the root and one node (the tree an autoregressive config holds)
     RULES = {"top_k": integer(1), "depth": integer(1), "total_tokens": integer(SMALLEST)}
@@ -105,7 +107,8 @@ class DecodeConfig:
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.route_score not in SCORES:
-            raise ValueError(f"route_score must be one of {list(SCORES)} (the route score: mean path confidence "
+            raise ValueError(f"route_score must be one of {list(SCORES)} (the route score: mean path "
+                             "confidence "
                              f"V or mean node confidence c), got {self.route_score!r}")
         if not isinstance(self.switch_after, int) or self.switch_after not in SWITCH_AFTER:
             raise ValueError(f"switch_after must be an int in {SWITCH_AFTER[0]}..{SWITCH_AFTER[-1]}, "

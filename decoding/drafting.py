@@ -21,14 +21,13 @@ from typing import Protocol
 
 import torch
 
+from decoding.accept import entropy, expected_accepted, position_acceptance
+from decoding.config import TreeConfig
+from decoding.cpu import row_aware
+from decoding.tree import DraftTree, expand_frontier, select_nodes
 from drafters.eagle3 import Eagle3Drafter
 from drafters.model import FeatureDrafter, KVCache, causal_mask
 from drafters.vocab import DraftHead
-
-from decoding.accept import entropy, expected_accepted, position_acceptance
-from decoding.cpu import row_aware
-from decoding.config import TreeConfig
-from decoding.tree import DraftTree, expand_frontier, select_nodes
 
 
 class Proposer(Protocol):
@@ -36,10 +35,11 @@ class Proposer(Protocol):
 
     def reset(self) -> None: ...
 
-    def draft(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig, temperature: float) -> DraftTree: ...
+    def draft(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig,
+              temperature: float) -> DraftTree: ...
 
 
-_HEADS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+_HEADS: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
 
 
 def shared_head(lm_head: torch.nn.Module, ids: torch.Tensor | None) -> DraftHead:
@@ -50,7 +50,8 @@ def shared_head(lm_head: torch.nn.Module, ids: torch.Tensor | None) -> DraftHead
     key = None if ids is None else ids.cpu().long().numpy().tobytes()
     if key not in heads:
         heads[key] = DraftHead(lm_head, ids)
-        if ids is not None:  # the slice's own matmul; a full-vocabulary head is the verifier's installed lm_head
+        # the slice's own matmul; a full-vocabulary head is the verifier's installed lm_head
+        if ids is not None:
             heads[key].matmul = row_aware(heads[key].weight)
     return heads[key]
 
@@ -119,7 +120,8 @@ def rollout_together(proposers: list[Proposer], tokens: torch.Tensor, features: 
             pred = p.predict(tokens, features, start)[:depth].to(tokens.device)
             out[i] = (torch.ones(depth, 1, device=tokens.device), pred[:, None].long())
     for i, logp in _lock_step(proposers, gens).items():
-        ids = proposers[i].head.to_verifier(torch.arange(logp.shape[-1], device=logp.device))  # (N,) verifier ids
+        # (N,) verifier ids
+        ids = proposers[i].head.to_verifier(torch.arange(logp.shape[-1], device=logp.device))
         out[i] = (logp.exp(), ids.expand(logp.shape[0], -1))
     return out  # type: ignore[return-value]
 
@@ -132,7 +134,8 @@ def acceptance_together(proposers: list[Proposer], tokens: torch.Tensor, feature
     committed = tokens[start : start + depth]
     tgt = None if target is None else target[:depth]
     return torch.stack([expected_accepted(position_acceptance(q, ids, committed, tgt))
-                        for q, ids in rollout_together(proposers, tokens, features, start, depth, temperature)])
+                        for q, ids in rollout_together(proposers, tokens, features, start, depth,
+                                                       temperature)])
 
 
 def can_roll_out(proposer: Proposer) -> bool:
@@ -171,19 +174,23 @@ def composition_features(readers: list[tuple[str, tuple[int, ...] | None]]) -> t
     e3 = [(n, tuple(a)) for n, a in readers if a is not None]
     e2 = [n for n, a in readers if a is None]
     if e3 and e2:
-        raise ValueError(f"cannot compose EAGLE-3 drafters {[n for n, _ in e3]} with EAGLE-2/HASS drafters {e2}: "
-                         "they read different verifier features (three fused layers vs the last hidden state); "
+        raise ValueError(f"cannot compose EAGLE-3 drafters {[n for n, _ in e3]} with EAGLE-2/HASS drafters "
+                         f"{e2}: "
+                         "they read different verifier features (three fused layers vs the last hidden "
+                         "state); "
                          "decode them in separate runs")
     if len({a for _, a in e3}) > 1:
         raise ValueError("cannot compose EAGLE-3 drafters with different aux_layers "
-                         f"({', '.join(f'{n}: {list(a)}' for n, a in e3)}): one verifier pass captures one set")
+                         f"({', '.join(f'{n}: {list(a)}' for n, a in e3)}): one verifier pass captures one "
+                         "set")
     return e3[0][1] if e3 else None
 
 
 def feature_layers(proposers: list[Proposer]) -> tuple[int, ...] | None:
     """``composition_features`` of the proposers that read verifier features (those with a
     ``feature_layers`` attribute; scripted proposers read none and fit any composition)."""
-    return composition_features([(p.name, p.feature_layers) for p in proposers if hasattr(p, "feature_layers")])
+    return composition_features([(p.name, p.feature_layers) for p in proposers if hasattr(p,
+            "feature_layers")])
 
 
 class FeatureDrafterProposer:
@@ -192,7 +199,8 @@ class FeatureDrafterProposer:
 
     feature_layers: tuple[int, ...] | None = None  # verifier features it reads: None = the last hidden state
 
-    def __init__(self, drafter: FeatureDrafter, embed: torch.nn.Module, lm_head: torch.nn.Module, name: str, index: int = 0):
+    def __init__(self, drafter: FeatureDrafter, embed: torch.nn.Module, lm_head: torch.nn.Module, name: str,
+                 index: int = 0):
         self.drafter, self.embed = drafter, embed
         self.head = shared_head(lm_head, drafter.draft_ids())
         self.name, self.index = name, index
@@ -210,7 +218,8 @@ class FeatureDrafterProposer:
         logits = logits.float()  # (k, N) over the draft vocabulary
         return (logits / (temperature if temperature > 0 else 1.0)).log_softmax(-1)
 
-    def draft(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig, temperature: float) -> DraftTree:
+    def draft(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig,
+              temperature: float) -> DraftTree:
         """tokens (n+1,) committed incl. root; features (n, H) verifier features of tokens[:n]."""
         return draft_together([self], tokens, features, cfg, temperature)[0]
 
@@ -267,7 +276,8 @@ class FeatureDrafterProposer:
         rows = []
         for d in range(depth):
             rows.append(self._logp((yield h), temperature))  # (1, N)
-            if d + 1 < depth:  # feed the committed token at this position with its own output (tree level d + 2)
+            # feed the committed token at this position with its own output (tree level d + 2)
+            if d + 1 < depth:
                 x = self.embed(tokens[start + d : start + d + 1].to(dev))  # (1, H)
                 h, _ = self.drafter(x[None], h[None], torch.full((1,), n + d, device=dev),
                                     causal_mask(1, len(self.cache), dev), cache=self.cache)
@@ -295,19 +305,22 @@ class FeatureDrafterProposer:
         frontier = torch.arange(k, device=dev)  # candidate indices of the frontier
         frontier_feat = h_last.expand(k, -1)  # (k, H): feature each frontier node conditions on
         frontier_tok, frontier_score = top_tok, top_val
-        fed_anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)  # ancestry among tree nodes fed to the drafter
+        # ancestry among tree nodes fed to the drafter
+        fed_anc = torch.zeros(0, 0, dtype=torch.bool, device=dev)
         frontier_rows = None  # row of each frontier node's parent in fed_anc
         n_cand = k
         eye = torch.eye(k, dtype=torch.bool, device=dev)
         # 3. levels 2..depth: feed the frontier, expand k children each, keep the best k (EAGLE-2)
         for d in range(2, cfg.depth + 1):
             base = fed_anc.shape[0]
-            above = fed_anc[frontier_rows] if frontier_rows is not None else fed_anc.new_zeros(k, 0)  # (k, base)
+            # (k, base)
+            above = fed_anc[frontier_rows] if frontier_rows is not None else fed_anc.new_zeros(k, 0)
             rows = torch.cat([above, eye], 1)  # (k, base + k): ancestors fed so far, and itself
             fed_anc = torch.cat([torch.cat([fed_anc, fed_anc.new_zeros(base, k)], 1), rows], 0)
             mask = torch.cat([torch.ones(k, n, dtype=torch.bool, device=dev), rows], dim=1)  # (k, n + fed)
             pos = torch.full((k,), n - 2 + d, device=dev)  # all nodes at one depth share a position
-            h, _ = self.drafter(self.embed(frontier_tok)[None], frontier_feat[None], pos, mask, cache=self.cache)
+            h, _ = self.drafter(self.embed(frontier_tok)[None], frontier_feat[None], pos, mask,
+                                cache=self.cache)
             h = h[0]  # (k, H)
             logp = self._logp((yield h), temperature)  # (k, V)
             ent = entropy(logp.exp())  # (k,)
@@ -327,7 +340,8 @@ class FeatureDrafterProposer:
             n_cand += k * k
         self.cache.crop(n)  # drop the tree nodes, keep the committed context
         # 4. rerank: best total_tokens - 1 nodes over all depths (all on the drafter's device)
-        return _ranked_tree(torch.cat(cand_tok), torch.cat(cand_par), torch.cat(cand_score), torch.cat(cand_depth),
+        return _ranked_tree(torch.cat(cand_tok), torch.cat(cand_par), torch.cat(cand_score),
+                            torch.cat(cand_depth),
                             torch.cat(cand_ent), cfg, self.index, dev)
 
     def _catch_up(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
@@ -351,7 +365,8 @@ class FeatureDrafterProposer:
         return h[0, -1:]  # (1, H)
 
 
-def _ranked_tree(tok: torch.Tensor, par: torch.Tensor, score: torch.Tensor, dep: torch.Tensor, ent: torch.Tensor,
+def _ranked_tree(tok: torch.Tensor, par: torch.Tensor, score: torch.Tensor, dep: torch.Tensor,
+                 ent: torch.Tensor,
                  cfg: TreeConfig, index: int, dev: torch.device) -> DraftTree:
     """The draft tree of the best ``cfg.total_tokens - 1`` of all candidates (C,) over all depths
     (tokens, parent candidate indices, path scores, depths, entropies), drafted by drafter ``index``."""

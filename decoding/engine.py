@@ -22,7 +22,8 @@ class TurnResult:
     new_tokens: int
     wall_time_s: float
     steps: list[dict]
-    baseline: tuple | None = None  # (token ids, seconds) of transformers' generate on the same input, if timed
+    # (token ids, seconds) of transformers' generate on the same input, if timed
+    baseline: tuple | None = None
 
     @property
     def acceptance_length(self) -> float:
@@ -91,9 +92,11 @@ class SpeculativeDecoder:
     def _check_prompt(self, input_ids: list[int]) -> None:
         if not input_ids:
             raise ValueError("empty prompt")
-        positions = len(input_ids) + self.cfg.max_new_tokens + self.cfg.tree.depth + 1  # the most a turn may fill
+        # the most a turn may fill
+        positions = len(input_ids) + self.cfg.max_new_tokens + self.cfg.tree.depth + 1
         if self.max_positions and positions > self.max_positions:
-            raise ValueError(f"prompt of {len(input_ids)} tokens + {self.cfg.max_new_tokens} new tokens exceeds the "
+            raise ValueError(f"prompt of {len(input_ids)} tokens + {self.cfg.max_new_tokens} new tokens "
+                             "exceeds the "
                              f"verifier's context of {self.max_positions} positions")
 
     def _begin_turn(self, input_ids: list[int], gen: torch.Generator, seed_key: str = "") -> tuple:
@@ -157,7 +160,8 @@ class SpeculativeDecoder:
             *idx, rows_d = self._commit(cache, features, tok_dev, n, acc, committed, f_tree)
             # 5. feedback: a strategy that scores its drafters on the committed tokens (hedge's passes) runs
             #    them here, timed as drafting; its values ride on the step's one read
-            last = committed[-1] in self.eos or len(out) + c >= self.cfg.max_new_tokens  # the turn's last step
+            # the turn's last step
+            last = committed[-1] in self.eos or len(out) + c >= self.cfg.max_new_tokens
             t3 = clock.mark()
             target = q.index_select(0, rows_d) if q is not None and self.strategy.needs_target else None
             fb = self.strategy.feedback(self.proposers, tok_dev[: n + 1 + c], features[: n + c], n + 1, last,
@@ -183,7 +187,8 @@ class SpeculativeDecoder:
         clock.finish()
         for st, (t0, t1, t2, t3, t4, t5) in zip(steps, marks):
             fb_s = clock.seconds(t3, t4)  # the strategy's feedback passes count as drafting
-            st.update(t_draft_s=clock.seconds(t0, t1) + fb_s, t_verify_s=clock.seconds(t1, t2), t_feedback_s=fb_s,
+            st.update(t_draft_s=clock.seconds(t0, t1) + fb_s, t_verify_s=clock.seconds(t1, t2),
+                      t_feedback_s=fb_s,
                       t_bookkeeping_s=clock.seconds(t2, t3) + clock.seconds(t4, t5))
 
     def _committed(self, acc, tree, n_out: int) -> list[int]:
@@ -222,7 +227,8 @@ class SpeculativeDecoder:
         # the record: verifier entropy at the parents of the accepted nodes and of the rejected one;
         # draft entropy and node confidence c(v) of the accepted nodes and of the rejected one; path
         # confidence V of the accepted nodes and its sum over every other drafted node (TAPS's router)
-        par1 = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.parents + 1])  # (N+1,) node -> parent
+        # (N+1,) node -> parent
+        par1 = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), tree.parents + 1])
         ent_rows = torch.cat([par1[path_d], par1[rej_d]])  # (L+1,)
         ent_q = entropy(q[ent_rows] if q is not None else self._next_dist(l_tree[ent_rows]))
         last = path_d[-1:] - 1 if path_d.numel() else None

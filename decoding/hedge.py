@@ -64,10 +64,12 @@ class HedgeConfig:
     ties: str = "lower"
 
     def __post_init__(self):
-        if isinstance(self.eta, bool) or not isinstance(self.eta, (int, float)) or not math.isfinite(self.eta) \
+        if isinstance(self.eta, bool) or not isinstance(self.eta, (int,
+                                                                   float)) or not math.isfinite(self.eta) \
                 or self.eta <= 0:
             raise ValueError(f"hedge_eta (the learning rate) must be a finite number > 0, got {self.eta!r}")
-        for name, allowed in (("prior", PRIORS), ("reset", RESETS), ("learner", LEARNERS), ("feedback", FEEDBACKS),
+        for name, allowed in (("prior", PRIORS), ("reset", RESETS), ("learner", LEARNERS), ("feedback",
+                FEEDBACKS),
                               ("ties", TIES)):
             if getattr(self, name) not in allowed:
                 raise ValueError(f"hedge_{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
@@ -132,7 +134,8 @@ def acceptance_gains(expected: list[float], depth: int) -> list[float]:
     if depth < 1:
         raise ValueError(f"a tree depth is >= 1, got {depth}")
     if any(not -1e-6 <= e <= depth + 1e-6 for e in expected):
-        raise ValueError(f"expected accepted lengths must lie in [0, {depth}] (the tree depth), got {expected}")
+        raise ValueError(f"expected accepted lengths must lie in [0, {depth}] (the tree depth), got "
+                         f"{expected}")
     return [min(1.0, max(0.0, e / depth)) for e in expected]
 
 
@@ -188,7 +191,8 @@ def normalhedge_weights(regret: list[float]) -> list[float] | None:
 def ucb_scores(pulls: list[int], gains: list[float]) -> list[float]:
     """UCB1: mean gain + sqrt(2 ln t / n_i), t the steps so far; +inf for a drafter never chosen."""
     t = sum(pulls)
-    return [math.inf if n == 0 else g / n + math.sqrt(2 * math.log(max(t, 1)) / n) for n, g in zip(pulls, gains)]
+    return [math.inf if n == 0 else g / n + math.sqrt(2 * math.log(max(t, 1)) / n) for n, g in zip(pulls,
+            gains)]
 
 
 def start_state(n: int, cfg: HedgeConfig) -> LearnerState:
@@ -212,7 +216,8 @@ def learn(state: LearnerState, cfg: HedgeConfig, gains: list[float]) -> LearnerS
         raise ValueError(f"gains must lie in [0, 1], got {gains}")
     losses = [1.0 - g for g in gains]
     if cfg.learner == "normalhedge":
-        w = weights(state, cfg) or [1.0 / len(gains)] * len(gains)  # no positive regret: uniform (the paper's)
+        # no positive regret: uniform (the paper's)
+        w = weights(state, cfg) or [1.0 / len(gains)] * len(gains)
         mine = sum(p * loss for p, loss in zip(w, losses))  # the learner's expected loss this step
         return replace(state, regret=tuple(r + mine - loss for r, loss in zip(state.regret, losses)))
     log_w = _normalise([w - cfg.eta * loss for w, loss in zip(state.log_w, losses)])

@@ -20,7 +20,8 @@ class OracleChainProposer:
     def reset(self) -> None:
         pass
 
-    def draft(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig, temperature: float) -> DraftTree:
+    def draft(self, tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig,
+              temperature: float) -> DraftTree:
         done = tokens.shape[0] - self.prompt_len  # committed output tokens incl. the root
         truth = self.ref[done : done + cfg.depth]
         return chain_tree([truth], self.index) if truth else DraftTree.empty()

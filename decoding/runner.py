@@ -9,16 +9,15 @@ from pathlib import Path
 import torch
 
 from common.atomic import atomic_file
-from drafters.checkpoint import load_any, load_any_config
-from drafters.checkpoint_dir import check_weights
-from drafters.eagle3 import Eagle3Config
-from drafters.data.records import BenchmarkPrompt
-from drafters.data.templating import benchmark_prompt_ids
-
 from decoding.cpu import install
 from decoding.drafting import Eagle3Proposer, FeatureDrafterProposer, composition_features
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.timing import synced_now
+from drafters.checkpoint import load_any, load_any_config
+from drafters.checkpoint_dir import check_weights
+from drafters.data.records import BenchmarkPrompt
+from drafters.data.templating import benchmark_prompt_ids
+from drafters.eagle3 import Eagle3Config
 
 
 class PromptFileError(ValueError):
@@ -54,7 +53,8 @@ def read_prompts(path: str | os.PathLike) -> list[BenchmarkPrompt]:
         if pid in seen:
             raise PromptFileError(f"{p}:{no}: duplicate id {pid!r}")
         seen.add(pid)
-        out.append(BenchmarkPrompt(pid, str(row.get("benchmark", "custom")), tuple(turns), row.get("reference")))
+        out.append(BenchmarkPrompt(pid, str(row.get("benchmark", "custom")), tuple(turns),
+                                   row.get("reference")))
     if not out:
         raise PromptFileError(f"prompts file {p} holds no prompts")
     return out
@@ -71,7 +71,8 @@ def check_drafter_files(paths: list[str], verifier_name: str) -> None:
     cfgs = [load_any_config(path) for path in paths]
     for path, cfg in zip(paths, cfgs):
         if cfg.verifier != verifier_name:
-            raise ValueError(f"drafter {path} was trained for verifier {cfg.verifier!r}, not {verifier_name!r}")
+            raise ValueError(f"drafter {path} was trained for verifier {cfg.verifier!r}, not "
+                             f"{verifier_name!r}")
         check_weights(path)
     composition_features([(path, _aux_layers(cfg)) for path, cfg in zip(paths, cfgs)])
 
@@ -105,7 +106,8 @@ def load_proposers(model, paths: list[str], verifier_name: str) -> list[FeatureD
         drafter = load_any(path, device=str(model.device), dtype=model.dtype)
         if model.device.type == "cpu":
             install(drafter)  # a draft level feeds top_k rows: the small-row matmul path (decoding/cpu/)
-        name = Path(path).parent.name if Path(path).name == "final" else Path(path).name  # run/<drafter>/final
+        # run/<drafter>/final
+        name = Path(path).parent.name if Path(path).name == "final" else Path(path).name
         embed = model.get_input_embeddings()
         out.append(Eagle3Proposer(drafter, embed, name, i) if e3 else
                    FeatureDrafterProposer(drafter, embed, model.lm_head, name, i))
@@ -119,9 +121,11 @@ def check_prompt_lengths(tokenizer, model, prompts: list[BenchmarkPrompt], cfg: 
         return
     for p in prompts:
         n = len(benchmark_prompt_ids(tokenizer, p, 0, [], system))
-        need = n + cfg.max_new_tokens * len(p.turns) + sum(len(tokenizer(t)["input_ids"]) for t in p.turns[1:]) + 64
+        need = n + cfg.max_new_tokens * len(p.turns) + sum(len(tokenizer(t)["input_ids"])
+                                                           for t in p.turns[1:]) + 64
         if need > limit:
-            raise ValueError(f"prompt {p.id!r}: {n} tokens + {cfg.max_new_tokens} new per turn may exceed the "
+            raise ValueError(f"prompt {p.id!r}: {n} tokens + {cfg.max_new_tokens} new per turn may exceed "
+                             "the "
                              f"verifier's context of {limit} positions (no truncation policy: shorten it)")
 
 
@@ -149,11 +153,14 @@ def decode_prompt(decoder: SpeculativeDecoder, tokenizer, prompt: BenchmarkPromp
 def generate_baseline(model, eos: list[int], max_new_tokens: int, temperature: float, seed: int):
     """transformers' generate, timed: greedy at T=0, full-distribution sampling at T>0."""
     def run(ids: list[int]):
-        kw = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
+        kw = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature,
+                                                            "top_k": 0, "top_p": 1.0}
         torch.manual_seed(seed)
         t0 = synced_now(model.device)
-        out = model.generate(torch.tensor([ids], device=model.device), max_new_tokens=max_new_tokens, eos_token_id=eos,
-                             pad_token_id=eos[0], attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=model.device), **kw)
+        out = model.generate(torch.tensor([ids], device=model.device), max_new_tokens=max_new_tokens,
+                             eos_token_id=eos,
+                             pad_token_id=eos[0], attention_mask=torch.ones(1, len(ids), dtype=torch.long,
+                                     device=model.device), **kw)
         seconds = synced_now(model.device) - t0
         return out[0, len(ids):].tolist(), seconds
 
@@ -166,7 +173,8 @@ def prompt_rows(prompt: BenchmarkPrompt, results, extra: dict | None = None) -> 
     for turn, res, text in results:
         chosen = Counter(s["chosen_drafter"] for s in res.steps if s["chosen_drafter"] >= 0)
         row = {
-            "prompt_id": prompt.id, "turn": turn, "output_token_ids": res.output_token_ids, "output_text": text,
+            "prompt_id": prompt.id, "turn": turn, "output_token_ids": res.output_token_ids,
+            "output_text": text,
             "verifier_calls": res.verifier_calls, "new_tokens": res.new_tokens,
             "acceptance_length": res.acceptance_length, "wall_time_s": res.wall_time_s,
             "mean_tree_size": (sum(s["tree_size"] for s in res.steps) / len(res.steps)) if res.steps else 0.0,

@@ -7,8 +7,10 @@ import pyarrow as pa
 F, I, S, B = pa.float64(), pa.int64(), pa.string(), pa.bool_()
 KNOWN = {
     # prompt rows
-    "prompt_id": S, "turn": I, "output_token_ids": pa.list_(I), "output_text": S, "verifier_calls": I, "new_tokens": I,
-    "acceptance_length": F, "wall_time_s": F, "mean_tree_size": F, "routing_choice": I, "t_draft_s": F, "t_verify_s": F,
+    "prompt_id": S, "turn": I, "output_token_ids": pa.list_(I), "output_text": S, "verifier_calls": I,
+    "new_tokens": I,
+    "acceptance_length": F, "wall_time_s": F, "mean_tree_size": F, "routing_choice": I, "t_draft_s": F,
+    "t_verify_s": F,
     "generate_tokens": I, "generate_wall_time_s": F, "generate_matches": B,
     # step rows
     "step": I, "tree_size": I, "committed": I, "accepted_depth": I, "chosen_drafter": I, "accepted_owner": I,
@@ -16,12 +18,14 @@ KNOWN = {
     "drafter_mean_node_confidence": pa.list_(F), "accepted_draft_confidence": pa.list_(F),
     "rejected_draft_confidence": F, "accepted_path_confidence": pa.list_(F), "offpath_confidence_sum": F,
     "offpath_nodes": I,
-    "accepted_draft_entropy": pa.list_(F), "accepted_verifier_entropy": pa.list_(F), "rejected_draft_entropy": F,
+    "accepted_draft_entropy": pa.list_(F), "accepted_verifier_entropy": pa.list_(F),
+    "rejected_draft_entropy": F,
     "rejected_verifier_entropy": F, "depth_accept": pa.list_(B), "t_bookkeeping_s": F,
     "drafter_agreement": pa.list_(F), "t_feedback_s": F,
     # cell columns
     "backbone": S, "benchmark": S, "temperature": F, "drafter": S, "strategy": S, "routing_granularity": S,
-    "merge_dedup": B, "total_tokens": I, "budget_matched": B, "cell_key": S, "unit_key": S, "tree": S, "tree_shape": S,
+    "merge_dedup": B, "total_tokens": I, "budget_matched": B, "cell_key": S, "unit_key": S, "tree": S,
+    "tree_shape": S,
 }
 
 
@@ -33,4 +37,5 @@ def to_table(rows: list[dict]) -> pa.Table:
     if all(fields):
         return pa.Table.from_pylist(rows, schema=pa.schema(fields))
     table = pa.Table.from_pylist(rows)
-    return table.cast(pa.schema([pa.field(n, KNOWN.get(n, table.schema.field(n).type)) for n in table.column_names]))
+    return table.cast(pa.schema([pa.field(n, KNOWN.get(n, table.schema.field(n).type))
+                                 for n in table.column_names]))

@@ -18,8 +18,24 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 from decoding.config import STRATEGY_NAMES, DecodeConfig, TreeConfig, switch_depth_error
-from decoding.drafting import Proposer, acceptance_together, agreement_together, can_agree, can_roll_out, draft_together
-from decoding.hedge import BANDITS, HedgeConfig, acceptance_gains, choose, learn, learn_chosen, start_state, step_losses
+from decoding.drafting import (
+    Proposer,
+    acceptance_together,
+    agreement_together,
+    can_agree,
+    can_roll_out,
+    draft_together,
+)
+from decoding.hedge import (
+    BANDITS,
+    HedgeConfig,
+    acceptance_gains,
+    choose,
+    learn,
+    learn_chosen,
+    start_state,
+    step_losses,
+)
 from decoding.tree import DraftTree, graft_trees, merge_trees, rerank
 
 STAT = {"path": 0, "entropy": 1, "node": 2}  # the columns of Proposal.stats
@@ -84,7 +100,8 @@ class Strategy:
     def learn(self, values: list[float], committed: int) -> None:
         """The host copy of ``feedback``'s values, and the number of tokens the step committed."""
 
-    def propose(self, drafters: list[Proposer], tokens, features, cfg: TreeConfig, temperature: float) -> Proposal:
+    def propose(self, drafters: list[Proposer], tokens, features, cfg: TreeConfig,
+                temperature: float) -> Proposal:
         raise NotImplementedError
 
     @staticmethod
@@ -275,7 +292,8 @@ class Hedge(Strategy):
         if self.hedge.learner in BANDITS:
             return
         ok, what = (can_agree, "a teacher-forced pass (agree_steps or predict)") if self.hedge.feedback == \
-            "agreement" else (can_roll_out, "its own draft along the committed tokens (rollout_steps or predict)")
+            "agreement" else (can_roll_out,
+                              "its own draft along the committed tokens (rollout_steps or predict)")
         bad = [getattr(p, "name", repr(p)) for p in drafters if not ok(p)]
         if bad:
             raise ValueError(f"strategy 'hedge' with {self.hedge.feedback} feedback scores every drafter by "
@@ -302,7 +320,8 @@ class Hedge(Strategy):
             return None
         if self.hedge.feedback == "agreement":
             return agreement_together(drafters, tokens, features, start)  # (D,) on the device
-        depth = min(tokens.shape[0] - start, self.depth)  # scored positions: committed, within the tree's depth
+        # scored positions: committed, within the tree's depth
+        depth = min(tokens.shape[0] - start, self.depth)
         return acceptance_together(drafters, tokens, features, start, depth, target, self.temperature)
 
     def learn(self, values, committed):
@@ -323,7 +342,8 @@ class Hedge(Strategy):
         return Proposal(trees[choice], choice, stats)
 
 
-STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Autoregressive, Single, Confidence, Entropy, Merged,
+STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Autoregressive, Single, Confidence, Entropy,
+                                                             Merged,
                                                              Switching, DepthAdaptive, Hedge)}
 assert tuple(STRATEGIES) == STRATEGY_NAMES, "decoding/config.py names every strategy registered here"
 
@@ -332,9 +352,11 @@ def strategy_for(cfg: DecodeConfig, n_drafters: int) -> Strategy:
     """The strategy ``cfg`` names, for ``n_drafters`` drafters (a count it cannot use is refused)."""
     cls = STRATEGIES[cfg.strategy]
     if n_drafters < cls.min_drafters:
-        raise ValueError(f"strategy {cfg.strategy!r} needs at least {cls.min_drafters} drafter(s), got {n_drafters}")
+        raise ValueError(f"strategy {cfg.strategy!r} needs at least {cls.min_drafters} drafter(s), got "
+                         f"{n_drafters}")
     if cls.max_drafters is not None and n_drafters > cls.max_drafters:
-        raise ValueError(f"strategy {cfg.strategy!r} takes at most {cls.max_drafters} drafter(s), got {n_drafters}")
+        raise ValueError(f"strategy {cfg.strategy!r} takes at most {cls.max_drafters} drafter(s), got "
+                         f"{n_drafters}")
     return cls(cfg)
 
 
@@ -351,7 +373,8 @@ def make_strategy(name: str, n_drafters: int, granularity: str = _D.routing_gran
     deep enough for ``switch_depth``; DepthAdaptive checks it against the tree each step hands it."""
     if not isinstance(hedge, HedgeConfig):
         raise ValueError(f"hedge options must be a HedgeConfig, got {type(hedge).__name__}")
-    deep = switch_depth + 1 if isinstance(switch_depth, int) and switch_depth >= TreeConfig.depth else TreeConfig.depth
+    deep = switch_depth + 1 if isinstance(switch_depth,
+                                          int) and switch_depth >= TreeConfig.depth else TreeConfig.depth
     cfg = DecodeConfig(strategy=name, routing_granularity=granularity, merge_dedup=dedup,
                        routing_decide_steps=decide_steps, merge_budget=budget, route_score=score,
                        switch_after=switch_after, switch_to=switch_to, switch_depth=switch_depth,

@@ -66,7 +66,7 @@ class DraftTree:
     def mean_entropy(self) -> float:
         return float(self.draft_entropy.mean()) if self.size else float("nan")
 
-    def to(self, device) -> "DraftTree":
+    def to(self, device) -> DraftTree:
         """The tree on ``device`` in one copy (every field packed into one float64 tensor)."""
         device = torch.device(device)
         if self.device == device:
@@ -78,12 +78,12 @@ class DraftTree:
         return torch.stack([getattr(self, f).double() for f in self._INT + self._FLOAT])
 
     @staticmethod
-    def unpack(packed: torch.Tensor, max_depth: int | None = None) -> "DraftTree":
+    def unpack(packed: torch.Tensor, max_depth: int | None = None) -> DraftTree:
         ints = [packed[i].long() for i in range(5)]
         return DraftTree(*ints[:3], packed[5].float(), packed[6].float(), *ints[3:], max_depth=max_depth)
 
     @staticmethod
-    def empty(device=None) -> "DraftTree":
+    def empty(device=None) -> DraftTree:
         z = torch.zeros(0, dtype=torch.long, device=device)
         f = torch.zeros(0, dtype=torch.float32, device=device)
         return DraftTree(z, z.clone(), z.clone(), f, f.clone(), z.clone(), z.clone(), 0)
@@ -155,7 +155,8 @@ def rerank(tree: DraftTree, n: int) -> DraftTree:
     if tree.size <= n:
         return tree
     keep, new_par = select_nodes(tree.path_logp, tree.parents, tree.depths, n)
-    return DraftTree(tree.tokens[keep], new_par, tree.depths[keep], tree.path_logp[keep], tree.draft_entropy[keep],
+    return DraftTree(tree.tokens[keep], new_par, tree.depths[keep], tree.path_logp[keep],
+                     tree.draft_entropy[keep],
                      tree.owner[keep], tree.owner_mask[keep], tree.max_depth)
 
 
@@ -166,7 +167,8 @@ def ancestor_matrix(parents: torch.Tensor) -> torch.Tensor:
     within 2^(r+1) - 1 levels, so ceil(log2(N+1)) rounds of one gather each, and no host sync."""
     n = parents.shape[0]
     dev = parents.device
-    par1 = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), parents.long() + 1])  # (N+1,) root -> root
+    # (N+1,) root -> root
+    par1 = torch.cat([torch.zeros(1, dtype=torch.long, device=dev), parents.long() + 1])
     idx = torch.arange(n + 1, device=dev)
     anc = (idx[:, None] == idx[None, :]) | (idx[None, :] == par1[:, None])  # self and parent
     anc[:, 0] = True
@@ -234,7 +236,8 @@ def match_paths(tree: DraftTree, ref: DraftTree, max_depth: int) -> torch.Tensor
     match = torch.full_like(tree.tokens, -1)  # (N,)
     for _ in range(max_depth):  # after r rounds every node at depth <= r is matched
         up = match[tree.parents.clamp(min=0)]  # (N,) the ref node of each node's parent
-        hit = same & (top | ((tree.parents >= 0) & (up >= 0))[:, None] & (up[:, None] == ref.parents[None, :]))
+        hit = same & (top | ((tree.parents >= 0) & (up >= 0))[:, None] & (up[:, None] == ref.parents[None,
+                :]))
         match = torch.where(hit.any(1), hit.to(torch.int8).argmax(1), torch.full_like(match, -1))
     return match
 
@@ -261,8 +264,10 @@ def graft_trees(shallow: DraftTree, deep: DraftTree, switch_depth: int, n: int) 
     anchor = torch.where(anc.any(1), anc.to(torch.int8).argmax(1), torch.full_like(match, -1))  # (k,)
     home = torch.where(anchor >= 0, match[anchor.clamp(min=0)], torch.full_like(match, -1))  # (k,) in shallow
     grafted = (deep.depths > s) & (home >= 0)  # (k,)
-    score = deep.path_logp - deep.path_logp[anchor.clamp(min=0)] + shallow.path_logp[home.clamp(min=0)]  # (k,)
-    # candidates: shallow's nodes (0..m-1), then deep's (m..m+k-1); tier 0 = composed tree, 1 = filler, 2 = out
+    # (k,)
+    score = deep.path_logp - deep.path_logp[anchor.clamp(min=0)] + shallow.path_logp[home.clamp(min=0)]
+    # candidates: shallow's nodes (0..m-1), then deep's (m..m+k-1); tier 0 = composed tree, 1 = filler, 2 =
+    # out
     tier = torch.cat([(shallow.depths > s).long(), torch.where(grafted, 0, 2)])  # (m + k,)
     par = torch.where(deep.depths == s + 1, home, deep.parents + m)  # (k,) parent among the candidates
     extra = torch.zeros(m + 1, dtype=torch.long, device=shallow.device)  # deep's bits on the nodes it matched

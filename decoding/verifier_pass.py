@@ -35,7 +35,8 @@ def _features_and_logits(model, input_ids, position_ids, mask, cache, last_only:
     else:
         kw = {_cache_kwarg(model): cache}
         with _tapped(model, taps):
-            h = model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask, use_cache=True,
+            h = model.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask,
+                            use_cache=True,
                             **kw).last_hidden_state
         if taps is not None and len(model.model.layers) in taps:
             taps[len(model.model.layers)] = h
@@ -192,12 +193,14 @@ def commit_path(cache, prefix_len: int, path: list[int], path_index: torch.Tenso
     if not layers:
         return
     if not hasattr(layers[0][0], "set_length"):
-        keep_positions(cache, torch.cat([torch.arange(prefix_len), prefix_len + torch.tensor(path, dtype=torch.long)]))
+        keep_positions(cache, torch.cat([torch.arange(prefix_len), prefix_len + torch.tensor(path,
+                dtype=torch.long)]))
         return
     idx = None
     if path != list(range(len(path))):
         dev = layers[0][0].buf_k.device
-        idx = (torch.tensor(path, dtype=torch.long, device=dev) if path_index is None else path_index) + prefix_len
+        idx = (torch.tensor(path, dtype=torch.long, device=dev) if path_index is None
+               else path_index) + prefix_len
     for layer, _, _ in layers:
         if idx is not None:
             layer.buf_k[..., prefix_len:m, :] = layer.buf_k[..., idx, :]  # gather copies first: no aliasing

@@ -4,7 +4,6 @@ on the CPU."""
 from __future__ import annotations
 
 from common import verifiers as _registry
-
 from decoding.cpu import install as _install_cpu
 
 

@@ -8,7 +8,6 @@ import sys
 
 def _init(args) -> None:
     from common.verifiers import load_from_registry, resolve
-
     from drafters.checkpoint import init_drafter, load_any, save_any
     from drafters.config import DrafterConfig
     from drafters.eagle3 import Eagle3Config, init_eagle3
@@ -30,7 +29,6 @@ def _init(args) -> None:
 
 def _export(args) -> None:
     from common.verifiers import verifier_config
-
     from drafters.checkpoint import load_config
     from drafters.eagle3 import is_eagle3_checkpoint, load_eagle3
     from drafters.export import ContractError, export
@@ -99,7 +97,8 @@ def main(argv=None) -> int:
     q.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     q.add_argument("--depth", type=int, default=5, help="speculative tokens recorded in a speculators config")
     q.add_argument("--full-vocab-head", action="store_true",
-                   help="eagle format only: export a reduced-vocabulary drafter to draft over the full vocabulary")
+                   help="eagle format only: export a reduced-vocabulary drafter to draft over the full "
+                        "vocabulary")
     q.set_defaults(fn=_export)
     q = sub.add_parser("import", help="read an export back into this project's checkpoint format")
     q.add_argument("export_dir")

@@ -10,7 +10,14 @@ import torch
 from drafters.checkpoint_dir import load_weights, read_config_dict, write_checkpoint_dir
 from drafters.config import DrafterConfig
 from drafters.eagle3 import FORMAT as EAGLE3_FORMAT
-from drafters.eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3, is_eagle3_checkpoint, load_eagle3, save_eagle3
+from drafters.eagle3 import (
+    Eagle3Config,
+    Eagle3Drafter,
+    init_eagle3,
+    is_eagle3_checkpoint,
+    load_eagle3,
+    save_eagle3,
+)
 from drafters.model import FeatureDrafter, seeded
 from drafters.vocab import d2t_of
 

@@ -27,7 +27,8 @@ MODES = ("greedy", "sample")
 
 
 @torch.no_grad()
-def _generate(model, pad_id: int, prompts: list[list[int]], max_new: int, mode: str, seed: int, eos_ids) -> list[list[int]]:
+def _generate(model, pad_id: int, prompts: list[list[int]], max_new: int, mode: str, seed: int,
+              eos_ids) -> list[list[int]]:
     """New tokens of each prompt (left-padded batch), cut at the first end-of-turn id (kept)."""
     L = max(len(p) for p in prompts)
     ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
@@ -38,7 +39,8 @@ def _generate(model, pad_id: int, prompts: list[list[int]], max_new: int, mode: 
     if mode == "sample":
         torch.manual_seed(seed)
     out = model.generate(ids.to(model.device), attention_mask=att.to(model.device), max_new_tokens=max_new,
-                         do_sample=mode == "sample", temperature=1.0 if mode == "sample" else None, top_k=None,
+                         do_sample=mode == "sample", temperature=1.0 if mode == "sample" else None,
+                         top_k=None,
                          top_p=None, pad_token_id=pad_id, eos_token_id=list(eos_ids))[:, L:].tolist()
     eos = set(eos_ids)
     cut = []
@@ -48,7 +50,8 @@ def _generate(model, pad_id: int, prompts: list[list[int]], max_new: int, mode: 
     return cut
 
 
-def regenerate(model, tokenizer, eos_ids, convs: list[Conversation], max_length: int, mode: str, seed: int = 0,
+def regenerate(model, tokenizer, eos_ids, convs: list[Conversation], max_length: int, mode: str,
+               seed: int = 0,
                batch_size: int = 8, progress=None) -> tuple[list[Conversation], dict]:
     """The conversations with every assistant turn (within ``max_length``) answered by the verifier.
     Returns (conversations, stats)."""
@@ -57,7 +60,8 @@ def regenerate(model, tokenizer, eos_ids, convs: list[Conversation], max_length:
     turns = [list(c.turns) for c in convs]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else list(eos_ids)[0]
     eos = set(eos_ids)
-    stats = {"mode": mode, "turns": 0, "regenerated": 0, "kept_past_max_length": 0, "kept_empty": 0, "new_tokens": 0}
+    stats = {"mode": mode, "turns": 0, "regenerated": 0, "kept_past_max_length": 0, "kept_empty": 0,
+             "new_tokens": 0}
     rounds = max(sum(r == "assistant" for r, _ in t) for t in turns) if turns else 0
     for r in range(rounds):
         todo = []  # (conversation, turn index, prompt ids)
@@ -75,7 +79,8 @@ def regenerate(model, tokenizer, eos_ids, convs: list[Conversation], max_length:
         for j in range(0, len(todo), batch_size):
             batch = todo[j: j + batch_size]
             max_new = max_length - min(len(ids) for _, _, ids in batch)
-            outs = _generate(model, pad, [ids for _, _, ids in batch], max_new, mode, seed * 1_000_003 + r * 7919 + j,
+            outs = _generate(model, pad, [ids for _, _, ids in batch], max_new, mode,
+                             seed * 1_000_003 + r * 7919 + j,
                              eos_ids)
             for (ci, ti, ids), new in zip(batch, outs):
                 text = tokenizer.decode([t for t in new[: max_length - len(ids)] if t not in eos],
@@ -91,7 +96,8 @@ def regenerate(model, tokenizer, eos_ids, convs: list[Conversation], max_length:
     return [Conversation(c.id, f"{c.source}+distill-{mode}", tuple(t)) for c, t in zip(convs, turns)], stats
 
 
-def distilled(model, tokenizer, eos_ids, verifier: str, corpus: str, convs: list[Conversation], max_length: int,
+def distilled(model, tokenizer, eos_ids, verifier: str, corpus: str, convs: list[Conversation],
+              max_length: int,
               mode: str, seed: int, root: str | os.PathLike, progress=None) -> list[Conversation]:
     """``regenerate`` through a cache file under ``root/distill/``; a hit needs no model."""
     key = content_key(verifier, f"{corpus}-distill-{mode}-{seed}", [c.id for c in convs], max_length)

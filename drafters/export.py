@@ -20,8 +20,18 @@ from common.atomic import atomic_dir
 from drafters.checkpoint import load_checkpoint
 from drafters.config import DrafterConfig
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter, is_eagle3_checkpoint, load_eagle3
-from drafters.formats import (EAGLE3_LAYOUTS, FORMATS, LLAMA_KEYS, TOKEN_MAP_FILE, WRITTEN, Eagle3Layout, Format,
-                      config_at, dims, shape_of)
+from drafters.formats import (
+    EAGLE3_LAYOUTS,
+    FORMATS,
+    LLAMA_KEYS,
+    TOKEN_MAP_FILE,
+    WRITTEN,
+    Eagle3Layout,
+    Format,
+    config_at,
+    dims,
+    shape_of,
+)
 from drafters.model import DTYPES as _DTYPES
 from drafters.model import FeatureDrafter
 
@@ -69,7 +79,8 @@ def _llama_config(cfg: DrafterConfig, vcfg: dict, architectures, dtype: str) -> 
 
 
 def _config(fmt: Format, cfg: DrafterConfig, vcfg: dict, dtype: str) -> dict:
-    provenance = {"backbone": cfg.backbone, "verifier": cfg.verifier, "seed": cfg.seed, "training": cfg.training,
+    provenance = {"backbone": cfg.backbone, "verifier": cfg.verifier, "seed": cfg.seed,
+                  "training": cfg.training,
                   "draft_vocab_size": cfg.draft_vocab_size}
     return {**_llama_config(cfg, vcfg, fmt.architectures, dtype), "taskspec": provenance}
 
@@ -102,7 +113,8 @@ def export(ckpt: str | os.PathLike, fmt_name: str, out: str | os.PathLike, verif
     if fmt_name == "speculators":
         raise ContractError(f"cannot export {ckpt} to 'speculators': {NO_EAGLE_SPECULATORS}")
     if fmt_name not in WRITTEN:
-        raise ContractError(f"{fmt_name!r} is an EAGLE-3 layout and {ckpt} is an eagle2/hass drafter: export it "
+        raise ContractError(f"{fmt_name!r} is an EAGLE-3 layout and {ckpt} is an eagle2/hass drafter: "
+                            "export it "
                             f"to one of {list(WRITTEN)} ('sglang' for SGLang)")
     fmt = FORMATS[fmt_name]
     drafter = load_checkpoint(ckpt)
@@ -111,9 +123,11 @@ def export(ckpt: str | os.PathLike, fmt_name: str, out: str | os.PathLike, verif
     ids = drafter.draft_ids()
     if ids is not None and fmt.vocab_map is None and not full_vocab_head:
         raise ContractError(
-            f"{ckpt} has a reduced draft vocabulary ({ids.shape[0]} tokens) and the {fmt_name!r} format cannot carry "
+            f"{ckpt} has a reduced draft vocabulary ({ids.shape[0]} tokens) and the {fmt_name!r} format "
+            "cannot carry "
             "it (vLLM's EAGLE-1 drafter has no draft-to-target map): export to 'sglang', or pass "
-            "--full-vocab-head to serve it drafting over the verifier's whole vocabulary (lossless, other proposals)")
+            "--full-vocab-head to serve it drafting over the verifier's whole vocabulary (lossless, other "
+            "proposals)")
     state = drafter.state_dict()
     weights = {theirs: state[ours].to(_DTYPES[dtype]).contiguous() for ours, theirs in fmt.rename().items()}
     if fmt.fc_bias:
@@ -181,8 +195,10 @@ def check_export(path: str | os.PathLike, fmt_name: str | None = None) -> Format
         hot = torch.tensor(torch.load(token_map, weights_only=True), dtype=torch.long)
         n = int(hot.shape[0])
         if not bool((hot[1:] > hot[:-1]).all()) or int(hot[0]) < 0 or int(hot[-1]) >= llama["vocab_size"]:
-            problems.append(f"{TOKEN_MAP_FILE} is not sorted ids inside the vocabulary of {llama['vocab_size']}")
-    d = dims(llama["hidden_size"], llama["num_attention_heads"], llama["num_key_value_heads"], llama["head_dim"],
+            problems.append(f"{TOKEN_MAP_FILE} is not sorted ids inside the vocabulary of "
+                            f"{llama['vocab_size']}")
+    d = dims(llama["hidden_size"], llama["num_attention_heads"], llama["num_key_value_heads"],
+             llama["head_dim"],
              llama["intermediate_size"], llama["vocab_size"], n)
     expected = {k: shape_of(s, d) for k, s in fmt.weights(n is not None).items()}
     state = load_file(str(p / "model.safetensors"))
@@ -225,7 +241,8 @@ def load_export(path: str | os.PathLike, verifier: str | None = None,
         if not torch.equal(state["t2d"].nonzero().flatten(), ids):
             raise ContractError(f"{p}: d2t and t2d describe different draft vocabularies")
     cfg = DrafterConfig(
-        backbone=backbone or prov.get("backbone", "eagle2"), verifier=verifier or prov.get("verifier", "unknown"),
+        backbone=backbone or prov.get("backbone", "eagle2"), verifier=verifier or prov.get("verifier",
+                "unknown"),
         hidden_size=llama["hidden_size"], vocab_size=llama["vocab_size"],
         num_attention_heads=llama["num_attention_heads"], num_key_value_heads=llama["num_key_value_heads"],
         intermediate_size=llama["intermediate_size"], rms_norm_eps=llama["rms_norm_eps"],
@@ -285,7 +302,8 @@ def _eagle3_refusal(cfg: Eagle3Config, layout: Eagle3Layout) -> str | None:
 def _export_eagle3(ckpt, fmt_name: str, out, vcfg: dict, verifier_ref: dict, dtype: str, depth: int) -> Path:
     if fmt_name not in EAGLE3_LAYOUTS:
         raise ContractError(f"{ckpt} is an eagle3 drafter: it exports with --format speculators (speculators "
-                            f"0.9's eagle3 layout, which vLLM serves) or --format sglang-eagle3 (SGLang's EAGLE-3 "
+                            "0.9's eagle3 layout, which vLLM serves) or --format sglang-eagle3 (SGLang's "
+                            "EAGLE-3 "
                             f"layout), not {fmt_name!r}")
     layout = EAGLE3_LAYOUTS[fmt_name]
     drafter = load_eagle3(ckpt)
@@ -301,7 +319,8 @@ def _export_eagle3(ckpt, fmt_name: str, out, vcfg: dict, verifier_ref: dict, dty
     weights = {theirs: state[ours].to(dt).contiguous() for ours, (theirs, _) in layout.rename().items()}
     ids = drafter.draft_ids()
     if ids is not None or layout.maps_always:
-        weights.update(_vocab_maps(torch.arange(cfg.vocab_size) if ids is None else ids.cpu(), cfg.vocab_size))
+        weights.update(_vocab_maps(torch.arange(cfg.vocab_size) if ids is None else ids.cpu(),
+                                   cfg.vocab_size))
     layer = _llama_config(cfg, vcfg, ("LlamaForCausalLM",), dtype)
     layer["tie_word_embeddings"] = False  # the embedding comes from the verifier, the head is the drafter's
     config = _EAGLE3_CONFIGS[fmt_name](cfg, layer, verifier_ref, dtype, depth)
@@ -328,13 +347,16 @@ def _eagle3_config_problems(config: dict, layout: Eagle3Layout) -> list[str]:
         problems.append(f"num_hidden_layers is {llama['num_hidden_layers']}, this drafter has 1")
     for path, want, why in layout.fixed:
         if config_at(config, path, want) != want:
-            problems.append(f"{path} is {json.dumps(config_at(config, path))}, must be {json.dumps(want)} ({why})")
+            problems.append(f"{path} is {json.dumps(config_at(config, path))}, must be {json.dumps(want)} "
+                            f"({why})")
     if config.get("target_hidden_size") not in (None, llama["hidden_size"]):
-        problems.append(f"target_hidden_size {config['target_hidden_size']} != hidden_size {llama['hidden_size']}")
+        problems.append(f"target_hidden_size {config['target_hidden_size']} != hidden_size "
+                        f"{llama['hidden_size']}")
     aux = config_at(config, layout.aux)
     if (not isinstance(aux, list) or not aux or len(set(aux)) != len(aux)
             or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in aux)):
-        problems.append(f"{layout.aux} must be a non-empty list of distinct layer ids >= 0, got {json.dumps(aux)}")
+        problems.append(f"{layout.aux} must be a non-empty list of distinct layer ids >= 0, got "
+                        f"{json.dumps(aux)}")
     elif layout.aux_count is not None and len(aux) != layout.aux_count:
         problems.append(f"{layout.aux} has {len(aux)} ids, the loader's fc reads {layout.aux_count} layers")
     n = config.get("draft_vocab_size")
@@ -352,7 +374,8 @@ def _check_eagle3(p: Path, config: dict, layout: Eagle3Layout) -> None:
     llama = config[layout.llama] if layout.llama else config
     aux = config_at(config, layout.aux)
     n, v = int(config["draft_vocab_size"]), llama["vocab_size"]
-    d = dims(llama["hidden_size"], llama["num_attention_heads"], llama["num_key_value_heads"], llama["head_dim"],
+    d = dims(llama["hidden_size"], llama["num_attention_heads"], llama["num_key_value_heads"],
+             llama["head_dim"],
              llama["intermediate_size"], v, n)
     d["AH"] = len(aux) * llama["hidden_size"]
     expected = {k: shape_of(s, d) for k, s in layout.weights(n < v).items()}

@@ -48,7 +48,7 @@ class FeatureExample:
     aux: torch.Tensor | None = None  # (L, A*H) EAGLE-3: hidden states of the aux layers, concatenated
     ready: object = None  # a CUDA event: the tensors are being copied to the host until it completes
 
-    def wait(self) -> "FeatureExample":
+    def wait(self) -> FeatureExample:
         """The example once its tensors are on the host (verifier_features' ``async_copies``)."""
         if self.ready is not None:
             self.ready.synchronize()
@@ -277,7 +277,8 @@ def expect_shards(shards: list) -> None:
 def open_shard(store_dir: Path, file: str, nbytes: int | None = None, tensors=None) -> Iterator[Path]:
     opener = _OPENER.get()
     if opener is not None:
-        with opener.open(store_dir, file, nbytes, **({} if tensors is None else {"tensors": tensors})) as path:
+        with opener.open(store_dir, file, nbytes, **({} if tensors is None
+                                                     else {"tensors": tensors})) as path:
             yield path
         return
     path = store_dir / file
@@ -361,8 +362,10 @@ class FeatureStore:
         """Write the index (``meta``: ``_meta``'s) of ``shards``: the commit point."""
         manifest = {"key": self.key, **meta, "format": FORMAT, "examples": sum(s["examples"] for s in shards),
                     "tokens": sum(s["tokens"] for s in shards),
-                    "shard_tokens": shard_tokens or self.shard_tokens, "resumed_shards": resumed, "shards": shards}
-        if seconds is not None:  # the extraction rate orchestrator/plan/rates/measured.py reads (not for a resumed one)
+                    "shard_tokens": shard_tokens or self.shard_tokens, "resumed_shards": resumed,
+                    "shards": shards}
+        # the extraction rate orchestrator/plan/rates/measured.py reads (not for a resumed one)
+        if seconds is not None:
             manifest["seconds"] = seconds
         self._write_text("manifest.json", json.dumps(manifest))
         return manifest
@@ -379,7 +382,8 @@ class FeatureStore:
         recs = [json.loads(r) for r in recs]
         shards = sorted((x for r in recs for x in r["shards"]), key=lambda x: x["file"])
         planned = {r["planned"] for r in recs}
-        if len(planned) != 1 or len(shards) != planned.pop() or len({x["file"] for x in shards}) != len(shards):
+        if len(planned) != 1 or len(shards) != planned.pop() or len({x["file"]
+                                                                     for x in shards}) != len(shards):
             raise RuntimeError(f"feature cache {self.key}: its {parts} parts do not make one plan's shards "
                                f"({len(shards)} recorded, planned {sorted({r['planned'] for r in recs})})")
         meta = dict(recs[0]["meta"])

@@ -57,7 +57,8 @@ LAYER = {
 
 # keys every Llama config of a one-layer drafter must have (vLLM/SGLang build a LlamaConfig from it)
 LLAMA_KEYS = ("model_type", "architectures", "num_hidden_layers", "hidden_size", "intermediate_size",
-              "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings",
+              "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+              "max_position_embeddings",
               "rms_norm_eps", "rope_theta", "hidden_act", "tie_word_embeddings", "torch_dtype")
 
 
@@ -96,7 +97,8 @@ FORMATS = {
     "sglang": Format("sglang", "fc", "layers.0.", True, ("LlamaForCausalLMEagle",), "token_map",
                      "SGLang: --speculative-algorithm EAGLE --speculative-draft-model-path DIR"),
     # read only (exports written before speculators 0.9): see the module docstring
-    "speculators": Format("speculators", "fusion_fc", "transformer.", False, ("EagleSpeculator", "LlamaDecoderLayer"),
+    "speculators": Format("speculators", "fusion_fc", "transformer.", False, ("EagleSpeculator",
+            "LlamaDecoderLayer"),
                           "d2t_t2d", "speculators <= 0.4 only (no longer written)"),
 }
 WRITTEN = ("eagle", "sglang")  # what an eagle2/hass drafter exports to; an eagle3 one: EAGLE3_LAYOUTS
@@ -169,7 +171,8 @@ EAGLE3_LAYOUTS = {
         tuple((k, False, "this drafter's layer has the reference's norms, not speculators' variant")
               for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")),
         False,
-        "vLLM: vllm serve VERIFIER --speculative-config '{\"model\": \"DIR\", \"num_speculative_tokens\": K}' "
+        "vLLM: vllm serve VERIFIER --speculative-config "
+        "'{\"model\": \"DIR\", \"num_speculative_tokens\": K}' "
         "(a speculators eagle3 drafter; its config names the verifier)"),
     # SGLang ``LlamaForCausalLMEagle3`` (models/llama_eagle3.py), what SpecForge's to_sglang export writes.
     # The loader prefixes ``model.`` itself and fuses q/k/v and gate/up; ``d2t`` becomes its hot token

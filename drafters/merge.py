@@ -19,7 +19,6 @@ from drafters.checkpoint import load_any, save_any
 from drafters.config import DrafterConfig
 from drafters.eagle3 import Eagle3Config, is_eagle3_checkpoint
 
-
 MAPS = ("d2t",)  # integer buffers: shared, never averaged
 
 
@@ -35,10 +34,12 @@ def check_same_format(paths: list[str]) -> None:
 def _check_same(states: list[dict], configs: list[DrafterConfig | Eagle3Config]) -> None:
     base = configs[0]
     for c in configs[1:]:
-        for f in ("backbone", "verifier", "hidden_size", "vocab_size", "intermediate_size", "num_attention_heads",
+        for f in ("backbone", "verifier", "hidden_size", "vocab_size", "intermediate_size",
+                  "num_attention_heads",
                   "num_key_value_heads", "draft_vocab_size", "aux_layers", "num_verifier_layers"):
             if getattr(c, f, None) != getattr(base, f, None):
-                raise ValueError(f"cannot merge drafters with different {f}: {getattr(base, f)!r} vs {getattr(c, f)!r}")
+                raise ValueError(f"cannot merge drafters with different {f}: {getattr(base, f)!r} vs "
+                                 f"{getattr(c, f)!r}")
     keys = set(states[0])
     for s in states[1:]:
         if set(s) != keys or any(s[k].shape != states[0][k].shape for k in keys):
@@ -80,7 +81,8 @@ def ties(base: dict, tasks: list[dict], density: float = 0.2, alpha: float = 1.0
     return out
 
 
-def merge_checkpoints(kind: str, paths: list[str], out: str, lam: float | None = None, base: str | None = None,
+def merge_checkpoints(kind: str, paths: list[str], out: str, lam: float | None = None,
+                      base: str | None = None,
                       alpha: float = 1.0, density: float = 0.2):
     """Load, check compatibility, merge, and write a checkpoint with the recipe in config.json."""
     check_same_format(list(paths) + ([base] if base is not None else []))
@@ -105,10 +107,12 @@ def merge_checkpoints(kind: str, paths: list[str], out: str, lam: float | None =
     elif kind in ("task_arithmetic", "ties"):
         if base_state is None:
             raise ValueError(f"{kind} merge needs a base checkpoint (e.g. the shared random init)")
-        merged = task_arithmetic(base_state, states, alpha) if kind == "task_arithmetic" else ties(base_state, states, density, alpha)
+        merged = task_arithmetic(base_state, states, alpha) if kind == "task_arithmetic" else ties(base_state,
+                states, density, alpha)
     else:
         raise ValueError(f"unknown merge kind {kind!r}; choose linear, task_arithmetic or ties")
-    recipe = {"merge": kind, "sources": list(paths), "lambda": lam, "base": base, "alpha": alpha, "density": density}
+    recipe = {"merge": kind, "sources": list(paths), "lambda": lam, "base": base, "alpha": alpha,
+              "density": density}
     cfg = dataclasses.replace(cfgs[0], training={"merge": recipe})
     m = models[0]
     m.load_state_dict({**merged, **maps})

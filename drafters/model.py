@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.dtypes import torch_dtypes
-
 from drafters.config import DrafterBase, DrafterConfig
 from drafters.vocab import ids_of
 
@@ -32,7 +31,8 @@ class RMSNorm(nn.Module):
 
 def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype):
     """positions (T,) -> cos, sin (T, head_dim)."""
-    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
+                                        dtype=torch.float32) / head_dim))
     ang = positions.float()[:, None] * inv[None, :]  # (T, hd/2)
     emb = torch.cat([ang, ang], dim=-1)  # (T, hd)
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -72,7 +72,8 @@ def grouped_attention(q, k, v, mask):
     g = nh // k.shape[1]
     if g == 1 or mask is None or mask.dim() != 2:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=g != 1)
-    out = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], g * t, hd), k, v, attn_mask=mask.repeat(g, 1))
+    out = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], g * t, hd), k, v, attn_mask=mask.repeat(g,
+            1))
     return out.reshape(b, nh, t, hd)
 
 

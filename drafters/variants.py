@@ -25,7 +25,8 @@ class DataSpec:
     heldout: int = 32
     max_length: int = 512
     seed: int = 42
-    self_distill: str | None = None  # None | greedy | sample: train on the verifier's own answers (distill.py)
+    # None | greedy | sample: train on the verifier's own answers (distill.py)
+    self_distill: str | None = None
 
     def __post_init__(self):
         if self.self_distill not in (None, *MODES):
@@ -36,13 +37,15 @@ class DataSpec:
             raise ValueError(f"max_length must be >= 16, got {self.max_length}")
 
 
-def select_examples(tokenizer, eos_ids, corpus: str, spec: DataSpec, options: SourceOptions = SourceOptions()):
+def select_examples(tokenizer, eos_ids, corpus: str, spec: DataSpec,
+                    options: SourceOptions = SourceOptions()):
     """Tokenized (train, heldout) examples of one corpus, deterministic given spec.seed."""
     train, held = select_conversations(tokenizer, eos_ids, corpus, spec, options)
     return [e for _, e in train], [e for _, e in held]
 
 
-def select_conversations(tokenizer, eos_ids, corpus: str, spec: DataSpec, options: SourceOptions = SourceOptions()):
+def select_conversations(tokenizer, eos_ids, corpus: str, spec: DataSpec,
+                         options: SourceOptions = SourceOptions()):
     """(train, heldout) lists of (conversation, tokenized example), deterministic given spec.seed."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -80,7 +83,8 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
     extraction, FeatureStore.extract); the index is written by ``finish_parts`` once all have.
     """
     if shards is not None and spec.self_distill:
-        raise ValueError("self-distilled caches are extracted in one part (every part would distil every example)")
+        raise ValueError("self-distilled caches are extracted in one part (every part would distil every "
+                         "example)")
     if aux_layers is not None:
         aux_layers = check_aux_layers(model, aux_layers)  # before any work
     train, held = select_conversations(tokenizer, eos_ids, corpus, spec, options)
@@ -95,7 +99,8 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
     compute = functools.partial(verifier_features, model, aux_layers=aux_layers, async_copies=True)
     keys = {}
     for part, label, exs in (("train", train_part, train_exs), ("heldout", "heldout", held_exs)):
-        key = content_key(verifier, f"{corpus}-{label}{aux_tag(aux_layers)}", [e.id for e in exs], spec.max_length)
+        key = content_key(verifier, f"{corpus}-{label}{aux_tag(aux_layers)}", [e.id for e in exs],
+                          spec.max_length)
         if prefetch is not None:
             prefetch(key)
         store = store_for(root, key)
@@ -138,15 +143,18 @@ def build_vocab(tokenizer, eos_ids, corpora: list[str], spec: DataSpec, size: in
     ids always in). Returns (sorted ids, stats)."""
     from drafters.vocab import count_targets, select_ids
 
-    counts = sum(count_targets(select_examples(tokenizer, eos_ids, c, spec, options)[0], vocab_size) for c in corpora)
+    counts = sum(count_targets(select_examples(tokenizer, eos_ids, c, spec, options)[0], vocab_size)
+                 for c in corpora)
     ids = select_ids(counts, size, eos_ids)
     total = int(counts.sum())
-    stats = {"corpora": list(corpora), "size": size, "target_tokens": total, "distinct_targets": int((counts > 0).sum()),
+    stats = {"corpora": list(corpora), "size": size, "target_tokens": total,
+             "distinct_targets": int((counts > 0).sum()),
              "coverage": float(counts[ids].sum()) / total if total else float("nan")}
     return ids, stats
 
 
-def online_selection(tokenizer, eos_ids, corpus: str, spec: DataSpec, options: SourceOptions = SourceOptions()) -> dict:
+def online_selection(tokenizer, eos_ids, corpus: str, spec: DataSpec,
+                     options: SourceOptions = SourceOptions()) -> dict:
     """``online`` mode: only the example selection (ids); features are computed while training."""
     train, held = select_examples(tokenizer, eos_ids, corpus, spec, options)
     return {"online": True, "train_ids": [e.id for e in train], "heldout_ids": [e.id for e in held]}

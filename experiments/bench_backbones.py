@@ -40,23 +40,22 @@ sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
 
+from common.atomic import write_text_atomic  # noqa: E402
+from common.verifiers import TIE_GAP, compare_greedy, eos_token_ids, resolve  # noqa: E402
+from decoding.args import add_decode_args, decode_config  # noqa: E402
 from decoding.autotree import auto_tree, calibration_inputs  # noqa: E402
 from decoding.bench import summarise, time_row  # noqa: E402
-from decoding.args import add_decode_args, decode_config  # noqa: E402
 from decoding.cpu.machine import machine_class  # noqa: E402
 from decoding.engine import SpeculativeDecoder  # noqa: E402
 from decoding.runner import default_threads, generate_baseline, load_proposers  # noqa: E402
-from common.verifiers import TIE_GAP, compare_greedy, eos_token_ids, resolve  # noqa: E402
 from decoding.verifiers import load_verifier  # noqa: E402
-from common.atomic import write_text_atomic  # noqa: E402
 from drafters.config import BACKBONES  # noqa: E402
 from drafters.data.sources import BENCHMARKS, load_benchmark  # noqa: E402
 from drafters.data.templating import benchmark_prompt_ids  # noqa: E402
 from drafters.eagle3 import default_aux_layers  # noqa: E402
 from drafters.train.config import TrainConfig  # noqa: E402
 from drafters.train.loop import train  # noqa: E402
-from drafters.variants import (DataSpec, ensure_features, heldout_data, select_examples,  # noqa: E402
-                               variant_data)
+from drafters.variants import DataSpec, ensure_features, heldout_data, select_examples, variant_data  # noqa: E402
 from drafters.vocab import count_targets, save_vocab, select_ids  # noqa: E402
 
 ORDER = ("eagle2", "hass", "eagle3")  # table order
@@ -222,7 +221,8 @@ def decode_all(model, tok, eos, verifier: str, ckpts: dict, spec: BenchSpec, bas
     dec_out["autoregressive"] = rows("autoregressive", own, "-")
     save()
     cal = calibration_inputs(tok, max(1, 2 // len(spec.benchmarks)), spec.benchmarks,
-                             exclude={pid for xs in inputs.values() for pid, _ in xs}) if tree_mode == "auto" else None
+                             exclude={pid for xs in inputs.values() for pid,
+                                      _ in xs}) if tree_mode == "auto" else None
     for backbone in ORDER:
         if backbone not in ckpts:
             continue
@@ -393,7 +393,8 @@ def main(argv=None) -> int:
 
     def run(backbone, n_epochs, tag):
         out = work / f"{backbone}-math{tag}"
-        shutil.rmtree(out, ignore_errors=True)  # a fresh run (the trainer would resume a finished one in --work)
+        # a fresh run (the trainer would resume a finished one in --work)
+        shutil.rmtree(out, ignore_errors=True)
         cfg = train_config(backbone, n_epochs, out, work, caches, vocab, spec.data.n, verifier, **kw)
         return train_one(cfg, model, progress=lambda m: log(
             f"train {backbone}{tag}: epoch {m['epoch']}/{n_epochs}, {m['train_tokens_per_s']:.1f} tokens/s, "

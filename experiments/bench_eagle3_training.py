@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from common.verifiers import eos_token_ids  # noqa: E402
-
 from decoding.verifiers import load_verifier  # noqa: E402
 from drafters.eagle3 import default_aux_layers  # noqa: E402
 from drafters.variants import DataSpec  # noqa: E402
@@ -57,9 +56,11 @@ def main(argv=None) -> int:
             rates[backbone].append(t["train_tokens_per_s"])
             print(f"{backbone} run {r}: {t['loss_tokens']} loss tokens in {t['train_seconds']:.1f} s = "
                   f"{t['train_tokens_per_s']:.1f} tokens/s (process CPU {t['process_cpu_s']:.1f} s, held-out "
-                  f"evaluation included); held-out top-1 at depth 1 {t['heldout_top1']['depth1']:.3f}", flush=True)
+                  f"evaluation included); held-out top-1 at depth 1 {t['heldout_top1']['depth1']:.3f}",
+                  flush=True)
     best = {b: max(v) for b, v in rates.items()}
-    print(f"best of {args.repeats}: eagle2 {best['eagle2']:.1f} tokens/s, eagle3 {best['eagle3']:.1f} tokens/s "
+    print(f"best of {args.repeats}: eagle2 {best['eagle2']:.1f} tokens/s, eagle3 {best['eagle3']:.1f} "
+          "tokens/s "
           f"(eagle3 / eagle2 = {best['eagle3'] / best['eagle2']:.2f})")
     return 0
 

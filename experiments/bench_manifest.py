@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 CELL = {"backbone": "eagle2", "drafter": "math", "strategy": "single", "routing_granularity": "step",
         "merge_dedup": False, "benchmark": "gsm8k", "temperature": 0.0, "total_tokens": 60,
         "drafters": ["eagle2-math"], "budget_matched": False, "tree": "fixed", "route_score": "path",
-        "switch_after": 2, "switch_to": "specialist", "switch_depth": 2, "decide_steps": None, "prompts": None}
+        "switch_after": 2, "switch_to": "specialist", "switch_depth": 2, "decide_steps": None,
+        "prompts": None}
 
 
 def _records(i: int):
@@ -85,7 +86,8 @@ def main(argv=None) -> int:
         marks = sorted({int(args.old_units * f) for f in (0.25, 0.5, 0.75, 1.0)})
         old, seen = run(OldManifest(base / "old" / "manifest.json"), args.old_units, marks)
         last = f"the last {marks[-1] - marks[-2]} units in {seen[-1][1] - seen[-2][1]:.1f} s"
-        print(f"old: {args.old_units:,} units in {old:.1f} s ({old / (2 * args.old_units) * 1e3:.1f} ms a record "
+        print(f"old: {args.old_units:,} units in {old:.1f} s ({old / (2 * args.old_units) * 1e3:.1f} ms a "
+              "record "
               f"on average; {last})", flush=True)
         c = np.polyfit([n for n, _ in seen], [s for _, s in seen], 2)
         est = float(np.polyval(c, args.units))

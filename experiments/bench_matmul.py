@@ -31,8 +31,8 @@ from decoding.cpu import kernel as cpu_kernel  # noqa: E402
 from decoding.cpu import matmul as cpu_matmul  # noqa: E402
 from decoding.cpu.machine import describe, record, stream  # noqa: E402
 from decoding.runner import default_threads  # noqa: E402
-from drafters.model import DTYPES  # noqa: E402
 from decoding.verifiers import load_verifier  # noqa: E402
+from drafters.model import DTYPES  # noqa: E402
 
 
 def chosen(tables, rows: int) -> str:

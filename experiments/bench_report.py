@@ -122,8 +122,8 @@ def make_run(root: Path, rows: int, seed: int = 0, shard_size: int | None = None
     import pyarrow.parquet as pq
 
     from orchestrator.grid import BENCHMARK_SIZES, cell_prompts, eval_cells
-    from orchestrator.profile import profile_dict
     from orchestrator.plan.sizing import load_profile
+    from orchestrator.profile import profile_dict
 
     p = load_profile("paper")
     every = eval_cells(p)
@@ -188,12 +188,15 @@ def compare(run: Path, a: Path, b: Path, pass_rows: int | None) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, nargs="+", default=[5_000_000], help="step rows of each synthetic run")
+    ap.add_argument("--rows", type=int, nargs="+", default=[5_000_000],
+                    help="step rows of each synthetic run")
     ap.add_argument("--pass-rows", type=int, default=None, help="the report's pass size (default: its own)")
     ap.add_argument("--code", type=Path, default=ROOT, help="the checkout whose report is measured")
-    ap.add_argument("--compare-with", type=Path, default=None, help="a checkout whose report must be identical")
+    ap.add_argument("--compare-with", type=Path, default=None,
+                    help="a checkout whose report must be identical")
     ap.add_argument("--shard-size", type=int, default=None,
-                    help="prompts a unit (default the paper's 20; smaller: more files, as many as the paper's)")
+                    help="prompts a unit (default the paper's 20; smaller: more files, as many as the "
+                         "paper's)")
     ap.add_argument("--keep", type=Path, default=None, help="keep the synthetic runs under this directory")
     args = ap.parse_args(argv)
     base = Path(tempfile.mkdtemp(prefix="bench-report-")) if args.keep is None else args.keep

@@ -38,7 +38,8 @@ def make_cache(root: Path, shards: int, view_mb: float) -> dict:
 
     length = 250
     per_shard = max(1, round(view_mb * 1e6 / token_bytes(HIDDEN) / length))
-    exs = [TokenizedExample(f"ex{i}", [3 + i % 50] * length, [0] + [1] * (length - 1)) for i in range(shards * per_shard)]
+    exs = [TokenizedExample(f"ex{i}", [3 + i % 50] * length, [0] + [1] * (length - 1))
+           for i in range(shards * per_shard)]
     gen = torch.Generator().manual_seed(0)
 
     def compute(batch):
@@ -48,7 +49,8 @@ def make_cache(root: Path, shards: int, view_mb: float) -> dict:
                                torch.rand(length, 10, generator=gen).half(),
                                torch.randn(length, AUX * HIDDEN, generator=gen).half()) for e in batch]
 
-    return FeatureStore(root, "c", shard_tokens=per_shard * length).extract(exs, compute, {"aux_layers": [0, 1, 2]})
+    return FeatureStore(root, "c", shard_tokens=per_shard * length).extract(exs, compute, {"aux_layers": [0,
+            1, 2]})
 
 
 def run_ranks(uri: str, node: Path, ranks: int, compute_s: float, read_ahead: int, streams: int,
@@ -56,9 +58,9 @@ def run_ranks(uri: str, node: Path, ranks: int, compute_s: float, read_ahead: in
     """Each rank's (wait seconds, shards read, bytes read) for one epoch on a fresh node (every
     shard holds ``per_shard`` examples)."""
     from common import storage
-    from drafters.features import SHARD_TENSORS, reading_through, reading_tensors
-    from drafters.train.shards import rank_plan
+    from drafters.features import SHARD_TENSORS, reading_tensors, reading_through
     from drafters.train.data import iter_examples
+    from drafters.train.shards import rank_plan
     from workers.artifacts import localize_data
     from workers.shard_cache import ShardCache
 
@@ -108,14 +110,16 @@ def compare_ray_data(uri: str, s3fs, throttle, work: Path, m: dict, a) -> list:
     rows = []
     for epoch in (1, 2):
         before = throttle.sent
-        got = run_ranks(uri, work / "node-cache", 1, a.compute[0], a.read_ahead, a.streams, m["shards"][0]["examples"])
+        got = run_ranks(uri, work / "node-cache", 1, a.compute[0], a.read_ahead, a.streams,
+                        m["shards"][0]["examples"])
         rows.append(("shard cache", epoch, got[0][0], (throttle.sent - before) / 1e6))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         paths = [f"{BUCKET}/features/c/{s['file']}" for s in m["shards"]]
         for epoch in (1, 2):
             before = throttle.sent
-            rows.append(("Ray Data", epoch, ray_data_epoch(s3fs, paths, a.compute[0]), (throttle.sent - before) / 1e6))
+            rows.append(("Ray Data", epoch, ray_data_epoch(s3fs, paths, a.compute[0]),
+                         (throttle.sent - before) / 1e6))
     finally:
         ray.shutdown()
     return rows
@@ -126,11 +130,13 @@ def main(argv=None) -> int:
     ap.add_argument("--mbps", type=float, default=5.0, help="the store's bandwidth to the node (MB/s)")
     ap.add_argument("--shards", type=int, default=12, help="shards in the cache (all ranks together)")
     ap.add_argument("--view-mb", type=float, default=2.0, help="MB of a shard EAGLE-2 reads (its view)")
-    ap.add_argument("--compute", type=float, nargs="+", default=[1.0, 0.2], help="seconds of training per shard")
+    ap.add_argument("--compute", type=float, nargs="+", default=[1.0, 0.2],
+                    help="seconds of training per shard")
     ap.add_argument("--ranks", type=int, default=1, help="ranks on the node, sharing its bandwidth")
     ap.add_argument("--read-ahead", type=int, default=4)
     ap.add_argument("--streams", type=int, default=4)
-    ap.add_argument("--ray-data", action="store_true", help="also two epochs through Ray Data (local Ray, 2 CPUs) "
+    ap.add_argument("--ray-data", action="store_true",
+                    help="also two epochs through Ray Data (local Ray, 2 CPUs) "
                                                             "and the shard cache, at the first --compute")
     a = ap.parse_args(argv)
 
@@ -141,8 +147,10 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-shard-io-"))
     m = make_cache(work / "features", a.shards, a.view_mb)
     whole = sum(s["bytes"] for s in m["shards"]) / len(m["shards"])
-    print(f"cache: {len(m['shards'])} shards of {whole / 1e6:.1f} MB (EAGLE-3, hidden {HIDDEN}, {AUX} aux layers); "
-          f"bandwidth {a.mbps} MB/s; {a.ranks} rank(s) on the node; read-ahead {a.read_ahead} on {a.streams} streams")
+    print(f"cache: {len(m['shards'])} shards of {whole / 1e6:.1f} MB (EAGLE-3, hidden {HIDDEN}, {AUX} aux "
+          "layers); "
+          f"bandwidth {a.mbps} MB/s; {a.ranks} rank(s) on the node; read-ahead {a.read_ahead} on "
+          f"{a.streams} streams")
     rows = []
     with throttled_s3(BUCKET, REGION, bandwidth=a.mbps * 1e6) as (endpoint, s3fs, throttle):
         os.environ.update(AWS_ENDPOINT_URL_S3=endpoint, AWS_DEFAULT_REGION=REGION, **CREDS)
@@ -164,7 +172,8 @@ def main(argv=None) -> int:
           "| predicted (feature_io) | measured / predicted | epoch wall |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for compute_s, ahead, shards, nbytes, measured, predicted, wall in rows:
-        print(f"| {compute_s:.2f} s | {ahead} | {shards} | {nbytes / 1e6:.2f} | {measured:.2f} s | {predicted:.2f} s "
+        print(f"| {compute_s:.2f} s | {ahead} | {shards} | {nbytes / 1e6:.2f} | {measured:.2f} s | "
+              f"{predicted:.2f} s "
               f"| {measured / predicted:.2f} | {wall:.1f} s |")
     if ray_rows:
         print(f"\n| reader ({a.compute[0]:.2f} s of training per shard) | epoch | waited | MB over the link |")

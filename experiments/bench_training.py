@@ -46,9 +46,12 @@ def _extract(model, train: list, corpus: str) -> list:
         fb = verifier_features(model, train[:8])
     dtb = time.perf_counter() - t
     nb = sum(len(e.input_ids) for e in train[:8])
-    err = max(float((a.features.float() - b.features.float()).norm() / a.features.float().norm()) for a, b in zip(fx, fb))
-    top1 = sum(int((a.top_ids[:, 0] == b.top_ids[:, 0]).sum()) for a, b in zip(fx, fb)) / sum(len(a.top_ids) for a in fx[:8])
-    print(f"feature extraction {corpus}: fp32 {ntok / dt:.0f} tokens/s; bf16 autocast {nb / dtb:.0f} tokens/s "
+    err = max(float((a.features.float() - b.features.float()).norm() / a.features.float().norm()) for a,
+              b in zip(fx, fb))
+    top1 = sum(int((a.top_ids[:, 0] == b.top_ids[:, 0]).sum()) for a, b in zip(fx, fb)) / sum(len(a.top_ids)
+            for a in fx[:8])
+    print(f"feature extraction {corpus}: fp32 {ntok / dt:.0f} tokens/s; bf16 autocast {nb / dtb:.0f} "
+          "tokens/s "
           f"(max relative feature error {err:.3f}, top-1 agreement with fp32 {top1:.3f})")
     return fx
 
@@ -60,12 +63,13 @@ def _train_rate(model, args, backbone: str, label: str, vocab, order: list, bf16
 
     from drafters.checkpoint import init_drafter
     from drafters.config import DrafterConfig
-    from drafters.train.eagle2 import collate
     from drafters.train.backbones import compute_loss
     from drafters.train.config import TrainConfig
+    from drafters.train.eagle2 import collate
     from drafters.vocab import DraftHead
 
-    cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone=backbone, variant="math", out_dir=tempfile.mkdtemp(),
+    cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone=backbone, variant="math",
+                      out_dir=tempfile.mkdtemp(),
                       train_data=[["x", "y", None]], batch_size=args.batch_size, deepspeed=False)
     dcfg = DrafterConfig.for_verifier(model, "smollm2-135m-instruct", backbone,
                                       draft_vocab_size=None if vocab is None else int(vocab.shape[0]))
@@ -95,10 +99,9 @@ def main(argv=None) -> int:
     import torch
 
     from common.verifiers import eos_token_ids
-
     from decoding.verifiers import load_verifier
-    from drafters.vocab import count_targets, select_ids
     from drafters.variants import DataSpec, select_examples
+    from drafters.vocab import count_targets, select_ids
 
     args = _parse(argv)
     warnings.simplefilter("ignore")
@@ -114,7 +117,8 @@ def main(argv=None) -> int:
     ids = select_ids(count_targets(exs, model.config.vocab_size), args.vocab, eos)
     feats.sort(key=lambda e: e.id)  # a fixed stream order, the same for every configuration
     bucketed = sorted(feats, key=lambda e: len(e.input_ids))
-    configs = [("full vocab, stream order (old)", None, feats, False), (f"+ draft vocab {args.vocab}", ids, feats, False),
+    configs = [("full vocab, stream order (old)", None, feats, False), (f"+ draft vocab {args.vocab}", ids,
+            feats, False),
                ("+ length buckets", ids, bucketed, False), ("+ bf16 autocast", ids, bucketed, True)]
     for backbone in ("eagle2", "hass"):
         for label, vocab, order, bf16 in configs:

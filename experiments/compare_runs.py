@@ -43,14 +43,17 @@ def drafter_line(run: Path, backbone: str, drafter: str) -> str:
     last = t["history"][-1]
     secs = sum(h.get("epoch_seconds", 0.0) for h in t["history"])
     top = " / ".join(f"{last.get(f'top1_depth{d}', float('nan')):.3f}" for d in (1, 2, 3))
-    return (f"held-out top-1 (depth 1/2/3) {top}; {t['history'][-1]['steps'] * t['batch_size']} examples/epoch "
-            f"x {t['epoch']} epochs; {last.get('train_tokens_per_s', float('nan')):.0f} loss tok/s; {secs:.0f} s")
+    return (f"held-out top-1 (depth 1/2/3) {top}; {t['history'][-1]['steps'] * t['batch_size']} "
+            "examples/epoch "
+            f"x {t['epoch']} epochs; {last.get('train_tokens_per_s', float('nan')):.0f} loss tok/s; "
+            f"{secs:.0f} s")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--run", action="append", required=True, help="LABEL=DIR (the first is the baseline)")
-    ap.add_argument("--method", default="math", help="a method as the report names it: math, chat, avg0.5, merged, ...")
+    ap.add_argument("--method", default="math",
+                    help="a method as the report names it: math, chat, avg0.5, merged, ...")
     ap.add_argument("--backbone", default="eagle2")
     ap.add_argument("--temperature", type=float, default=0.0)
     a = ap.parse_args(argv)
@@ -77,7 +80,8 @@ def main(argv=None) -> int:
             if label != base_label:
                 j = base.join(g, on="prompt_id", suffix="_b")
                 if j.height >= 2:
-                    d, dlo, dhi = paired_diff_ci(j["new_tokens_b"].to_numpy(), j["verifier_calls_b"].to_numpy(),
+                    d, dlo, dhi = paired_diff_ci(j["new_tokens_b"].to_numpy(),
+                                                 j["verifier_calls_b"].to_numpy(),
                                                  j["new_tokens"].to_numpy(), j["verifier_calls"].to_numpy())
                     diff = f"{d:+.3f} [{dlo:+.3f}, {dhi:+.3f}] (n={j.height})"
             print(f"| {label} | {g.height} | {t:.3f} [{lo:.3f}, {hi:.3f}] | {diff} |")

@@ -20,12 +20,15 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--profile", default="demo", help="smoke | demo | paper | path/to/profile.yaml")
     ap.add_argument("--output-dir", default=None, help="default: runs/<profile>")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a profile value")
-    ap.add_argument("--force", default=None, help="redo one stage and what depends on it: features|train|merge|eval|report")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a profile value")
+    ap.add_argument("--force", default=None,
+                    help="redo one stage and what depends on it: features|train|merge|eval|report")
     ap.add_argument("--dry-run", action="store_true", help="print the plan; load no model")
     ap.add_argument("--rates", default=None, metavar="RUN_DIR|FILE",
                     help="with --dry-run: time the plan with the stage rates measured on a finished run "
-                         "(its directory) or saved from one (python -m orchestrator.plan.rates RUN_DIR), or the GPU "
+                         "(its directory) or saved from one (python -m orchestrator.plan.rates RUN_DIR), or "
+                         "the GPU "
                          "check's packing file (or a directory holding it as gpu_rates.json)")
     ap.add_argument("--cluster", action="append", default=[], metavar="NODESxGPUS[xCPUS]",
                     help="with --dry-run: the makespan, billed and used GPU-hours on this cluster (e.g. 4x8; "
@@ -33,9 +36,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--take-over", action="store_true",
                     help="take the output over from a driver that holds its lease (one that is gone)")
     ap.add_argument("--tracking", choices=["none", "mlflow", "wandb"], default=None,
-                    help="experiment tracking (profile key tracking.backend): MLflow file store under the output dir, "
+                    help="experiment tracking (profile key tracking.backend): MLflow file store under the "
+                         "output dir, "
                          "or W&B offline")
-    ap.add_argument("--verbose", action="store_true", help="model-loading bars, library logs and Tune's status table")
+    ap.add_argument("--verbose", action="store_true",
+                    help="model-loading bars, library logs and Tune's status table")
     return ap
 
 
@@ -53,8 +58,8 @@ def _dry_run(profile, out: str, args) -> int:
 
 def _run(profile, out: str, uri: bool, args) -> int:
     """The grid under the driver, to the end or to a clean stop that releases the lease."""
-    from orchestrator.run.driver import Driver
     from orchestrator.plan.preflight import PreflightError
+    from orchestrator.run.driver import Driver
 
     # `ray job stop` and a pod's deletion send SIGTERM: exit through the same path as Ctrl-C, so the
     # lease is released (Driver and Lease release it on every exception, KeyboardInterrupt included)
@@ -78,8 +83,8 @@ def _run(profile, out: str, uri: bool, args) -> int:
 
 
 def main(argv=None) -> int:
-    from orchestrator.profile import ProfileError
     from orchestrator.plan.sizing import load_profile
+    from orchestrator.profile import ProfileError
 
     args = _parser().parse_args(argv)
     if args.verbose:
@@ -94,8 +99,8 @@ def main(argv=None) -> int:
         print(f"error: invalid profile: {e}", file=sys.stderr)
         return 2
     out = args.output_dir or f"runs/{profile.name}"
-    from orchestrator.manifest import STAGES
     from common.storage import is_uri
+    from orchestrator.manifest import STAGES
 
     try:  # bad input is refused here, before the plan, the lease or any work
         if args.force is not None and args.force not in STAGES:

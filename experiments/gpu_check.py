@@ -41,11 +41,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decoding.timing import synchronize  # noqa: E402
 from common.verifiers import TIE_GAP  # noqa: E402
+from decoding.timing import synchronize  # noqa: E402
 from tests.accelerator import SyncCounter, caller  # noqa: E402
 
-_train = importlib.util.spec_from_file_location("gpu_check_train", Path(__file__).with_name("gpu_check_train.py"))
+_train = importlib.util.spec_from_file_location("gpu_check_train",
+                                                Path(__file__).with_name("gpu_check_train.py"))
 train_mod = importlib.util.module_from_spec(_train)
 _train.loader.exec_module(train_mod)
 training_failure, free_verifiers = train_mod.training_failure, train_mod.free_verifiers
@@ -70,7 +71,8 @@ class Table:
 
     def add(self, row: dict) -> None:
         self.rows.append(row)
-        print("row: " + " | ".join(f"{c}={row[c]}" for c in COLUMNS if row.get(c) not in (None, "")), flush=True)
+        print("row: " + " | ".join(f"{c}={row[c]}" for c in COLUMNS if row.get(c) not in (None, "")),
+              flush=True)
 
     def print(self) -> None:
         cells = [[str(r.get(c, "")) for c in COLUMNS] for r in self.rows]
@@ -118,18 +120,21 @@ def _sites(where: Counter, steps: int) -> str:
     return ", ".join(f"{k} {n / steps:.2f}" for k, n in where.most_common(6)) or "none"
 
 
-def _decoder_rows(args, model, props, eos, inputs, refs, gen_tps, dtype: str, model_name: str, table: Table) -> None:
+def _decoder_rows(args, model, props, eos, inputs, refs, gen_tps, dtype: str, model_name: str,
+                  table: Table) -> None:
     """One row per strategy: exactness against ``generate``, tokens/s, tau, host round trips, memory."""
-    from decoding.engine import DecodeConfig, SpeculativeDecoder
-    from decoding.config import TreeConfig
     from common.verifiers import compare_greedy
+    from decoding.config import TreeConfig
+    from decoding.engine import DecodeConfig, SpeculativeDecoder
     for spec in STRATEGIES:
         strat, dedup, budget = spec.split("-")[0], spec.endswith("dedup"), spec.endswith("budget")
         n = 1 if strat == "single" else 2
-        cfg = DecodeConfig(strategy=strat, max_new_tokens=args.max_new_tokens, merge_dedup=dedup, merge_budget=budget,
+        cfg = DecodeConfig(strategy=strat, max_new_tokens=args.max_new_tokens, merge_dedup=dedup,
+                           merge_budget=budget,
                            tree=TreeConfig(4, 4, 16))
         dec = SpeculativeDecoder(model, props[:n], cfg, eos)
-        dec.generate(inputs[0][:8], seed_key="warm-up")  # first-call costs (tuning, kernels) stay out of the time
+        # first-call costs (tuning, kernels) stay out of the time
+        dec.generate(inputs[0][:8], seed_key="warm-up")
         counts, gaps, toks, calls, new = {"equal": 0, "near-tie": 0, "MISMATCH": 0}, [], 0, 0, 0
         _reset_peak(args.device)
         synchronize(args.device)
@@ -167,16 +172,17 @@ def _per_step(args, dec, inputs, spec: str, dtype: str) -> dict:
     ours, cuda, sites, steps = _count_syncs(args.device, run)
     print(f"per step, by source line, {spec} ({dtype}): syncs {_sites(ours.where['sync'], steps)}; "
           f"h2d {_sites(ours.where['h2d'], steps)}; CUDA's {_sites(sites, steps)}", flush=True)
-    return {"syncs/step": f"{ours.counts['sync'] / steps:.1f}", "h2d/step": f"{ours.counts['h2d'] / steps:.1f}",
+    return {"syncs/step": f"{ours.counts['sync'] / steps:.1f}",
+            "h2d/step": f"{ours.counts['h2d'] / steps:.1f}",
             "cuda-sync/step": f"{cuda:.1f}"}
 
 
 def check_dtype(args, dtype: str, table: Table) -> list[list[int]]:
     """The ``generate`` row and one row per strategy in one dtype; returns the prompts' ids. The
     verifier is freed at the end, so the next dtype's copy is the only one on the device."""
+    from common.verifiers import eos_token_ids, resolve
     from decoding.bench import hf_generate
     from decoding.runner import load_proposers
-    from common.verifiers import eos_token_ids, resolve
     from decoding.verifiers import load_verifier
     from drafters.checkpoint import init_drafter, save_checkpoint
     from drafters.config import DrafterConfig
@@ -204,8 +210,10 @@ def check_dtype(args, dtype: str, table: Table) -> list[list[int]]:
     synchronize(args.device)
     gen_tps = sum(map(len, refs)) / (time.perf_counter() - t0)
     model_name = args.model_label or (Path(name).name if Path(name).exists() else name)
-    table.add(dict(model=model_name, dtype=dtype, check="generate", **{"tok/s": f"{gen_tps:.1f}", "vs gen": "1.00x"},
-                   **{"peak mem": _peak(args.device)}, note=f"{len(inputs)} prompts x {args.max_new_tokens} tokens"))
+    table.add(dict(model=model_name, dtype=dtype, check="generate", **{"tok/s": f"{gen_tps:.1f}",
+            "vs gen": "1.00x"},
+                   **{"peak mem": _peak(args.device)},
+                   note=f"{len(inputs)} prompts x {args.max_new_tokens} tokens"))
     _decoder_rows(args, model, props, eos, inputs, refs, gen_tps, dtype, model_name, table)
     del model, tok, props
     free_verifiers(args.device)
@@ -223,13 +231,17 @@ def _standalone(args) -> None:
     if args.layers:
         shape["layers"] = args.layers
     t0 = time.perf_counter()
-    out = Path(args.workdir or tempfile.mkdtemp(prefix="gpu-check-model-")) / f"{args.shape}-{shape['layers']}l"
-    # the planted successor map is the data's bigram table: the verifier speaks the corpus the drafter trains on
+    out = Path(args.workdir
+               or tempfile.mkdtemp(prefix="gpu-check-model-")) / f"{args.shape}-{shape['layers']}l"
+    # the planted successor map is the data's bigram table: the verifier speaks the corpus the drafter trains
+    # on
     path = l3.build(out, device=args.device, learnable=True, corpus_texts=sd.texts(data), **shape)
     args.verifier = str(path)
     args.model_label = f"{args.shape} ({shape['layers']} layers, hidden {shape['hidden']})"
-    print(f"built {args.model_label}, random bf16 weights with the data's bigram table planted as a near-bigram "
-          f"next token (experiments/llama3_shaped.py plant_bigram), at {path} in {time.perf_counter() - t0:.0f}s; "
+    print(f"built {args.model_label}, random bf16 weights with the data's bigram table planted as a "
+          "near-bigram "
+          f"next token (experiments/llama3_shaped.py plant_bigram), at {path} in "
+          f"{time.perf_counter() - t0:.0f}s; "
           f"data at {data}", flush=True)
     if args.device.startswith("cuda"):
         torch.cuda.empty_cache()  # the build's copy is gone: nothing of it stays on the device
@@ -245,7 +257,8 @@ def _default_layers(args) -> None:
     fit = int((0.8 * total - rest) / per_layer)
     if fit < 32:
         args.layers = max(2, fit)
-        print(f"note: {total:.0f} GiB on the device; Llama-3-8B's 32 layers need ~{32 * per_layer + rest:.0f} GiB; "
+        print(f"note: {total:.0f} GiB on the device; Llama-3-8B's 32 layers need "
+              f"~{32 * per_layer + rest:.0f} GiB; "
               f"building {args.layers} layers instead", flush=True)
 
 
@@ -271,7 +284,8 @@ def _packing(args, dtype: str, inputs: list[list[int]], table: Table) -> None:
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
     path = pk.write_rates(args.rates_out or Path(args.workdir or tempfile.mkdtemp()) / "gpu_rates.json",
                           device, args.model_label or args.verifier, dtype, rows)
-    print(f"packing rates written to {path} (python experiments/full_grid.py --dry-run --rates {path})", flush=True)
+    print(f"packing rates written to {path} (python experiments/full_grid.py --dry-run --rates {path})",
+          flush=True)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -279,7 +293,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--verifier", default="smollm2-135m-instruct")
     ap.add_argument("--drafter", action="append", default=[], help="drafter checkpoint (repeat for two)")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtypes", default=None, help="comma-separated (default: float32,bfloat16; standalone: bfloat16)")
+    ap.add_argument("--dtypes", default=None,
+                    help="comma-separated (default: float32,bfloat16; standalone: bfloat16)")
     ap.add_argument("--n-prompts", type=int, default=4, help="per benchmark (gsm8k, mt_bench)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--tie-gap", type=float, default=None,
@@ -289,7 +304,8 @@ def _parser() -> argparse.ArgumentParser:
                          "AdamW, nothing but torch and transformers")
     ap.add_argument("--no-train", dest="trainer", action="store_const", const="torch",
                     help="no Ray Train or DeepSpeed: the same as --trainer torch")
-    ap.add_argument("--skip-training", action="store_true", help="decode with the given (or random) drafters only")
+    ap.add_argument("--skip-training", action="store_true",
+                    help="decode with the given (or random) drafters only")
     ap.add_argument("--min-top1", type=float, default=0.5,
                     help="held-out top-1 at depth 1 the trained drafter must reach (the check fails below it)")
     ap.add_argument("--min-tau", type=float, default=None,
@@ -300,11 +316,13 @@ def _parser() -> argparse.ArgumentParser:
                          "--standalone: 1,2,4; 'none' skips)")
     ap.add_argument("--rates-out", default=None, help="packing rates file (default: WORKDIR/gpu_rates.json)")
     ap.add_argument("--standalone", action="store_true",
-                    help="build the verifier (Llama-3-shaped, random with a planted near-bigram next token) and "
+                    help="build the verifier (Llama-3-shaped, random with a planted near-bigram next token) "
+                         "and "
                          "the data here: nothing from outside the repository; the trained drafters decode")
     ap.add_argument("--shape", choices=("llama3-8b", "small"), default="llama3-8b")
     ap.add_argument("--layers", type=int, default=None, help="fewer layers than the shape's (memory)")
-    ap.add_argument("--workdir", default=None, help="where the standalone model is written (default: a temp dir)")
+    ap.add_argument("--workdir", default=None,
+                    help="where the standalone model is written (default: a temp dir)")
     ap.add_argument("--train-examples", type=int, default=256)
     ap.add_argument("--train-batch", type=int, default=2)
     ap.add_argument("--train-steps", type=int, default=256,
@@ -341,9 +359,11 @@ def main(argv=None) -> int:
         print("error: no CUDA device; `--device cpu` runs the same checks on the CPU", file=sys.stderr)
         return 2
     if args.device.startswith("cuda"):
-        print(f"device: {torch.cuda.get_device_name()} ({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} "
+        print(f"device: {torch.cuda.get_device_name()} "
+              f"({torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} "
               f"GiB), torch {torch.__version__}", flush=True)
-    # standalone on a GPU: float32 first (exactness at the tightest tie gap), then bfloat16 (speed, syncs, memory)
+    # standalone on a GPU: float32 first (exactness at the tightest tie gap), then bfloat16 (speed, syncs,
+    # memory)
     cpu_only = args.standalone and not args.device.startswith("cuda")
     dtypes = (args.dtypes or ("bfloat16" if cpu_only else "float32,bfloat16")).split(",")
     table = Table()
@@ -361,7 +381,8 @@ def main(argv=None) -> int:
     if not args.standalone:
         if args.llama3_shaped == "on" or (args.llama3_shaped == "auto" and args.device.startswith("cuda")):
             built = _experiment("llama3_shaped").build(tempfile.mkdtemp(prefix="llama3-"))
-            shaped = argparse.Namespace(**{**vars(args), "verifier": str(built), "model_label": None, "min_tau": 0.0})
+            shaped = argparse.Namespace(**{**vars(args), "verifier": str(built), "model_label": None,
+                                           "min_tau": 0.0})
             for d in dtypes:
                 check_dtype(shaped, d, table)
         if not args.skip_training:

@@ -28,10 +28,10 @@ def _worker(args) -> int:
     import torch
 
     sys.path.insert(0, str(ROOT))
+    from common.verifiers import eos_token_ids, resolve
+    from decoding.config import TreeConfig
     from decoding.engine import DecodeConfig, SpeculativeDecoder
     from decoding.runner import load_proposers
-    from decoding.config import TreeConfig
-    from common.verifiers import eos_token_ids, resolve
     from decoding.verifiers import load_verifier
 
     if args.threads:
@@ -54,7 +54,8 @@ def _worker(args) -> int:
     end = time.time()
     peak = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None
     out = {"start": start, "end": end, "tokens": sum(len(r.output_token_ids) for r in res),
-           "steps": sum(r.verifier_calls for r in res), "new": sum(r.new_tokens for r in res), "peak_gib": peak}
+           "steps": sum(r.verifier_calls for r in res), "new": sum(r.new_tokens for r in res),
+           "peak_gib": peak}
     if args.generate:  # transformers' generate on the same prompts, after the timed decode
         out |= _time_generate(model, tok, inputs, args.max_new_tokens, args.device)
     print(json.dumps(out), flush=True)
@@ -82,7 +83,8 @@ def _time_generate(model, tok, inputs: list[list[int]], max_new: int, device: st
 def run_packed(k: int, worker_args: list[str], threads: int, timeout: float = 600) -> list[dict]:
     """Start k workers, release them together once all are ready, return their JSON results."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--threads", str(threads), *worker_args]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                                     os.environ.get("PYTHONPATH")]))}
     procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
              for _ in range(k)]
     try:
@@ -120,7 +122,8 @@ def measure(args, drafter: str, dtype: str, inputs: list[list[int]], counts: lis
 
     path = Path(tempfile.mkdtemp(prefix="gpu-check-packing-")) / "inputs.json"
     path.write_text(json.dumps(inputs))
-    worker_args = ["--verifier", args.verifier, "--drafter", drafter, "--device", args.device, "--dtype", dtype,
+    worker_args = ["--verifier", args.verifier, "--drafter", drafter, "--device", args.device, "--dtype",
+                   dtype,
                    "--inputs", str(path), "--max-new-tokens", str(args.max_new_tokens)]
     cpu = not args.device.startswith("cuda")
     rows, base = [], None
@@ -129,10 +132,12 @@ def measure(args, drafter: str, dtype: str, inputs: list[list[int]], counts: lis
         base = base or row["tokens_per_s"]
         rows.append(row)
         peak = row["peak_gib_per_process"]
-        table.add({"model": args.model_label or Path(args.verifier).name, "dtype": dtype, "check": f"packing x{k}",
+        table.add({"model": args.model_label or Path(args.verifier).name, "dtype": dtype,
+                   "check": f"packing x{k}",
                    "tok/s": f"{row['tokens_per_s']:.1f}", "vs gen": "", "tau": f"{row['tau']:.2f}",
                    "peak mem": f"{peak:.1f} GiB each" if peak is not None else "-",
-                   "note": f"{k} processes on one device, single 4/4/16: aggregate {row['tokens_per_s'] / base:.2f}x "
+                   "note": f"{k} processes on one device, single 4/4/16: aggregate "
+                           f"{row['tokens_per_s'] / base:.2f}x "
                            f"one process; {row['step_s'] * 1e3:.1f} ms per step per process"
                            + ("; 1 torch thread each" if cpu else "")})
     return rows

@@ -60,12 +60,15 @@ def _config(args, name: str, model, tok, precision: str, deepspeed: bool):
     root = tempfile.mkdtemp(prefix="gpu-check-features-")
     spec = DataSpec(n=args.train_examples, heldout=8, max_length=256)
     t0 = time.perf_counter()
-    caches = {"mathinstruct": ensure_features(model, tok, eos_token_ids(model, tok), name, "mathinstruct", spec, root)}
+    caches = {"mathinstruct": ensure_features(model, tok, eos_token_ids(model, tok), name, "mathinstruct",
+                                              spec, root)}
     took = time.perf_counter() - t0
     per_epoch = max(1, spec.n // args.train_batch)
     epochs = max(2, math.ceil(args.train_steps / per_epoch))  # two at least: "the loss falls" compares epochs
-    cfg = TrainConfig(verifier=name, backbone="hass", variant="math", out_dir=tempfile.mkdtemp(prefix="gpu-check-train-"),
-                      train_data=variant_data("math", root, caches, spec.n), heldout_data=heldout_data(root, caches),
+    cfg = TrainConfig(verifier=name, backbone="hass", variant="math",
+                      out_dir=tempfile.mkdtemp(prefix="gpu-check-train-"),
+                      train_data=variant_data("math", root, caches, spec.n), heldout_data=heldout_data(root,
+                              caches),
                       epochs=epochs, lr=args.train_lr, warmup_steps=epochs * per_epoch // 8,
                       batch_size=args.train_batch, deepspeed=deepspeed, zero_stage=1, precision=precision)
     return cfg, f"features {spec.n} ex in {took:.0f}s"
@@ -126,7 +129,8 @@ def check_training(args, table, peak) -> list[Path]:
     table.add(dict(model=args.model_label or name, dtype="bfloat16" if precision == "bf16" else "float32",
                    check=label, **{"tok/s": f"{m.get('train_tokens_per_s', 0):.0f}"},
                    MISMATCH=1 if failed else "", **{"peak mem": peak()},
-                   note=f"{features}; {sum(h.get('steps', 0) for h in history)} steps of batch {args.train_batch}, "
+                   note=f"{features}; {sum(h.get('steps', 0) for h in history)} steps of batch "
+                        f"{args.train_batch}, "
                         f"lr {args.train_lr:g}, in {time.perf_counter() - t0:.0f}s ({how}), loss "
                         f"{m.get('train_loss', 0):.3f} (by epoch {' > '.join(f'{x:.3f}' for x in losses)}), "
                         f"held-out top-1 {top1} (untrained first; pass: >= {args.min_top1:g}) "

@@ -52,7 +52,8 @@ def packing_counts(ctx, wanted: list[int]) -> tuple[list[int], str]:
     total = torch.cuda.get_device_properties(0).total_memory / 2**30
     fits = int(0.9 * total / (1.08 * copy + 0.6))
     skipped = [k for k in wanted if k > fits]
-    note = (f"{total:.0f} GiB holds {fits} verifier copies of {copy:.1f} GiB: x{', x'.join(map(str, skipped))} "
+    note = (f"{total:.0f} GiB holds {fits} verifier copies of {copy:.1f} GiB: "
+            f"x{', x'.join(map(str, skipped))} "
             "skipped") if skipped else ""
     return [k for k in wanted if k <= fits], note
 
@@ -75,15 +76,18 @@ def eval_part(ctx, budget_s: float, emit) -> dict:
         if time.perf_counter() - t0 > budget_s:
             out["notes"].append(f"x{k} not run: the part's {budget_s:.0f} s budget was spent")
             continue
-        res = pk.run_packed(k, worker + (["--generate"] if k == 1 else []), threads=0 if _cuda(ctx.device) else 1)
+        res = pk.run_packed(k, worker + (["--generate"] if k == 1 else []), threads=0 if _cuda(ctx.device)
+                            else 1)
         row = pk.summarize(k, res)
         if k == 1 and res[0].get("generate_tokens"):
             out["generate_ms_per_token"] = 1e3 * res[0]["generate_s"] / res[0]["generate_tokens"]
         out["packing"].append(row)
         if len(out["packing"]) > 1:
-            fit = packing.fit({"packing": out["packing"], "device": ctx.device_name}, "this run", None, ctx.tree[1])
+            fit = packing.fit({"packing": out["packing"], "device": ctx.device_name}, "this run", None,
+                              ctx.tree[1])
             out["t_dev_s"] = fit["t_dev_s"]
-        emit("eval", f"x{k}: {row['step_s'] * 1e3:.1f} ms per step per process, {row['tokens_per_s']:.1f} tokens/s "
+        emit("eval",
+             f"x{k}: {row['step_s'] * 1e3:.1f} ms per step per process, {row['tokens_per_s']:.1f} tokens/s "
                      f"in all, tau {row['tau']:.2f} (planted verifier: not Llama-3's), peak "
                      + (f"{row['peak_gib_per_process']:.1f} GiB each" if row["peak_gib_per_process"] else "-")
                      + (f"; generate {out['generate_ms_per_token']:.1f} ms/token" if k == 1 and
@@ -112,7 +116,8 @@ def synthetic_example(i: int, n: int, hidden: int, vocab: int, aux: int, gen: to
     top = torch.rand(n, TOPK, generator=gen).softmax(-1)
     return FeatureExample(
         f"synthetic-{i}", torch.randint(0, vocab, (n,), generator=gen), torch.ones(n, dtype=torch.bool),
-        torch.randn(n, hidden, generator=gen).to(torch.float16), torch.randint(0, vocab, (n, TOPK), generator=gen,
+        torch.randn(n, hidden, generator=gen).to(torch.float16), torch.randint(0, vocab, (n, TOPK),
+                generator=gen,
                                                                                dtype=torch.int32),
         top.to(torch.float16), torch.randn(n, aux * hidden, generator=gen).to(torch.float16) if aux else None)
 
@@ -192,7 +197,8 @@ def train_part(ctx, budget_s: float, emit) -> dict:
     for backbone in ctx.args.backbones:
         for tokens in ctx.args.train_tokens:
             if time.perf_counter() - t0 > budget_s:
-                out["notes"].append(f"{backbone} at {tokens} tokens not run: the part's {budget_s:.0f} s budget "
+                out["notes"].append(f"{backbone} at {tokens} tokens not run: the part's {budget_s:.0f} s "
+                                    "budget "
                                     "was spent")
                 continue
             row = {"backbone": backbone, "tokens": tokens, **_time_steps(ctx, model, backbone, tokens,
@@ -201,7 +207,8 @@ def train_part(ctx, budget_s: float, emit) -> dict:
             row["tokens_per_s"] = tokens / (row["ms_per_step"] / 1e3)
             out["rows"].append(row)
             peak = row["peak_gib"]
-            emit("train", f"{backbone} 1 x {tokens}: {row['ms_per_step']:.1f} ms/step ({row['tokens_per_s']:,.0f} "
+            emit("train",
+                 f"{backbone} 1 x {tokens}: {row['ms_per_step']:.1f} ms/step ({row['tokens_per_s']:,.0f} "
                           f"tokens/s), peak {'-' if peak is None else f'{peak:.1f} GiB'} vs sizing "
                           f"{row['sizing_gib']:.1f} GiB"
                           + (f" ({(peak - row['sizing_gib']) / row['sizing_gib']:+.0%})" if peak else ""))
@@ -225,7 +232,8 @@ def _copy_modes() -> list[str]:
     ``verifier_features`` takes an ``async_copies`` flag."""
     from drafters.features import verifier_features
 
-    return ["sync", "async"] if "async_copies" in inspect.signature(verifier_features).parameters else ["sync"]
+    return ["sync",
+            "async"] if "async_copies" in inspect.signature(verifier_features).parameters else ["sync"]
 
 
 def _extract_once(ctx, model, examples, aux_layers, mode: str) -> dict:

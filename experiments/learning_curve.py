@@ -86,7 +86,8 @@ def main(argv=None) -> int:
     fig.tight_layout()
     fig.savefig(out / "learning_curve.png", dpi=120)
     table = ["| run | drafter | epoch | loss tokens | top-1 depth 1 |", "|---|---|---|---|---|"]
-    table += [f"| {p['run']} | {p['drafter']} | {p['epoch']} | {p['tokens']:.0f} | {p['top1']:.3f} |" for p in pts]
+    table += [f"| {p['run']} | {p['drafter']} | {p['epoch']} | {p['tokens']:.0f} | {p['top1']:.3f} |"
+              for p in pts]
     text = "\n".join(["# Learning curve", "", *lines, "", *table, ""])
     (out / "learning_curve.md").write_text(text)
     print(text)

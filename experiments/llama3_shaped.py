@@ -52,7 +52,8 @@ def build_tokenizer(merges_vocab: int = 4000):
                                                           initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     vocab = bpe.get_vocab()
     vocab.update({f"<|fill_{i}|>": i for i in range(len(vocab), BASE)})  # unreachable by merges, decodable
-    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in json.loads(bpe.to_str())["model"]["merges"]]
+    merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
+              for m in json.loads(bpe.to_str())["model"]["merges"]]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
     tok.pre_tokenizer, tok.decoder = bpe.pre_tokenizer, bpe.decoder
     tok.add_special_tokens([AddedToken(SPECIAL.get(i, f"<|reserved_special_token_{i}|>"), special=True)
@@ -131,7 +132,8 @@ def plant_bigram(model, seed: int = 0, target: float = 0.9, sharpness: float = 1
     with torch.no_grad():
         unit = E.float() / E.float().norm(dim=-1, keepdim=True).clamp_min(1e-6)  # the pad row is zero
         E.copy_((unit * H ** 0.5).to(E.dtype))  # rows of RMS 1, the scale of the features a drafter predicts
-        head = torch.zeros(V, H, device=E.device)  # rows outside the map's image (fill, special, EOS) stay zero
+        # rows outside the map's image (fill, special, EOS) stay zero
+        head = torch.zeros(V, H, device=E.device)
         head.index_add_(0, succ, sharpness / H ** 0.5 * unit[A])
         model.lm_head.weight.copy_(head.to(E.dtype))
     ids = A[torch.randint(0, len(A), (2, 64), generator=g).to(E.device)]
@@ -152,7 +154,8 @@ def plant_bigram(model, seed: int = 0, target: float = 0.9, sharpness: float = 1
     return 10 ** lo
 
 
-def build(out: str | Path, hidden: int = 256, layers: int = 2, seed: int = 0, *, intermediate: int | None = None,
+def build(out: str | Path, hidden: int = 256, layers: int = 2, seed: int = 0, *,
+          intermediate: int | None = None,
           heads: int = 8, kv_heads: int = 2, device: str = "cpu", learnable: bool = False,
           corpus_texts: list[str] | None = None) -> Path:
     """Write the model directory (config, bf16 safetensors, tokenizer, generation config). The weights
@@ -168,7 +171,8 @@ def build(out: str | Path, hidden: int = 256, layers: int = 2, seed: int = 0, *,
     out = Path(out)
     cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=intermediate or 2 * hidden,
                       num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                      head_dim=hidden // heads, rope_theta=500_000.0, max_position_embeddings=8192, rms_norm_eps=1e-5,
+                      head_dim=hidden // heads, rope_theta=500_000.0, max_position_embeddings=8192,
+                      rms_norm_eps=1e-5,
                       tie_word_embeddings=False, bos_token_id=BASE, eos_token_id=[BASE + 1, BASE + 9],
                       pad_token_id=BASE + 1)
     torch.manual_seed(seed)

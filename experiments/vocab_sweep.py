@@ -33,7 +33,8 @@ def _parse(argv) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def _train(model, tok, eos, name: str, size: int, spec, caches: dict, out: Path, args) -> tuple[Path, float, float]:
+def _train(model, tok, eos, name: str, size: int, spec, caches: dict, out: Path, args) -> tuple[Path, float,
+        float]:
     """One HASS math drafter with a draft vocabulary of ``size`` (0: the full one): its final
     checkpoint, the vocabulary's coverage of assistant tokens, and the training call's seconds."""
     from drafters.train.loop import TrainConfig, train
@@ -88,18 +89,20 @@ def _draft_ms_per_level(model, p, ids0: list[int]) -> float:
 
 
 def _print_table(rows: list[dict]) -> None:
-    print("\n| draft vocab | coverage of assistant tokens | top-1 d1 | d2 | d3 | tau GSM8K T=0 (4/4/16) | draft ms/level | train loss tok/s |")
+    print("\n| draft vocab | coverage of assistant tokens | top-1 d1 | d2 | d3 | tau GSM8K T=0 (4/4/16) | "
+          "draft ms/level | train loss tok/s |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for r in rows:
-        print(f"| {r['size']} | {100 * r['coverage']:.1f}% | {r['top1_d1']:.3f} | {r['top1_d2']:.3f} | {r['top1_d3']:.3f} | "
+        print(f"| {r['size']} | {100 * r['coverage']:.1f}% | {r['top1_d1']:.3f} | {r['top1_d2']:.3f} | "
+              f"{r['top1_d3']:.3f} | "
               f"{r['tau']:.2f} | {r['draft_ms_level']:.1f} | {r['train_tok_s']:.0f} |")
 
 
 def main(argv=None) -> int:
     import json
 
-    from decoding.runner import default_threads, load_proposers
     from common.verifiers import eos_token_ids
+    from decoding.runner import default_threads, load_proposers
     from decoding.verifiers import load_verifier
     from drafters.data.sources import load_benchmark
     from drafters.data.templating import benchmark_prompt_ids
@@ -113,7 +116,8 @@ def main(argv=None) -> int:
     eos = eos_token_ids(model, tok)
     out = Path(args.out).resolve()
     spec = DataSpec(n=args.n, heldout=16, max_length=args.max_length)
-    caches = {c: ensure_features(model, tok, eos, name, c, spec, str(out / "features")) for c in ("mathinstruct", "sharegpt")}
+    caches = {c: ensure_features(model, tok, eos, name, c, spec, str(out / "features"))
+              for c in ("mathinstruct", "sharegpt")}
     prompts = load_benchmark("gsm8k")[0][: args.prompts]
     inputs = [(p.id, benchmark_prompt_ids(tok, p, 0, [])) for p in prompts]
     rows = []
@@ -124,10 +128,12 @@ def main(argv=None) -> int:
         prop = load_proposers(model, [str(final)], name)
         tau = _tau(model, prop, eos, inputs, args.max_new_tokens)
         draft_ms = _draft_ms_per_level(model, prop[0], inputs[0][1])
-        rows.append({"size": size or model.config.vocab_size, "coverage": coverage, "top1_d1": last["top1_depth1"],
+        rows.append({"size": size or model.config.vocab_size, "coverage": coverage,
+                     "top1_d1": last["top1_depth1"],
                      "top1_d2": last["top1_depth2"], "top1_d3": last["top1_depth3"], "tau": tau,
                      "draft_ms_level": draft_ms,
-                     "train_tok_s": statistics.mean(h["train_tokens_per_s"] for h in hist[1:]), "train_s": train_s})
+                     "train_tok_s": statistics.mean(h["train_tokens_per_s"] for h in hist[1:]),
+                     "train_s": train_s})
         print(rows[-1], flush=True)
     _print_table(rows)
     return 0

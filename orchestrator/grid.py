@@ -8,10 +8,9 @@ from dataclasses import dataclass, field, replace
 
 from decoding.config import OPTION_COLUMNS, TREE_MODES, DecodeConfig, TreeConfig
 from drafters.corpora import CORPORA, variant_corpora
-from workers.eval_worker import EvalJob
-
 from orchestrator.keys import key_of
 from orchestrator.profile.schema import Profile
+from workers.eval_worker import EvalJob
 
 
 @dataclass(frozen=True)
@@ -183,7 +182,8 @@ def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
             out.append(mk(backbone=b, drafter=v, strategy="single", drafters=(f"{b}-{v}",)))
         for m in merge_cells(p):
             if m.backbone == b:
-                out.append(mk(backbone=b, drafter=m.name.split("-", 1)[1], strategy="single", drafters=(m.name,)))
+                out.append(mk(backbone=b, drafter=m.name.split("-", 1)[1], strategy="single",
+                              drafters=(m.name,)))
         if e.budget_matched and "merged" in e.strategies:
             budget = len(pair) * (tt - 1) + 1  # a merged tree verifies every drafter's nodes
             for d in pair:
@@ -192,7 +192,8 @@ def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
     for s in ("confidence", "entropy"):
         if s in e.strategies:
             for g in e.routing_granularities:
-                out.append(mk(backbone=b, drafter=pair_name, strategy=s, routing_granularity=g, drafters=pair))
+                out.append(mk(backbone=b, drafter=pair_name, strategy=s, routing_granularity=g,
+                              drafters=pair))
     merged = lambda **kw: mk(backbone=b, drafter=pair_name, strategy="merged", drafters=pair, **kw)  # noqa: E731
     if "merged" in e.strategies:
         for dd in e.merge_dedup:
@@ -208,7 +209,8 @@ def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
     # the study's routers (posthoc_confidence has no cell: the report computes it from the single cells)
     merged_names = {m.name.split("-", 1)[1] for m in merge_cells(p) if m.backbone == b}
     heads_ok = set(e.heads) <= set(variants) | merged_names
-    if "entropy_heads" in e.routers and heads_ok:  # its code: lowest draft entropy over heads, per prompt turn
+    # its code: lowest draft entropy over heads, per prompt turn
+    if "entropy_heads" in e.routers and heads_ok:
         out.append(mk(backbone=b, drafter="+".join(e.heads), strategy="entropy", routing_granularity="turn",
                       decide_steps=1, drafters=tuple(f"{b}-{h}" for h in e.heads)))
     # its text's router: once per prompt on mean node confidence; switching and depth_adaptive start from it
@@ -218,9 +220,11 @@ def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
     if "switching" in e.strategies:
         for k in e.switch_after:
             for to in e.switch_to:
-                out.append(mk(backbone=b, drafter=pair_name, strategy="switching", drafters=pair, switch_after=k,
+                out.append(mk(backbone=b, drafter=pair_name, strategy="switching", drafters=pair,
+                              switch_after=k,
                               switch_to=to, **per_prompt))
-    if "hedge" in e.strategies:  # the online router over the route pair (decoding/hedge.py), per learner x reset
+    # the online router over the route pair (decoding/hedge.py), per learner x reset
+    if "hedge" in e.strategies:
         for learner in e.hedge_learners:
             for reset in e.hedge_resets:
                 out.append(mk(backbone=b, drafter=pair_name, strategy="hedge", drafters=pair,
@@ -229,7 +233,8 @@ def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
     if "depth_adaptive" in e.strategies and e.mixed_variant in variants:  # (mixed, specialists), one budget
         out.append(mk(backbone=b, drafter=f"{e.mixed_variant}+{pair_name}", strategy="depth_adaptive",
                       drafters=(f"{b}-{e.mixed_variant}", *pair), switch_depth=e.switch_depth, **per_prompt))
-        if not (e.budget_matched and "merged" in e.strategies):  # its budget-matched rival, merged@total_tokens
+        # its budget-matched rival, merged@total_tokens
+        if not (e.budget_matched and "merged" in e.strategies):
             out.append(merged(budget_matched=True))
     return out
 
@@ -241,7 +246,8 @@ def rq1_backbone(p: Profile) -> str:
 def _rq1_sized(p: Profile, c: EvalCell) -> EvalCell:
     """RQ1's cells (single math / chat, fixed tree, T=0, eval.rq1_backbone) get eval.rq1_prompts prompts."""
     e = p.eval
-    if e.rq1_prompts is None or c.strategy != "single" or c.drafter not in ("math", "chat") or c.budget_matched \
+    if e.rq1_prompts is None or c.strategy != "single" or c.drafter not in ("math",
+            "chat") or c.budget_matched \
             or c.tree_mode != "fixed" or c.temperature != 0.0 or c.backbone != rq1_backbone(p):
         return c
     return replace(c, prompts=e.rq1_prompts)
@@ -262,7 +268,8 @@ def pool_sizes(p: Profile) -> dict:
     return out
 
 
-BENCHMARK_SIZES = {"mt_bench": 80, "gsm8k": 1319, "math500": 500, "svamp": 1000}  # prompts each (local copies)
+# prompts each (local copies)
+BENCHMARK_SIZES = {"mt_bench": 80, "gsm8k": 1319, "math500": 500, "svamp": 1000}
 
 
 def corpora(p: Profile) -> list[str]:
@@ -276,4 +283,5 @@ def plan_summary(p: Profile) -> dict:
     per_bench = {b: (n or BENCHMARK_SIZES[b]) for b, n in pool_sizes(p).items()}  # null = every prompt
     n_prompt_runs = sum(cell_prompts(p, c) or BENCHMARK_SIZES[c.benchmark] for c in ev)
     return {"features": corpora(p), "train": [c.name for c in t], "merge": [c.name for c in m],
-            "eval_cells": len(ev), "eval_prompt_runs": n_prompt_runs, "prompts_total": sum(per_bench.values())}
+            "eval_cells": len(ev), "eval_prompt_runs": n_prompt_runs,
+            "prompts_total": sum(per_bench.values())}

@@ -123,7 +123,8 @@ def _read_journal(path: Path, warn: bool = True) -> tuple[int | None, list[dict]
             break
         good += len(line) + 1
     if tail and warn:
-        _warn(f"{path}: its last line is incomplete ({len(tail)} bytes, an append cut off by a crash): ignored")
+        _warn(f"{path}: its last line is incomplete ({len(tail)} bytes, an append cut off by a crash): "
+              "ignored")
     if not ops:
         return None, [], good
     return int(ops[0].get("base", -1)), ops[1:], good
@@ -211,7 +212,8 @@ class Manifest:
                 return False
         return True
 
-    def record(self, key: str, stage: str, name: str, status: str, attempts: int = 1, error: str | None = None,
+    def record(self, key: str, stage: str, name: str, status: str, attempts: int = 1,
+               error: str | None = None,
                files: list[str] = (), **extra) -> None:
         with self._lock:
             if self.present is not None:  # recorded only once published
@@ -268,7 +270,8 @@ class Manifest:
         os.fsync(self._fd)
         _apply(self.data, op)
         self._lines += 1
-        if self._lines >= max(COMPACT_MIN, self._units):  # a snapshot's size of lines: O(1) a record, amortized
+        # a snapshot's size of lines: O(1) a record, amortized
+        if self._lines >= max(COMPACT_MIN, self._units):
             self._compact()
 
     def _unchanged(self, op: dict) -> bool:
@@ -466,7 +469,8 @@ class Lease:
             try:
                 self._beat()
             except OSError as e:
-                self.lost = (f"the lease on {self.ref} was not renewed for {silent:.0f}s ({e}); another driver "
+                self.lost = (f"the lease on {self.ref} was not renewed for {silent:.0f}s ({e}); another "
+                             "driver "
                              f"may hold it after {self.ttl:.0f}s: this driver stops")
         if self.lost:
             raise LeaseHeld(self.lost)
@@ -479,4 +483,5 @@ class Lease:
             if not self.lost and (self._read() or {}).get("id") == self.me["id"]:
                 storage.remove(self.ref)
         except OSError as e:  # it expires by itself
-            print(f"[lease] releasing {self.ref} failed ({e}); it expires in {self.ttl:.0f}s", file=sys.stderr)
+            print(f"[lease] releasing {self.ref} failed ({e}); it expires in {self.ttl:.0f}s",
+                  file=sys.stderr)

@@ -47,10 +47,13 @@ T = torch.Tensor
 _GETTERS = {"device": T.device, "is_cuda": T.is_cuda, "is_cpu": T.is_cpu}
 _SYNC_METHODS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "__repr__", "__format__",
                  "__array__"}
-_INDEXING = {"__getitem__", "index_select", "index", "take", "gather", "take_along_dim", "scatter", "scatter_",
-             "scatter_add", "scatter_add_", "index_add", "index_add_", "index_copy", "index_copy_", "index_put",
+_INDEXING = {"__getitem__", "index_select", "index", "take", "gather", "take_along_dim", "scatter",
+             "scatter_",
+             "scatter_add", "scatter_add_", "index_add", "index_add_", "index_copy", "index_copy_",
+             "index_put",
              "index_put_"}
-_COPIES_HOST_INDICES = {"__getitem__", "__setitem__", "index", "index_put", "index_put_"}  # x[idx]: CUDA copies
+# x[idx]: CUDA copies
+_COPIES_HOST_INDICES = {"__getitem__", "__setitem__", "index", "index_put", "index_put_"}
 _DATA_DEPENDENT = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "nonzero_static"}
 _JOINS = {"cat", "concat", "concatenate", "stack", "hstack", "vstack", "dstack", "column_stack"}
 _METADATA = {"_has_compatible_shallow_copy_type", "is_floating_point", "is_complex", "dim", "size", "numel",
@@ -200,7 +203,8 @@ class FakeCuda(TorchFunctionMode):
         return Event
 
     def _mismatch(self, what: str):
-        self._fail(f"Expected all tensors to be on the same device, but found at least two devices, cuda:0 and "
+        self._fail("Expected all tensors to be on the same device, but found at least two devices, cuda:0 "
+                   "and "
                    f"cpu! ({what})")
 
     def _fail(self, msg: str):
@@ -217,7 +221,8 @@ class FakeCuda(TorchFunctionMode):
             for attr, desc in _GETTERS.items():
                 if owner is desc:
                     dev = on_device(args[0])
-                    return {"device": CUDA if dev else torch.device("cpu"), "is_cuda": dev, "is_cpu": not dev}[attr]
+                    return {"device": CUDA if dev else torch.device("cpu"), "is_cuda": dev,
+                            "is_cpu": not dev}[attr]
             out = func(*args, **kwargs)  # .T, .data, .grad, .shape, ...: a tensor keeps its device
             return _tag(out) if isinstance(out, torch.Tensor) and on_device(args[0]) else out
         if name == "__set__" and owner is T.data:  # param.data = new (Module.to / _apply)
@@ -286,12 +291,14 @@ class FakeCuda(TorchFunctionMode):
         """Device -> host reads that CUDA makes inside an op (C++), which no Python call shows."""
         if name in ("__getitem__", "__setitem__", "index_put", "index_put_") and len(args) > 1:
             for t in _tensors(args[1], []):
-                if on_device(t) and (t.dtype in (torch.bool, torch.uint8) or (t.dim() == 0 and not t.is_floating_point())):
+                if on_device(t) and (t.dtype in (torch.bool, torch.uint8) or (t.dim() == 0
+                        and not t.is_floating_point())):
                     self._note("sync")  # a mask's nonzero, or a 0-dim index read as a Python int
         elif name in _DATA_DEPENDENT or (name == "where" and len(args) + len(kwargs) == 1):
             self._note("sync")
         elif name == "repeat_interleave" and "output_size" not in kwargs and any(
-                on_device(t) and t.dim() > 0 for t in _tensors(args[1:2], []) + _tensors(kwargs.get("repeats"), [])):
+                on_device(t) and t.dim() > 0 for t in _tensors(args[1:2],
+                                                               []) + _tensors(kwargs.get("repeats"), [])):
             self._note("sync")
 
     def _check_mix(self, name: str, args, host: list, kwargs=None) -> None:
@@ -421,7 +428,8 @@ class SyncCounter(TorchFunctionMode):
         if t is not None and t.is_cuda and (name in _SYNC_METHODS or name == "cpu"
                                             or (name == "to" and _to_target(args, kwargs) == (True, False))):
             self._note("sync")
-        elif t is not None and not t.is_cuda and (name == "cuda" or (name == "to" and _to_target(args, kwargs)[1])):
+        elif t is not None and not t.is_cuda and (name == "cuda" or (name == "to" and _to_target(args,
+                kwargs)[1])):
             self._note("h2d")
         elif name in _FACTORY_COPY and _is_cuda(kwargs.get("device")):
             self._note("h2d")

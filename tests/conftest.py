@@ -82,7 +82,8 @@ def train_features(verifier, eos, tmp_path_factory):
     model, tok = verifier
     root = str(tmp_path_factory.mktemp("features"))
     spec = DataSpec(**TRAIN_SPEC)
-    return root, {c: ensure_features(model, tok, eos, VERIFIER, c, spec, root) for c in ("mathinstruct", "sharegpt")}
+    return root, {c: ensure_features(model, tok, eos, VERIFIER, c, spec, root) for c in ("mathinstruct",
+            "sharegpt")}
 
 
 FULL_ENV = "TASKSPEC_FULL_TESTS"
@@ -181,7 +182,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     wall = time.time() - _STARTED["t"]
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                timeout=10,
                                 cwd=Path(__file__).resolve().parents[1]).stdout.strip() or "?"
     except (OSError, subprocess.SubprocessError):
         commit = "?"

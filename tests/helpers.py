@@ -36,7 +36,8 @@ class OracleProposer:
     Exercises deep acceptance, a non-first accepted child and cache compaction over gaps.
     """
 
-    def __init__(self, prompt_len: int, reference: list[int], owner: int = 0, name: str = "oracle", wrong_first: bool = True):
+    def __init__(self, prompt_len: int, reference: list[int], owner: int = 0, name: str = "oracle",
+                 wrong_first: bool = True):
         self.prompt_len, self.ref, self.owner, self.name, self.wrong_first = prompt_len, reference, owner, name, wrong_first
 
     def reset(self):
@@ -74,4 +75,5 @@ def eagle3_math_batch(model, tok, eos, layers, n_draft: int) -> dict:
         out = model(input_ids=ids, attention_mask=attn, output_hidden_states=True)
     aux = torch.cat([out.hidden_states[i] for i in layers], dim=-1).float()
     vocab = select_ids(count_targets(examples, model.config.vocab_size), n_draft, always=eos)
-    return {"ids": ids, "mask": mask, "aux": aux, "logits": out.logits.float(), "vocab": vocab, "layers": layers}
+    return {"ids": ids, "mask": mask, "aux": aux, "logits": out.logits.float(), "vocab": vocab,
+            "layers": layers}

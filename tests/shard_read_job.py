@@ -29,15 +29,16 @@ BUDGET = 64 << 20  # each node's shard cache: a rank's share fits
 
 def read_rank(uri: str, key: str, rank: int, compute_s: float, read_ahead: int) -> dict:
     """Rank ``rank`` of 2: its own shards (drafters/train/shards.py) through its node's shard cache."""
-    from drafters.features import SHARD_TENSORS, reading_through, reading_tensors
-    from drafters.train.shards import rank_plan
+    from drafters.features import SHARD_TENSORS, reading_tensors, reading_through
     from drafters.train.data import iter_examples
+    from drafters.train.shards import rank_plan
     from workers.artifacts import localize_data
     from workers.shard_cache import ShardCache
 
     data = localize_data([[uri, key, None]])
     plan = rank_plan(data, 2, 1)
-    cache = ShardCache(BUDGET, {str(storage.node_cache(uri)): uri}, rank=rank, read_ahead=read_ahead, streams=2)
+    cache = ShardCache(BUDGET, {str(storage.node_cache(uri)): uri}, rank=rank, read_ahead=read_ahead,
+                       streams=2)
     mine = plan.mine(rank)
     per_shard = {u.file: u.examples for u in mine}
     with reading_through(cache), reading_tensors(SHARD_TENSORS):
@@ -56,7 +57,8 @@ def read_rank(uri: str, key: str, rank: int, compute_s: float, read_ahead: int) 
 def main(uri: str, compute_s: float, depths: list[int]) -> dict:
     ray.init(address="auto", log_to_driver=True, runtime_env={"env_vars": storage.endpoint_env()})
     try:
-        nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU", 0) >= 1)[:2]
+        nodes = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["Resources"].get("CPU",
+                0) >= 1)[:2]
         task = ray.remote(num_cpus=1, max_retries=0)(read_rank)
         out = {}
         for ahead in depths:

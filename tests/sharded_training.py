@@ -23,10 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, f
 
 import ray  # noqa: E402
 
+from common import storage  # noqa: E402
 from drafters.train.config import TrainConfig  # noqa: E402
 from drafters.variants import DataSpec, heldout_data, variant_data  # noqa: E402
-from common import storage  # noqa: E402
-from workers.tasks import features_finish_task, features_task as _features_task  # noqa: E402
+from workers.tasks import features_finish_task  # noqa: E402
+from workers.tasks import features_task as _features_task
 from workers.train_worker import run_training  # noqa: E402
 
 VERIFIER = "smollm2-135m-instruct"
@@ -48,9 +49,11 @@ def main(uri: str) -> dict:
         finish = ray.remote(num_cpus=1, max_retries=0)(features_finish_task)
         caches = {"mathinstruct": ray.get(finish.remote(feats, parts[0], 2))}
         times["extract_end"] = times["train_start"] = time.time()
-        cfg = TrainConfig(verifier=VERIFIER, backbone="hass", variant="math", out_dir="unused", out_uri=out_uri,
+        cfg = TrainConfig(verifier=VERIFIER, backbone="hass", variant="math", out_dir="unused",
+                          out_uri=out_uri,
                           train_data=variant_data("math", feats, caches, SPEC.n),
-                          heldout_data=heldout_data(feats, caches), epochs=2, lr=1e-3, batch_size=4, hass_steps=2,
+                          heldout_data=heldout_data(feats, caches), epochs=2, lr=1e-3, batch_size=4,
+                          hass_steps=2,
                           deepspeed=True, zero_stage=1)
         run_training(cfg, num_workers=2, cpus_per_worker=1, max_failures=0)
         times["train_end"] = time.time()

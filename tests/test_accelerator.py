@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from decoding import cpu
+from decoding.config import TreeConfig
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import decode_prompt, load_proposers
 from decoding.timing import Clock
-from decoding.config import TreeConfig
 from tests.accelerator import DeviceMismatch, FakeCuda, on_device
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,9 +77,11 @@ HIDDEN = [
     ("raise", "gather with host indices", lambda d, h: d.gather(0, torch.tensor([0, 1]))),
     ("raise", "take with host indices", lambda d, h: d.take(torch.tensor([0, 1]))),
     ("raise", "stacking a 0-dim host tensor with device ones", lambda d, h: torch.stack([d[0], h[0]])),
-    ("raise", "multinomial with a host generator", lambda d, h: torch.multinomial(d, 1, generator=torch.Generator())),
+    ("raise", "multinomial with a host generator", lambda d, h: torch.multinomial(d, 1,
+            generator=torch.Generator())),
     ("raise", "uniform_ with a host generator", lambda d, h: d.clone().uniform_(generator=torch.Generator())),
-    ("raise", "host numbers from a device generator", lambda d, h: torch.rand(2, generator=torch.Generator("cuda"))),
+    ("raise", "host numbers from a device generator", lambda d, h: torch.rand(2,
+            generator=torch.Generator("cuda"))),
 ]
 
 
@@ -124,10 +126,12 @@ def _old_module(name: str, commit: str = "401e1a4"):
                              text=True, check=True).stdout
     except (subprocess.CalledProcessError, FileNotFoundError):
         pytest.skip("git history of the old decode code is not available in this checkout")
-    src = src.replace("from .tree import DraftTree, TreeConfig,", "from .config import TreeConfig\nfrom .tree import DraftTree,")
+    src = src.replace("from .tree import DraftTree, TreeConfig,",
+                      "from .config import TreeConfig\nfrom .tree import DraftTree,")
     mod = types.ModuleType(f"decoding._old_{name}")
     mod.__package__ = "decoding"
-    moved = {"decoding.cpu_matmul": cpu.matmul, "decoding.cpu_kernel": cpu.kernel, "decoding.lean_pass": cpu.lean_pass}
+    moved = {"decoding.cpu_matmul": cpu.matmul, "decoding.cpu_kernel": cpu.kernel,
+             "decoding.lean_pass": cpu.lean_pass}
     sys.modules.update({mod.__name__: mod, **moved})  # dataclasses look their module up; old import paths
     try:
         exec(compile(src, f"old:{name}.py", "exec"), mod.__dict__)
@@ -164,7 +168,8 @@ def test_the_old_drafting_indexed_host_ancestry_with_device_rows(verifier, rando
         feats = torch.randn(20, model.config.hidden_size, device="cuda")
         with pytest.raises(DeviceMismatch):  # fed_anc[frontier_rows] / torch.cat(cand_par) from depth 3 on
             p.draft(tokens, feats, TreeConfig(3, 4, 12), 0.0)
-        tree = props[0].draft(tokens, feats, TreeConfig(3, 4, 12), 0.0)  # today's drafting stays on the device
+        # today's drafting stays on the device
+        tree = props[0].draft(tokens, feats, TreeConfig(3, 4, 12), 0.0)
         assert all(on_device(getattr(tree, f)) for f in ("tokens", "parents", "depths", "path_logp"))
 
 
@@ -186,7 +191,8 @@ CASES = [  # (strategy, drafters, granularity, dedup, budget)
 
 def _decode(model, tok, props, prompt, case, temperature, tree, step_costs=None, acc=None, **fields):
     strategy, n, gran, dedup, budget = case
-    cfg = DecodeConfig(strategy=strategy, temperature=temperature, max_new_tokens=MAX_NEW, routing_granularity=gran,
+    cfg = DecodeConfig(strategy=strategy, temperature=temperature, max_new_tokens=MAX_NEW,
+                       routing_granularity=gran,
                        merge_dedup=dedup, merge_budget=budget, tree=tree, **fields)
     dec = SpeculativeDecoder(model, props[:n], cfg, [tok.eos_token_id])
     if step_costs is not None:  # counts between one step's verify and the next: exactly one whole step
@@ -238,12 +244,14 @@ def _off_harness(model, tok, dirs, prompt, case, temperature, tree, greedy, got,
     if temperature == 0.0 and got == greedy:
         return greedy
     with _plain_cpu(model):
-        return _decode(model, tok, load_proposers(model, dirs, VERIFIER), prompt, case, temperature, tree, **fields)
+        return _decode(model, tok, load_proposers(model, dirs, VERIFIER), prompt, case, temperature, tree,
+                       **fields)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case,temperature", DEVICE_CASES)
-def test_every_strategy_runs_on_the_device_within_the_step_budget(verifier, random_drafter_dirs, mt_prompt, greedy,
+def test_every_strategy_runs_on_the_device_within_the_step_budget(verifier, random_drafter_dirs, mt_prompt,
+                                                                  greedy,
                                                                    case, temperature):
     model, tok = verifier
     tree = TreeConfig(3, 3, 10)
@@ -264,12 +272,15 @@ def test_every_strategy_runs_on_the_device_within_the_step_budget(verifier, rand
 
 NEXT = {  # the study's proposed next experiments: (case, DecodeConfig fields)
     "switching-k1": (("switching", 2, "step", False, False), {"switch_after": 1}),
-    "switching-merged-dedup": (("switching", 2, "step", True, False), {"switch_after": 1, "switch_to": "merged"}),
+    "switching-merged-dedup": (("switching", 2, "step", True, False), {"switch_after": 1,
+            "switch_to": "merged"}),
     "depth_adaptive": (("depth_adaptive", 3, "step", False, False), {"switch_depth": 1}),
-    "hedge-carry": (("hedge", 3, "step", False, False), {"hedge_reset": "carry"}),  # 3 drafters scored per step
+    # 3 drafters scored per step
+    "hedge-carry": (("hedge", 3, "step", False, False), {"hedge_reset": "carry"}),
     # issue 64: every drafter's rollout on the verified path, scored against the verifier's rows (T > 0)
     "hedge-acceptance": (("hedge", 3, "step", False, False), {"hedge_learner": "normalhedge",
-                                                              "hedge_feedback": "acceptance", "hedge_ties": "stay"}),
+                                                              "hedge_feedback": "acceptance",
+                                                              "hedge_ties": "stay"}),
 }
 
 
@@ -282,11 +293,13 @@ NEXT_DEFAULT = {("switching-merged-dedup", 0.0), ("depth_adaptive", 1.0), ("hedg
 @pytest.mark.parametrize("name,temperature", [
     pytest.param(n, t, id=f"{n}-{t}", marks=[] if (n, t) in NEXT_DEFAULT else [pytest.mark.full])
     for t in (0.0, 1.0) for n in NEXT])
-def test_new_strategies_run_on_the_device_within_the_step_budget(verifier, random_drafter_dirs, mt_prompt, greedy,
+def test_new_strategies_run_on_the_device_within_the_step_budget(verifier, random_drafter_dirs, mt_prompt,
+                                                                 greedy,
                                                                  name, temperature):
     case, fields = NEXT[name]
     dirs = random_drafter_dirs + random_drafter_dirs[:1]  # three drafters
-    _device_run_within_budget(verifier, dirs, mt_prompt, greedy, case, temperature, TreeConfig(3, 3, 10), fields,
+    _device_run_within_budget(verifier, dirs, mt_prompt, greedy, case, temperature, TreeConfig(3, 3, 10),
+                              fields,
                               f"{name} T={temperature}")
 
 
@@ -308,7 +321,8 @@ def _device_run_within_budget(verifier, dirs, prompt, greedy, case, temperature,
 @pytest.mark.parametrize("case,temperature", [
     pytest.param(CASES[i], t, id=f"{_case_id(CASES[i])}-{t}", marks=[pytest.mark.full] if t else [])
     for t in (0.0, 1.0) for i in (1, 5)])
-def test_eagle3_drafters_run_on_the_device_within_the_step_budget(verifier, random_eagle3_dirs, mt_prompt, greedy,
+def test_eagle3_drafters_run_on_the_device_within_the_step_budget(verifier, random_eagle3_dirs, mt_prompt,
+                                                                  greedy,
                                                                   case, temperature):
     """EAGLE-3 drafters, single and merged: the verifier passes capture the aux layers on the device
     and each step holds the budget of the other backbones."""
@@ -316,8 +330,10 @@ def test_eagle3_drafters_run_on_the_device_within_the_step_budget(verifier, rand
                               TreeConfig(3, 3, 10), {}, f"eagle3 {_case_id(case)} T={temperature}")
 
 
-OTHER = {  # the settings the cases above leave at their defaults: (case, temperature, tree, DecodeConfig fields)
-    "confidence-turn-node-score-paper-tree": (("confidence", 2, "turn", False, False), 0.0, TreeConfig(10, 6, 60),
+# the settings the cases above leave at their defaults: (case, temperature, tree, DecodeConfig fields)
+OTHER = {
+    "confidence-turn-node-score-paper-tree": (("confidence", 2, "turn", False, False), 0.0, TreeConfig(10, 6,
+            60),
                                               {"route_score": "node"}),
     "entropy-turn-top-k-top-p": (("entropy", 2, "turn", False, False), 1.0, TreeConfig(3, 3, 10),
                                  {"top_k_sampling": 20, "top_p": 0.9}),
@@ -325,14 +341,18 @@ OTHER = {  # the settings the cases above leave at their defaults: (case, temper
 }
 
 
-@pytest.mark.slow  # merged-top-p (82 s in the CI run at 166bb9a) in make test-full: entropy's case filters by top-p too
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.full] if n == "merged-top-p" else []) for n in OTHER])
-def test_turn_routing_node_scores_top_k_top_p_and_the_papers_tree_hold_the_budget(verifier, random_drafter_dirs,
+# merged-top-p (82 s in the CI run at 166bb9a) in make test-full: entropy's case filters by top-p too
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.full] if n == "merged-top-p" else [])
+                                  for n in OTHER])
+def test_turn_routing_node_scores_top_k_top_p_and_the_papers_tree_hold_the_budget(verifier,
+        random_drafter_dirs,
                                                                                    mt_prompt, greedy, name):
     """The study's tree (total 60, depth 6, top-k 10), per-turn routing, the node score and the
     verifier's top-k/top-p filters: same output as off the stand-in, within the same step budget."""
     case, temperature, tree, fields = OTHER[name]
-    _device_run_within_budget(verifier, random_drafter_dirs, mt_prompt, greedy, case, temperature, tree, fields, name)
+    _device_run_within_budget(verifier, random_drafter_dirs, mt_prompt, greedy, case, temperature, tree,
+                              fields, name)
 
 
 @pytest.mark.slow
@@ -340,13 +360,15 @@ def test_the_budget_does_not_grow_with_the_tree_or_the_drafters(verifier, random
     """Merged trees of 3 drafters x 24 nodes and of 2 x 6 nodes cost the same syncs and copies."""
     model, tok = verifier
     costs = []
-    for dirs, tree in ((random_drafter_dirs, TreeConfig(2, 3, 7)), (random_drafter_dirs + random_drafter_dirs[:1],
+    for dirs, tree in ((random_drafter_dirs, TreeConfig(2, 3, 7)),
+                       (random_drafter_dirs + random_drafter_dirs[:1],
                                                                      TreeConfig(4, 5, 25))):
         snaps: list[dict] = []
         with FakeCuda() as acc:
             acc.place(model)
             props = load_proposers(model, dirs, VERIFIER)
-            _decode(model, tok, props, mt_prompt, ("merged", len(dirs), "step", True, False), 1.0, tree, snaps, acc)
+            _decode(model, tok, props, mt_prompt, ("merged", len(dirs), "step", True, False), 1.0, tree,
+                    snaps, acc)
         costs.append({k: max(s[k] for s in _per_step(snaps)) for k in ("sync", "h2d")})
     assert costs[0] == costs[1], costs
 
@@ -379,10 +401,10 @@ def test_features_training_steps_and_merges_run_on_the_device(verifier, bench_pr
     from drafters.config import DrafterConfig
     from drafters.data.templating import TokenizedExample, benchmark_prompt_ids
     from drafters.features import verifier_features
-    from drafters.train.eagle2 import collate
     from drafters.merge import linear
     from drafters.train.backbones import compute_loss
     from drafters.train.config import TrainConfig
+    from drafters.train.eagle2 import collate
     from drafters.vocab import DraftHead
 
     model, tok = verifier
@@ -392,7 +414,8 @@ def test_features_training_steps_and_merges_run_on_the_device(verifier, bench_pr
         examples.append(TokenizedExample(f"x{i}", ids, [0] * 24 + [1] * (len(ids) - 24)))
     with FakeCuda() as acc:
         acc.place(model)
-        feats = verifier_features(model, examples)  # features come back to the host, one copy per batch tensor
+        # features come back to the host, one copy per batch tensor
+        feats = verifier_features(model, examples)
         assert not any(on_device(f.features) for f in feats)
         batch = collate(feats)  # built on the host, as the trainer's batches() does
         head = DraftHead(model.lm_head, None)

@@ -15,7 +15,8 @@ STEEP = {1: 40.0, 2: 60.0, 4: 100.0, 8: 180.0, 16: 340.0, 32: 660.0, 64: 1300.0}
 def _chain_cal(correct_depth: int, draft_ms: float = 1.0) -> Calibration:
     """k=1 chains of depth 8 where the first ``correct_depth`` tokens are always right."""
     step = [(0, d, -0.1 * d, d <= correct_depth) for d in range(1, 9)]
-    return Calibration(steps={1: [step] * 5}, chosen={1: [0] * 5}, draft_ms_level={1: draft_ms}, bookkeeping_ms=0.5)
+    return Calibration(steps={1: [step] * 5}, chosen={1: [0] * 5}, draft_ms_level={1: draft_ms},
+                       bookkeeping_ms=0.5)
 
 
 def test_tau_of_reads_sub_trees_off_the_calibration_tree():
@@ -72,19 +73,23 @@ def test_verify_costs_are_cached_per_verifier_pass(verifier):
     assert lean_key.endswith("|lean") and hf_key.endswith("|hf")
 
 
-def test_auto_tree_on_the_real_verifier_picks_a_shape_and_stays_lossless(verifier, eos, random_proposers, bench_prompts):
+def test_auto_tree_on_the_real_verifier_picks_a_shape_and_stays_lossless(verifier, eos, random_proposers,
+        bench_prompts):
     from decoding.autotree import auto_tree, calibration_inputs
     from decoding.engine import DecodeConfig, SpeculativeDecoder
     from drafters.data.templating import benchmark_prompt_ids
 
     model, tok = verifier
-    choice = auto_tree(model, random_proposers[:1], "single", eos, calibration_inputs(tok)[:1], max_new_tokens=12)
+    choice = auto_tree(model, random_proposers[:1], "single", eos, calibration_inputs(tok)[:1],
+                       max_new_tokens=12)
     assert {r[0] for r in choice.table} == set(CAL_TREES)  # every candidate top_k was calibrated
     assert choice.table and "tree auto:" in choice.describe()
     assert not choice.pays  # random drafters never pay: the smallest tree
     ids = benchmark_prompt_ids(tok, bench_prompts["gsm8k"][0], 0, [])
-    ref = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
-    dec = SpeculativeDecoder(model, random_proposers[:1], DecodeConfig(max_new_tokens=16, tree=choice.tree), eos)
+    ref = model.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False, eos_token_id=eos,
+                         pad_token_id=eos[0])
+    dec = SpeculativeDecoder(model, random_proposers[:1], DecodeConfig(max_new_tokens=16, tree=choice.tree),
+                             eos)
     assert dec.generate(ids).output_token_ids == ref[0, len(ids):].tolist()
 
 
@@ -108,7 +113,8 @@ def test_calibration_prompts_come_from_the_scored_task_and_are_never_scored(veri
     assert [ids[tuple(c)] for c in everything] == [svamp[-1].id]
 
 
-def test_verify_costs_from_noisy_timings_serve_this_process_and_are_not_cached(verifier, tmp_path, monkeypatch,
+def test_verify_costs_from_noisy_timings_serve_this_process_and_are_not_cached(verifier, tmp_path,
+        monkeypatch,
                                                                               capsys):
     """Pass timings that alternate 1 and 3 ms (injected clock, real passes) are timed once more,
     then used by this process only; quiet ones are cached. As the matmul tuner's tables."""
@@ -191,7 +197,8 @@ def test_the_cost_cache_key_of_a_non_cpu_model_builds_no_cpu_kernel(monkeypatch)
     monkeypatch.setattr(cpu.kernel, "available", no_build)
     monkeypatch.setattr(cpu.matmul, "machine_key", no_build)
     with torch.device("meta"):
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=1,
                                              num_attention_heads=4, num_key_value_heads=2))
     key = _cache_key(model)
     assert "|meta|" in key and "torch=" in key

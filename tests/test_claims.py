@@ -79,13 +79,15 @@ def test_rq2_reversal_between_temperatures(t0, t1, expected):
     """Mixed 70k+70k (full) ahead of 35k+35k (half) at T=0, behind at T=1: one row per temperature."""
     frames = []
     for temp, (full, half) in ((0.0, t0), (1.0, t1)):
-        frames.append(_pp({("mixed_full", "gsm8k"): (full, 1), ("mixed_half", "gsm8k"): (half, 5)}, temp=temp))
+        frames.append(_pp({("mixed_full", "gsm8k"): (full, 1), ("mixed_half", "gsm8k"): (half, 5)},
+                          temp=temp))
     cl = check_claims(pl.concat(frames), None, None)
     rows = _rows(cl, "RQ2-reversal")
     assert rows.height == 2 and sorted(set(rows["verdict"])) == expected
     assert rows.filter(pl.col("temperature") == 1.0)["comparison"][0].startswith("mixed_half - mixed_full")
     only_t0 = check_claims(frames[0], None, None)  # no T=1 cells: the T=1 half is said to be missing
-    assert "not in this run" in _rows(only_t0, "RQ2-reversal").filter(pl.col("temperature") == 1.0)["verdict"][0]
+    assert "not in this run" in _rows(only_t0,
+                                      "RQ2-reversal").filter(pl.col("temperature") == 1.0)["verdict"][0]
 
 
 @pytest.mark.parametrize("lam_taus,expected", [((1.5, 1.8, 1.6), ["holds"]),
@@ -98,7 +100,8 @@ def test_fig6_no_lambda_recovers_specialist_level(lam_taus, expected):
         cells |= {(f"avg{lam:g}", b): (tau, k + 2) for b in ("gsm8k", "mt_bench")}
     cl = check_claims(_pp(cells), None, None)
     assert _rows(cl, "Fig6").height == 3 and sorted(set(_rows(cl, "Fig6")["verdict"])) == expected
-    # the best specialist on average: math by 1 chat : 3 math; equally weighted a tie (2.25), chat by name order
+    # the best specialist on average: math by 1 chat : 3 math; equally weighted a tie (2.25), chat by name
+    # order
     assert "best specialist (math; equal per benchmark's best: chat)" in _rows(cl, "Fig6")["comparison"][0]
     one = check_claims(_pp(dict(SPEC) | {("avg0.5", "gsm8k"): 1.0, ("avg0.5", "mt_bench"): 1.0}), None, None)
     assert "not in this run" in _rows(one, "Fig6")["verdict"][0]  # one lambda is not a sweep
@@ -134,7 +137,8 @@ def test_same_ordering_on_both_backbones(second, expected):
 def _steps(method, bench, k_of, length, n=N, per=10, backbone="hass", temp=0.0, rej=1.5, acc=0.5):
     """`per` steps per prompt; depth_accept = [True] * (length - 1) + [step < k_of(i)], so the rate at
     the last depth on prompt i is k_of(i) / per and 1 at shallower depths."""
-    return [{"backbone": backbone, "temperature": temp, "strategy": "single", "method": method, "benchmark": bench,
+    return [{"backbone": backbone, "temperature": temp, "strategy": "single", "method": method,
+             "benchmark": bench,
              "prompt_id": f"p{i}", "depth_accept": [True] * (length - 1) + [j < k_of(i)],
              "accepted_draft_entropy": [acc], "rejected_draft_entropy": rej(i) if callable(rej) else rej}
             for i in range(n) for j in range(per)]
@@ -142,7 +146,8 @@ def _steps(method, bench, k_of, length, n=N, per=10, backbone="hass", temp=0.0, 
 
 @pytest.mark.parametrize("k_math,k_chat,expected", [(lambda i: 9, lambda i: 5, "holds"),
                                                     (lambda i: 5, lambda i: 9, "does not hold"),
-                                                    (lambda i: 6 + i % 3, lambda i: 8 - i % 3, "inconclusive")])
+                                                    (lambda i: 6 + i % 3, lambda i: 8 - i % 3,
+                                                     "inconclusive")])
 def test_matched_specialist_declines_more_slowly(k_math, k_chat, expected):
     steps = pl.DataFrame(_steps("math", "gsm8k", k_math, 3) + _steps("chat", "gsm8k", k_chat, 3))
     cl = check_claims(_pp({("math", "gsm8k"): 3.0, ("chat", "gsm8k"): 2.0}), steps, None)
@@ -162,7 +167,8 @@ def test_mixed_leads_at_shallow_depth(k_mixed, expected):
 def test_depth_claim_counts_prompts_per_benchmark():
     """RQ5 is checked per checkpoint and benchmark (issue 64): 12 prompts on gsm8k hold, the 5 on mt_bench
     are below the rule of 10 per benchmark; each row names its benchmark."""
-    steps = pl.DataFrame(_steps("math", "gsm8k", lambda i: 2, 3) + _steps("math", "mt_bench", lambda i: 2, 3, n=5))
+    steps = pl.DataFrame(_steps("math", "gsm8k", lambda i: 2, 3) + _steps("math", "mt_bench", lambda i: 2, 3,
+            n=5))
     cl = check_claims(_pp({("math", "gsm8k"): 3.0}), steps, None)
     g, m = (_rows(cl, "RQ5", f"on {b}").row(0, named=True) for b in ("gsm8k", "mt_bench"))
     assert (g["prompts"], g["benchmark"], g["verdict"]) == (N, "gsm8k", "holds")
@@ -184,10 +190,12 @@ def test_entropy_claim_counts_only_prompts_with_a_difference_and_resamples_promp
                          + _steps("mixed_full", "mt_bench", lambda i: 5, 2, rej=lambda i: 0.5 + diff[i])
                          + _steps("chat", "gsm8k", lambda i: 5, 2, rej=lambda i: 0.5 - diff[i]))
     cl = _rows(check_claims(_pp({("chat", "mt_bench"): 2.0}), steps, None), "entropy")
-    est, lo, hi, _ = mean_diff_ci(np.array([diff[i] for i in sorted(range(N), key=lambda i: f"p{i}")]), p=True)
+    est, lo, hi, _ = mean_diff_ci(np.array([diff[i] for i in sorted(range(N), key=lambda i: f"p{i}")]),
+                                  p=True)
     assert cl.height == 3 and set(cl["prompts"]) == {N}
     for r in cl.filter(pl.col("benchmark") == "mt_bench").iter_rows(named=True):
-        assert (r["estimate"], r["ci_lo"], r["ci_hi"]) == pytest.approx((est, lo, hi)) and r["verdict"] == "holds"
+        assert (r["estimate"], r["ci_lo"], r["ci_hi"]) == pytest.approx((est, lo,
+                hi)) and r["verdict"] == "holds"
     assert _rows(cl, "entropy", "chat drafter on gsm8k")["verdict"][0] == "does not hold"
 
 
@@ -248,11 +256,13 @@ def test_the_study_contradicts_some_of_its_own_wordings():
     assert cs.merged_best("hass", 0.0)["study_consistent"] is False
     assert cs.merged_best("eagle2", 1.0)["study_consistent"] is True
     assert cs.backbones(0.0)["study_consistent"] is False
-    assert cs.reversal("hass", 1.0)["study_consistent"] is True and "4.29" in cs.reversal("hass", 1.0)["study"]
+    assert cs.reversal("hass", 1.0)["study_consistent"] is True and "4.29" in cs.reversal("hass",
+            1.0)["study"]
     assert cs.reversal("hass", 0.0)["study_consistent"] is True  # only MT-Bench gives both: 4.13 vs 3.92
     assert cs.rq4("eagle2", 0.0, "prompt")["study_consistent"] is True
     # the old RQ2 wording (mixed beats each specialist on average) fails on the study's EAGLE-2 T=0 numbers
-    assert st.tau_of("eagle2", 0.0, "math", "average")[0] > st.tau_of("eagle2", 0.0, "mixed_half", "average")[0]
+    assert st.tau_of("eagle2", 0.0, "math", "average")[0] > st.tau_of("eagle2", 0.0, "mixed_half",
+                                                                      "average")[0]
     # and the report says so beside the verdict
     cells = {(m, b): 2.0 + 0.1 * k for k, m in enumerate(("math", "chat", ROUTED))
              for b in ("gsm8k", "mt_bench")}
@@ -290,7 +300,8 @@ def test_table1_gives_the_study_convention_beside_ours():
 # --- the claims as the study states them (issue 39), the Holm families, the p floor, the prompt rule ---
 
 def _verifier_steps(method, bench, rej, acc=0.5, n=N, per=4):
-    return [{"backbone": "hass", "temperature": 0.0, "strategy": "single", "method": method, "benchmark": bench,
+    return [{"backbone": "hass", "temperature": 0.0, "strategy": "single", "method": method,
+             "benchmark": bench,
              "prompt_id": f"p{i}", "depth_accept": [True, False], "accepted_draft_entropy": [0.5],
              "rejected_draft_entropy": 1.5, "accepted_verifier_entropy": [acc],
              "rejected_verifier_entropy": rej(i)} for i in range(n) for _ in range(per)]
@@ -306,7 +317,8 @@ def test_averaging_is_checked_in_every_cell_against_the_lowest_other_variant():
     m = _rows(cl, "RQ3c-cells", "mt_bench").row(0, named=True)
     assert g["verdict"] == "holds" and "(chat) on gsm8k" in g["comparison"]
     assert m["verdict"] == "does not hold" and "(math) on mt_bench" in m["comparison"]
-    assert g["study"] == "Table 1 (hass, T=0, gsm8k): Averaged 2.80 vs ShareGPT 70k 4.09" and g["study_consistent"]
+    assert g["study"] == "Table 1 (hass, T=0, gsm8k): Averaged 2.80 vs ShareGPT 70k 4.09" and g[
+            "study_consistent"]
     # the study's own Table 1 breaks it at HASS T=1 SVAMP (TAPS README: Averaged 2.69 > MathInstruct 2.46)
     ev = cs.rq3c_all("hass", 1.0)
     assert ev["study_consistent"] is False and "svamp" in ev["study"] and "2.46" in ev["study"]
@@ -392,14 +404,16 @@ def test_holm_families_are_fixed_by_the_grid_and_keep_exploratory_tests_apart():
     size = a.filter(pl.col("family") == "study")["family_size"][0]
     assert size == b.filter(pl.col("family") == "study")["family_size"][0] == family_size(grid)
     # per backbone and temperature: RQ1 2, RQ2 and RQ2-home 4 each, RQ3c-cells 2, Fig6 3 lambdas, RQ5 5
-    # variants x 2 benchmarks, entropy and verifier-entropy 4 single checkpoints x 2 benchmarks each (issue 64:
+    # variants x 2 benchmarks, entropy and verifier-entropy 4 single checkpoints x 2 benchmarks each (issue
+    # 64:
     # the universal claims cell by cell), depth-shallow/-deep 2 each, 8 more claims 1 each; RQ2-reversal at
     # both temperatures (4); backbones (2); RQ1-narrows at T=1 per benchmark (4); RQ2-full-above at T=0, one
     # per specialist (4); hass-above-eagle2 per temperature (2); entropy-averaged on HASS per benchmark (4)
     assert size == 4 * (2 + 4 + 4 + 2 + 3 + 10 + 8 + 8 + 2 + 2 + 8) + 4 + 2 + 4 + 4 + 2 + 4
     r = _rows(a, "RQ1-math").filter(pl.col("backbone") == "hass").row(0, named=True)
     assert r["p_holm"] == pytest.approx(min(1.0, size * r["p_value"]))  # the smallest p of the family
-    # the project's own routers and the next experiments are exploratory: they do not change the study's p_holm
+    # the project's own routers and the next experiments are exploratory: they do not change the study's
+    # p_holm
     extra = _pp(full | {("switching(k=1)", b): (2.5, 3) for b in ("gsm8k", "mt_bench")}
                 | {("confidence(prompt, node)", b): (2.0, 6) for b in ("gsm8k", "mt_bench")})
     c = check_claims(extra, None, None, grid=grid)
@@ -444,7 +458,7 @@ def test_eagle3_is_compared_with_eagle2_on_matched_specialists_and_its_rows_are_
         assert e3_rq1.height and set(e3_rq1["family"]) == {"exploratory"} and e3_rq1["verdict"][0] == "holds"
     alone = check_claims(e2, None, None, grid=grid2)
     assert _rows(alone, "eagle3").is_empty()  # no row at all without eagle3
-    both = cl.filter((pl.col("family") == "study"))
+    both = cl.filter(pl.col("family") == "study")
     assert both["family_size"][0] == alone.filter(pl.col("family") == "study")["family_size"][0]
     assert _rows(cl, "RQ1-math").filter(pl.col("backbone") == "eagle2")["p_holm"][0] == \
         _rows(alone, "RQ1-math")["p_holm"][0]

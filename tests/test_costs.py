@@ -11,15 +11,20 @@ from torch import nn
 
 from drafters.config import DrafterConfig
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3
-from drafters.train.eagle3 import ttt_loss_targets
-from drafters.train.eagle2 import aligned_passes, eagle_losses, step_mask
 from drafters.model import FeatureDrafter
+from drafters.train.eagle2 import aligned_passes, eagle_losses, step_mask
+from drafters.train.eagle3 import ttt_loss_targets
 from drafters.vocab import DraftHead
 from orchestrator.plan.costs import GIB, VERIFIERS, checkpoint_bytes, drafter_params, feature_bytes_per_token
+from orchestrator.plan.sizing import (
+    feature_cache_bytes,
+    feature_mode_reason,
+    kept_bytes,
+    load_profile,
+    memory_problem,
+    profile_memory,
+)
 from orchestrator.profile import ProfileError
-from orchestrator.plan.sizing import load_profile
-from orchestrator.plan.sizing import (feature_cache_bytes, feature_mode_reason, kept_bytes, memory_problem,
-                                 profile_memory)
 from tests.test_deploy import LAUNCHER, load_rayjob
 
 TINY = {"hidden": 64, "vocab": 512, "heads": 4, "kv_heads": 2, "intermediate": 160, "layers": 8}
@@ -29,8 +34,10 @@ NODE_GPU_GIB = {"p4d.24xlarge": 40, "p4de.24xlarge": 80, "p5.48xlarge": 80, "p5e
 
 def _configs(v: dict, draft_vocab: int | None):
     kw = dict(verifier="x", hidden_size=v["hidden"], vocab_size=v["vocab"], num_attention_heads=v["heads"],
-              num_key_value_heads=v["kv_heads"], intermediate_size=v["intermediate"], draft_vocab_size=draft_vocab)
-    e3 = Eagle3Config(num_verifier_layers=v["layers"], aux_layers=(2, v["layers"] // 2, v["layers"] - 3), **kw)
+              num_key_value_heads=v["kv_heads"], intermediate_size=v["intermediate"],
+              draft_vocab_size=draft_vocab)
+    e3 = Eagle3Config(num_verifier_layers=v["layers"], aux_layers=(2, v["layers"] // 2, v["layers"] - 3),
+                      **kw)
     return DrafterConfig(backbone="eagle2", **kw), e3
 
 
@@ -104,13 +111,16 @@ def test_activation_bytes_are_what_autograd_saves(backbone, shape):
         head, t = DraftHead(lm), L - 1
 
         class Batch:  # what aligned_passes and eagle_losses read of an AlignedBatch
-            features, target = torch.randn(b, t, v["hidden"], dtype=dt), torch.randn(b, t, v["hidden"], dtype=dt)
+            features, target = torch.randn(b, t, v["hidden"], dtype=dt), torch.randn(b, t, v["hidden"],
+                    dtype=dt)
             tokens, mask = ids[:, 1:], torch.ones(b, t, dtype=torch.bool)
             top_ids, top_probs = torch.randint(0, v["vocab"], (b, t, 10)), torch.rand(b, t, 10)
 
         def run():
-            for j, pred in enumerate(aligned_passes(model, emb, Batch, steps if backbone == "hass" else 1), 1):
-                eagle_losses(pred, Batch.target, head, step_mask(Batch.mask, j), Batch.top_ids, Batch.top_probs)
+            for j, pred in enumerate(aligned_passes(model, emb, Batch, steps if backbone == "hass" else 1),
+                                     1):
+                eagle_losses(pred, Batch.target, head, step_mask(Batch.mask, j), Batch.top_ids,
+                             Batch.top_probs)
         frozen = list(emb.parameters()) + list(lm.parameters())
         steps = steps if backbone == "hass" else 1
     measured = _saved_bytes(run, list(model.parameters()) + frozen)
@@ -158,7 +168,8 @@ def test_feature_mode_auto_picks_cached_when_the_cache_with_eagle3s_aux_layers_f
                                              "0.66 TiB + EAGLE-3's three aux layers 1.97 TiB), within")
     assert load_profile("paper") == p  # the shipped profile is auto: cached
     online = load_profile("paper", ["data.feature_mode=online"])  # says that auto would pick cached
-    assert online.data.feature_mode == "online" and feature_mode_reason(online).endswith("auto would pick cached")
+    assert online.data.feature_mode == "online" and feature_mode_reason(online).endswith(
+            "auto would pick cached")
     small = load_profile("paper", ["data.feature_mode=auto", "data.feature_storage_gib=1000"])
     assert small.data.feature_mode == "online"
     assert "over data.feature_storage_gib 1,000 GiB" in feature_mode_reason(small)
@@ -192,20 +203,22 @@ def test_the_features_mode_follows_its_cost_and_flips_with_the_nodes_io():
     # an explicit mode is kept whatever the cost says, and the reason says what auto would do
     forced = load_profile("paper", ["data.feature_mode=cached", *slow])
     assert forced.data.feature_mode == "cached"
-    assert feature_mode_reason(load_profile("paper", ["data.feature_mode=online"])).endswith("auto would pick cached")
+    assert feature_mode_reason(load_profile("paper",
+                                            ["data.feature_mode=online"])).endswith("auto would pick cached")
     # the options, per backbone: each costed; a share that does not fit node disk makes the hybrid online
     o = feature_modes.options(starved, "eagle2")
     assert set(o) == {"online", "cached", "hybrid"} and o["hybrid"].gpu_h == pytest.approx(o["online"].gpu_h)
     lines = feature_modes.lines(p)
-    assert any(x.strip().startswith("run: cached") for x in lines) and len(lines) == 3 + len(p.train.backbones)
+    assert any(x.strip().startswith("run: cached")
+               for x in lines) and len(lines) == 3 + len(p.train.backbones)
 
 
 def test_eagle2_and_hass_read_no_aux_layers():
     """EAGLE-3 reads the three aux layers; EAGLE-2 and HASS only the LM head's input and its top-10, so
     their shard reads (and the bytes/s a trial needs) are about a quarter of EAGLE-3's per token."""
+    from drafters.train.config import TrainConfig
     from orchestrator.plan.costs import HELDOUT_DEPTHS, read_bytes_per_token
     from orchestrator.plan.io_cost import trial_io
-    from drafters.train.config import TrainConfig
 
     v = VERIFIERS["llama3-8b-instruct"]
     assert read_bytes_per_token(v, "eagle2") == read_bytes_per_token(v, "hass") == 4096 * 2 + 60

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from decoding.cpu import kernel as cpu_kernel
-from decoding.cpu import onednn
 from decoding.cpu import matmul as cpu_matmul
+from decoding.cpu import onednn
 
 
 @pytest.fixture(scope="module")

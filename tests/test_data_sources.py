@@ -14,7 +14,8 @@ from drafters.data.sources import DataSourceNotFound, SourceOptions, load_benchm
 
 @pytest.mark.parametrize("name,rows", [("mt_bench", 80), ("gsm8k", 1319), ("math500", 500), ("svamp", 1000)])
 def test_benchmarks_load_with_manifest_row_counts(name, rows):
-    prompts, report = load_benchmark(name, SourceOptions(svamp_set="all"))  # svamp: every row, not the study's 300
+    # svamp: every row, not the study's 300
+    prompts, report = load_benchmark(name, SourceOptions(svamp_set="all"))
     assert len(prompts) == rows and report.dropped == 0
     assert report.origin.startswith("local:")
     assert all(p.turns and all(t.strip() for t in p.turns) for p in prompts)
@@ -86,7 +87,8 @@ def test_malformed_conversations(tmp_path):
         ([{"from": "robot", "value": "x"}, {"from": "gpt", "value": "y"}], "unknown role"),
         ([{"from": "human", "value": ""}, {"from": "gpt", "value": "y"}], "empty"),
         ([{"from": "human", "value": 3}, {"from": "gpt", "value": "y"}], "non-string"),
-        ([{"from": "human", "value": "a"}, {"from": "human", "value": "b"}, {"from": "gpt", "value": "c"}], "alternate"),
+        ([{"from": "human", "value": "a"}, {"from": "human", "value": "b"}, {"from": "gpt", "value": "c"}],
+         "alternate"),
         ([], "no turns"),
     ]:
         with pytest.raises(MalformedRecord, match=why):
@@ -95,7 +97,8 @@ def test_malformed_conversations(tmp_path):
 
 def test_missing_source_names_every_place_tried(tmp_path):
     with pytest.raises(DataSourceNotFound) as e:
-        load_benchmark("math500", SourceOptions(data_root=tmp_path / "empty", allow_hub=True, hub_path=str(tmp_path / "nope")))
+        load_benchmark("math500", SourceOptions(data_root=tmp_path / "empty", allow_hub=True,
+                                                hub_path=str(tmp_path / "nope")))
     msg = str(e.value)
     assert "local data root" in msg and "Hugging Face Hub" in msg and "TASKSPEC_DATA_ROOT" in msg
 
@@ -311,5 +314,6 @@ def test_offline_the_verifiers_config_is_one_line_from_the_local_cache_only(tmp_
         verifier_config("llama3-8b-instruct")
     msg = str(e.value)
     assert calls == [] and hub_env == [] and "\n" not in msg
-    assert msg == ("skipped the Hub (offline, HF_HUB_OFFLINE=1) and meta-llama/Meta-Llama-3-8B-Instruct is not "
+    assert msg == ("skipped the Hub (offline, HF_HUB_OFFLINE=1) and meta-llama/Meta-Llama-3-8B-Instruct is "
+                   "not "
                    "in the local Hugging Face cache; to load it: unset HF_HUB_OFFLINE")

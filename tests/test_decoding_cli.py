@@ -13,7 +13,8 @@ from decoding.runner import PromptFileError, read_prompts
 
 
 def _run(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "decoding", *args], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, "-m", "decoding", *args], capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def _no_model(*a, **kw):
@@ -40,12 +41,15 @@ def test_generate_cli_writes_rows_and_trace(tmp_path, random_drafter_dirs, verif
     assert r.returncode == 0, r.stderr[-2000:]
     df = pl.read_parquet(out)
     assert df.height == 3 and set(df["prompt_id"]) == {"q1", "q2"}
-    for col in ("prompt_id", "turn", "output_token_ids", "output_text", "verifier_calls", "new_tokens", "acceptance_length", "wall_time_s"):
+    for col in ("prompt_id", "turn", "output_token_ids", "output_text", "verifier_calls", "new_tokens",
+                "acceptance_length", "wall_time_s"):
         assert col in df.columns
     row = df.filter(pl.col("prompt_id") == "q1").row(0, named=True)
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], tokenize=False, add_generation_prompt=True)
+    ids = tok.apply_chat_template([{"role": "user", "content": "What is 3 + 4?"}], tokenize=False,
+                                  add_generation_prompt=True)
     x = torch.tensor([tok(ids, add_special_tokens=False)["input_ids"]])
-    ref = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=12)[0, x.shape[1]:].tolist()
+    ref = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=12)[0,
+            x.shape[1]:].tolist()
     assert row["output_token_ids"] == ref
     assert row["acceptance_length"] == pytest.approx(row["new_tokens"] / row["verifier_calls"])
     steps = pl.read_parquet(trace)
@@ -68,7 +72,8 @@ def test_bad_prompt_files_name_the_line(tmp_path, rows, match):
     (["--strategy", "bogus"], "unknown strategy 'bogus'; choose one of"),
     (["--strategy", "merged"], "needs at least 2 drafter"),
     (["--strategy", "autoregressive", "--temperature", "-1"], "temperature must be >= 0"),
-    (["--strategy", "confidence", "--drafter", "/nonexistent", "--drafter", "/nonexistent2"], "not a drafter checkpoint"),
+    (["--strategy", "confidence", "--drafter", "/nonexistent", "--drafter", "/nonexistent2"],
+     "not a drafter checkpoint"),
 ])
 def test_cli_refuses_bad_input_before_work(tmp_path, args, match, capsys, monkeypatch):
     """In this process (the entry point's own process is test_generate_cli_writes_rows_and_trace's):
@@ -92,7 +97,8 @@ def test_drafter_for_another_verifier_is_refused(tmp_path, random_drafter_dirs, 
     (d / "config.json").write_text(json.dumps(cfg))
     prompts = _prompts(tmp_path, [{"id": "a", "turns": ["hi"]}])
     monkeypatch.setattr("decoding.verifiers.load_verifier", _no_model)
-    assert cli_main(["generate", "--prompts", prompts, "--out", str(tmp_path / "o.parquet"), "--drafter", str(d)]) == 2
+    assert cli_main(["generate", "--prompts", prompts, "--out", str(tmp_path / "o.parquet"), "--drafter",
+                     str(d)]) == 2
     assert "trained for verifier 'llama3-8b-instruct'" in capsys.readouterr().err
 
 
@@ -114,21 +120,24 @@ def test_hidden_size_mismatch_is_refused(verifier, random_drafter_dirs, tmp_path
 def test_bench_summary_takes_the_median_run_and_the_range():
     from decoding.bench import Timing, summarise
 
-    runs = [Timing(toks=10, wall=1.0, gen_toks=10, gen_wall=w) for w in (1.0, 2.0, 0.5, 4.0)]  # ratios 1, 2, .5, 4
+    # ratios 1, 2, .5, 4
+    runs = [Timing(toks=10, wall=1.0, gen_toks=10, gen_wall=w) for w in (1.0, 2.0, 0.5, 4.0)]
     mid, lo, hi = summarise(runs)
     assert (mid.ratio, lo, hi) == (1.0, 0.5, 4.0)  # the lower median of an even count
 
 
 @pytest.mark.slow
 def test_bench_pairs_every_row_with_generate_and_compares_outputs(random_drafter_dirs):
-    r = _run("bench", "--drafter", random_drafter_dirs[0], "--drafter", random_drafter_dirs[1], "--benchmarks", "gsm8k",
+    r = _run("bench", "--drafter", random_drafter_dirs[0], "--drafter", random_drafter_dirs[1],
+             "--benchmarks", "gsm8k",
              "--n-prompts", "1", "--max-new-tokens", "8", "--strategies", "autoregressive,single",
              "--oracle-depths", "3", "--repeats", "2")
     assert r.returncode == 0, r.stderr[-2000:]
     table = r.stdout.split("draft%  same\n", 1)[1].strip().splitlines()
     rows = {line[:26].strip(): line[26:].split() for line in table}
     # the lean pass's attribution row: the same loop through transformers' forward
-    assert list(rows) == ["autoregressive", "autoregressive, hf pass", "single 4/4/16", "oracle chain depth 3"], r.stdout
+    assert list(rows) == ["autoregressive", "autoregressive, hf pass", "single 4/4/16",
+                          "oracle chain depth 3"], r.stdout
     for label, (tps, ratio, spread, gen_tps, tau, tree, draft, same) in rows.items():
         lo, hi = map(float, spread.split("-"))
         assert lo <= float(ratio[:-1]) <= hi and float(gen_tps) > 0, label

@@ -61,7 +61,8 @@ def load_rayjob(text: str | None = None) -> tuple[dict, dict]:
 
 
 def _inside(path: str, mounts) -> bool:
-    return any(os.path.normpath(path) == os.path.normpath(m) or os.path.normpath(path).startswith(os.path.normpath(m) + "/")
+    return any(os.path.normpath(path) == os.path.normpath(m)
+               or os.path.normpath(path).startswith(os.path.normpath(m) + "/")
                for m in mounts)
 
 
@@ -73,12 +74,15 @@ def node_run_options(cfg: dict, node_type: str) -> list[str]:
     if node_type == cfg.get("head_node_type"):
         extra = docker.get("head_run_options", [])
     else:
-        extra = {**docker, **cfg["available_node_types"][node_type].get("docker", {})}.get("worker_run_options", [])
+        extra = {**docker, **cfg["available_node_types"][node_type].get("docker",
+                {})}.get("worker_run_options", [])
     return list(docker.get("run_options", [])) + list(extra)
 
 
 def _has_gpu(node: dict) -> bool:
-    return node.get("resources", {}).get("GPU", 0) > 0 or bool(GPU_INSTANCE.match(node["node_config"].get("InstanceType", "")))
+    return node.get("resources", {}).get("GPU",
+                                         0) > 0 or bool(GPU_INSTANCE.match(node["node_config"].get(
+                                                 "InstanceType", "")))
 
 
 def node_type_problems(cfg: dict) -> list[str]:
@@ -88,19 +92,23 @@ def node_type_problems(cfg: dict) -> list[str]:
     for name, node in cfg.get("available_node_types", {}).items():
         profile = node["node_config"].get("IamInstanceProfile", {})
         if not (INSTANCE_PROFILE_ARN.match(str(profile.get("Arn", ""))) or profile.get("Name")):
-            problems.append(f"node type {name}: no IamInstanceProfile (Arn or Name), so S3 refuses its reads and writes")
+            problems.append(f"node type {name}: no IamInstanceProfile (Arn or Name), so S3 refuses its "
+                            "reads and writes")
         opts = node_run_options(cfg, name)
         gpus = any(o.split()[0].startswith("--gpus") for o in opts)
         if gpus and not _has_gpu(node):
-            problems.append(f"node type {name} has no GPU, but its docker run options pass --gpus (docker run fails)")
+            problems.append(f"node type {name} has no GPU, but its docker run options pass --gpus (docker "
+                            "run fails)")
         if _has_gpu(node) and not gpus:
             problems.append(f"node type {name} has GPUs, but its docker run options do not pass --gpus")
         env = dict(re.match(r"-e\s+(\w+)=(\S*)$", o).groups() for o in opts if re.match(r"-e\s+\w+=", o))
-        volumes = [m.group(1) for o in opts for m in [re.match(r"(?:-v|--volume)[ =]\S+?:(/[^:\s]*)", o)] if m]
+        volumes = [m.group(1) for o in opts for m in [re.match(r"(?:-v|--volume)[ =]\S+?:(/[^:\s]*)", o)]
+                   if m]
         for what, path in (("the Hugging Face cache (HF_HOME)", env.get("HF_HOME", IMAGE_HF_HOME)),
                            ("TASKSPEC_STAGING", env.get("TASKSPEC_STAGING", DEFAULT_STAGING))):
             if not _inside(path, volumes):
-                problems.append(f"node type {name}: {what} {path} is in the container's writable layer (no volume)")
+                problems.append(f"node type {name}: {what} {path} is in the container's writable layer (no "
+                                "volume)")
     return problems
 
 
@@ -140,11 +148,13 @@ def launcher_problems(cfg: dict) -> list[str]:
         problems.append("token authentication is off: no `-e RAY_AUTH_MODE=token` in docker.run_options")
     token_path = env.get("RAY_AUTH_TOKEN_PATH", "")
     if not mounted(token_path):
-        problems.append(f"RAY_AUTH_TOKEN_PATH={token_path!r} is not inside a file mount, so nodes have no token")
+        problems.append(f"RAY_AUTH_TOKEN_PATH={token_path!r} is not inside a file mount, so nodes have no "
+                        "token")
     for remote, local in mounts.items():
         local_path = Path(os.path.expanduser(local))
         if (ROOT / local_path).resolve().is_relative_to(ROOT):
-            problems.append(f"file mount {remote} comes from {local}, inside the repository (secrets there get committed)")
+            problems.append(f"file mount {remote} comes from {local}, inside the repository (secrets there "
+                            "get committed)")
     for key in ("head_start_ray_commands", "worker_start_ray_commands"):
         starts = [c for c in cfg.get(key, []) if "ray start" in c]
         sourced = [re.findall(r"(?:^|&&|;)\s*(?:\.|source)\s+(\S+)", c) for c in starts]
@@ -172,15 +182,19 @@ def rayjob_problems(job: dict, accounts: dict) -> list[str]:
     cluster = job["spec"].get("rayClusterSpec", {})
     head = cluster["headGroupSpec"]
     if head.get("rayStartParams", {}).get("dashboard-host") != "0.0.0.0":
-        problems.append("dashboard-host must be 0.0.0.0: the operator and the submitter reach it through the head Service")
+        problems.append("dashboard-host must be 0.0.0.0: the operator and the submitter reach it through "
+                        "the head Service")
     if cluster.get("authOptions", {}).get("mode") != "token":
         problems.append("token authentication is off: rayClusterSpec.authOptions.mode is not 'token'")
     elif _version(cluster.get("rayVersion", "0")) < MIN_RAY_FOR_TOKEN_AUTH:
-        problems.append(f"KubeRay refuses authOptions.mode token with rayVersion {cluster.get('rayVersion')!r} (< 2.52.0)")
+        problems.append("KubeRay refuses authOptions.mode token with rayVersion "
+                        f"{cluster.get('rayVersion')!r} (< 2.52.0)")
     if head.get("serviceType", "ClusterIP") != "ClusterIP" or head.get("enableIngress"):
-        problems.append("the head Service must be ClusterIP with no Ingress: the dashboard stays inside the cluster")
+        problems.append("the head Service must be ClusterIP with no Ingress: the dashboard stays inside the "
+                        "cluster")
     if "headService" in head:
-        problems.append("headService overrides the head Service KubeRay makes; keep it ClusterIP by not setting it")
+        problems.append("headService overrides the head Service KubeRay makes; keep it ClusterIP by not "
+                        "setting it")
     groups = [head] + cluster.get("workerGroupSpecs", [])
     for group in groups:
         for c in group["template"]["spec"]["containers"]:
@@ -194,7 +208,8 @@ def rayjob_problems(job: dict, accounts: dict) -> list[str]:
             for what, path in (("the Hugging Face cache (HF_HOME)", env.get("HF_HOME") or IMAGE_HF_HOME),
                                ("TASKSPEC_STAGING", env.get("TASKSPEC_STAGING") or DEFAULT_STAGING)):
                 if not _inside(path, mounts):
-                    problems.append(f"container {c['name']}: {what} {path} is in the container's writable layer (no volume)")
+                    problems.append(f"container {c['name']}: {what} {path} is in the container's writable "
+                                    "layer (no volume)")
         spec = group["template"]["spec"]
         who = f"{group.get('groupName', 'head')} pods"
         sa = spec.get("serviceAccountName")
@@ -204,10 +219,12 @@ def rayjob_problems(job: dict, accounts: dict) -> list[str]:
         elif sa not in accounts:
             problems.append(f"{who}: ServiceAccount {sa!r} is not defined before the RayJob in the file")
         elif not any(p.match(annotations.get(k, "")) for k, p in WORKLOAD_IDENTITY.items()):
-            problems.append(f"ServiceAccount {sa!r}: no workload-identity annotation ({', '.join(WORKLOAD_IDENTITY)}), "
+            problems.append(f"ServiceAccount {sa!r}: no workload-identity annotation "
+                            f"({', '.join(WORKLOAD_IDENTITY)}), "
                             "so its pods get no object-storage credentials")
         if spec.get("automountServiceAccountToken") is False:
-            problems.append(f"{who}: automountServiceAccountToken false (the head's autoscaler needs the token)")
+            problems.append(f"{who}: automountServiceAccountToken false (the head's autoscaler needs the "
+                            "token)")
     return problems
 
 
@@ -241,11 +258,13 @@ def test_every_node_type_has_an_instance_profile_and_only_gpu_types_get_gpus():
     head (no GPU) starts without --gpus, each GPU worker type with it, from its own run options."""
     cfg = yaml.safe_load(LAUNCHER.read_text())
     assert node_type_problems(cfg) == []
-    assert not any("--gpus" in o for o in cfg["docker"]["run_options"] + cfg["docker"].get("head_run_options", []))
+    assert not any("--gpus" in o for o in cfg["docker"]["run_options"] + cfg["docker"].get("head_run_options",
+            []))
     nodes = cfg["available_node_types"]
     gpu_types = [n for n, node in nodes.items() if _has_gpu(node)]
     assert gpu_types == ["gpu_worker"] and "--gpus all" in nodes["gpu_worker"]["docker"]["worker_run_options"]
-    assert all(INSTANCE_PROFILE_ARN.match(node["node_config"]["IamInstanceProfile"]["Arn"]) for node in nodes.values())
+    assert all(INSTANCE_PROFILE_ARN.match(node["node_config"]["IamInstanceProfile"]["Arn"])
+               for node in nodes.values())
 
 
 def _set(doc: dict, path: str, value) -> dict:
@@ -277,24 +296,32 @@ _HEAD_ENV = f"{_HEAD}.template.spec.containers.0.env"
 
 
 @pytest.mark.parametrize("mutate, expected", [
-    (lambda j: _set(j, f"{_HEAD}.rayStartParams.dashboard-host", "127.0.0.1"), "dashboard-host must be 0.0.0.0"),
+    (lambda j: _set(j, f"{_HEAD}.rayStartParams.dashboard-host", "127.0.0.1"),
+     "dashboard-host must be 0.0.0.0"),
     (lambda j: _set(j, "spec.rayClusterSpec.authOptions", _DELETE), "token authentication is off"),
-    (lambda j: _set(j, "spec.rayClusterSpec.authOptions.mode", "Token"), "'Token' is not one of ['disabled', 'token']"),
+    (lambda j: _set(j, "spec.rayClusterSpec.authOptions.mode", "Token"),
+     "'Token' is not one of ['disabled', 'token']"),
     (lambda j: _set(j, "spec.rayClusterSpec.rayVersion", "2.51.0"), "KubeRay refuses authOptions.mode token"),
-    (lambda j: _rename(j, "spec.shutdownAfterJobFinishes", "shutdownAfterJobFinish"), "'shutdownAfterJobFinish' was unexpected"),
+    (lambda j: _rename(j, "spec.shutdownAfterJobFinishes", "shutdownAfterJobFinish"),
+     "'shutdownAfterJobFinish' was unexpected"),
     (lambda j: _rename(j, "spec.rayClusterSpec.authOptions", "authOption"), "'authOption' was unexpected"),
     (lambda j: _rename(j, f"{_HEAD}.rayStartParams", "rayStartParam"), "'rayStartParam' was unexpected"),
-    (lambda j: _rename(j, f"{_HEAD_ENV}.0.valueFrom.secretKeyRef", "secretRef"), "'secretRef' was unexpected"),
+    (lambda j: _rename(j, f"{_HEAD_ENV}.0.valueFrom.secretKeyRef", "secretRef"),
+     "'secretRef' was unexpected"),
     (lambda j: _set(j, f"{_HEAD}.rayStartParams.num-cpus", 0), "0 is not of type 'string'"),
     (lambda j: _set(j, "spec.ttlSecondsAfterFinished", "1h"), "'1h' is not of type 'integer'"),
-    (lambda j: _set(j, "spec.rayClusterSpec.workerGroupSpecs.0.maxReplicas", _DELETE), "'maxReplicas' is a required property"),
+    (lambda j: _set(j, "spec.rayClusterSpec.workerGroupSpecs.0.maxReplicas", _DELETE),
+     "'maxReplicas' is a required property"),
     (lambda j: _set(j, f"{_HEAD}.serviceType", "LoadBalancer"), "must be ClusterIP with no Ingress"),
     (lambda j: _set(j, f"{_HEAD}.enableIngress", True), "must be ClusterIP with no Ingress"),
-    (lambda j: _set(j, f"{_HEAD_ENV}.0", {"name": "HF_TOKEN", "value": "$HF_TOKEN"}), "HF_TOKEN must come from a secretKeyRef"),
+    (lambda j: _set(j, f"{_HEAD_ENV}.0", {"name": "HF_TOKEN", "value": "$HF_TOKEN"}),
+     "HF_TOKEN must come from a secretKeyRef"),
     (lambda j: _set(j, "metadata.name", "Taskspec_paper"), "does not match"),
 ], ids=["dashboard-on-loopback", "no-auth", "auth-mode-enum", "ray-too-old-for-auth", "misspelled-spec-field",
-        "misspelled-authOptions", "misspelled-rayStartParams", "misspelled-secretKeyRef", "rayStartParams-not-string",
-        "ttl-not-integer", "worker-missing-maxReplicas", "load-balancer", "ingress", "hf-token-literal", "bad-name"])
+        "misspelled-authOptions", "misspelled-rayStartParams", "misspelled-secretKeyRef",
+        "rayStartParams-not-string",
+        "ttl-not-integer", "worker-missing-maxReplicas", "load-balancer", "ingress", "hf-token-literal",
+        "bad-name"])
 def test_rayjob_checks_catch_each_problem(mutate, expected):
     """Each problem the old file had (dashboard on 127.0.0.1, no authentication) and each kind of
     slip the CRD refuses (a misspelled field, a wrong type, a value outside an enum) is reported."""
@@ -309,23 +336,32 @@ _SA = "taskspec-paper"
 
 
 @pytest.mark.parametrize("mutate, expected", [
-    (lambda j, a: (_set(j, f"{_WORKER_POD}.serviceAccountName", _DELETE), a), "gpu pods: no serviceAccountName"),
-    (lambda j, a: (_set(j, f"{_HEAD_POD}.serviceAccountName", _DELETE), a), "head pods: no serviceAccountName"),
+    (lambda j, a: (_set(j, f"{_WORKER_POD}.serviceAccountName", _DELETE), a),
+     "gpu pods: no serviceAccountName"),
+    (lambda j, a: (_set(j, f"{_HEAD_POD}.serviceAccountName", _DELETE), a),
+     "head pods: no serviceAccountName"),
     (lambda j, a: (j, {}), "ServiceAccount 'taskspec-paper' is not defined before the RayJob"),
     (lambda j, a: (j, {_SA: _set(a[_SA], "metadata.annotations", {})}), "no workload-identity annotation"),
-    (lambda j, a: (j, {_SA: _set(a[_SA], "metadata.annotations", {"eks.amazonaws.com/role-arn": "taskspec-s3"})}),
+    (lambda j, a: (j, {_SA: _set(a[_SA], "metadata.annotations",
+                                 {"eks.amazonaws.com/role-arn": "taskspec-s3"})}),
      "no workload-identity annotation"),
-    (lambda j, a: (_set(j, f"{_HEAD_POD}.serviceAccountName", "Taskspec_S3"), a), "'Taskspec_S3' does not match"),
+    (lambda j, a: (_set(j, f"{_HEAD_POD}.serviceAccountName", "Taskspec_S3"), a),
+     "'Taskspec_S3' does not match"),
     (lambda j, a: (_rename(j, f"{_WORKER_POD}.serviceAccountName", "serviceAcountName"), a),
      "'serviceAcountName' was unexpected"),
-    (lambda j, a: (j, {_SA: _rename(a[_SA], "metadata.annotations", "annotation")}), "'annotation' was unexpected"),
-    (lambda j, a: (_set(j, f"{_HEAD_POD}.automountServiceAccountToken", False), a), "automountServiceAccountToken"),
+    (lambda j, a: (j, {_SA: _rename(a[_SA], "metadata.annotations", "annotation")}),
+     "'annotation' was unexpected"),
+    (lambda j, a: (_set(j, f"{_HEAD_POD}.automountServiceAccountToken", False), a),
+     "automountServiceAccountToken"),
     (lambda j, a: (_set(j, f"{_WORKER_POD}.containers.0.volumeMounts.1", _DELETE), a),
-     "ray-worker: the Hugging Face cache (HF_HOME) /home/ray/.cache/huggingface is in the container's writable layer"),
+     "ray-worker: the Hugging Face cache (HF_HOME) /home/ray/.cache/huggingface is in the container's "
+     "writable layer"),
     (lambda j, a: (_set(j, f"{_HEAD_POD}.containers.0.volumeMounts.0", _DELETE), a),
      "ray-head: TASKSPEC_STAGING /scratch/taskspec is in the container's writable layer"),
-], ids=["worker-no-service-account", "head-no-service-account", "service-account-not-defined", "no-irsa-annotation",
-        "irsa-not-an-arn", "service-account-name-invalid", "misspelled-serviceAccountName", "misspelled-annotations",
+], ids=["worker-no-service-account", "head-no-service-account", "service-account-not-defined",
+        "no-irsa-annotation",
+        "irsa-not-an-arn", "service-account-name-invalid", "misspelled-serviceAccountName",
+        "misspelled-annotations",
         "no-token-for-autoscaler", "hf-cache-in-layer", "staging-in-layer"])
 def test_rayjob_object_storage_and_volume_checks_catch_each_problem(mutate, expected):
     job, accounts = mutate(*load_rayjob())
@@ -348,41 +384,52 @@ _HEAD_START = "head_start_ray_commands.1"
 @pytest.mark.parametrize("mutate, expected", [
     (lambda c: _set(c, "docker.run_options", c["docker"]["run_options"] + ["-e HF_TOKEN=$HF_TOKEN"]),
      "$HF_TOKEN in '-e HF_TOKEN=$HF_TOKEN' is expanded on the node"),
-    (lambda c: _set(c, "docker.run_options", [o for o in c["docker"]["run_options"] if "RAY_AUTH_MODE" not in o]),
+    (lambda c: _set(c, "docker.run_options", [o for o in c["docker"]["run_options"]
+                                              if "RAY_AUTH_MODE" not in o]),
      "token authentication is off"),
-    (lambda c: _set(c, "docker.run_options", [o for o in c["docker"]["run_options"] if "RAY_AUTH_TOKEN_PATH" not in o]),
+    (lambda c: _set(c, "docker.run_options", [o for o in c["docker"]["run_options"]
+                                              if "RAY_AUTH_TOKEN_PATH" not in o]),
      "is not inside a file mount"),
     (lambda c: _set(c, "file_mounts", {}), "is not inside a file mount"),
-    (lambda c: _set(c, "file_mounts", {k: "deploy/secrets" for k in c["file_mounts"]}), "inside the repository"),
+    (lambda c: _set(c, "file_mounts", {k: "deploy/secrets" for k in c["file_mounts"]}),
+     "inside the repository"),
     (lambda c: _set(c, _HEAD_START, c["head_start_ray_commands"][1].split("&& set +a && ")[-1]),
      "head_start_ray_commands: `ray start` does not read HF_TOKEN"),
     (lambda c: _set(c, _HEAD_START, c["head_start_ray_commands"][1].replace("127.0.0.1", "0.0.0.0")),
      "dashboard must stay on loopback"),
-    (lambda c: _rename(c, "head_start_ray_commands", "head_start_ray_command"), "'head_start_ray_command' was unexpected"),
+    (lambda c: _rename(c, "head_start_ray_commands", "head_start_ray_command"),
+     "'head_start_ray_command' was unexpected"),
     (lambda c: _rename(c, "docker.run_options", "run_option"), "'run_option' was unexpected"),
     (lambda c: _set(c, "available_node_types.gpu_worker.min_workers", "0"), "'0' is not of type 'integer'"),
-    (lambda c: _set(c, "head_node_type", "cpu_head"), "`head_node_type` must be one of `available_node_types`"),
+    (lambda c: _set(c, "head_node_type", "cpu_head"),
+     "`head_node_type` must be one of `available_node_types`"),
     (lambda c: _set(c, "available_node_types.head.node_config.IamInstanceProfile", _DELETE),
      "node type head: no IamInstanceProfile"),
     (lambda c: _set(c, "available_node_types.gpu_worker.node_config.IamInstanceProfile", _DELETE),
      "node type gpu_worker: no IamInstanceProfile"),
-    (lambda c: _set(c, "available_node_types.gpu_worker.node_config.IamInstanceProfile", {"Arn": "taskspec-worker"}),
+    (lambda c: _set(c, "available_node_types.gpu_worker.node_config.IamInstanceProfile",
+                    {"Arn": "taskspec-worker"}),
      "node type gpu_worker: no IamInstanceProfile"),
     (lambda c: _set(c, "docker.run_options", ["--gpus all", *c["docker"]["run_options"]]),
      "node type head has no GPU, but its docker run options pass --gpus"),
     (lambda c: _set(c, "docker.head_run_options", ["--gpus all"]), "node type head has no GPU, but"),
     (lambda c: _set(c, "available_node_types.gpu_worker.docker", _DELETE),
      "node type gpu_worker has GPUs, but its docker run options do not pass --gpus"),
-    (lambda c: _set(c, "docker.run_options", [o for o in c["docker"]["run_options"] if not o.startswith("-v ")]),
-     "node type head: the Hugging Face cache (HF_HOME) /home/ray/.cache/huggingface is in the container's writable layer"),
-    (lambda c: _set(c, "docker.run_options", [o for o in c["docker"]["run_options"] if "TASKSPEC_STAGING" not in o]),
+    (lambda c: _set(c, "docker.run_options", [o for o in c["docker"]["run_options"]
+                                              if not o.startswith("-v ")]),
+     "node type head: the Hugging Face cache (HF_HOME) /home/ray/.cache/huggingface is in the container's "
+     "writable layer"),
+    (lambda c: _set(c, "docker.run_options", [o for o in c["docker"]["run_options"]
+                                              if "TASKSPEC_STAGING" not in o]),
      "node type gpu_worker: TASKSPEC_STAGING /tmp/taskspec-staging is in the container's writable layer"),
     (lambda c: _rename(c, "available_node_types.gpu_worker.docker.worker_run_options", "run_options"),
      "'run_options' was unexpected"),
 ], ids=["hf-token-expanded-on-node", "no-auth-mode", "no-token-path", "no-file-mounts", "secrets-in-repo",
         "no-hf-env-file", "dashboard-public", "misspelled-top-level", "misspelled-docker-field", "wrong-type",
-        "unknown-head-type", "head-no-instance-profile", "worker-no-instance-profile", "instance-profile-not-an-arn",
-        "gpus-shared-with-head", "gpus-on-head", "gpu-worker-without-gpus", "hf-cache-in-layer", "staging-in-layer",
+        "unknown-head-type", "head-no-instance-profile", "worker-no-instance-profile",
+        "instance-profile-not-an-arn",
+        "gpus-shared-with-head", "gpus-on-head", "gpu-worker-without-gpus", "hf-cache-in-layer",
+        "staging-in-layer",
         "per-type-docker-misspelled"])
 def test_launcher_checks_catch_each_problem(mutate, expected):
     cfg = yaml.safe_load(LAUNCHER.read_text())
@@ -400,10 +447,12 @@ def test_start_commands_export_the_env_file_to_ray_and_stop_without_it(tmp_path,
     [command] = [c for c in cfg[key] if "ray start" in c]
     probe = command.replace(mount, str(tmp_path)).split("ray start")[0] + 'printenv HF_TOKEN'
     (tmp_path / "hf.env").write_text("HF_TOKEN=hf_test_value_not_a_token\n")
-    r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True,
+                       env={"PATH": os.environ["PATH"]})
     assert (r.returncode, r.stdout.strip()) == (0, "hf_test_value_not_a_token"), r.stderr
     (tmp_path / "hf.env").unlink()
-    r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, env={"PATH": os.environ["PATH"]})
+    r = subprocess.run(["bash", "-c", probe], capture_output=True, text=True,
+                       env={"PATH": os.environ["PATH"]})
     assert r.returncode != 0 and r.stdout == ""
 
 
@@ -413,17 +462,21 @@ def test_network_policy_admits_only_the_cluster_its_submitter_and_the_operator()
     submitter pod and the KubeRay operator (labels as KubeRay v1.7 sets them)."""
     job, _ = load_rayjob()
     policies = {p["metadata"]["name"]: p for p in yaml.safe_load_all(NETWORK_POLICY.read_text())}
-    assert all(p["apiVersion"] == "networking.k8s.io/v1" and p["kind"] == "NetworkPolicy" for p in policies.values())
+    assert all(p["apiVersion"] == "networking.k8s.io/v1" and p["kind"] == "NetworkPolicy"
+               for p in policies.values())
     cluster = job["spec"]["rayClusterSpec"]
     pod_labels = {"head": cluster["headGroupSpec"]["template"]["metadata"]["labels"] | {"ray.io/node-type": "head"}}
     for g in cluster["workerGroupSpecs"]:
-        assert g["template"]["metadata"]["labels"] == cluster["headGroupSpec"]["template"]["metadata"]["labels"]
+        assert g["template"]["metadata"]["labels"] == cluster["headGroupSpec"]["template"]["metadata"][
+                "labels"]
         pod_labels["worker"] = g["template"]["metadata"]["labels"] | {"ray.io/node-type": "worker"}
     own = cluster["headGroupSpec"]["template"]["metadata"]["labels"]
-    submitter = {"ray.io/originated-from-cr-name": job["metadata"]["name"], "ray.io/originated-from-crd": "RayJob"}
+    submitter = {"ray.io/originated-from-cr-name": job["metadata"]["name"],
+                 "ray.io/originated-from-crd": "RayJob"}
     operator = {"app.kubernetes.io/name": "kuberay-operator"}
     for kind, labels in pod_labels.items():
-        [policy] = [p for p in policies.values() if p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+        [policy] = [p for p in policies.values()
+                    if p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
         assert policy["spec"]["policyTypes"] == ["Ingress"]
         for rule in policy["spec"]["ingress"]:
             peers = [p["podSelector"]["matchLabels"] for p in rule["from"]]
@@ -431,7 +484,8 @@ def test_network_policy_admits_only_the_cluster_its_submitter_and_the_operator()
                 continue  # the cluster's own pods, every port
             assert kind == "head" and rule["ports"] == [{"protocol": "TCP", "port": DASHBOARD_PORT}], rule
             assert sorted(map(str, peers)) == sorted(map(str, [submitter, operator])), peers
-    assert DASHBOARD_PORT == int(cluster["headGroupSpec"]["rayStartParams"].get("dashboard-port", DASHBOARD_PORT))
+    assert DASHBOARD_PORT == int(cluster["headGroupSpec"]["rayStartParams"].get("dashboard-port",
+            DASHBOARD_PORT))
 
 
 def test_cluster_configs_reference_the_same_image_entry_point_and_profile():
@@ -440,7 +494,8 @@ def test_cluster_configs_reference_the_same_image_entry_point_and_profile():
     image = launcher["docker"]["image"]
     head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
     workers = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
-    assert head["image"] == image and all(w["template"]["spec"]["containers"][0]["image"] == image for w in workers)
+    assert head["image"] == image and all(w["template"]["spec"]["containers"][0]["image"] == image
+                                          for w in workers)
     assert "experiments/full_grid.py --profile paper" in job["spec"]["entrypoint"]
     assert "experiments/full_grid.py --profile paper" in (ROOT / "deploy/ray-cluster.yaml").read_text()
     # KubeRay reaches the dashboard through the head Service (ClusterIP), so it listens on the pod's

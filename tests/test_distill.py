@@ -43,24 +43,29 @@ def test_greedy_regeneration_is_the_verifiers_own_greedy_answer(verifier, eos, c
         assert [t for r, t in c.turns if r != "assistant"] == [t for r, t in d.turns if r != "assistant"]
         ids = prompt_ids(tok, [{"role": r, "content": t} for r, t in c.turns[:1]])
         x = torch.tensor([ids])
-        ref = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=MAX_LEN - len(ids),
+        ref = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False,
+                             max_new_tokens=MAX_LEN - len(ids),
                              eos_token_id=eos)[0, len(ids):].tolist()
         assert d.turns[1][1] == tok.decode([t for t in ref if t not in eos], skip_special_tokens=True)
         assert d.turns[1][1] != c.turns[1][1]
     # the chat's second answer was generated after the first REGENERATED answer (or is past max_length)
-    assert stats["turns"] >= 3 and stats["regenerated"] + stats["kept_past_max_length"] + stats["kept_empty"] == stats["turns"]
+    assert stats["turns"] >= 3 and stats["regenerated"] + stats["kept_past_max_length"] + stats["kept_empty"] == stats[
+            "turns"]
 
 
 def test_sampled_answers_are_seeded_and_cached(verifier, eos, convs, greedy, tmp_path):
     model, tok = verifier
-    a = distilled(model, tok, eos, "smollm2-135m-instruct", "mathinstruct", convs[:1], MAX_LEN, "sample", 3, tmp_path)
-    again = distilled(None, tok, eos, "smollm2-135m-instruct", "mathinstruct", convs[:1], MAX_LEN, "sample", 3, tmp_path)
+    a = distilled(model, tok, eos, "smollm2-135m-instruct", "mathinstruct", convs[:1], MAX_LEN, "sample", 3,
+                  tmp_path)
+    again = distilled(None, tok, eos, "smollm2-135m-instruct", "mathinstruct", convs[:1], MAX_LEN, "sample",
+                      3, tmp_path)
     assert a == again  # a cache hit needs no verifier
     b, _ = regenerate(model, tok, eos, convs[:1], MAX_LEN, "sample", seed=3)
     assert b[0].turns == a[0].turns  # seeded: the same answer again
     assert greedy[0][0].turns[1] != a[0].turns[1]  # sampled, not the greedy answer
     with pytest.raises(FileNotFoundError, match="no self-distilled cache"):
-        distilled(None, tok, eos, "smollm2-135m-instruct", "mathinstruct", convs[:1], MAX_LEN, "sample", 4, tmp_path)
+        distilled(None, tok, eos, "smollm2-135m-instruct", "mathinstruct", convs[:1], MAX_LEN, "sample", 4,
+                  tmp_path)
 
 
 def test_self_distilled_features_keep_the_heldout_slice(verifier, eos, tmp_path):
@@ -71,7 +76,8 @@ def test_self_distilled_features_keep_the_heldout_slice(verifier, eos, tmp_path)
     b = ensure_features(model, tok, eos, "smollm2-135m-instruct", "mathinstruct", dist, str(tmp_path))
     assert a["heldout"] == b["heldout"] and a["train"] != b["train"] and a["train_ids"] == b["train_ids"]
     train, _ = select_conversations(tok, eos, "mathinstruct", plain)
-    answers = distilled(None, tok, eos, "smollm2-135m-instruct", "mathinstruct", [c for c, _ in train], MAX_LEN, "greedy",
+    answers = distilled(None, tok, eos, "smollm2-135m-instruct", "mathinstruct", [c for c, _ in train],
+                        MAX_LEN, "greedy",
                         7, tmp_path)
     ex = next(iter(FeatureStore(str(tmp_path), b["train"]).iter_examples()))
     text = tok.decode(ex.input_ids[ex.loss_mask].tolist(), skip_special_tokens=True)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from drafters.eagle3 import Eagle3Config, default_aux_layers, init_eagle3, load_eagle3, save_eagle3
-from drafters.train.eagle3 import ttt_loss, ttt_mask, ttt_unroll
 from drafters.model import KVCache, causal_mask
+from drafters.train.eagle3 import ttt_loss, ttt_mask, ttt_unroll
 from tests.conftest import VERIFIER
 from tests.helpers import eagle3_math_batch
 
@@ -70,7 +70,8 @@ def test_unrolled_training_forward_equals_drafting(verifier, batch):
                                            causal_mask(row + 1), cache=cache)
             h = hidden[:, -1:]
             for k in (1, 2):  # token x_{row+1+k}, rope position row+k, the cache holds every earlier key
-                lg, h = drafter.draft_step(embed(ids[:, row + 1 + k: row + 2 + k]), h, torch.tensor([row + k]),
+                lg, h = drafter.draft_step(embed(ids[:, row + 1 + k: row + 2 + k]), h,
+                                           torch.tensor([row + k]),
                                            causal_mask(1, past=len(cache)), cache=cache)
                 torch.testing.assert_close(steps[k][:, row], lg[:, 0], rtol=1e-4, atol=1e-4)
 

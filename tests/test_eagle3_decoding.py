@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from decoding import cpu
+from decoding.config import TreeConfig
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import check_drafter_files, decode_prompt, load_proposers
-from decoding.config import TreeConfig
 from decoding.verifier_pass import new_cache, prefill, tree_forward
 from drafters.data.templating import benchmark_prompt_ids
 from drafters.eagle3 import Eagle3Config, default_aux_layers, init_eagle3, save_eagle3
@@ -82,14 +82,17 @@ def test_verifier_passes_capture_exactly_the_aux_layers(verifier, bench_prompts)
 
 # -- compositions ----------------------------------------------------------------------------------
 def test_mixed_backbones_and_mixed_aux_layers_are_refused_before_decoding(verifier, eos, random_drafter_dirs,
-                                                                          random_eagle3_dirs, random_proposers,
+                                                                          random_eagle3_dirs,
+                                                                          random_proposers,
                                                                           e3_proposers, tmp_path):
     model, _ = verifier
     with pytest.raises(ValueError, match="cannot compose EAGLE-3 drafters .* with EAGLE-2/HASS drafters"):
-        check_drafter_files([random_drafter_dirs[0], random_eagle3_dirs[0]], VERIFIER)  # before any model loads
+        # before any model loads
+        check_drafter_files([random_drafter_dirs[0], random_eagle3_dirs[0]], VERIFIER)
     for strategy in ("merged", "confidence"):
         with pytest.raises(ValueError, match="cannot compose EAGLE-3"):
-            SpeculativeDecoder(model, [random_proposers[0], e3_proposers[0]], DecodeConfig(strategy=strategy), eos)
+            SpeculativeDecoder(model, [random_proposers[0], e3_proposers[0]], DecodeConfig(strategy=strategy),
+                               eos)
     other = Eagle3Config.for_verifier(model, VERIFIER, seed=2, aux_layers=(3, 15, 27))
     odd = str(save_eagle3(init_eagle3(other), tmp_path / "odd"))
     with pytest.raises(ValueError, match="different aux_layers"):
@@ -99,7 +102,8 @@ def test_mixed_backbones_and_mixed_aux_layers_are_refused_before_decoding(verifi
                            DecodeConfig(strategy="merged"), eos)
     with pytest.raises(ValueError, match="trained for verifier"):
         load_proposers(model, [random_eagle3_dirs[0]], "another-verifier")
-    assert SpeculativeDecoder(model, e3_proposers[:2], DecodeConfig(strategy="merged"), eos).layers == (2, 15, 27)
+    assert SpeculativeDecoder(model, e3_proposers[:2], DecodeConfig(strategy="merged"), eos).layers == (2, 15,
+            27)
     assert SpeculativeDecoder(model, random_proposers, DecodeConfig(strategy="merged"), eos).layers is None
 
 
@@ -109,7 +113,8 @@ CASES = {  # id: (drafters, DecodeConfig fields)
     "confidence": (2, {"strategy": "confidence"}),
     "merged": (2, {"strategy": "merged"}),
     "entropy": (2, {"strategy": "entropy"}),
-    "confidence-prompt-node": (2, {"strategy": "confidence", "routing_granularity": "prompt", "route_score": "node"}),
+    "confidence-prompt-node": (2, {"strategy": "confidence", "routing_granularity": "prompt",
+                                   "route_score": "node"}),
     "merged-dedup": (2, {"strategy": "merged", "merge_dedup": True}),
     "merged-budget": (2, {"strategy": "merged", "merge_budget": True}),
     "switching": (2, {"strategy": "switching", "switch_after": 1}),
@@ -128,7 +133,8 @@ def test_random_eagle3_drafters_match_generate(verifier, eos, e3_proposers, refe
 
 
 @FULL
-def test_tree_auto_with_an_eagle3_drafter_matches_generate(verifier, eos, e3_proposers, references, monkeypatch):
+def test_tree_auto_with_an_eagle3_drafter_matches_generate(verifier, eos, e3_proposers, references,
+                                                           monkeypatch):
     from decoding import autotree
     from decoding.autotree import auto_tree, calibration_inputs
 

@@ -20,23 +20,25 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from common.atomic import atomic_dir
 from common.caches import cache_dir
 from common.verifiers import verifier_config
 from drafters.__main__ import main as drafters_main
-from common.atomic import atomic_dir
 from drafters.data.templating import prompt_ids
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3, load_eagle3, save_eagle3
-from drafters.train.eagle3 import ttt_unroll
 from drafters.export import ContractError, check_export, export, load_export
 from drafters.model import causal_mask
+from drafters.train.eagle3 import ttt_unroll
 from tests.conftest import VERIFIER
 
 H, Q, KV, I, V, N = 576, 576, 192, 1536, 49152, 1024  # SmolLM2-135M: 9 heads, 3 kv heads, head_dim 64
-WEIGHTS = {"fc.weight": (H, 3 * H), "layers.0.input_layernorm.weight": (H,), "layers.0.hidden_norm.weight": (H,),
+WEIGHTS = {"fc.weight": (H, 3 * H), "layers.0.input_layernorm.weight": (H,),
+           "layers.0.hidden_norm.weight": (H,),
            "layers.0.self_attn.q_proj.weight": (Q, 2 * H), "layers.0.self_attn.k_proj.weight": (KV, 2 * H),
            "layers.0.self_attn.v_proj.weight": (KV, 2 * H), "layers.0.self_attn.o_proj.weight": (H, Q),
            "layers.0.post_attention_layernorm.weight": (H,), "layers.0.mlp.gate_proj.weight": (I, H),
-           "layers.0.mlp.up_proj.weight": (I, H), "layers.0.mlp.down_proj.weight": (H, I), "norm.weight": (H,)}
+           "layers.0.mlp.up_proj.weight": (I, H), "layers.0.mlp.down_proj.weight": (H, I),
+           "norm.weight": (H,)}
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,8 @@ def e3(verifier, tmp_path_factory):
     with torch.no_grad():
         for w in shaken.parameters():
             w.add_(0.2 * w.abs().mean() * torch.randn(w.shape, generator=g))
-    return {"reduced": str(save_eagle3(reduced, root / "reduced")), "full": str(save_eagle3(full, root / "full")),
+    return {"reduced": str(save_eagle3(reduced, root / "reduced")), "full": str(save_eagle3(full,
+            root / "full")),
             "shaken": str(save_eagle3(shaken, root / "shaken"))}
 
 
@@ -126,7 +129,8 @@ def test_round_trip_keeps_every_weight(e3, tmp_path):
 # versions the test was written against (2026-12-04: transformers 5.24.0, pydantic 2.14.4 here)
 SPECULATORS = ("speculators==0.9.0", "hs-connectors==0.9.0", "loguru==0.7.3", "pydantic-settings==2.16.3",
                "openai==3.60.0", "sniffio==1.3.1")
-UNREACHABLE = ("No matching distribution", "Could not find a version", "NewConnectionError", "ConnectionError",
+UNREACHABLE = ("No matching distribution", "Could not find a version", "NewConnectionError",
+               "ConnectionError",
                "Max retries exceeded", "Temporary failure in name resolution", "Network is unreachable",
                "ProxyError", "timed out")
 
@@ -151,14 +155,16 @@ def speculators_site() -> str:
     return str(site)
 
 
-def test_the_real_speculators_loads_the_export_and_drafts_the_same_logits(verifier, bench_prompts, e3, tmp_path,
+def test_the_real_speculators_loads_the_export_and_drafts_the_same_logits(verifier, bench_prompts, e3,
+        tmp_path,
                                                                          speculators_site, monkeypatch):
     monkeypatch.syspath_prepend(speculators_site)
     from speculators import SpeculatorModelConfig
     from speculators.models.eagle3 import Eagle3DraftModel, Eagle3SpeculatorConfig
 
     model, tok = verifier
-    vdir = tmp_path / "verifier"  # speculators resolves the verifier the config names: a local copy (no hub here)
+    # speculators resolves the verifier the config names: a local copy (no hub here)
+    vdir = tmp_path / "verifier"
     model.save_pretrained(vdir)
     tok.save_pretrained(vdir)
     config, ref = verifier_config(VERIFIER)
@@ -172,7 +178,8 @@ def test_the_real_speculators_loads_the_export_and_drafts_the_same_logits(verifi
     # loader has already initialised it: load it with speculators' own helper (docs/eagle3.md)
     theirs._load_verifier_weights(overwrite_embed_tokens=True)
     ours = load_eagle3(e3["reduced"])
-    x = torch.tensor([prompt_ids(tok, [{"role": "user", "content": bench_prompts["gsm8k"][0].turns[0]}])])[:, :48]
+    x = torch.tensor([prompt_ids(tok, [{"role": "user", "content": bench_prompts["gsm8k"][0].turns[0]}])])[:,
+            :48]
     with torch.no_grad():
         hs = model(x, output_hidden_states=True).hidden_states
         aux = torch.cat([hs[i] for i in ours.config.aux_layers], dim=-1)
@@ -212,16 +219,19 @@ def test_cli_export_writes_sglangs_eagle3_layout(e3, tmp_path, capsys):
     said = capsys.readouterr().out
     assert "--speculative-algorithm EAGLE3" in said and f"--speculative-draft-model-path {out}" in said
     cfg, w = _exported(out)
-    assert {k: tuple(v.shape) for k, v in w.items()} == {**SGL, "lm_head.weight": (N, H), "d2t": (N,), "t2d": (V,)}
+    assert {k: tuple(v.shape) for k, v in w.items()} == {**SGL, "lm_head.weight": (N, H), "d2t": (N,),
+                                                         "t2d": (V,)}
     assert w["d2t"].dtype == torch.int64 and w["t2d"].dtype == torch.bool
     assert all(v.dtype == torch.bfloat16 for k, v in w.items() if k not in ("d2t", "t2d"))
     assert torch.equal(w["d2t"] + torch.arange(N), torch.arange(0, 2 * N, 2))  # SGLang's hot token ids
     assert torch.equal(w["t2d"].nonzero().flatten(), torch.arange(0, 2 * N, 2))
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["model_type"] == "llama"
     assert (cfg["num_hidden_layers"], cfg["draft_vocab_size"], cfg["vocab_size"]) == (1, N, V)
-    assert cfg["tie_word_embeddings"] is False  # SmolLM2 ties; SGLang would then use the embedding as the head
+    # SmolLM2 ties; SGLang would then use the embedding as the head
+    assert cfg["tie_word_embeddings"] is False
     # SGLang counts layer outputs (it captures the input of layer id + 1): ours 2, 15, 27 -> 1, 14, 26
-    assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 14, 26], "use_aux_hidden_state": True}
+    assert cfg["eagle_config"] == {"eagle_aux_hidden_state_layer_ids": [1, 14, 26],
+                                   "use_aux_hidden_state": True}
     assert (cfg["head_dim"], cfg["rope_theta"], cfg["max_position_embeddings"]) == (64, 100000.0, 8192)
     assert cfg["torch_dtype"] == "bfloat16" and "speculators_config" not in cfg and "bias" not in cfg
     src = load_eagle3(e3["reduced"]).state_dict()
@@ -232,7 +242,8 @@ def test_sglang_full_vocabulary_export_writes_identity_maps(e3, tmp_path):
     """SpecForge's exporter requires d2t/t2d, so they are written at the full vocabulary too."""
     config, ref = verifier_config(VERIFIER)
     cfg, w = _exported(export(e3["full"], "sglang-eagle3", tmp_path / "f", config, ref))
-    assert {k: tuple(v.shape) for k, v in w.items()} == {**SGL, "lm_head.weight": (V, H), "d2t": (V,), "t2d": (V,)}
+    assert {k: tuple(v.shape) for k, v in w.items()} == {**SGL, "lm_head.weight": (V, H), "d2t": (V,),
+                                                         "t2d": (V,)}
     assert cfg["draft_vocab_size"] == V and not w["d2t"].any() and bool(w["t2d"].all())
     back = load_export(tmp_path / "f")
     assert back.draft_ids() is None and back.config == load_eagle3(e3["full"]).config
@@ -244,7 +255,8 @@ def _sglang_logits(w: dict, cfg: dict, embeds, hidden3):
     layers, q/k/v read [input_layernorm(embeds) ; hidden_norm(hidden)], neox RoPE, causal GQA,
     residual on the fused hidden state, the fused add-norm, the drafter's head. -> (logits over the
     draft vocabulary, hot token ids)."""
-    eps, nh, nkv, hd = cfg["rms_norm_eps"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps, nh, nkv, hd = cfg["rms_norm_eps"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg[
+            "head_dim"]
     m = {k[len("midlayer."):]: v.float() for k, v in w.items() if k.startswith("midlayer.")}
 
     def rms(x, g):
@@ -281,7 +293,8 @@ def test_sglangs_forward_on_the_export_drafts_our_logits(verifier, bench_prompts
     model, tok = verifier
     cfg, w = _exported(sgl)
     ours = load_eagle3(e3["shaken"])
-    x = torch.tensor([prompt_ids(tok, [{"role": "user", "content": bench_prompts["gsm8k"][0].turns[0]}])])[:, :48]
+    x = torch.tensor([prompt_ids(tok, [{"role": "user", "content": bench_prompts["gsm8k"][0].turns[0]}])])[:,
+            :48]
     t = x.shape[1] - 1
     with torch.no_grad():
         hs = model(x, output_hidden_states=True).hidden_states
@@ -312,13 +325,15 @@ def test_sglang_round_trip_gives_the_same_drafter(verifier, bench_prompts, e3, t
     (out / "config.json").write_text(json.dumps(cfg))
     bare = load_export(out)
     assert bare.config.aux_layers == src.config.aux_layers and bare.config.num_verifier_layers == 30
-    x = torch.tensor([prompt_ids(tok, [{"role": "user", "content": bench_prompts["gsm8k"][1].turns[0]}])])[:, :40]
+    x = torch.tensor([prompt_ids(tok, [{"role": "user", "content": bench_prompts["gsm8k"][1].turns[0]}])])[:,
+            :40]
     t = x.shape[1] - 1
     with torch.no_grad():
         hs = model(x, output_hidden_states=True).hidden_states
         aux = torch.cat([hs[i] for i in src.config.aux_layers], dim=-1)[:, :-1]
         emb = model.get_input_embeddings()(x[:, 1:])
-        logits = [d.draft_step(emb, d.fuse(aux), torch.arange(t), causal_mask(t))[0] for d in (src, back, bare)]
+        logits = [d.draft_step(emb, d.fuse(aux), torch.arange(t), causal_mask(t))[0] for d in (src, back,
+                bare)]
     assert torch.equal(logits[0], logits[1]) and torch.equal(logits[0], logits[2])
 
 
@@ -345,14 +360,16 @@ MUTATIONS = {  # one broken export per problem -> what the refusal must name
               "unexpected weights ['embed_tokens.weight']"),
     "shape": (_weights(lambda w: w.update({"fc.weight": w["fc.weight"][:, : 2 * H].contiguous()})),
               "fc.weight has shape (576, 1152), expected (576, 1728)"),
-    "dtype": (_weights(lambda w: w.update({"d2t": w["d2t"].int()})), "d2t is torch.int32, expected torch.int64"),
+    "dtype": (_weights(lambda w: w.update({"d2t": w["d2t"].int()})),
+              "d2t is torch.int32, expected torch.int64"),
     "maps": (_weights(lambda w: w.update({"d2t": w["d2t"] + 1})), "d2t and t2d describe different"),
     "torch_dtype": (_cfg(lambda c: c.update(torch_dtype="bfloat16")),
                     "fc.weight is torch.float32, expected torch.bfloat16"),
     "architectures": (_cfg(lambda c: c.update(architectures=["LlamaForCausalLMEagle"])),
                       "architectures ['LlamaForCausalLMEagle'] != ['LlamaForCausalLMEagle3']"),
     "layers": (_cfg(lambda c: c.update(num_hidden_layers=2)), "num_hidden_layers is 2, this drafter has 1"),
-    "tied": (_cfg(lambda c: c.update(tie_word_embeddings=True)), "tie_word_embeddings is true, must be false"),
+    "tied": (_cfg(lambda c: c.update(tie_word_embeddings=True)),
+             "tie_word_embeddings is true, must be false"),
     "fc_bias": (_cfg(lambda c: c.update(bias=True)), "bias is true, must be false"),
     "fc_norm": (_cfg(lambda c: c.update(fc_norm=True)), "fc_norm is true, must be false"),
     "norm_output": (_cfg(lambda c: c.update(norm_output=False)), "norm_output is false, must be true"),
@@ -387,9 +404,11 @@ def test_sglang_export_refuses_aux_layers_it_cannot_capture(verifier, tmp_path):
     """SGLang's fc reads exactly three layers, and it captures only inputs of layers 1..L-1."""
     model, _ = verifier
     config, ref = verifier_config(VERIFIER)
-    for aux, message in (((2, 15), "fuses exactly 3 verifier layers"), ((0, 15, 27), "include the embeddings (0)"),
+    for aux, message in (((2, 15), "fuses exactly 3 verifier layers"), ((0, 15, 27),
+            "include the embeddings (0)"),
                          ((2, 15, 30), "or the final output (30)")):
-        ckpt = save_eagle3(init_eagle3(Eagle3Config.for_verifier(model, VERIFIER, aux_layers=aux)), tmp_path / "c")
+        ckpt = save_eagle3(init_eagle3(Eagle3Config.for_verifier(model, VERIFIER, aux_layers=aux)),
+                           tmp_path / "c")
         with pytest.raises(ContractError, match="sglang-eagle3") as e:
             export(ckpt, "sglang-eagle3", tmp_path / "x", config, ref)
         assert message in str(e.value) and not (tmp_path / "x").exists()

@@ -30,9 +30,9 @@ import pytest
 import torch
 
 import decoding.engine as engine
+from decoding.config import TreeConfig
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import load_proposers
-from decoding.config import TreeConfig
 from decoding.verifier_pass import new_cache, prefill
 from drafters.eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3, save_eagle3
 from tests.conftest import VERIFIER

@@ -17,14 +17,20 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from drafters.train import eagle3 as eagle3_train
 from drafters.__main__ import main as drafters_cli
 from drafters.checkpoint import init_drafter, initial_of, load_any, save_checkpoint
 from drafters.config import DrafterConfig
-from drafters.eagle3 import (Eagle3Config, Eagle3Drafter, default_aux_layers, init_eagle3, is_eagle3_checkpoint,
-                             save_eagle3)
+from drafters.eagle3 import (
+    Eagle3Config,
+    Eagle3Drafter,
+    default_aux_layers,
+    init_eagle3,
+    is_eagle3_checkpoint,
+    save_eagle3,
+)
 from drafters.features import FeatureStore, captured_layers, content_key, verifier_features
 from drafters.merge import merge_checkpoints, task_arithmetic
+from drafters.train import eagle3 as eagle3_train
 from drafters.train.config import TrainConfig
 from drafters.train.loop import train
 from drafters.variants import DataSpec, ensure_features, heldout_data, select_examples, variant_data
@@ -51,13 +57,15 @@ def e3(verifier, eos, train_exs, tmp_path_factory):
     root = tmp_path_factory.mktemp("e3features")
     caches = {"mathinstruct": ensure_features(model, tok, eos, VERIFIER, "mathinstruct", SPEC, str(root),
                                               aux_layers=AUX)}
-    vocab = save_vocab(select_ids(count_targets(train_exs, model.config.vocab_size), N_DRAFT, eos), root / "vocab")
+    vocab = save_vocab(select_ids(count_targets(train_exs, model.config.vocab_size), N_DRAFT, eos),
+                       root / "vocab")
     return str(root), caches, str(vocab)
 
 
 def _cfg(e3, out, **kw) -> TrainConfig:
     root, caches, vocab = e3
-    return TrainConfig(verifier=VERIFIER, backbone="eagle3", variant="math", out_dir=str(out), draft_vocab=vocab,
+    return TrainConfig(verifier=VERIFIER, backbone="eagle3", variant="math", out_dir=str(out),
+                       draft_vocab=vocab,
                        train_data=variant_data("math", root, caches, SPEC.n),
                        heldout_data=heldout_data(root, caches), lr=kw.pop("lr", 1e-2), batch_size=4,
                        deepspeed=kw.pop("deepspeed", False), **kw)
@@ -104,18 +112,23 @@ def test_eagle3_training_lowers_the_ttt_loss_and_raises_heldout_top1(verifier, e
     assert {f"top1_depth{j}" for j in (1, 2, 3)} <= set(hist[-1])
     assert hist[-1]["train_loss"] < 0.8 * hist[1]["train_loss"], hist
     assert hist[-1]["top1_depth1"] > hist[0]["top1_depth1"] + 0.03, hist
-    # the base of task arithmetic / TIES (the grid's merges, `python -m drafters init`) is the init it started from
+    # the base of task arithmetic / TIES (the grid's merges, `python -m drafters init`) is the init it
+    # started from
     head = verifier[0].get_output_embeddings().weight
     cfg = _cfg(e3, tmp_path / "unused")
     ids = drafter.draft_ids()
-    start = eagle3_train.init_drafter(eagle3_train.drafter_config(cfg, verifier[0], ids), verifier[0], ids).state_dict()
+    start = eagle3_train.init_drafter(eagle3_train.drafter_config(cfg, verifier[0], ids), verifier[0],
+                                      ids).state_dict()
     base, base_cfg = initial_of(final, head)
     assert base_cfg.training == {"init": True} and base_cfg.aux_layers == AUX
-    assert all(torch.equal(v, start[k]) for k, v in base.state_dict().items()) and set(start) == set(base.state_dict())
+    assert all(torch.equal(v, start[k]) for k,
+               v in base.state_dict().items()) and set(start) == set(base.state_dict())
     assert not torch.equal(drafter.state_dict()["fc.weight"], start["fc.weight"])  # it did train
-    with pytest.raises(ValueError, match="eagle3 checkpoint: its initial drafter needs the verifier's LM head"):
+    with pytest.raises(ValueError,
+                       match="eagle3 checkpoint: its initial drafter needs the verifier's LM head"):
         initial_of(final)
-    assert drafters_cli(["init", "--backbone", "eagle3", "--vocab-from", str(final), "--out", str(tmp_path / "init")]) \
+    assert drafters_cli(["init", "--backbone", "eagle3", "--vocab-from", str(final), "--out",
+                         str(tmp_path / "init")]) \
         in (0, None)
     cli = load_any(tmp_path / "init").state_dict()
     assert all(torch.equal(v, cli[k]) for k, v in start.items())
@@ -126,8 +139,10 @@ def test_training_refuses_an_eagle2_cache_and_a_reference_mask(verifier, e3, tmp
     eagle2 = {"mathinstruct": {**caches["mathinstruct"], "train": "x"}}
     (tmp_path / "x").mkdir()
     (tmp_path / "x" / "manifest.json").write_text(json.dumps({"shards": []}))
-    cfg = dataclasses.replace(_cfg(e3, tmp_path / "o"), train_data=variant_data("math", str(tmp_path), eagle2, SPEC.n))
-    with pytest.raises(ValueError, match=r"feature cache x holds aux layers None but the eagle3 drafter fuses"):
+    cfg = dataclasses.replace(_cfg(e3, tmp_path / "o"), train_data=variant_data("math", str(tmp_path), eagle2,
+            SPEC.n))
+    with pytest.raises(ValueError,
+                       match=r"feature cache x holds aux layers None but the eagle3 drafter fuses"):
         train(cfg, verifier[0])
     assert not (tmp_path / "o").exists()  # refused before any work
     with pytest.raises(ValueError, match="eagle3 trains with loss_mask 'next' only"):
@@ -154,11 +169,14 @@ def test_eagle3_checkpoints_merge_and_refuse_eagle2_partners(verifier, tmp_path)
                            [{k: v for k, v in s.items() if k != "d2t"} for s in (sa, sb)], 0.5)
     for k, v in want.items():
         torch.testing.assert_close(ta.state_dict()[k], v, rtol=0, atol=1e-6)
-    assert isinstance(load_any(merge_checkpoints("ties", [a, b], str(tmp_path / "ties"), base=base)), Eagle3Drafter)
-    e2 = str(save_checkpoint(init_drafter(DrafterConfig.for_verifier(model, VERIFIER, "eagle2")), tmp_path / "e2"))
+    assert isinstance(load_any(merge_checkpoints("ties", [a, b], str(tmp_path / "ties"), base=base)),
+                      Eagle3Drafter)
+    e2 = str(save_checkpoint(init_drafter(DrafterConfig.for_verifier(model, VERIFIER, "eagle2")),
+                             tmp_path / "e2"))
     for paths, base_ in (([a, e2], None), ([a, b], e2)):
         with pytest.raises(ValueError, match="cannot merge eagle3 checkpoints .* with eagle2/hass ones"):
-            merge_checkpoints("linear" if base_ is None else "ties", paths, str(tmp_path / "bad"), lam=0.5, base=base_)
+            merge_checkpoints("linear" if base_ is None else "ties", paths, str(tmp_path / "bad"), lam=0.5,
+                              base=base_)
     assert not (tmp_path / "bad").exists()
     other = Eagle3Config.for_verifier(model, VERIFIER, draft_vocab_size=1024, aux_layers=(3, 15, 27))
     c = str(save_eagle3(init_eagle3(other, ids), tmp_path / "aux3"))
@@ -224,12 +242,15 @@ def test_eagle3_trains_under_ray_train_and_deepspeed_in_bf16(e3, tmp_path):
 def test_cli_trains_an_eagle3_drafter(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = [sys.executable, "-m", "workers", "train", "--backbone", "eagle3", "--variant", "math", "--n", "8",
-           "--heldout", "2", "--max-length", "64", "--epochs", "1", "--batch-size", "4", "--draft-vocab", "512",
+           "--heldout", "2", "--max-length", "64", "--epochs", "1", "--batch-size", "4", "--draft-vocab",
+           "512",
            "--no-ray", "--no-deepspeed", "--features-dir", str(tmp_path / "f"), "--out", str(tmp_path / "o")]
     r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     assert is_eagle3_checkpoint(tmp_path / "o" / "final") and "top1_depth3" in r.stdout
-    assert all("-aux2-15-27-" in p.name for p in (tmp_path / "f").iterdir() if p.name.startswith("mathinstruct"))
-    bad = subprocess.run(cmd[:-2] + ["--out", str(tmp_path / "x"), "--loss-mask", "reference"], cwd=ROOT, env=env,
+    assert all("-aux2-15-27-" in p.name for p in (tmp_path / "f").iterdir()
+               if p.name.startswith("mathinstruct"))
+    bad = subprocess.run(cmd[:-2] + ["--out", str(tmp_path / "x"), "--loss-mask", "reference"], cwd=ROOT,
+                         env=env,
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode != 0 and "--backbone eagle3 trains with --loss-mask next only" in bad.stderr

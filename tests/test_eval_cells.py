@@ -35,7 +35,8 @@ def test_new_cells_decode_losslessly_and_carry_their_options(heads):
     from orchestrator.grid import eval_job
     from workers.eval_worker import EvalWorker
 
-    p = load_profile("demo", ["train.backbones=[eagle2]", "eval.temperatures=[0.0]", "eval.benchmarks={gsm8k: 1}",
+    p = load_profile("demo", ["train.backbones=[eagle2]", "eval.temperatures=[0.0]",
+                              "eval.benchmarks={gsm8k: 1}",
                               "eval.switch_to=[specialist, merged]", "eval.switch_after=[1]",
                               "train.variants=[math, chat, mixed_half, mixed_full]",
                               "eval.strategies=[autoregressive, single, confidence, merged, switching, "
@@ -52,7 +53,8 @@ def test_new_cells_decode_losslessly_and_carry_their_options(heads):
     for c in cells:
         job = eval_job(p, c)  # what the driver sends, with a smaller tree and budget
         tree = dataclasses.replace(job.decode.tree, top_k=3, depth=4)
-        job = dataclasses.replace(job, decode=dataclasses.replace(job.decode, tree=tree, max_new_tokens=6, seed=42))
+        job = dataclasses.replace(job, decode=dataclasses.replace(job.decode, tree=tree, max_new_tokens=6,
+                                                                  seed=42))
         got, _ = w.run(job, [heads[d] for d in c.drafters], prompts)
         rows += [r | {"label": c.label} for r in got]
     df = pl.DataFrame(rows, infer_schema_length=None)

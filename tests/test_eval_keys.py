@@ -3,9 +3,9 @@ to another directory or copied to a URI resumes without evaluating anything agai
 import shutil
 
 from common.verifiers import resolve
-from orchestrator.run.driver import Driver
 from orchestrator.grid import eval_cells, merge_cells, train_cells
 from orchestrator.plan.sizing import load_profile
+from orchestrator.run.driver import Driver
 
 
 def _keys(output: str, sets=()) -> list[list[str]]:
@@ -40,4 +40,5 @@ def test_a_system_prompt_reaches_the_keys_only_when_set(tmp_path, monkeypatch):
     base = _keys(str(tmp_path / "a"))
     with_system = _keys(str(tmp_path / "a"), ["eval.system_prompt='You are a careful tutor.'"])
     assert len(base) == len(with_system) and all(a[0] != b[0] for a, b in zip(base, with_system))
-    assert load_profile("paper").eval.system_prompt.startswith("You are a helpful, respectful and honest assistant.")
+    assert load_profile("paper").eval.system_prompt.startswith("You are a helpful, respectful and honest "
+                                                               "assistant.")

@@ -42,7 +42,8 @@ def one_gpu_ray(tmp_path):
         port = sock.getsockname()[1]
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # _Placed travels by value
     ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False, dashboard_port=port,
-             log_to_driver=False, runtime_env={"env_vars": {  # no CPU kernel tuning per actor: not tested here
+             # no CPU kernel tuning per actor: not tested here
+             log_to_driver=False, runtime_env={"env_vars": {
                  "TASKSPEC_STAGING": str(tmp_path / "node"), "TOKENIZERS_PARALLELISM": "false",
                  "TASKSPEC_CPU_SPEED": "0"}})
     yield ray
@@ -53,8 +54,8 @@ def one_gpu_ray(tmp_path):
 @pytest.mark.full  # breadth: tests/test_rehearsal.py's paper rehearsal packs eval actors too (make test-full)
 def test_four_actors_share_one_gpu_through_the_drivers_pool(one_gpu_ray, random_drafter_dirs):
     from drafters.data.sources import load_benchmark
-    from orchestrator.run.cluster import cluster_nodes, eval_pool
     from orchestrator.plan.concurrency import derive
+    from orchestrator.run.cluster import cluster_nodes, eval_pool
 
     ray = one_gpu_ray
     p = load_profile("smoke", PACKED)
@@ -79,7 +80,8 @@ def test_four_actors_share_one_gpu_through_the_drivers_pool(one_gpu_ray, random_
         while queue and pool.free:
             cell, prompt = item = queue.pop(0)
             pool.submit(lambda a, cell=cell, prompt=prompt: ran_on.add(a._actor_id.hex()) or a.run.remote(
-                eval_job(p, cell), [ckpt[d] for d in cell.drafters], [prompt]), item)  # smoke's tree, 8 new tokens
+                # smoke's tree, 8 new tokens
+                eval_job(p, cell), [ckpt[d] for d in cell.drafters], [prompt]), item)
         got = pool.next()
         if got is None:
             continue

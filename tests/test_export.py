@@ -10,10 +10,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from common.verifiers import verifier_config
+from decoding.config import TreeConfig
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import decode_prompt, load_proposers
-from decoding.config import TreeConfig
-from common.verifiers import verifier_config
 from drafters.__main__ import main as drafters_main
 from drafters.checkpoint import init_drafter, load_checkpoint, save_checkpoint
 from drafters.config import DrafterConfig
@@ -23,7 +23,8 @@ from drafters.merge import merge_checkpoints
 from tests.conftest import VERIFIER
 
 H, Q, KV, I, V = 576, 576, 192, 1536, 49152  # SmolLM2-135M: 9 heads, 3 kv heads, head_dim 64
-LAYER = {"self_attn.q_proj.weight": (Q, H), "self_attn.k_proj.weight": (KV, H), "self_attn.v_proj.weight": (KV, H),
+LAYER = {"self_attn.q_proj.weight": (Q, H), "self_attn.k_proj.weight": (KV, H),
+         "self_attn.v_proj.weight": (KV, H),
          "self_attn.o_proj.weight": (H, Q), "mlp.gate_proj.weight": (I, H), "mlp.up_proj.weight": (I, H),
          "mlp.down_proj.weight": (H, I), "post_attention_layernorm.weight": (H,)}
 
@@ -60,7 +61,8 @@ def test_eagle_export_is_the_vllm_layout(ckpts, vcfg, tmp_path):
     assert {k: tuple(v.shape) for k, v in w.items()} == want  # no input layernorm, embedding or LM head
     assert cfg["architectures"] == ["LlamaForCausalLM"] and cfg["num_hidden_layers"] == 1
     assert cfg["max_position_embeddings"] == 8192 == config["max_position_embeddings"]  # the verifier's
-    assert (cfg["hidden_size"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["rope_theta"]) == (H, 3, 64, 100000.0)
+    assert (cfg["hidden_size"], cfg["num_key_value_heads"], cfg["head_dim"], cfg["rope_theta"]) == (H, 3, 64,
+            100000.0)
     src = load_checkpoint(paths["full"]).state_dict()
     assert torch.equal(w["layers.0.mlp.down_proj.weight"], src["layer.down_proj.weight"])
 
@@ -83,7 +85,8 @@ def test_sglang_carries_the_vocabulary(ckpts, vcfg, tmp_path):
     assert torch.load(s / TOKEN_MAP_FILE, weights_only=True) == ids.tolist()
 
 
-def test_the_old_speculators_eagle_export_is_refused_naming_what_serves_instead(ckpts, vcfg, tmp_path, capsys):
+def test_the_old_speculators_eagle_export_is_refused_naming_what_serves_instead(ckpts, vcfg, tmp_path,
+        capsys):
     """speculators 0.9 refuses `speculators_model_type: eagle`; writing it would hand users a directory
     nothing current loads. One message, before any work: --format speculators is for eagle3."""
     (paths, _), (config, ref) = ckpts, vcfg
@@ -114,20 +117,25 @@ def _old_speculators_export(src: str, out) -> None:
         w.update({"d2t": ids - torch.arange(ids.shape[0]), "t2d": t2d})
     layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1,
              "hidden_size": H, "intermediate_size": I, "num_attention_heads": 9, "num_key_value_heads": 3,
-             "head_dim": 64, "vocab_size": V, "max_position_embeddings": 8192, "rms_norm_eps": cfg.rms_norm_eps,
+             "head_dim": 64, "vocab_size": V, "max_position_embeddings": 8192,
+             "rms_norm_eps": cfg.rms_norm_eps,
              "rope_theta": cfg.rope_theta, "hidden_act": "silu", "tie_word_embeddings": False,
              "torch_dtype": "float32"}
     config = {"speculators_model_type": "eagle", "architectures": ["EagleSpeculator", "LlamaDecoderLayer"],
               "transformer_layer_architecture": "LlamaDecoderLayer", "transformer_layer_config": layer,
-              "layernorms": False, "fusion_bias": False, "speculators_version": "0.4.0", "torch_dtype": "float32",
+              "layernorms": False, "fusion_bias": False, "speculators_version": "0.4.0",
+              "torch_dtype": "float32",
               "speculators_config": {"algorithm": "eagle", "default_proposal_method": "greedy",
-                                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 5}],
+                                     "proposal_methods": [{"proposal_type": "greedy",
+                                                           "speculative_tokens": 5}],
                                      "verifier": {"name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct"}},
-              "taskspec": {"backbone": cfg.backbone, "verifier": cfg.verifier, "seed": cfg.seed, "training": {}}}
+              "taskspec": {"backbone": cfg.backbone, "verifier": cfg.verifier, "seed": cfg.seed,
+                           "training": {}}}
     if ids is not None:
         config["draft_vocab_size"] = int(ids.shape[0])
     out.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in w.items()}, str(out / "model.safetensors"), metadata={"format": "pt"})
+    save_file({k: v.contiguous() for k, v in w.items()}, str(out / "model.safetensors"),
+              metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(config))
 
 
@@ -166,7 +174,8 @@ def test_export_refuses_a_drafter_of_another_verifier(ckpts, vcfg, tmp_path):
     with pytest.raises(ContractError, match="hidden_size 576 != the verifier's 4096"):
         export(paths["full"], "sglang", tmp_path / "x", {**config, "hidden_size": 4096}, ref)
     with pytest.raises(ContractError, match="RoPE scaling"):
-        export(paths["full"], "sglang", tmp_path / "x", {**config, "rope_parameters": {"rope_type": "llama3"}}, ref)
+        export(paths["full"], "sglang", tmp_path / "x", {**config,
+                                                         "rope_parameters": {"rope_type": "llama3"}}, ref)
     assert not (tmp_path / "x").exists()
 
 
@@ -190,7 +199,8 @@ def test_round_trip_drafts_the_same_trees(verifier, eos, bench_prompts, ckpts, v
     for path in (paths[src], str(tmp_path / "back")):
         trees = []
         dec = SpeculativeDecoder(model, load_proposers(model, [path], VERIFIER),
-                                 DecodeConfig(strategy="single", max_new_tokens=12, tree=TreeConfig(3, 3, 8)), eos)
+                                 DecodeConfig(strategy="single", max_new_tokens=12, tree=TreeConfig(3, 3, 8)),
+                                 eos)
         dec.observer = lambda tree, target, prop: trees.append((tree.tokens.clone(), tree.path_logp.clone()))
         outs = [res.output_token_ids for _, res, _ in decode_prompt(dec, tok, bench_prompts["gsm8k"][0])]
         runs.append((outs, trees))

@@ -21,8 +21,8 @@ from safetensors.torch import load_file
 from drafters.train.config import TrainConfig
 from drafters.train.loop import train
 from drafters.variants import DataSpec, heldout_data, variant_data
-from orchestrator.plan import preflight
 from orchestrator.manifest import Lease, LeaseHeld
+from orchestrator.plan import preflight
 from orchestrator.plan.sizing import load_profile
 from tests.conftest import TRAIN_SPEC
 from workers.eval_worker import DrafterCache
@@ -73,7 +73,8 @@ def test_step_checkpoint_resume_ends_with_the_uninterrupted_weights(verifier, fe
     hist = [json.loads((d / "config.json").read_text())["training"]["history"] for d in (whole, resumed)]
     strip = lambda h: [{k: v for k, v in e.items() if k not in TIMING} for e in h]  # noqa: E731
     assert strip(hist[0]) == strip(hist[1]) and [e["epoch"] for e in hist[1]] == [0, 1, 2]
-    assert sorted(p.name for p in out.iterdir() if (p / "state.json").is_file()) == ["epoch-2", "final"]  # keep 1
+    # keep 1
+    assert sorted(p.name for p in out.iterdir() if (p / "state.json").is_file()) == ["epoch-2", "final"]
 
 
 def _slow_uploads(monkeypatch, log: list, delay: float = 0.3, fail: str | None = None, stepped=None):
@@ -182,7 +183,8 @@ def test_a_failed_upload_is_raised_at_the_next_save_and_at_the_end(verifier, fea
     monkeypatch.setenv("TASKSPEC_STAGING", str(tmp_path / "node"))
     uri = f"file://{tmp_path}/bucket"
     _slow_uploads(monkeypatch, [], delay=0.0, fail="step-1-2")
-    cfg = dataclasses.replace(_cfg(features, "unused", checkpoint_every=1, keep_checkpoints=1, out_uri=f"{uri}/a"),
+    cfg = dataclasses.replace(_cfg(features, "unused", checkpoint_every=1, keep_checkpoints=1,
+                                   out_uri=f"{uri}/a"),
                               backbone="eagle2")
     with pytest.raises(UploadFailed, match="step-1-2.*injected: the store refused step-1-2"):
         train_uploading(cfg, verifier[0])
@@ -318,7 +320,8 @@ def local_ray(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.full  # the default suite's Ray Train restart: tests/test_multinode.py, on two nodes, in bf16
 def test_ray_train_restarts_after_a_crash_and_resumes_from_the_step_checkpoint_at_the_uri(features, local_ray,
-                                                                                        tmp_path, monkeypatch):
+                                                                                        tmp_path,
+                                                                                        monkeypatch):
     """Two ZeRO-1 workers, a checkpoint every 3 optimizer steps, a crash after step 4 (fresh runs
     only): FailureConfig(max_failures=1) restarts the worker group, which fetches step-2-1 from the
     file:// URI and finishes. Inputs, epochs (both ranks' optimizer shards) and the final checkpoint
@@ -327,8 +330,8 @@ def test_ray_train_restarts_after_a_crash_and_resumes_from_the_step_checkpoint_a
     URI alone (its history starts with the first run's, timings included)."""
     import shutil
 
-    from drafters.checkpoint import load_checkpoint
     from common import storage
+    from drafters.checkpoint import load_checkpoint
     from workers.train_worker import run_training
 
     root, caches = features
@@ -339,7 +342,8 @@ def test_ray_train_restarts_after_a_crash_and_resumes_from_the_step_checkpoint_a
     out_uri, feats = storage.join(uri, "checkpoints", "hass-math"), storage.join(uri, "features")
     cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone="hass", variant="math", out_dir="unused",
                       out_uri=out_uri, train_data=variant_data("math", feats, caches, SPEC.n),
-                      heldout_data=heldout_data(feats, caches)[:1], epochs=2, lr=1e-3, batch_size=4, hass_steps=2,
+                      heldout_data=heldout_data(feats, caches)[:1], epochs=2, lr=1e-3, batch_size=4,
+                      hass_steps=2,
                       deepspeed=True, zero_stage=1, checkpoint_every=3, keep_checkpoints=1, crash_at_step=4)
     t0 = time.time()
     _, result = run_training(cfg, num_workers=2, max_failures=1)  # the first attempt must crash: a restart
@@ -397,7 +401,8 @@ def test_a_dead_eval_actor_restarts_in_the_background_and_the_others_go_on(local
     ray = local_ray[0]
     cls = ray.remote(num_cpus=0.5, max_restarts=-1, max_task_retries=0)(_Flaky)
     names = []
-    pool = EvalPool(lambda name: names.append(name) or cls.options(name=name).remote(4.0), 2, log=lambda m: None)
+    pool = EvalPool(lambda name: names.append(name) or cls.options(name=name).remote(4.0), 2,
+                    log=lambda m: None)
     t0 = time.time()
     done, during = _drain(pool, range(12), {1})
     print(f"eval pool: 12 shards, one actor killed and restarted (4 s): {during} shards finished meanwhile "
@@ -407,7 +412,8 @@ def test_a_dead_eval_actor_restarts_in_the_background_and_the_others_go_on(local
     # an actor that cannot restart is replaced at once, under a new name
     cls0 = ray.remote(num_cpus=0.5, max_restarts=0, max_task_retries=0)(_Flaky)
     names.clear()
-    pool = EvalPool(lambda name: names.append(name) or cls0.options(name=name).remote(0.0), 2, log=lambda m: None)
+    pool = EvalPool(lambda name: names.append(name) or cls0.options(name=name).remote(0.0), 2,
+                    log=lambda m: None)
     done, _ = _drain(pool, range(6), {0, 3})
     assert done == {i: 1 for i in range(6)} and pool.replaced == 2
     assert len(names) == len(set(names)) == 4, names

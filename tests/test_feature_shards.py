@@ -15,16 +15,23 @@ import threading
 import pytest
 import torch
 
-from drafters.train import shards
-from drafters.feature_stream import StreamingFeatureStore
-from drafters.features import (FeatureExample, FeatureStore, extraction_device,
-                               plan_shards, reading_through, shard_tokens_for, token_bytes)
+from common import storage
 from drafters.data.templating import TokenizedExample
+from drafters.feature_stream import StreamingFeatureStore
+from drafters.features import (
+    FeatureExample,
+    FeatureStore,
+    extraction_device,
+    plan_shards,
+    reading_through,
+    shard_tokens_for,
+    token_bytes,
+)
+from drafters.train import shards
 from drafters.train.backbones import schedule_steps
 from drafters.train.config import TrainConfig
 from drafters.train.data import batches
 from drafters.variants import DataSpec
-from common import storage
 from workers.artifacts import RemoteDir, localize_data
 from workers.shard_cache import ShardCache, budget_bytes
 
@@ -54,8 +61,10 @@ class Compute:
         for e in exs:
             L = len(e.input_ids)
             g = torch.Generator().manual_seed(int(e.id[2:]))
-            out.append(FeatureExample(e.id, torch.tensor(e.input_ids), torch.tensor(e.loss_mask, dtype=torch.bool),
-                                      torch.randn(L, H, generator=g).half(), torch.randint(0, 60, (L, 10)).int(),
+            out.append(FeatureExample(e.id, torch.tensor(e.input_ids), torch.tensor(e.loss_mask,
+                    dtype=torch.bool),
+                                      torch.randn(L, H, generator=g).half(), torch.randint(0, 60, (L,
+                                              10)).int(),
                                       torch.rand(L, 10).half()))
         return out
 
@@ -68,7 +77,8 @@ class Seeded(Compute):
         out = []
         for e in exs:
             L, g = len(e.input_ids), torch.Generator().manual_seed(int(e.id[2:]))
-            out.append(FeatureExample(e.id, torch.tensor(e.input_ids), torch.tensor(e.loss_mask, dtype=torch.bool),
+            out.append(FeatureExample(e.id, torch.tensor(e.input_ids), torch.tensor(e.loss_mask,
+                    dtype=torch.bool),
                                       torch.randn(L, H, generator=g).half(),
                                       torch.randint(0, 60, (L, 10), generator=g).int(),
                                       torch.rand(L, 10, generator=g).half()))
@@ -100,7 +110,8 @@ def test_plan_shards_cuts_as_the_writer_always_has():
     plan = plan_shards(lengths, 100)
     assert [a for a, _ in plan] == [0] + [b for _, b in plan[:-1]] and plan[-1][1] == len(exs)
     assert all(sum(lengths[a:b]) >= 100 for a, b in plan[:-1])  # every shard but the last is full
-    assert all(sum(lengths[a : b - 1]) < 100 for a, b in plan)  # and closes at the first example that fills it
+    # and closes at the first example that fills it
+    assert all(sum(lengths[a : b - 1]) < 100 for a, b in plan)
     with pytest.raises(ValueError, match="shard_tokens must be >= 1"):
         plan_shards(lengths, 0)
 
@@ -192,7 +203,8 @@ def test_a_failed_upload_stops_the_extraction_before_the_index(tmp_path):
                 raise OSError("injected: the store refused the upload")
             super().put(local, name)
 
-    store = StreamingFeatureStore(tmp_path / "staging", "k", Failing(storage.join(uri, "k")), shard_tokens=150)
+    store = StreamingFeatureStore(tmp_path / "staging", "k", Failing(storage.join(uri, "k")),
+                                  shard_tokens=150)
     with pytest.raises(OSError, match="injected"):
         store.extract(_tokenized(60), Compute(), {})
     assert not store.exists() and not [p for p in (tmp_path / "staging").rglob("*") if p.is_file()]
@@ -212,12 +224,14 @@ def test_parts_extract_disjoint_shards_and_the_index_is_written_once_all_have(tm
     assert n >= 8
     uri = (tmp_path / "bucket").as_uri()
     for store_of in (lambda: FeatureStore(tmp_path / "parts", "k", shard_tokens=100),
-                     lambda: StreamingFeatureStore(tmp_path / "staging", "k", RemoteDir(storage.join(uri, "k")), 100)):
+                     lambda: StreamingFeatureStore(tmp_path / "staging", "k", RemoteDir(storage.join(uri,
+                             "k")), 100)):
         seen = []
         for i in (2, 0, 1):  # in any order, each on its own device
             c = Seeded()
             rec = store_of().extract(exs, c, {"corpus": "toy"}, part=(i, 3))
-            assert [s["file"] for s in rec["shards"]] == [s["file"] for s in whole["shards"][i * n // 3:(i + 1) * n // 3]]
+            assert [s["file"] for s in rec["shards"]] == [s["file"]
+                                                          for s in whole["shards"][i * n // 3:(i + 1) * n // 3]]
             assert c.seen == [x for s in rec["shards"] for x in s["ids"]]  # only its own shards computed
             seen += c.seen
             assert not store_of().exists()  # no index until every part has recorded
@@ -225,11 +239,13 @@ def test_parts_extract_disjoint_shards_and_the_index_is_written_once_all_have(tm
         m = store_of().finish_parts(3)
         assert store_of().exists() and store_of().manifest() == m
         drop = ("seconds", "staging_peak_bytes")
-        assert {k: v for k, v in m.items() if k not in drop} == {k: v for k, v in whole.items() if k not in drop}
+        assert {k: v for k, v in m.items() if k not in drop} == {k: v for k, v in whole.items()
+                                                                 if k not in drop}
         assert m["seconds"] > 0
     for s in whole["shards"]:
         want = (tmp_path / "one" / "k" / s["file"]).read_bytes()
-        assert (tmp_path / "parts" / "k" / s["file"]).read_bytes() == want == (tmp_path / "bucket" / "k" / s["file"]).read_bytes()
+        assert (tmp_path / "parts" / "k" / s["file"]).read_bytes() == want == (tmp_path / "bucket" / "k" / s[
+                "file"]).read_bytes()
     # a part that has not recorded, or parts of another plan, leave no index
     half = FeatureStore(tmp_path / "half", "k", shard_tokens=100)
     half.extract(exs, Seeded(), {}, part=(0, 2))
@@ -285,7 +301,8 @@ def test_each_rank_reads_only_its_own_shards_with_equal_steps(cache):
     assert plan.sharded and plan.padded <= shards.MAX_PAD * 120, plan.describe()
     toks = [sum(u.tokens for u in plan.mine(r)) for r in range(3)]
     assert max(toks) - min(toks) <= max(s["tokens"] for s in m["shards"])
-    cfg = TrainConfig(verifier="v", backbone="hass", variant="math", out_dir="x", train_data=data, batch_size=3,
+    cfg = TrainConfig(verifier="v", backbone="hass", variant="math", out_dir="x", train_data=data,
+                      batch_size=3,
                       epochs=2)
     assert schedule_steps(cfg, 3) == 2 * plan.steps
     seen, lengths = {}, {}
@@ -319,7 +336,8 @@ def test_subsets_split_by_the_index_and_small_caches_keep_the_interleaved_plan(c
     # every rank reads the whole cache and takes every world-th batch, as before
     got = [_rank_batches([[root, "held", None]], 2, r)[0] for r in range(2)]
     every = {s["file"] for s in FeatureStore(root, "held").manifest()["shards"]}
-    assert len(got[0]) + len(got[1]) == 3 and {f for _, f in _rank_batches([[root, "held", None]], 2, 1)[1]} == every
+    assert len(got[0]) + len(got[1]) == 3 and {f for _, f in _rank_batches([[root, "held", None]], 2,
+            1)[1]} == every
     old = FeatureStore(root, "train").manifest()  # an index written before it listed ids
     for s in old["shards"]:
         del s["ids"], s["lengths"], s["bytes"]
@@ -449,7 +467,8 @@ def test_extraction_writes_the_same_bytes_as_before(tmp_path, aux):
     now = FeatureStore(tmp_path / "new", "k", shard_tokens=70).extract(
         exs, lambda b: verifier_features(model, b, batch_tokens=128, aux_layers=aux, async_copies=True), meta)
     uri = (tmp_path / "bucket").as_uri()
-    streamed = StreamingFeatureStore(tmp_path / "staging", "k", RemoteDir(storage.join(uri, "k")), 70).extract(
+    streamed = StreamingFeatureStore(tmp_path / "staging", "k", RemoteDir(storage.join(uri, "k")),
+                                     70).extract(
         exs, lambda b: verifier_features(model, b, batch_tokens=128, aux_layers=aux, async_copies=True), meta)
     assert len(before["shards"]) >= 3
     for m in (now, streamed):
@@ -482,14 +501,16 @@ def test_extraction_copies_to_the_host_without_waiting_for_the_device(tmp_path):
         acc.place(model)
         for name, fn in (("old", old and (lambda b: old.verifier_features(model, b, batch_tokens=128))),
                          ("sync", lambda b: verifier_features(model, b, batch_tokens=128)),
-                         ("async", lambda b: verifier_features(model, b, batch_tokens=128, async_copies=True))):
+                         ("async", lambda b: verifier_features(model, b, batch_tokens=128,
+                                                               async_copies=True))):
             if fn is None:
                 continue
             acc.reset()
             feats = fn(exs)
             counts[name] = dict(acc.counts)
             acc.reset()
-            (old.FeatureStore if name == "old" else FeatureStore)(tmp_path / name, "k", shard_tokens=70).extract(
+            (old.FeatureStore if name == "old" else FeatureStore)(tmp_path / name, "k",
+                                                                  shard_tokens=70).extract(
                 exs, fn, {})
             counts[name + " extract"] = acc.counts["sync"]
     # (the verifier's own forward reads its attention mask on the host: the same syncs in every form)
@@ -509,8 +530,8 @@ def test_the_driver_extracts_in_one_part_a_gpu():
     dry run's split (one a GPU, by tokens); one a corpus on CPUs, online or self-distilled."""
     import dataclasses
 
-    from orchestrator.plan.sizing import load_profile
     from orchestrator.plan.rates.taskgraph import feature_parts
+    from orchestrator.plan.sizing import load_profile
 
     paper = load_profile("paper")
     assert feature_parts(paper, 32) == {"mathinstruct": 9, "sharegpt": 23}  # 350 vs 900 tokens an example
@@ -529,8 +550,8 @@ def test_the_driver_runs_a_corpus_in_parts_then_writes_its_indexes(tmp_path, mon
     import dataclasses
     import types
 
-    from orchestrator.run import driver as drv
     from orchestrator.plan.sizing import load_profile
+    from orchestrator.run import driver as drv
     from workers import tasks
 
     calls = []

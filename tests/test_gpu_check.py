@@ -28,9 +28,11 @@ ROWS = ("generate", *STRATEGIES, "packing x1", "packing x2", "packing x4")
 
 def _run_dry(tmp_path, *extra, block: bool = False, timeout: int = 1800, env_extra: dict | None = None):
     env = {**os.environ, "PYTHON": sys.executable, "TASKSPEC_DATA_ROOT": str(tmp_path / "no-such-data"),
-           "TASKSPEC_CACHE": str(tmp_path / "cache"), **(env_extra or {})}  # nothing from ../shared or earlier tests
+           # nothing from ../shared or earlier tests
+           "TASKSPEC_CACHE": str(tmp_path / "cache"), **(env_extra or {})}
     if block:  # a machine with torch and transformers only: these fail to import, in every process
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests/import_block"), env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests/import_block"),
+                                                          env.get("PYTHONPATH")]))
         env["TASKSPEC_BLOCK_IMPORTS"] = BLOCKED
     cmd = ["bash", str(ROOT / "experiments/gpu_check.sh"), "--dry", "--workdir", str(tmp_path), *extra]
     return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
@@ -99,16 +101,17 @@ def test_the_decode_path_runs_on_the_lowest_supported_transformers(tmp_path):
     """decoding/compat.py's lower bound, in a scratch environment: transformers at TRANSFORMERS[0] (with
     the dependencies it asks for) ahead of the project's pin on PYTHONPATH, Ray and DeepSpeed absent;
     the dry check learns, decodes every strategy equal to ``generate`` and packs, as on the pin."""
+    from common.atomic import atomic_dir
     from common.caches import cache_dir
     from decoding.compat import TRANSFORMERS
-    from common.atomic import atomic_dir
 
     site = cache_dir() / f"site-transformers-{TRANSFORMERS[0]}"
     if not (site / "transformers").is_dir():
         with atomic_dir(site) as tmp:
             r = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-compile",
                                 "--disable-pip-version-check", "--target", str(tmp),
-                                f"transformers=={TRANSFORMERS[0]}"], capture_output=True, text=True, timeout=900)
+                                f"transformers=={TRANSFORMERS[0]}"], capture_output=True, text=True,
+                                timeout=900)
             if r.returncode != 0:
                 err = (r.stderr or r.stdout).strip()
                 if any(m in err for m in FLOOR_UNREACHABLE):
@@ -158,7 +161,8 @@ def test_the_planted_successor_map_can_be_a_corpus_bigram_table():
     assert rows == set(successor.values())
     sigma = torch.arange(2048)
     sigma[torch.tensor(domain)] = torch.tensor([successor[a] for a in domain])
-    ids = torch.tensor(domain)[torch.randint(0, len(domain), (2, 64), generator=torch.Generator().manual_seed(3))]
+    ids = torch.tensor(domain)[torch.randint(0, len(domain), (2, 64),
+                                             generator=torch.Generator().manual_seed(3))]
     with torch.no_grad():
         top = model(ids).logits.argmax(-1)
     assert set(top.flatten().tolist()) <= rows

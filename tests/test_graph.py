@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.plan import billing
-from orchestrator.plan import rates
+from orchestrator.plan import billing, rates
+from orchestrator.plan.concurrency import parse_cluster
 from orchestrator.plan.costs import ASSUMPTIONS
 from orchestrator.plan.makespan import GRAPH_BARRIERS, Task, schedule
-from orchestrator.plan.concurrency import parse_cluster
-from orchestrator.profile import ProfileError
 from orchestrator.plan.sizing import load_profile
+from orchestrator.profile import ProfileError
 
 
 def test_the_graph_waits_for_every_cache_then_runs_each_trials_work_as_it_ends():
@@ -35,8 +34,10 @@ def test_the_dry_run_times_a_gpu_profile_as_a_graph_and_a_cpu_profile_stage_afte
     assert p.cluster.schedule == "auto" and p.cluster.graph(p.resources.train.use_gpu)
     r = rates.estimated(p)
     m = billing.on_cluster(p, r, parse_cluster("4x8"))
-    assert m["graph"] and m["total"] <= m["staged"] and m["billed"] is None  # spans overlap: no per-stage bill
-    report = m["stages"]["report"]  # billed: every GPU until the report starts, then until the autoscaler's release
+    # spans overlap: no per-stage bill
+    assert m["graph"] and m["total"] <= m["staged"] and m["billed"] is None
+    # billed: every GPU until the report starts, then until the autoscaler's release
+    report = m["stages"]["report"]
     held = m["total"] - report + min(report, ASSUMPTIONS["idle_release_s"])
     assert m["billed_total"] == pytest.approx(m["devices"] * held / 3600, rel=1e-9)
     staged = billing.on_cluster(load_profile("paper", ["cluster.schedule=stages"]), r, parse_cluster("4x8"))
@@ -48,7 +49,8 @@ def test_the_dry_run_times_a_gpu_profile_as_a_graph_and_a_cpu_profile_stage_afte
 
 
 def test_a_bad_schedule_is_refused_in_one_line():
-    with pytest.raises(ProfileError, match=r"cluster\.schedule must be auto, graph or stages, got 'pipelined'$"):
+    with pytest.raises(ProfileError,
+                       match=r"cluster\.schedule must be auto, graph or stages, got 'pipelined'$"):
         load_profile("smoke", ["cluster.schedule=pipelined"])
 
 

@@ -67,7 +67,8 @@ def _check_traces(run: Path, overrides: list[str] = ()):
     assert prompts.height == expected_rows  # no lost rows
     assert prompts.select("unit_key", "prompt_id", "turn").n_unique() == prompts.height  # no duplicated rows
     assert steps.height == int(prompts["verifier_calls"].sum())
-    assert {"backbone", "benchmark", "temperature", "strategy", "acceptance_length", "routing_choice"} <= set(prompts.columns)
+    assert {"backbone", "benchmark", "temperature", "strategy", "acceptance_length",
+            "routing_choice"} <= set(prompts.columns)
     return prompts
 
 
@@ -127,13 +128,15 @@ def readme_run(tmp_path_factory):
     # loaded machine may need a longer wait); the machine's caches (matmul tuning, verify costs,
     # the verifier's de-quantized copy: common/caches.py; DeepSpeed's JIT-built ops) stay the
     # machine's, so the isolated HOME does not redo them
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_") or k == "RAY_DASHBOARD_STARTUP_TIMEOUT_S"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")
+           or k == "RAY_DASHBOARD_STARTUP_TIMEOUT_S"}
     ops = os.environ.get("TORCH_EXTENSIONS_DIR") or str(jit_build_dir())  # this environment's, as in-process
     env.update(HOME=str(home), TMPDIR=ray_tmp, RAY_USAGE_STATS_ENABLED="0", TASKSPEC_CACHE=str(cache_dir()),
                TORCH_EXTENSIONS_DIR=ops, PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
     for port in (6379, 8265):
         with socket.socket() as s:
-            assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} is busy: the README's commands need it"
+            assert s.connect_ex(("127.0.0.1",
+                                 port)) != 0, f"port {port} is busy: the README's commands need it"
     out = ROOT / "runs" / "smoke-job"
     shutil.rmtree(out, ignore_errors=True)
     block = _readme_job_block()
@@ -143,7 +146,8 @@ def readme_run(tmp_path_factory):
         r, seen, killed, listening = _watch(["bash", "-euo", "pipefail", "-c", block], env, ray_tmp, out, tmp)
         assert r.returncode == 0 and "succeeded" in r.stdout.lower(), r.stdout[-3000:] + r.stderr[-3000:]
         # without the token the head refuses: authentication really is enforced
-        refused = subprocess.run([ray_bin, "job", "list", "--address", "http://127.0.0.1:8265"], capture_output=True,
+        refused = subprocess.run([ray_bin, "job", "list", "--address", "http://127.0.0.1:8265"],
+                                 capture_output=True,
                                  text=True, timeout=120, env={**env, "HOME": str(tmp)})
     finally:
         _end(_procs_with_env("HOME", str(home)))  # the head and everything it started
@@ -169,7 +173,8 @@ def _watch(cmd: list[str], env: dict, ray_tmp: str, run: Path, tmp: Path):
                 last_scrape = time.time()
             if killed is None:
                 units = _eval_units(run) if (run / "manifest.json").is_file() else {}
-                if sum(u["status"] == "done" for u in units.values()) >= 3 and (victim := _eval_worker(ray_tmp)):
+                if sum(u["status"] == "done"
+                       for u in units.values()) >= 3 and (victim := _eval_worker(ray_tmp)):
                     listening = _listening(_procs_with_env("TMPDIR", ray_tmp))
                     killed = victim.pid
                     victim.kill()
@@ -208,17 +213,21 @@ def test_smoke_grid_writes_traces_and_report(readme_run):
     ar = prompts.filter(pl.col("strategy") == "autoregressive")
     assert (ar["acceptance_length"] == 1.0).all()
     # lossless at T=0: every strategy's output equals the autoregressive baseline's, prompt by prompt
-    t0 = prompts.filter(pl.col("temperature") == 0.0).select("benchmark", "prompt_id", "turn", "strategy", "drafter", "output_token_ids")
-    base = t0.filter(pl.col("strategy") == "autoregressive").select("benchmark", "prompt_id", "turn", pl.col("output_token_ids").alias("ref"))
+    t0 = prompts.filter(pl.col("temperature") == 0.0).select("benchmark", "prompt_id", "turn", "strategy",
+                                                             "drafter", "output_token_ids")
+    base = t0.filter(pl.col("strategy") == "autoregressive").select("benchmark", "prompt_id", "turn",
+                                                                    pl.col("output_token_ids").alias("ref"))
     joined = t0.join(base, on=["benchmark", "prompt_id", "turn"])
     assert joined.height == t0.height and (joined["output_token_ids"] == joined["ref"]).all()
-    assert (run / "report/report.md").is_file() and list((run / "checkpoints").glob("*/final/model.safetensors"))
+    assert (run / "report/report.md").is_file() and list((run / "checkpoints").glob(
+            "*/final/model.safetensors"))
     # one draft vocabulary for the run: every trained drafter and every merge carries the same map
     from drafters.checkpoint import load_checkpoint
 
     ckpts = list(run.glob("checkpoints/*/final")) + [p for p in run.glob("checkpoints/*avg*")]
     maps = [load_checkpoint(c).draft_ids() for c in ckpts]
-    assert len(ckpts) >= 3 and all(m is not None and m.shape == (1024,) and (m == maps[0]).all() for m in maps)
+    assert len(ckpts) >= 3 and all(m is not None and m.shape == (1024,) and (m == maps[0]).all()
+                                   for m in maps)
     # tree auto cells ran beside the fixed ones, with the chosen shape recorded
     auto = prompts.filter(pl.col("tree") == "auto")
     assert auto.height and auto["tree_shape"].null_count() == 0
@@ -284,7 +293,8 @@ def test_a_driver_on_a_new_machine_resumes_a_run_at_a_uri(readme_run, tmp_path):
     unit's files are found there, nothing is trained or evaluated again, and the report is written
     back to the URI. (A URI run's own layout, node by node, is tests/test_multinode.py's.)"""
     remote = tmp_path / "bucket" / "run"
-    shutil.copytree(readme_run.run, remote, ignore=shutil.ignore_patterns("epoch-*", "_ray_train", "ray_results", "report"))
+    shutil.copytree(readme_run.run, remote, ignore=shutil.ignore_patterns("epoch-*", "_ray_train",
+            "ray_results", "report"))
     uri = f"file://{remote}"
     ray_tmp = _private_tmp()
     try:
@@ -307,7 +317,8 @@ def _scrape(port: int) -> set[str]:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
     except OSError:
         return set()
-    return {line.split(" ")[0] for line in text.splitlines() if "taskspec" in line and not line.startswith("#")}
+    return {line.split(" ")[0] for line in text.splitlines() if "taskspec" in line
+            and not line.startswith("#")}
 
 
 def _metrics_port(ray_tmp: str) -> int | None:
@@ -345,7 +356,8 @@ def forced_run(readme_run):
     sets = [a for s in FORCED for a in ("--set", s)]
     t = time.time()
     try:
-        r = subprocess.run(GRID + ["--output-dir", str(run), "--force", "train", "--tracking", "mlflow", *sets],
+        r = subprocess.run(GRID + ["--output-dir", str(run), "--force", "train", "--tracking", "mlflow",
+                                   *sets],
                            capture_output=True, text=True, timeout=1800, env={**ENV, "TMPDIR": ray_tmp})
     finally:
         _end(_procs_with_env("TMPDIR", ray_tmp))  # nothing, unless the driver died before ray.shutdown()
@@ -379,7 +391,8 @@ def test_ray_metrics_are_exported_under_the_documented_names(readme_run):
     assert {"ray_taskspec_units_done_total", "ray_taskspec_acceptance_length"} <= names, seen
     assert any('stage="eval"' in x for x in seen if x.startswith("ray_taskspec_units_done_total")), seen
     readme = (ROOT / "README.md").read_text()
-    assert all(f"`{n}{{" in readme for n in ("ray_taskspec_units_done_total", "ray_taskspec_acceptance_length"))
+    assert all(f"`{n}{{" in readme for n in ("ray_taskspec_units_done_total",
+                                             "ray_taskspec_acceptance_length"))
 
 
 @pytest.mark.full  # breadth: make test-full (the forced run costs a second grid run)
@@ -393,7 +406,8 @@ def test_console_output_is_short_and_ends_with_the_summary(forced_run):
     """No per-process loading bars or Tune tables by default: a few hundred lines, summary last."""
     lines, err = forced_run.stdout.splitlines(), forced_run.stderr.splitlines()
     assert len(lines) + len(err) < 150, f"{len(lines)} + {len(err)} lines of output:\n" + "\n".join((lines + err)[:80])
-    assert not [x for x in lines + err if "de-quantizing" in x or "it/s]" in x], "a progress bar leaked into the output"
+    assert not [x for x in lines + err if "de-quantizing" in x
+                or "it/s]" in x], "a progress bar leaked into the output"
     tail = "\n".join(lines[-12:])
     assert "summary:" in tail and "best tau" in tail and lines[-1].startswith("done: results in"), tail
 
@@ -419,7 +433,8 @@ def test_mlflow_store_has_the_training_curves_and_the_summary(forced_run):
     for r in train:
         assert r.data.params["train/lr"] == str(p.train.lr) and r.data.params["train/backbone"] in p.train.backbones
         curve = client.get_metric_history(r.info.run_id, "epoch")
-        assert [m.value for m in sorted(curve, key=lambda m: m.step)] == [float(e) for e in range(1, p.train.epochs + 1)]
+        assert [m.value for m in sorted(curve, key=lambda m: m.step)] == [float(e) for e in range(1,
+                p.train.epochs + 1)]
         assert "top1_depth1" in r.data.metrics and "train_loss" in r.data.metrics
     (summary,) = [r for r in runs if r.data.tags.get("taskspec.stage") == "summary"]
     assert summary.data.params["eval.max_new_tokens"] == str(p.eval.max_new_tokens)

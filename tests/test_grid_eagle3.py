@@ -27,7 +27,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.full]
 # arithmetic and TIES; one GSM8K prompt at T=0, every cell checked against the autoregressive output
 SETS = ["train.backbones=[eagle2, eagle3]", "train.per_backbone={eagle3: {variants: [math, chat]}}",
         "merge.kinds=[linear, task_arithmetic, ties]", "merge.sweep_backbones=[eagle3]",
-        "eval.temperatures=[0.0]", "eval.tree_auto=[]", "eval.strategies=[autoregressive, single, confidence, merged]"]
+        "eval.temperatures=[0.0]", "eval.tree_auto=[]",
+        "eval.strategies=[autoregressive, single, confidence, merged]"]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +39,8 @@ def e3_run(tmp_path_factory):
     sets = [a for s in SETS for a in ("--set", s)]
     t = time.time()
     try:
-        r = subprocess.run(GRID + ["--output-dir", str(run), *sets], capture_output=True, text=True, timeout=1800,
+        r = subprocess.run(GRID + ["--output-dir", str(run), *sets], capture_output=True, text=True,
+                           timeout=1800,
                            env={**ENV, "TMPDIR": ray_tmp})
     finally:
         _end(_procs_with_env("TMPDIR", ray_tmp))  # nothing, unless the driver died before ray.shutdown()
@@ -54,7 +56,8 @@ def test_the_grid_trains_merges_and_decodes_eagle3_beside_eagle2(e3_run):
     p = load_profile("smoke", SETS)
     assert [c.name for c in train_cells(p)] == ["eagle2-math", "eagle2-chat", "eagle3-math", "eagle3-chat"]
     cells = json.loads((run / "manifest.json").read_text())["cells"]
-    assert all(c["status"] == "done" for c in cells.values()), [c for c in cells.values() if c["status"] != "done"]
+    assert all(c["status"] == "done" for c in cells.values()), [c for c in cells.values()
+                                                                if c["status"] != "done"]
     # one cache per corpus, with EAGLE-3's layers (2, 15, 27), read by both backbones
     feats = [c for c in cells.values() if c["stage"] == "features" and "caches" in c]
     assert len(feats) == 2 and all("-aux2-15-27-" in c["caches"]["train"] for c in feats)
@@ -63,7 +66,8 @@ def test_the_grid_trains_merges_and_decodes_eagle3_beside_eagle2(e3_run):
         assert is_eagle3_checkpoint(run / "checkpoints" / name / "final")
     assert not is_eagle3_checkpoint(run / "checkpoints" / "eagle2-math" / "final")
     # task arithmetic / TIES: eagle3 drafters, from eagle3's initial drafter (the verifier's head rows)
-    assert {m.name for m in merge_cells(p)} == {"eagle2-avg0.5", "eagle3-avg0.5", "eagle3-task_arithmetic", "eagle3-ties"}
+    assert {m.name for m in merge_cells(p)} == {"eagle2-avg0.5", "eagle3-avg0.5", "eagle3-task_arithmetic",
+                                                "eagle3-ties"}
     init = load_any(run / "checkpoints" / "eagle3-init")
     math_ = load_any(run / "checkpoints" / "eagle3-math" / "final")
     assert isinstance(init, Eagle3Drafter) and init.config.training == {"init": True}
@@ -76,7 +80,8 @@ def test_the_grid_trains_merges_and_decodes_eagle3_beside_eagle2(e3_run):
     e3 = prompts.filter(pl.col("backbone") == "eagle3")
     assert set(e3["strategy"]) == {"single", "confidence", "merged"}
     assert set(e3["drafter"]) == {"math", "chat", "avg0.5", "task_arithmetic", "ties", "math+chat"}
-    base = prompts.filter(pl.col("strategy") == "autoregressive").select("prompt_id", pl.col("output_token_ids").alias("ref"))
+    base = prompts.filter(pl.col("strategy") == "autoregressive").select("prompt_id",
+            pl.col("output_token_ids").alias("ref"))
     joined = prompts.join(base, on="prompt_id")
     assert joined.height == prompts.height and (joined["output_token_ids"] == joined["ref"]).all()
     assert (e3["verifier_calls"] > 0).all()

@@ -14,7 +14,8 @@ from decoding.verifier_pass import new_cache, prefill, tree_forward
 
 def _model():
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=8,
+    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=8,
                       num_key_value_heads=2, attn_implementation="sdpa")
     return LlamaForCausalLM(cfg).eval()
 
@@ -43,12 +44,14 @@ def test_grouped_tree_pass_equals_transformers_sdpa_and_copies_no_head(monkeypat
     h, logits = _tree_pass(model)
     torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(h, ref_h, atol=1e-5, rtol=1e-5)
-    tree_calls = [c for c in calls if c[2] > 17]  # the tree pass: 6 tokens x 4 heads per group folded = 24 rows
+    # the tree pass: 6 tokens x 4 heads per group folded = 24 rows
+    tree_calls = [c for c in calls if c[2] > 17]
     assert tree_calls == [(2, 2, 24, False)] * 2, calls  # both layers: 2 kv heads each side, none copied
 
 
 def test_models_without_grouped_heads_keep_their_attention():
-    cfg = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+    cfg = LlamaConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4,
                       num_key_value_heads=4, attn_implementation="sdpa")
     model = LlamaForCausalLM(cfg)
     assert not grouped_attention.install(model) and model.config._attn_implementation == "sdpa"

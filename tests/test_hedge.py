@@ -15,15 +15,14 @@ import math
 import pytest
 import torch
 
-from decoding.engine import DecodeConfig, SpeculativeDecoder
-from decoding.hedge import (PRIOR_LEAD, HedgeConfig, hedge_choice, hedge_update, prior_log_weights,
-                            step_losses)
-from decoding.strategies import make_strategy
 from decoding.config import TreeConfig
+from decoding.engine import DecodeConfig, SpeculativeDecoder
+from decoding.hedge import PRIOR_LEAD, HedgeConfig, hedge_choice, hedge_update, prior_log_weights, step_losses
+from decoding.strategies import make_strategy
 from decoding.tree import chain_tree
+from drafters.data.templating import benchmark_prompt_ids
 from orchestrator.grid import KEY_DEFAULTS
 from orchestrator.keys import key_of
-from drafters.data.templating import benchmark_prompt_ids
 from tests.helpers import ConstantProposer, OracleProposer
 from tests.test_lossless import greedy_reference
 from tests.test_sampling_e2e import chi2
@@ -121,7 +120,8 @@ def test_drafter_count_and_unscorable_proposers_are_refused(verifier, eos):
             pass
 
     with pytest.raises(ValueError, match=r"\['blind'\] cannot be scored"):
-        SpeculativeDecoder(verifier[0], [ConstantProposer(), NoFeedback()], DecodeConfig(strategy="hedge"), eos)
+        SpeculativeDecoder(verifier[0], [ConstantProposer(), NoFeedback()], DecodeConfig(strategy="hedge"),
+                           eos)
 
 
 # -- the strategy with scripted proposers -------------------------------------------------------
@@ -257,7 +257,8 @@ def test_teacher_forced_predictions_are_the_drafters_top1(verifier, committed_pa
 
 # -- T = 0: equal to generate while it switches ---------------------------------------------------
 @pytest.mark.slow
-def test_hedge_switches_to_the_drafter_that_knows_the_answer_and_matches_generate(verifier, eos, bench_prompts):
+def test_hedge_switches_to_the_drafter_that_knows_the_answer_and_matches_generate(verifier, eos,
+        bench_prompts):
     """Drafter 0 always guesses one wrong token, drafter 1 knows generate's answer: hedge starts on
     drafter 0 (uniform prior, tie to the lower index), learns from the first step's committed token
     that drafter 1 would have proposed it, and drafts from drafter 1 for the rest; the output equals
@@ -320,7 +321,8 @@ class Likely:
 
 
 @pytest.mark.slow
-def test_hedge_samples_the_verifier_distribution_when_its_choice_follows_the_samples(verifier, eos, joint, joint3):
+def test_hedge_samples_the_verifier_distribution_when_its_choice_follows_the_samples(verifier, eos, joint,
+        joint3):
     """Step 1 drafts from the garbage drafter (a tie at the start goes to it); the feedback on its
     committed token t2 moves hedge to drafter 1 exactly when t2 is the verifier's most likely child
     of t1, so step 2's tree depends on a sampled token. The first three tokens over N seeds follow
@@ -357,8 +359,8 @@ def test_normalhedge_on_acceptance_samples_the_verifier_distribution(verifier, e
 # -- the grid: a profile asks for hedge by name -----------------------------------------------------
 def test_a_profile_asks_for_hedge_and_gets_one_cell_over_the_route_pair():
     from orchestrator.grid import eval_cells
-    from orchestrator.profile import ProfileError
     from orchestrator.plan.sizing import load_profile
+    from orchestrator.profile import ProfileError
 
     p = load_profile("smoke", ["eval.strategies=[autoregressive, single, hedge]"])
     cells = [c for c in eval_cells(p) if c.strategy == "hedge"]
@@ -373,12 +375,13 @@ def test_a_profile_names_its_learners_and_the_first_routers_keys_stay():
     """One cell per learner x reset, each with the profile's feedback, ties and eta; the first router's
     cell (ftl on agreement, ties lower, reset turn) keeps the key and label it had."""
     from orchestrator.grid import eval_cells
-    from orchestrator.profile import ProfileError
     from orchestrator.plan.sizing import load_profile
+    from orchestrator.profile import ProfileError
 
     plain = load_profile("smoke", ["eval.strategies=[single, hedge]"])
     base = [c for c in eval_cells(plain) if c.strategy == "hedge"]
-    p = load_profile("smoke", ["eval.strategies=[single, hedge]", "eval.hedge_learners=[ftl, normalhedge, ucb]",
+    p = load_profile("smoke", ["eval.strategies=[single, hedge]",
+                               "eval.hedge_learners=[ftl, normalhedge, ucb]",
                                "eval.hedge_resets=[turn, carry]", "eval.hedge_feedback=acceptance",
                                "eval.hedge_ties=stay"])
     cells = [c for c in eval_cells(p) if c.strategy == "hedge"]
@@ -391,7 +394,8 @@ def test_a_profile_names_its_learners_and_the_first_routers_keys_stay():
     kept = {k: v for k, v in first.record.items() if KEY_DEFAULTS.get(k, ...) != v}  # what its key hashes
     assert first.key == key_of(kept) and not any(k.startswith("hedge_") for k in kept)
     assert len({c.key for c in cells}) == len(cells)
-    for bad, match in (("eval.hedge_learners=[exp4]", "hedge_learners"), ("eval.hedge_ties=first", "hedge_ties"),
+    for bad, match in (("eval.hedge_learners=[exp4]", "hedge_learners"), ("eval.hedge_ties=first",
+            "hedge_ties"),
                        ("eval.hedge_eta=0", "hedge_eta")):
         with pytest.raises(ProfileError, match=match):
             load_profile("smoke", ["eval.strategies=[single, hedge]", bad])

@@ -15,8 +15,18 @@ import torch
 
 from decoding.accept import expected_accepted, position_acceptance
 from decoding.config import DecodeConfig, TreeConfig
-from decoding.hedge import (HedgeConfig, acceptance_gains, choose, learn, learn_chosen, normalhedge_scale,
-                            normalhedge_weights, start_state, ucb_scores, weights)
+from decoding.hedge import (
+    HedgeConfig,
+    acceptance_gains,
+    choose,
+    learn,
+    learn_chosen,
+    normalhedge_scale,
+    normalhedge_weights,
+    start_state,
+    ucb_scores,
+    weights,
+)
 from decoding.strategies import make_strategy
 from tests.test_hedge import Scripted
 
@@ -129,7 +139,8 @@ def test_gains_and_options_are_checked_by_name():
             DecodeConfig(strategy="hedge", **{f"hedge_{k}": v for k, v in kw.items()})
     assert HedgeConfig().label == "" and HedgeConfig(learner="normalhedge", feedback="acceptance",
                                                      ties="stay").label == "normalhedge, acceptance, ties=stay"
-    assert DecodeConfig(strategy="hedge", hedge_learner="ucb").columns()["hedge_spec"] == "ucb, bandit, ties=lower"
+    assert DecodeConfig(strategy="hedge",
+                        hedge_learner="ucb").columns()["hedge_spec"] == "ucb, bandit, ties=lower"
 
 
 # -- the strategy with scripted proposers ----------------------------------------------------------
@@ -228,7 +239,8 @@ def test_rollout_is_the_drafters_own_multi_step_draft(verifier, random_drafter_d
         top1 = logq[0].topk(3).values
         torch.testing.assert_close(top1.sort().values, tree.path_logp[d1].sort().values, atol=1e-4, rtol=1e-4)
         under = tree.path_logp[kids] - tree.path_logp[best]
-        torch.testing.assert_close(logq[1].topk(3).values.sort().values, under.sort().values, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(logq[1].topk(3).values.sort().values, under.sort().values, atol=1e-4,
+                                   rtol=1e-4)
         assert int(ids[1, logq[1].argmax()]) == int(tree.tokens[child])
         after = p.draft(toks[: n + 1], feats[:n], TREE, 0.0)
         p.reset()
@@ -252,7 +264,8 @@ def test_bench_keeps_the_higher_scored_generation_and_pays_both():
     from decoding.engine import TurnResult
 
     def step(committed, v):
-        return {"committed": committed, "accepted_path_confidence": [v] * (committed - 1), "offpath_confidence_sum":
+        return {"committed": committed, "accepted_path_confidence": [v] * (committed - 1),
+                "offpath_confidence_sum":
                 0.0, "offpath_nodes": 0, "tree_size": 4, "t_draft_s": 0.0}
 
     class Fixed:

@@ -13,9 +13,9 @@ import pytest
 
 from common.verifiers import resolve
 from orchestrator import keys
-from orchestrator.run.driver import Driver
 from orchestrator.grid import corpora, merge_cells, train_cells
 from orchestrator.plan.sizing import load_profile
+from orchestrator.run.driver import Driver
 
 FIXTURE = Path(__file__).parent / "data" / "unit_keys_7b1ea68.json"
 

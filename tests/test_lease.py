@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.run.driver import MANIFEST_SYNC_S
 from orchestrator.manifest import Lease, LeaseHeld, pid_space
+from orchestrator.run.driver import MANIFEST_SYNC_S
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,11 +46,14 @@ def test_pids_are_compared_only_within_one_pid_space(tmp_path):
             ({"host": host, "pid": _dead_pid(), "pid_space": other_space}, False),
         "same PID, another host": ({"host": "other-host", "pid": me, "pid_space": other_space}, False),
         "an older driver that did not record its PID space": ({"host": host, "pid": _dead_pid()}, False),
-        "this PID space, process exited": ({"host": host, "pid": _dead_pid(), "pid_space": pid_space()}, True),
+        "this PID space, process exited": ({"host": host, "pid": _dead_pid(), "pid_space": pid_space()},
+                                           True),
         "another PID space, a full TTL without heartbeat":
-            ({"host": host, "pid": me, "pid_space": other_space, "renewed": now - 61, "expires": now - 1}, True),
+            ({"host": host, "pid": me, "pid_space": other_space, "renewed": now - 61, "expires": now - 1},
+             True),
         "another PID space, renewed within the TTL":
-            ({"host": host, "pid": me, "pid_space": other_space, "renewed": now - 30, "expires": now + 30}, False),
+            ({"host": host, "pid": me, "pid_space": other_space, "renewed": now - 30, "expires": now + 30},
+             False),
     }
     assert pid_space()  # Linux: the boot id and the PID namespace are known
     got = {}
@@ -96,7 +99,8 @@ def test_a_holder_in_another_pid_namespace_is_never_judged_by_its_pid(tmp_path):
     if unshare is None or subprocess.run([unshare, "--pid", "--fork", "--mount-proc", "true"]).returncode:
         pytest.skip("no unshare --pid here (needs root or user namespaces)")
     ref = str(tmp_path / "lease.json")
-    code = (f"import time; from orchestrator.manifest import Lease; Lease({ref!r}, ttl=60, settle=0).acquire(); "
+    code = (f"import time; from orchestrator.manifest import Lease; Lease({ref!r}, ttl=60, "
+            "settle=0).acquire(); "
             "print('held', flush=True); time.sleep(120)")
     holder = subprocess.Popen([unshare, "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -118,7 +122,8 @@ def test_an_interrupted_driver_leaves_no_lease(tmp_path, sig):
     the grid command exits 130 with one line and the lease is gone (before, Ctrl-C there or
     `ray job stop`'s SIGTERM at any time left it for the next driver to wait out)."""
     out = tmp_path / "run"
-    cmd = [sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke", "--output-dir", str(out)]
+    cmd = [sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke", "--output-dir",
+           str(out)]
     p = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     t0 = time.time()
     while not (out / "lease.json").exists() and p.poll() is None and time.time() - t0 < 120:

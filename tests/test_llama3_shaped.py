@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.verifiers import compare_greedy, eos_token_ids, resolve
+from decoding.config import TreeConfig
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import load_proposers
-from decoding.config import TreeConfig
-from common.verifiers import compare_greedy, eos_token_ids, resolve
 from decoding.verifiers import load_verifier
 from drafters.data.sources import load_benchmark
 from drafters.data.templating import benchmark_prompt_ids
@@ -60,7 +60,8 @@ def test_bf16_llama3_shaped_trains_and_decodes_losslessly(l3, tmp_path):
     finals = []
     for variant in ("math", "chat"):
         cfg = TrainConfig(verifier=name, backbone="hass", variant=variant, out_dir=str(tmp_path / variant),
-                          train_data=variant_data(variant, root, caches, spec.n), heldout_data=heldout_data(root, caches),
+                          train_data=variant_data(variant, root, caches, spec.n),
+                          heldout_data=heldout_data(root, caches),
                           epochs=1, lr=1e-3, batch_size=4, deepspeed=False, draft_vocab=str(vocab))
         finals.append(str(train(cfg, model, tokenizer=tok)))
     props = load_proposers(model, finals, name)
@@ -68,7 +69,8 @@ def test_bf16_llama3_shaped_trains_and_decodes_losslessly(l3, tmp_path):
     prompt = load_benchmark("gsm8k")[0][0]
     ids = benchmark_prompt_ids(tok, prompt, 0, [])
     x = torch.tensor([ids])
-    ref = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=16)[0, len(ids):].tolist()
+    ref = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=16)[0,
+            len(ids):].tolist()
     ties = []
     for strategy, n in (("single", 1), ("confidence", 2), ("merged", 2)):
         dec = SpeculativeDecoder(model, props[:n], DecodeConfig(strategy=strategy, max_new_tokens=16,

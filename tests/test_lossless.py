@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from decoding.config import TreeConfig
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import decode_prompt
-from decoding.config import TreeConfig
 from drafters.data.templating import benchmark_prompt_ids
 from tests.helpers import ConstantProposer, OracleProposer
 
@@ -21,7 +21,8 @@ def greedy_reference(model, tok, prompt, max_new=MAX_NEW):
     for turn in range(len(prompt.turns)):
         ids = benchmark_prompt_ids(tok, prompt, turn, answers)
         x = torch.tensor([ids])
-        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new)[0, len(ids):].tolist()
+        out = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new)[0,
+                len(ids):].tolist()
         outs.append(out)
         answers.append(tok.decode(out, skip_special_tokens=True))
     return outs
@@ -49,11 +50,14 @@ def _breadth(cases, full):
 # per prompt, entropy per turn over 4 drafters) and the smoke grid's T=0 cells (step, path score)
 # (the dedup union: the oracle and reduced-vocabulary tests below decode it by default)
 @pytest.mark.parametrize("strategy,n,granularity,dedup", _breadth(CASES, [c for c in CASES if c[2] == "prompt"
-                                                                          or c[0] in ("confidence", "entropy")]
+                                                                          or c[0] in ("confidence",
+                                                                                  "entropy")]
                                                                   + [("merged", 2, "step", True)]))
-def test_random_drafters_match_generate(verifier, eos, random_proposers, references, strategy, n, granularity, dedup):
+def test_random_drafters_match_generate(verifier, eos, random_proposers, references, strategy, n, granularity,
+                                        dedup):
     model, tok = verifier
-    cfg = DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, routing_granularity=granularity, merge_dedup=dedup, tree=TREE)
+    cfg = DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, routing_granularity=granularity,
+                       merge_dedup=dedup, tree=TREE)
     dec = SpeculativeDecoder(model, random_proposers[:n], cfg, eos)
     for prompt, ref in references:
         got = [res.output_token_ids for _, res, _ in decode_prompt(dec, tok, prompt)]
@@ -61,18 +65,21 @@ def test_random_drafters_match_generate(verifier, eos, random_proposers, referen
 
 
 @pytest.mark.parametrize("strategy", ["single", pytest.param("confidence", marks=FULL),
-                                      pytest.param("entropy", marks=FULL), "merged", pytest.param("hedge", marks=FULL)])
+                                      pytest.param("entropy", marks=FULL), "merged", pytest.param("hedge",
+                                              marks=FULL)])
 def test_adversarial_drafter_is_lossless(verifier, eos, random_proposers, references, strategy):
     model, tok = verifier
     bad = [ConstantProposer(1000, 0), ConstantProposer(2000, 1)]
     props = bad[:1] if strategy == "single" else [bad[0], random_proposers[1]]
-    dec = SpeculativeDecoder(model, props, DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, tree=TREE), eos)
+    dec = SpeculativeDecoder(model, props, DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, tree=TREE),
+                             eos)
     for prompt, ref in references[:3]:
         got = [res.output_token_ids for _, res, _ in decode_prompt(dec, tok, prompt)]
         assert got == ref
 
 
-@pytest.mark.parametrize("strategy,dedup", [("single", False), ("merged", False), ("merged", True), ("confidence", False)])
+@pytest.mark.parametrize("strategy,dedup", [("single", False), ("merged", False), ("merged", True),
+                                            ("confidence", False)])
 def test_oracle_drafter_deep_acceptance(verifier, eos, random_proposers, references, strategy, dedup):
     """A drafter that knows the answer: long accepted paths through a non-first child, still exact."""
     model, tok = verifier
@@ -80,7 +87,8 @@ def test_oracle_drafter_deep_acceptance(verifier, eos, random_proposers, referen
     ids = benchmark_prompt_ids(tok, prompt, 0, [])
     oracle = OracleProposer(len(ids), ref[0], owner=1 if strategy != "single" else 0)
     props = [oracle] if strategy == "single" else [random_proposers[0], oracle]
-    cfg = DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, merge_dedup=dedup, tree=TreeConfig(3, 5, 16))
+    cfg = DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, merge_dedup=dedup, tree=TreeConfig(3, 5,
+            16))
     res = SpeculativeDecoder(model, props, cfg, eos).generate(ids, seed_key=prompt.id)
     assert res.output_token_ids == ref[0]
     assert res.acceptance_length > 3.0, res.acceptance_length
@@ -95,7 +103,8 @@ def test_kv_cache_equals_fresh_prefill(verifier, eos, references):
     model, tok = verifier
     prompt, ref = references[1]
     ids = benchmark_prompt_ids(tok, prompt, 0, [])
-    dec = SpeculativeDecoder(model, [OracleProposer(len(ids), ref[0])], DecodeConfig(strategy="single", max_new_tokens=MAX_NEW, tree=TreeConfig(3, 4, 12)), eos)
+    dec = SpeculativeDecoder(model, [OracleProposer(len(ids), ref[0])], DecodeConfig(strategy="single",
+            max_new_tokens=MAX_NEW, tree=TreeConfig(3, 4, 12)), eos)
     res = dec.generate(ids)
     assert res.verifier_calls >= 4
     committed = ids + res.output_token_ids
@@ -155,7 +164,8 @@ def reduced_vocab_proposers(verifier, references, tmp_path_factory):
     root = tmp_path_factory.mktemp("vocab-drafters")
     paths = []
     for seed in (0, 1):
-        cfg = DrafterConfig.for_verifier(model, VERIFIER, "hass", seed=seed, draft_vocab_size=int(ids.shape[0]))
+        cfg = DrafterConfig.for_verifier(model, VERIFIER, "hass", seed=seed,
+                                         draft_vocab_size=int(ids.shape[0]))
         paths.append(str(save_checkpoint(init_drafter(cfg, ids), root / f"v{seed}")))
     props = load_proposers(model, paths, VERIFIER)
     assert all(p.head.size == 512 and torch.equal(p.head.ids, ids) for p in props)
@@ -163,14 +173,17 @@ def reduced_vocab_proposers(verifier, references, tmp_path_factory):
 
 
 @pytest.mark.parametrize("strategy,n,granularity,dedup", _breadth([c for c in CASES[1:] if c[2] == "step"],
-                                                                  [c for c in CASES if c[0] in ("confidence", "entropy",
+                                                                  [c for c in CASES if c[0] in ("confidence",
+                                                                          "entropy",
                                                                                                 "hedge")]
                                                                   + [("merged", 2, "step", False)]))
-def test_reduced_vocabulary_drafters_match_generate(verifier, eos, reduced_vocab_proposers, references, strategy, n,
+def test_reduced_vocabulary_drafters_match_generate(verifier, eos, reduced_vocab_proposers, references,
+                                                    strategy, n,
                                                     granularity, dedup):
     model, tok = verifier
     props, ids = reduced_vocab_proposers
-    cfg = DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, routing_granularity=granularity, merge_dedup=dedup, tree=TREE)
+    cfg = DecodeConfig(strategy=strategy, max_new_tokens=MAX_NEW, routing_granularity=granularity,
+                       merge_dedup=dedup, tree=TREE)
     dec = SpeculativeDecoder(model, props[:n], cfg, eos)
     seen = []
     dec.observer = lambda tree, target, prop: seen.append(tree.tokens)
@@ -178,7 +191,8 @@ def test_reduced_vocabulary_drafters_match_generate(verifier, eos, reduced_vocab
         got = [res.output_token_ids for _, res, _ in decode_prompt(dec, tok, prompt)]
         assert got == ref, f"{strategy}/{granularity} with a reduced vocabulary differs from generate"
     drafted = torch.cat(seen)
-    assert drafted.numel() and bool(torch.isin(drafted, ids).all())  # every draft token is a verifier id in the vocab
+    # every draft token is a verifier id in the vocab
+    assert drafted.numel() and bool(torch.isin(drafted, ids).all())
 
 
 def test_drafting_in_lock_step_stacks_the_shared_head(verifier, bench_prompts, reduced_vocab_proposers):

@@ -16,8 +16,8 @@ import pytest
 
 from common import storage
 from common.fetch_cache import FetchCache, tree_bytes
-from orchestrator.plan.sizing import load_profile
 from orchestrator.plan.rates import estimated, optimizer_step_seconds
+from orchestrator.plan.sizing import load_profile
 from tests.conftest import VERIFIER
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,7 +175,8 @@ def test_a_checkpoint_another_actor_is_loading_is_not_pruned(tmp_path, monkeypat
 
 
 @pytest.mark.slow
-def test_an_eval_actor_keeps_its_nodes_fetched_drafters_within_the_disk_budget(verifier, tmp_path, monkeypatch):
+def test_an_eval_actor_keeps_its_nodes_fetched_drafters_within_the_disk_budget(verifier, tmp_path,
+        monkeypatch):
     """The evaluation actor's own path (EvalWorker.run, no Ray): 8 real drafter checkpoints at a
     file:// output, one single-drafter cell each, a disk budget of about two checkpoints: every
     cell decodes, and after each the node holds at most the budget of fetched files."""
@@ -200,7 +201,8 @@ def test_an_eval_actor_keeps_its_nodes_fetched_drafters_within_the_disk_budget(v
     w = EvalWorker(VERIFIER, drafter_cache_gb=1e-6, checkpoint_disk_gb=budget_gb)  # every cell loads anew
     job = eval_job(p, cell)  # what the driver sends, with a smaller tree and budget
     tree = dataclasses.replace(job.decode.tree, top_k=2, depth=2)
-    job = dataclasses.replace(job, decode=dataclasses.replace(job.decode, tree=tree, max_new_tokens=2, seed=42))
+    job = dataclasses.replace(job, decode=dataclasses.replace(job.decode, tree=tree, max_new_tokens=2,
+                                                              seed=42))
     for ref in refs:
         rows, _ = w.run(job, [ref], prompts)
         assert rows and len(rows[0]["output_token_ids"]) > 0

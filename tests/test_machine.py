@@ -56,7 +56,8 @@ def test_forms_summary_reads_the_installed_tables(fresh_kernel):
     assert machine.forms_summary({}, 1).startswith("none installed")
 
 
-def test_the_kernel_built_for_the_x86_64_baseline_is_exact_and_chosen_by_measurement(fresh_kernel, monkeypatch):
+def test_the_kernel_built_for_the_x86_64_baseline_is_exact_and_chosen_by_measurement(fresh_kernel,
+        monkeypatch):
     """A CPU without AVX2 or AVX-512: the same source built for the SSE2 baseline, then tuned."""
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the x86-64 baseline build needs an x86 machine")

@@ -43,7 +43,8 @@ def test_a_record_is_one_journal_line_and_compaction_folds_it_into_manifest_json
     assert not path.exists()  # nothing compacted yet: the journal alone holds the run
     assert [x.get("op") for x in _lines(path)] == [None, "record", "record", "record", "plan", "stage"]
     state = read_manifest(path)
-    assert set(state["cells"]) == {"eval-0", "eval-1", "eval-2"} and state["stages"]["eval"]["seconds"] == 12.5
+    assert set(state["cells"]) == {"eval-0", "eval-1",
+                                   "eval-2"} and state["stages"]["eval"]["seconds"] == 12.5
     assert Manifest(path).data == state == m.data
     m.close()
     assert json.loads(path.read_text()) == {**state, "generation": 1}  # what readers of manifest.json see
@@ -124,7 +125,8 @@ def test_a_crash_between_compaction_write_and_rename_keeps_every_record(tmp_path
     assert set(json.loads(path.read_text())["cells"]) == {f"eval-{i}" for i in range(6)}
 
 
-def test_a_crash_after_compaction_renamed_the_snapshot_skips_the_folded_journal(tmp_path, monkeypatch, capsys):
+def test_a_crash_after_compaction_renamed_the_snapshot_skips_the_folded_journal(tmp_path, monkeypatch,
+        capsys):
     path = tmp_path / "manifest.json"
     m = Manifest(path)
     for i in range(3):

@@ -76,7 +76,8 @@ def cluster(s3, tmp_path_factory):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     # credentials on every node, the head too (Ray Train's controller may run there)
-    head = {"num_cpus": 0, "env_vars": {"TASKSPEC_STAGING": str(tmp / "head"), **CREDS}, "dashboard_port": port}
+    head = {"num_cpus": 0, "env_vars": {"TASKSPEC_STAGING": str(tmp / "head"), **CREDS},
+            "dashboard_port": port}
     c = Cluster(initialize_head=True, head_node_args=head)
     c.tmp, c.n_added = tmp, 0
     for _ in range(2):
@@ -103,7 +104,8 @@ def _grid(c: Cluster, s3, *args: str, **popen) -> subprocess.Popen:
     sets = [a for s in SMALL for a in ("--set", s)]
     cmd = [sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke", "--output-dir", URI,
            *sets, *args]
-    return subprocess.Popen(cmd, **{"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, **popen}, text=True,
+    return subprocess.Popen(cmd, **{"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, **popen},
+                            text=True,
                             env=env)
 
 
@@ -304,8 +306,10 @@ def test_driver_killed_then_a_node_removed_while_the_same_command_resumes(cluste
     prompts, figures = _check_traces(s3fs)
     lease = [x for x in log.splitlines() if x.startswith("lease:")]
     print(f"driver killed after {g['done_at_kill']} eval units ({at_uri} recorded at the URI, {len(cut_off)} "
-          f"started there); the same command: {lease}, {skipped} units skipped, {len(evals) - skipped} evaluated "
-          f"(work redone: {g['done_at_kill'] - at_uri} finished units not yet recorded at the URI + the shards "
+          f"started there); the same command: {lease}, {skipped} units skipped, {len(evals) - skipped} "
+          "evaluated "
+          f"(work redone: {g['done_at_kill'] - at_uri} finished units not yet recorded at the URI + the "
+          "shards "
           f"in flight)")
     killed, removed, recovered = g["killed_at"], g["removed_at"], g["recovered_at"]
     print(f"then a worker node removed {'-' if removed is None else f'{removed - killed:.0f}s'} "
@@ -327,7 +331,8 @@ def test_driver_killed_then_a_node_removed_while_the_same_command_resumes(cluste
         assert got == {pid: list(range(turns[(bench, pid)])) for pid in got}, (u["name"], got)
     assert set(prompts["turn"]) == {0, 1}  # (mt_bench prompts have two turns)
     # retried: each unit cut off with the driver (attempt 1 at the URI), and the node's shard
-    assert cut_off and all(units[k]["attempts"] >= 2 for k in cut_off), {k: units[k]["attempts"] for k in cut_off}
+    assert cut_off and all(units[k]["attempts"] >= 2 for k in cut_off), {k: units[k]["attempts"]
+            for k in cut_off}
     assert retried_labels and all(any(c["name"] == lb for c in retried.values()) for lb in retried_labels)
     # a row injected twice: the report refuses to aggregate (a local copy of the run, one row doubled)
     run = tmp_path / "run"
@@ -357,7 +362,8 @@ def test_training_on_two_nodes_with_an_odd_batch_count_in_bf16(cluster, s3, tmp_
     env.update(RAY_ADDRESS=cluster.address, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
                TASKSPEC_STAGING=str(cluster.tmp / "train-driver"), AWS_ENDPOINT_URL_S3=endpoint,
                AWS_DEFAULT_REGION=REGION, **CREDS)
-    cmd = [sys.executable, str(ROOT / "tests/two_node_training.py"), f"s3://{BUCKET}/two-node-train", str(tmp_path)]
+    cmd = [sys.executable, str(ROOT / "tests/two_node_training.py"), f"s3://{BUCKET}/two-node-train",
+           str(tmp_path)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     log = r.stdout + r.stderr
     assert r.returncode == 0, log[-6000:]
@@ -378,7 +384,8 @@ def test_training_on_two_nodes_with_an_odd_batch_count_in_bf16(cluster, s3, tmp_
     assert all(v.dtype == torch.bfloat16 for v in saved.values() if v.is_floating_point())
     assert s["at_uri"] == ["epoch-2", "final"]
     # the workers ran on both nodes: each node's own staging dir holds the checkpoints it fetched or wrote
-    used = [d.name for d in cluster.tmp.glob("node-*") if list(d.rglob("two-node-train/checkpoints/hass-math"))]
+    used = [d.name for d in cluster.tmp.glob("node-*")
+            if list(d.rglob("two-node-train/checkpoints/hass-math"))]
     assert len(used) >= 2, used
 
 
@@ -446,13 +453,15 @@ def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(clus
     endpoint, s3fs = s3
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_"))}
     env.update(RAY_ADDRESS=cluster.address, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
-               TASKSPEC_STAGING=str(tmp_path / "job"), AWS_ENDPOINT_URL_S3=endpoint, AWS_DEFAULT_REGION=REGION,
+               TASKSPEC_STAGING=str(tmp_path / "job"), AWS_ENDPOINT_URL_S3=endpoint,
+               AWS_DEFAULT_REGION=REGION,
                **CREDS)
     uri = f"s3://{BUCKET}/sharded"
     watch = _DiskWatch(cluster.tmp, "/sharded/features/")  # (the node mirror's path: the bucket is hashed)
     watch.start()
     try:
-        r = subprocess.run([sys.executable, str(ROOT / "tests/sharded_training.py"), uri], capture_output=True,
+        r = subprocess.run([sys.executable, str(ROOT / "tests/sharded_training.py"), uri],
+                           capture_output=True,
                            text=True, timeout=1800, env=env, cwd=ROOT)
     finally:
         watch.stop.set()
@@ -462,12 +471,14 @@ def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(clus
     s = json.loads(r.stdout.strip().splitlines()[-1])
     t, bound = s["times"], s["cache_bytes"]
     # the index, as a rank reads it (the manifest fetched to this process's own staging dir)
-    with _environ(AWS_ENDPOINT_URL_S3=endpoint, AWS_DEFAULT_REGION=REGION, TASKSPEC_STAGING=str(tmp_path / "reader"),
+    with _environ(AWS_ENDPOINT_URL_S3=endpoint, AWS_DEFAULT_REGION=REGION,
+                  TASKSPEC_STAGING=str(tmp_path / "reader"),
                   **CREDS):
         train, held = (localize_data([[s["features"], s["caches"]["mathinstruct"][p], None]])[0]
                        for p in ("train", "heldout"))
         index = json.loads((Path(train[0]) / train[1] / "manifest.json").read_text())
-        held_files = {x["file"] for x in json.loads((Path(held[0]) / held[1] / "manifest.json").read_text())["shards"]}
+        held_files = {x["file"]
+                      for x in json.loads((Path(held[0]) / held[1] / "manifest.json").read_text())["shards"]}
         plan = rank_plan([train], 2, 4)
     biggest = max(x["bytes"] for x in index["shards"])
     share = [sum(u.tokens for u in plan.mine(r)) for r in range(2)]
@@ -478,7 +489,8 @@ def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(clus
     # (the writer's own count is exact; a sample may miss a shard that is staged for milliseconds)
     assert 0 < index["staging_peak_bytes"] <= 2 * biggest and max(extract_peak.values()) <= 2 * biggest
     # training: each rank downloaded exactly its own shards (and the held-out set: every rank evaluates
-    # its share of its batches, drafters/train/backbones.py; ranks on one node share its cache), within the bound
+    # its share of its batches, drafters/train/backbones.py; ranks on one node share its cache), within the
+    # bound
     logs = _downloads(cluster.tmp)
     by_rank = {}
     for node, records in logs.items():
@@ -495,9 +507,11 @@ def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(clus
     held_max = max(x["held_bytes"] for records in logs.values() for x in records)
     print(f"sharded features on two nodes: {len(index['shards'])} shards ({index['tokens']} tokens, largest "
           f"{biggest} B), extraction {t['extract_end'] - t['extract_start']:.0f}s with a staging peak of "
-          f"{index['staging_peak_bytes']} B (sampled {max(extract_peak.values())} B; bound 2 shards = {2 * biggest} B); "
+          f"{index['staging_peak_bytes']} B (sampled {max(extract_peak.values())} B; bound 2 shards = "
+          f"{2 * biggest} B); "
           f"training {t['train_end'] - t['train_start']:.0f}s: {plan.describe()}; tokens per rank {share}; "
-          f"downloads per rank {[len(by_rank[r]) for r in range(2)]} of {[len(plan.mine(r)) for r in range(2)]} own "
+          f"downloads per rank {[len(by_rank[r]) for r in range(2)]} of "
+          f"{[len(plan.mine(r)) for r in range(2)]} own "
           f"shards; node disk peak {train_peak} B sampled, {held_max} B by the cache's count, bound {bound} B")
     assert held_max <= bound and 0 < max(train_peak.values()) <= bound
     assert abs(share[0] - share[1]) <= max(x["tokens"] for x in index["shards"])
@@ -506,31 +520,33 @@ def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(clus
     assert [h["steps"] for h in s["history"][1:]] == [plan.steps] * 2
 
 
-@pytest.mark.full  # 27 s with the cluster's start (2026-12-06); tests/test_shard_reads.py has the same in-process
+# 27 s with the cluster's start (2026-12-06); tests/test_shard_reads.py has the same in-process
+@pytest.mark.full
 def test_ranks_on_two_nodes_wait_less_for_shards_with_read_ahead(cluster, tmp_path):
     """An EAGLE-3 cache at s3:// behind a bandwidth throttle; two ranks, one per node, read their own
     shards as EAGLE-2 does (tests/shard_read_job.py), without and with read-ahead. Asserted: each
     rank downloads exactly its own shards, and of them only EAGLE-2's tensors; read-ahead strictly
     reduces every rank's wait. Printed: the waits beside orchestrator/plan/feature_io.py's prediction
     (the throttle is one link shared by both ranks)."""
+    from common import storage
     from orchestrator.plan import feature_io
     from tests.s3_server import throttled_s3
     from tests.test_shard_reads import make_cache
-
-    from common import storage
 
     bandwidth, compute_s = 0.4e6, 0.6
     m = make_cache(tmp_path / "features", "c", 8, per_shard=8, hidden=256, n_aux=3)
     with throttled_s3("shard-reads", REGION, bandwidth=bandwidth) as (endpoint, _, throttle):
         env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "AWS_"))}
         env.update(RAY_ADDRESS=cluster.address, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0",
-                   TASKSPEC_STAGING=str(tmp_path / "job"), AWS_ENDPOINT_URL_S3=endpoint, AWS_DEFAULT_REGION=REGION,
+                   TASKSPEC_STAGING=str(tmp_path / "job"), AWS_ENDPOINT_URL_S3=endpoint,
+                   AWS_DEFAULT_REGION=REGION,
                    **CREDS)
         uri = "s3://shard-reads/features"
         with _environ(AWS_ENDPOINT_URL_S3=endpoint, AWS_DEFAULT_REGION=REGION, **CREDS):
             for ahead in (0, 2):  # one copy per run: no node starts with the other run's shards
                 storage.sync(str(tmp_path / "features" / "c"), f"{uri}/c{ahead}")
-        r = subprocess.run([sys.executable, str(ROOT / "tests/shard_read_job.py"), uri, str(compute_s), "0", "2"],
+        r = subprocess.run([sys.executable, str(ROOT / "tests/shard_read_job.py"), uri, str(compute_s), "0",
+                            "2"],
                            capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     runs = json.loads(r.stdout.strip().splitlines()[-1])
@@ -543,9 +559,13 @@ def test_ranks_on_two_nodes_wait_less_for_shards_with_read_ahead(cluster, tmp_pa
     for r0, r2 in zip(runs["0"], runs["2"]):
         assert r2["wait_s"] < r0["wait_s"], (r0, r2)
     per_shard = sum(x["bytes_read"] for x in runs["0"]) / 8
-    io = {a: feature_io.ShardReads(per_shard, 4, compute_s, bandwidth, ranks_per_node=2, streams=2, read_ahead=a)
+    io = {a: feature_io.ShardReads(per_shard, 4, compute_s, bandwidth, ranks_per_node=2, streams=2,
+                                   read_ahead=a)
           for a in (0, 2)}
-    print(f"two nodes, one throttled link of {bandwidth / 1e6:.1f} MB/s, 4 shards a rank of {per_shard / 1e3:.0f} KB, "
-          f"{compute_s} s of training each: waited {[round(x['wait_s'], 2) for x in runs['0']]} s without read-ahead "
-          f"(predicted {feature_io.wait_with_read_ahead(io[0]):.2f}), {[round(x['wait_s'], 2) for x in runs['2']]} s "
+    print(f"two nodes, one throttled link of {bandwidth / 1e6:.1f} MB/s, 4 shards a rank of "
+          f"{per_shard / 1e3:.0f} KB, "
+          f"{compute_s} s of training each: waited {[round(x['wait_s'], 2) for x in runs['0']]} s without "
+          "read-ahead "
+          f"(predicted {feature_io.wait_with_read_ahead(io[0]):.2f}), "
+          f"{[round(x['wait_s'], 2) for x in runs['2']]} s "
           f"with 2 ahead on 2 streams (predicted {feature_io.wait_with_read_ahead(io[2]):.2f})")

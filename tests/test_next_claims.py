@@ -25,7 +25,8 @@ def _pp(cells, n=N, wall=None, invocation=None):
             for i in range(n):
                 tok = int(round((tau + NOISE[(i + k) % N]) * 20))
                 rows.append({"backbone": "hass", "method": method, "benchmark": bench, "temperature": 0.0,
-                             "prompt_id": f"p{i}", "new_tokens": tok, "verifier_calls": 20, "routing_choice": -1,
+                             "prompt_id": f"p{i}", "new_tokens": tok, "verifier_calls": 20,
+                             "routing_choice": -1,
                              "out_tokens": tok + 1, "wall_time_s": (wall or {}).get(method, 1.0),
                              "invocation": (invocation or {}).get(method, "A")})
     return pl.DataFrame(rows)
@@ -84,7 +85,8 @@ def _early_steps(early_of, whole_of):
                        "prompt_id": f"p{i}", "new_tokens": int(round(whole_of(i) * 10)), "verifier_calls": 10,
                        "routing_choice": 0, "out_tokens": 1, "wall_time_s": 1.0, "invocation": "A"})
             steps += [{"backbone": "hass", "method": BASE, "benchmark": bench, "temperature": 0.0,
-                       "strategy": "confidence", "prompt_id": f"p{i}", "turn": 0, "step": s, "committed": early_of(i) if s < 3 else 1,
+                       "strategy": "confidence", "prompt_id": f"p{i}", "turn": 0, "step": s,
+                       "committed": early_of(i) if s < 3 else 1,
                        "depth_accept": [True], "accepted_draft_entropy": [0.5], "rejected_draft_entropy": 1.0}
                       for s in range(4)]
     sw = [r | {"method": SW} for r in pp]
@@ -108,12 +110,14 @@ def test_early_acceptance_predicts_the_whole_generation(whole_of, expected):
         assert abs(r["estimate"]) > 0.9
 
 
-# ---------------------------------------------------------------- hedge, the online router (claims/project.py)
+# ---------------------------------------------------------------- hedge, the online router
+# (claims/project.py)
 HEDGE = "hedge(step)"
 
 
 @pytest.mark.parametrize("tau,expected", [(3.0, "holds"), (2.0, "does not hold"), ((2.5, 3), "inconclusive")])
-def test_hedge_is_compared_with_the_home_specialist_per_benchmark_the_post_hoc_router_and_merged(tau, expected):
+def test_hedge_is_compared_with_the_home_specialist_per_benchmark_the_post_hoc_router_and_merged(tau,
+        expected):
     """hedge against the matched specialist on each benchmark (math on gsm8k, chat on mt_bench), against
     TAPS's post hoc router and against merged trees on average, and in tokens/s against merged:
     exploratory rows, Holm-adjusted with the project's own claims."""
@@ -148,9 +152,11 @@ def test_hedge_is_compared_with_the_bandit_and_the_hindsight_oracle(tau, expecte
     (r,) = _rows(cl, "hedge-bandit").iter_rows(named=True)
     assert r["comparison"] == f"{NH} - {UCB}, average (tau)" and r["verdict"] == expected
     oracle = _rows(cl, "hedge-oracle")
-    assert sorted(oracle["comparison"]) == [f"{NH} - {ORACLE}, average (tau)", f"{UCB} - {ORACLE}, average (tau)"]
+    assert sorted(oracle["comparison"]) == [f"{NH} - {ORACLE}, average (tau)",
+                                            f"{UCB} - {ORACLE}, average (tau)"]
     hot = _rows(check_claims(pp.with_columns(pl.lit(1.0).alias("temperature")), None, None), "hedge-oracle")
-    assert all(c.endswith(f"{ORACLE} {LOSSY_MARK}, average (tau)") for c in hot["comparison"]), hot["comparison"]
+    assert all(c.endswith(f"{ORACLE} {LOSSY_MARK}, average (tau)")
+               for c in hot["comparison"]), hot["comparison"]
 
 
 def test_the_hindsight_oracle_keeps_each_prompts_better_specialist_and_pays_both():
@@ -236,6 +242,7 @@ def test_the_verdict_table_has_one_row_per_comparison_with_its_interval_and_both
     assert "- `hedge-merged` (hass T=0): needs hedge and merged" in r.stdout
     ran = cl.filter(~pl.col("verdict").str.contains("not in this run", literal=True)).height
     assert sum(x.startswith("| ") for x in r.stdout.splitlines()) == ran + 1  # + the header
-    bad = subprocess.run([sys.executable, str(root / "experiments/verdicts.py"), "--run", str(tmp_path / "none")],
+    bad = subprocess.run([sys.executable, str(root / "experiments/verdicts.py"), "--run",
+                          str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "claims.csv does not exist" in bad.stderr

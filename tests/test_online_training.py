@@ -56,7 +56,8 @@ def tiny_verifier():
 def cache_root(tiny_verifier, tmp_path_factory):
     """The same training examples as a feature cache (what cached mode reads)."""
     root = tmp_path_factory.mktemp("features")
-    FeatureStore(root, "toy-train").write(iter(verifier_features(tiny_verifier, _examples()[0])), {"corpus": "toy"})
+    FeatureStore(root, "toy-train").write(iter(verifier_features(tiny_verifier, _examples()[0])),
+                                          {"corpus": "toy"})
     return str(root)
 
 
@@ -127,7 +128,8 @@ def test_online_schedule_and_batches_equal_cached_mode(tiny_verifier, cache_root
         _cfg([[cache_root, "toy-train", None]], "x", **kw), WORLD) == 2 * 4  # micro-batches per rank
     for rank in range(WORLD):
         on = _run(_online(tmp_path / f"online{rank}", **kw), tiny_verifier, rank, recorder)
-        cached = _run(_cfg([[cache_root, "toy-train", None]], tmp_path / f"cached{rank}", **kw), tiny_verifier, rank,
+        cached = _run(_cfg([[cache_root, "toy-train", None]], tmp_path / f"cached{rank}", **kw),
+                      tiny_verifier, rank,
                       recorder)
         assert cached["calls"] == 0 and on["calls"] == 8  # 4 own batches x 2 epochs
         # 8 micro-batches, grad_accum 2 -> 4 optimizer steps: warmup 1, then linear decay to 0 at step 4

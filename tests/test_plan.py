@@ -12,11 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from orchestrator.plan import billing
-from orchestrator.plan import packing
-from orchestrator.plan import rates
-from orchestrator.plan.makespan import Task, schedule
+from orchestrator.plan import billing, packing, rates
 from orchestrator.plan.concurrency import actors_per_gpu, derive, eval_cpu_problem, max_nodes, parse_cluster
+from orchestrator.plan.makespan import Task, schedule
 from orchestrator.plan.sizing import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +169,8 @@ def test_fractional_tasks_share_a_device_and_stages_count_what_they_held():
 
 
 def test_the_dry_runs_cluster_rows_bill_every_gpu_and_count_what_is_held():
-    p = load_profile("paper", ["cluster.schedule=stages"])  # a bill per stage (the graph's: tests/test_graph.py)
+    # a bill per stage (the graph's: tests/test_graph.py)
+    p = load_profile("paper", ["cluster.schedule=stages"])
     r = rates.estimated(p)
     m = billing.on_cluster(p, r, parse_cluster("4x8"))
     report = m["stages"]["report"]  # on the driver's CPU: the GPU nodes go back after the idle timeout

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.grid import eval_cells, plan_summary
-from orchestrator.profile import PROFILE_DIR, ProfileError
 from orchestrator.plan.sizing import load_profile
+from orchestrator.profile import PROFILE_DIR, ProfileError
 from tests.hub_stub import paper_hub_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,8 +20,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_shipped_profiles_validate_and_dry_run(name, tmp_path):
     p = load_profile(name)
     assert plan_summary(p)["eval_cells"] > 0
-    env = {**os.environ, **paper_hub_env(tmp_path)}  # paper's 70,512 a corpus: from a stubbed Hub (no network)
-    r = subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", name, "--dry-run"],
+    # paper's 70,512 a corpus: from a stubbed Hub (no network)
+    env = {**os.environ, **paper_hub_env(tmp_path)}
+    r = subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", name,
+                        "--dry-run"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, r.stderr
     assert "DAG:" in r.stdout and "GPU-h" in r.stdout and "eval" in r.stdout
@@ -30,7 +32,8 @@ def test_shipped_profiles_validate_and_dry_run(name, tmp_path):
 def test_dry_run_imports_no_model_code(tmp_path):
     code = (f"import sys; sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / 'experiments')!r}]; import full_grid; "
             "rc = full_grid.main(['--profile', 'paper', '--dry-run', '--output-dir', 's3://bucket/run']); "
-            "print('MODULES', rc, 'torch' in sys.modules, 'transformers' in sys.modules, 'ray' in sys.modules)")
+            "print('MODULES', rc, 'torch' in sys.modules, 'transformers' in sys.modules, 'ray' in "
+            "sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, **paper_hub_env(tmp_path)})
     assert "MODULES 0 False False False" in r.stdout, r.stdout + r.stderr
@@ -48,7 +51,8 @@ def test_dry_run_imports_no_model_code(tmp_path):
     (["eval.temperatures=[-1]"], "eval.temperatures"),
     (["train.loss_mask=shifted"], "train.loss_mask must be next or reference"),
     (["data.self_distill=beam"], "data.self_distill must be null, greedy or sample"),
-    (["data.self_distill=greedy", "data.feature_mode=online"], "data.self_distill needs data.feature_mode: cached"),
+    (["data.self_distill=greedy", "data.feature_mode=online"],
+     "data.self_distill needs data.feature_mode: cached"),
     (["eval.paired_baseline=maybe"], "eval.paired_baseline must be true or false"),
 ])
 def test_bad_profiles_are_refused_with_one_clear_error(sets, match):
@@ -59,7 +63,8 @@ def test_bad_profiles_are_refused_with_one_clear_error(sets, match):
 def test_unwritable_output_dir_is_refused_before_work(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    r = subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke", "--output-dir", str(blocker / "sub")],
+    r = subprocess.run([sys.executable, str(ROOT / "experiments/full_grid.py"), "--profile", "smoke",
+                        "--output-dir", str(blocker / "sub")],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "not writable" in r.stderr
 
@@ -70,7 +75,8 @@ def test_grid_includes_budget_matched_singles_and_both_granularities():
     cells = eval_cells(p)
     bm = [c for c in cells if c.budget_matched and c.strategy == "single"]
     assert bm and all(c.total_tokens == 2 * (p.eval.tree.total_tokens - 1) + 1 for c in bm)
-    mb = [c for c in cells if c.budget_matched and c.strategy == "merged"]  # the union reranked to one tree's budget
+    # the union reranked to one tree's budget
+    mb = [c for c in cells if c.budget_matched and c.strategy == "merged"]
     assert mb and all(c.total_tokens == p.eval.tree.total_tokens for c in mb)
     assert {c.routing_granularity for c in cells if c.strategy == "confidence"} == {"step", "prompt"}
     assert len({c.key for c in cells}) == len(cells)
@@ -79,12 +85,13 @@ def test_grid_includes_budget_matched_singles_and_both_granularities():
 def test_paper_dry_run_counts_match_an_independent_count():
     """Every benchmark counts (null = all its prompts), corpora follow the variants, and an
     unknown verifier gets no invented cost constants."""
-    from orchestrator.plan.dryrun import estimate
     from orchestrator.grid import corpora
+    from orchestrator.plan.dryrun import estimate
 
     p = load_profile("paper")
     cells = eval_cells(p)
-    full = {"mt_bench": 80, "gsm8k": 1319, "math500": 500, "svamp": 300}  # paper: svamp capped at 300, the rest null
+    # paper: svamp capped at 300, the rest null
+    full = {"mt_bench": 80, "gsm8k": 1319, "math500": 500, "svamp": 300}
     expected = 0
     for c in cells:
         expected += full[c.benchmark]
@@ -94,27 +101,35 @@ def test_paper_dry_run_counts_match_an_independent_count():
     one = ["merge.kinds=[ties]", "eval.strategies=[autoregressive,single]", "eval.routers=[]"]
     assert corpora(load_profile("paper", ["train.variants=[math]", *one])) == ["mathinstruct"]
     assert plan_summary(load_profile("paper", ["train.variants=[chat]", *one]))["features"] == ["sharegpt"]
-    assert estimate(load_profile("smoke", ["verifier=Qwen/Qwen2.5-0.5B-Instruct"])) == {"unknown_verifier": True}
+    assert estimate(load_profile("smoke",
+                                 ["verifier=Qwen/Qwen2.5-0.5B-Instruct"])) == {"unknown_verifier": True}
 
 
 @pytest.mark.parametrize("sets,match", [
     (["eval.routers=[oracle]"], r"eval.routers must be a list of distinct values from \[posthoc_confidence"),
-    (["eval.switch_after=[0, 2]"], r"eval.switch_after must be a non-empty list of distinct integers in \[1, 5\]"),
+    (["eval.switch_after=[0, 2]"],
+     r"eval.switch_after must be a non-empty list of distinct integers in \[1, 5\]"),
     (["eval.switch_after=[6]"], "eval.switch_after must be"),
     (["eval.switch_to=[other]"], "eval.switch_to must be a non-empty list of distinct values from"),
     (["eval.switch_depth=0"], "eval.switch_depth must be an integer >= 1"),
     (["eval.mixed_variant=math"], "eval.mixed_variant must be mixed_half or mixed_full"),
     (["eval.heads=[math, chat]"], "eval.heads must be a list of >= 3 distinct drafter names"),
-    (["eval.routers=[entropy_heads]", "eval.heads=[math, chat, bogus]"], r"eval.heads \['bogus'\] are not drafters"),
+    (["eval.routers=[entropy_heads]", "eval.heads=[math, chat, bogus]"],
+     r"eval.heads \['bogus'\] are not drafters"),
     (["eval.strategies=[single, depth_adaptive]", "eval.mixed_variant=mixed_full"],
      "use eval.mixed_variant 'mixed_full', which train.variants"),
-    (["eval.strategies=[single, depth_adaptive]", "train.variants=[math, chat, mixed_full]", "eval.switch_depth=3"],
+    (["eval.strategies=[single, depth_adaptive]", "train.variants=[math, chat, mixed_full]",
+      "eval.switch_depth=3"],
      r"eval.switch_depth must be an int in 1..tree.depth - 1 \(tree depth 3\)"),
-    (["eval.routers=[posthoc_confidence]", "train.variants=[math, chat, mixed_full]", "eval.strategies=[merged]"],
+    (["eval.routers=[posthoc_confidence]", "train.variants=[math, chat, mixed_full]",
+      "eval.strategies=[merged]"],
      "posthoc_confidence reads the single-drafter traces"),
-    (["eval.rq1_prompts=10", "eval.temperatures=[1.0]"], "eval.rq1_prompts sizes the single math and chat cells"),
-    (["eval.rq1_prompts=10", "eval.rq1_backbone=hass"], r"eval.rq1_backbone 'hass' is not in train.backbones"),
-    (["eval.strategies=[switching]", "train.variants=[math]", "merge.kinds=[]"], r"\['switching'\] need two drafters"),
+    (["eval.rq1_prompts=10", "eval.temperatures=[1.0]"],
+     "eval.rq1_prompts sizes the single math and chat cells"),
+    (["eval.rq1_prompts=10", "eval.rq1_backbone=hass"],
+     r"eval.rq1_backbone 'hass' is not in train.backbones"),
+    (["eval.strategies=[switching]", "train.variants=[math]", "merge.kinds=[]"],
+     r"\['switching'\] need two drafters"),
     (["eval.system_prompt=3"], "eval.system_prompt must be null or a non-empty string"),
     (["eval.system_prompt=' '"], "eval.system_prompt must be null or a non-empty string"),
 ])
@@ -131,7 +146,8 @@ def test_the_studys_routers_and_the_new_strategies_as_cells():
     from orchestrator.keys import key_of
 
     p = load_profile("paper")
-    cells = [c for c in eval_cells(p) if c.backbone == "hass" and c.benchmark == "gsm8k" and c.temperature == 0.0]
+    cells = [c for c in eval_cells(p) if c.backbone == "hass" and c.benchmark == "gsm8k"
+             and c.temperature == 0.0]
     heads = [c for c in cells if c.strategy == "entropy" and c.routing_granularity == "turn"]
     assert [(c.drafters, c.decide_steps) for c in heads] == [
         (("hass-math", "hass-chat", "hass-mixed_full", "hass-avg0.5"), 1)]
@@ -142,7 +158,8 @@ def test_the_studys_routers_and_the_new_strategies_as_cells():
     assert sorted(sw) == [(k, to) for k in range(1, 6) for to in ("merged", "specialist")]
     (da,) = [c for c in cells if c.strategy == "depth_adaptive"]
     assert da.drafters == ("hass-mixed_full", "hass-math", "hass-chat") and da.decode.switch_depth == 2
-    assert da.total_tokens == p.eval.tree.total_tokens == 60 and (p.eval.tree.top_k, p.eval.tree.depth) == (10, 6)
+    assert da.total_tokens == p.eval.tree.total_tokens == 60 and (p.eval.tree.top_k,
+                                                                  p.eval.tree.depth) == (10, 6)
     old = [c for c in cells if all(c.record[k] == v for k, v in KEY_DEFAULTS.items())]
     assert old and all(c.key == key_of({k: v for k, v in c.record.items() if k not in KEY_DEFAULTS})
                        for c in old)
@@ -182,7 +199,8 @@ def test_rq1_cells_read_more_prompts_and_the_others_a_subset_of_them():
         ("eagle2", d, 0.0, "single", "fixed") for d in ("math", "chat")}
     assert len(rq1) == 8 and all(c.prompts == 12 and "[n=12]" in c.label for c in rq1)
     assert pool_sizes(p) == {b: 12 for b in ("gsm8k", "math500", "svamp", "mt_bench")}
-    other = next(c for c in cells if c.prompts is None and c.strategy == "single" and c.benchmark == "mt_bench")
+    other = next(c for c in cells if c.prompts is None and c.strategy == "single"
+                 and c.benchmark == "mt_bench")
     assert cell_prompts(p, other) == 2
     pool = subsample(list(range(80)), 12, p.eval.seed)  # the driver's draw, then each cell's from the pool
     assert set(subsample(pool, cell_prompts(p, other), p.eval.seed)) <= set(pool)
@@ -204,7 +222,8 @@ def test_a_cells_decode_config_carries_what_it_sets_and_the_defaults_otherwise()
     assert plain.tree == p.eval.tree and plain.max_new_tokens == p.eval.max_new_tokens
     sw = eval_job(p, next(c for c in cells if c.strategy == "switching" and c.decode.switch_after == 4
                           and c.decode.switch_to == "merged")).decode
-    assert (sw.route_score, sw.switch_after, sw.switch_to, sw.routing_decide_steps) == ("node", 4, "merged", 1)
+    assert (sw.route_score, sw.switch_after, sw.switch_to, sw.routing_decide_steps) == ("node", 4, "merged",
+            1)
     assert plain.columns() == {"route_score": "path", "switch_after": 2, "switch_to": "specialist",
                                      "switch_depth": 2, "hedge_spec": ""}
 
@@ -224,7 +243,8 @@ def test_cpu_study_runs_the_lambda_sweep_hass_and_t1_in_one_invocation():
            and c.backbone == "eagle2" and c.drafter.startswith("avg")}
     assert avg == {(f"avg{lam:g}", b, t) for lam in p.merge.lambdas for b in p.eval.benchmarks
                    for t in p.eval.temperatures}
-    assert {c.backbone for c in cells if c.strategy == "single" and c.temperature == 1.0} == {"eagle2", "hass", "eagle3"}
+    assert {c.backbone for c in cells if c.strategy == "single" and c.temperature == 1.0} == {"eagle2",
+            "hass", "eagle3"}
     mixed = {(c.drafter, c.temperature) for c in cells if c.strategy == "single" and c.backbone == "eagle2"}
     assert {(m, t) for m in ("mixed_half", "mixed_full") for t in (0.0, 1.0)} <= mixed
     for b in ("hass", "eagle3"):
@@ -233,12 +253,15 @@ def test_cpu_study_runs_the_lambda_sweep_hass_and_t1_in_one_invocation():
 
 
 @pytest.mark.parametrize("sets,match", [
-    (["resources.node.object_store_gb_s=0"], r"resources.node.object_store_gb_s must be a number in \(0, 100\], got 0"),
-    (["resources.node.object_store_gb_s=2500"], r"object_store_gb_s must be a number in \(0, 100\], got 2500"),
+    (["resources.node.object_store_gb_s=0"],
+     r"resources.node.object_store_gb_s must be a number in \(0, 100\], got 0"),
+    (["resources.node.object_store_gb_s=2500"],
+     r"object_store_gb_s must be a number in \(0, 100\], got 2500"),
     (["resources.node.object_store_gb_s=fast"], "resources.node.object_store_gb_s must be a number"),
     (["resources.node.disk_gb=-1"], r"resources.node.disk_gb must be a number in \[0, 1e\+06\], got -1"),
     (["resources.node.disk_gb_s=0"], r"resources.node.disk_gb_s must be a number in \(0, 200\], got 0"),
-    (["resources.node.disk=8000"], r"unknown key 'resources.node.disk' \(did you mean 'resources.node.disk_gb'\?\)"),
+    (["resources.node.disk=8000"],
+     r"unknown key 'resources.node.disk' \(did you mean 'resources.node.disk_gb'\?\)"),
     (["resources.node=4"], "resources.node must be a mapping"),
     (["resources.eval.packing=max"], "resources.eval.packing must be fixed or auto, got 'max'"),
 ])

@@ -10,10 +10,15 @@ from types import SimpleNamespace
 import polars as pl
 import pytest
 
-from drafters.data.sources import (SVAMP_STUDY_IDS, DataSourceNotFound, SourceOptions, default_data_root,
-                                   load_benchmark)
-from orchestrator.profile import ProfileError, batch_plan
+from drafters.data.sources import (
+    SVAMP_STUDY_IDS,
+    DataSourceNotFound,
+    SourceOptions,
+    default_data_root,
+    load_benchmark,
+)
 from orchestrator.plan.sizing import load_profile
+from orchestrator.profile import ProfileError, batch_plan
 from orchestrator.report.tables import STUDY_DEPTHS, depth_table, depth_table_deeper
 
 ROOT = default_data_root()
@@ -46,7 +51,8 @@ def test_paper_svamp_prompts_are_the_studys_ids_in_order_with_the_local_answers(
     for p in prompts:
         rec = local[p.id]
         assert float(p.reference) == float(rec["Answer"]) and p.reference == str(rec["Answer"])
-        assert p.turns == (rec["Body"].strip() + " " + rec["Question"].strip(),)  # the study's text, word for word
+        # the study's text, word for word
+        assert p.turns == (rec["Body"].strip() + " " + rec["Question"].strip(),)
 
 
 @needs_data
@@ -92,8 +98,10 @@ def test_svamp_study_ids_missing_from_the_source_are_refused_and_an_absent_list_
 def test_paper_global_batch_is_8_on_any_worker_count(workers, per_worker, accum):
     p = load_profile("paper", [f"resources.train.num_workers={workers}"])
     plan = batch_plan(p)
-    assert (plan.workers, plan.per_worker, plan.grad_accum, plan.global_batch) == (workers, per_worker, accum, 8)
-    assert plan.describe() == (f"train batch: global 8 = {workers} worker(s) x per-worker batch {per_worker} x "
+    assert (plan.workers, plan.per_worker, plan.grad_accum, plan.global_batch) == (workers, per_worker, accum,
+            8)
+    assert plan.describe() == (f"train batch: global 8 = {workers} worker(s) x per-worker batch "
+                               f"{per_worker} x "
                                f"gradient accumulation {accum} (from train.global_batch)")
 
 
@@ -106,13 +114,15 @@ def test_per_worker_batch_is_capped_and_accumulation_fills_the_rest():
 def test_without_global_batch_the_batch_is_per_worker_as_before():
     plan = batch_plan(load_profile("demo", ["resources.train.num_workers=2", "train.grad_accum=3"]))
     p = load_profile("demo")
-    assert (plan.per_worker, plan.grad_accum, plan.global_batch) == (p.train.batch_size, 3, 2 * p.train.batch_size * 3)
+    assert (plan.per_worker, plan.grad_accum, plan.global_batch) == (p.train.batch_size, 3,
+                                                                     2 * p.train.batch_size * 3)
     assert "no train.global_batch" in plan.describe()
 
 
 @pytest.mark.parametrize("sets,match", [
     (["resources.train.num_workers=3"],
-     r"^experiments/profiles/paper.yaml: train.global_batch 8 is not divisible by resources.train.num_workers 3 x "
+     r"^experiments/profiles/paper.yaml: train.global_batch 8 is not divisible by "
+     r"resources.train.num_workers 3 x "
      r"per-worker batch 2 \(= 6"),
     (["resources.train.num_workers=2", "train.batch_size=3"], "not divisible by .* 2 x per-worker batch 3"),
     (["resources.train.num_workers=16"], "global_batch 8 is smaller than resources.train.num_workers 16"),
@@ -130,7 +140,8 @@ def test_a_global_batch_the_workers_cannot_split_is_refused_in_one_line(sets, ma
 
 # ---------------------------------------------------------------- depth tables: the study's 5 levels
 def _steps(depth_levels: int) -> pl.LazyFrame:
-    rows = [{"backbone": "hass", "method": "math", "benchmark": "gsm8k", "temperature": 0.0, "strategy": "single",
+    rows = [{"backbone": "hass", "method": "math", "benchmark": "gsm8k", "temperature": 0.0,
+             "strategy": "single",
              "depth_accept": [True] * (depth_levels - 1) + [i % 2 == 0]} for i in range(4)]
     rows.append({**rows[0], "method": "autoregressive", "strategy": "autoregressive", "depth_accept": []})
     return pl.LazyFrame(rows)
@@ -150,9 +161,9 @@ def test_per_backbone_train_settings_reach_only_their_backbones_drafters(tmp_pat
     """train.per_backbone: the paper profile warms HASS up as the study's code does (1% of its steps),
     EAGLE-2 for 2,000 steps; each drafter's TrainConfig and unit key carry its own backbone's values,
     and a profile without per_backbone keeps the keys runs had before."""
-    from orchestrator.run.driver import Driver
-    from orchestrator.keys import train_key_settings as _train_key_settings
     from orchestrator.grid import train_cells
+    from orchestrator.keys import train_key_settings as _train_key_settings
+    from orchestrator.run.driver import Driver
 
     p = load_profile("paper")
     assert p.train.for_backbone("hass").warmup_steps == 1660 and p.train.for_backbone("eagle2").warmup_steps == 2000
@@ -169,12 +180,14 @@ def test_per_backbone_train_settings_reach_only_their_backbones_drafters(tmp_pat
     for b, c in cfgs.items():  # every setting as the profile has it for b, the batch split by the plan
         t = p.train.for_backbone(b)
         bp = batch_plan(p, t)
-        assert c.settings == dataclasses.replace(t.settings, batch_size=bp.per_worker, grad_accum=bp.grad_accum)
+        assert c.settings == dataclasses.replace(t.settings, batch_size=bp.per_worker,
+                                                 grad_accum=bp.grad_accum)
     # EAGLE-3 with SpecForge's recipe (lr 1e-4, 10 epochs), the others with the study's
     assert {b: (c.lr, c.epochs) for b, c in cfgs.items()} == {"eagle2": (3e-5, 20), "hass": (3e-5, 20),
                                                               "eagle3": (1e-4, 10)}
     assert _train_key_settings(p, "hass")["warmup_steps"] == 1660
-    assert _train_key_settings(p, "eagle2") == _train_key_settings(load_profile("paper", ["train.per_backbone={}"]),
+    assert _train_key_settings(p, "eagle2") == _train_key_settings(load_profile("paper",
+            ["train.per_backbone={}"]),
                                                                      "eagle2")
     assert "per_backbone" not in _train_key_settings(p, "hass")
 
@@ -205,7 +218,8 @@ def test_a_backbone_may_train_fewer_variants_and_gets_only_the_cells_they_allow(
 
 
 @pytest.mark.parametrize("value,match", [
-    ("{eagle3: {variants: [math, mixed_full]}}", r"train.per_backbone.eagle3.variants \['math', 'mixed_full'\] must"),
+    ("{eagle3: {variants: [math, mixed_full]}}",
+     r"train.per_backbone.eagle3.variants \['math', 'mixed_full'\] must"),
     ("{eagle3: {variants: [chat, medusa]}}", "train.per_backbone must be a mapping of backbone"),
     ("{medusa: {lr: 1.0e-4}}", "train.per_backbone must be a mapping of backbone"),
     ("{hass: {zero_stage: 3}}", "train.per_backbone must be a mapping of backbone"),

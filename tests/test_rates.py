@@ -11,15 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.plan import billing
-from orchestrator.plan import costs
-from orchestrator.plan import rates
-from orchestrator.plan.rates import overheads
 from orchestrator.grid import cell_prompts, eval_cells, merge_cells, train_cells
+from orchestrator.plan import billing, costs, rates
 from orchestrator.plan.makespan import Task, schedule
-from orchestrator.plan.sizing import load_profile
+from orchestrator.plan.rates import overheads
 from orchestrator.plan.rates.measured import _fit_overhead
 from orchestrator.plan.rates.taskgraph import _for, _tokens_per_turn
+from orchestrator.plan.sizing import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,7 +44,8 @@ def test_stage_barriers_against_the_bare_graph():
 def test_the_critical_path_goes_first():
     """A 3+3 chain and three 2 s tasks on 2 devices: starting the chain at once gives 6 s; a
     scheduler that ran the short tasks first would need 8."""
-    ts = [Task("L1", "eval", 3.0), Task("L2", "eval", 3.0, deps=("L1",))] + [Task(f"S{i}", "eval", 2.0) for i in range(3)]
+    ts = [Task("L1", "eval", 3.0), Task("L2", "eval", 3.0, deps=("L1",))] + [Task(f"S{i}", "eval", 2.0)
+            for i in range(3)]
     assert schedule(ts, 2, barriers=False)["makespan"] == 6.0
 
 
@@ -69,9 +68,11 @@ def test_bad_graphs_are_refused(tasks, devices, match):
 
 def _rates(**kw) -> rates.Rates:
     base = dict(hardware="test", verifier="smollm2-135m-instruct", device="cpu", measured=True, source="test",
-                features_tokens_per_s=1000.0, features_devices=2, train_tokens_per_s={"eagle2": 500.0, "hass": 250.0,
+                features_tokens_per_s=1000.0, features_devices=2, train_tokens_per_s={"eagle2": 500.0,
+                        "hass": 250.0,
                                                                                              "eagle3": 70.0},
-                train_devices=1, train_overhead_s=30.0, merge_s=1.0, eval_steps_per_s={"single": 10.0, "merged": 5.0},
+                train_devices=1, train_overhead_s=30.0, merge_s=1.0, eval_steps_per_s={"single": 10.0,
+                        "merged": 5.0},
                 eval_tau={"single": 2.0, "merged": 3.0}, generate_tokens_per_s=20.0, eval_devices=1,
                 eval_overhead_s=2.0, tokens_per_example={"mathinstruct": 100.0, "sharegpt": 200.0},
                 tokens_per_turn={"gsm8k": 32.0, "mt_bench": 32.0, "math500": 32.0, "svamp": 32.0},
@@ -193,7 +194,8 @@ def _write_run(root: Path, workers: int = 1) -> Path:
 
     p = load_profile("smoke", [f"resources.train.num_workers={workers}", *ONE_TRIAL])
     (root / "profile.json").write_text(json.dumps(profile_dict(p), default=str))
-    cell = dict(drafter="math", routing_granularity="step", merge_dedup=False, total_tokens=8, budget_matched=False,
+    cell = dict(drafter="math", routing_granularity="step", merge_dedup=False, total_tokens=8,
+                budget_matched=False,
                 prompt_id="p", turn=0)
     ar = dict(cell, strategy="autoregressive", drafter="-", verifier_calls=8, new_tokens=8, wall_time_s=1.0,
               generate_tokens=8, generate_wall_time_s=2.0)
@@ -206,7 +208,8 @@ def _write_run(root: Path, workers: int = 1) -> Path:
         pl.DataFrame(rows).write_parquet(root / part / f"{name}.parquet")
     cells = {f"t{i}": {"stage": "train", "status": "done"} for i in range(2)}
     cells |= {"m": {"stage": "merge", "status": "done"}}
-    cells |= {k: {"stage": "eval", "status": "done", "files": [f"{part}/{k}.parquet"]} for k in files if k != "stale"}
+    cells |= {k: {"stage": "eval", "status": "done", "files": [f"{part}/{k}.parquet"]} for k in files
+              if k != "stale"}
     stages = {"features": {"seconds": 50.0, "units_run": 3}, "train": {"seconds": 100.0, "units_run": 2},
               "merge": {"seconds": 2.0, "units_run": 1}, "eval": {"seconds": 400.0, "units_run": 4},
               "report": {"seconds": 3.0, "units_run": 1}}
@@ -294,7 +297,7 @@ def test_rates_that_cannot_time_a_profile_say_why(change, match):
 
 
 # ---------------------------------------------------------------- the paper plan, grounded (issue 62)
-@functools.lru_cache(maxsize=None)  # (each row schedules ~24k eval shards twice: a second or two)
+@functools.cache  # (each row schedules ~24k eval shards twice: a second or two)
 def _paper_rows(clusters=("4x8", "8x8")):
     """The paper profile's dry-run rows stage after stage (cluster.schedule stages: a bill per
     stage; the task graph's own figures: tests/test_graph.py)."""
@@ -324,7 +327,8 @@ def test_every_printed_rate_and_overhead_names_its_source(capsys):
     assert len(over) == len(overheads.sources(p)) >= 6
     assert all(("assumed" in x or "measured" in x or "resources.node" in x or "FLOP rate" in x) for x in over)
     table = [x for x in out if x.startswith("  4x8 (")]
-    assert [("40 ms (fast end)" in x, "83 ms (slow end)" in x) for x in table] == [(True, False), (False, True)]
+    assert [("40 ms (fast end)" in x, "83 ms (slow end)" in x) for x in table] == [(True, False), (False,
+            True)]
 
 
 def test_the_slow_end_of_the_measured_step_takes_longer():
@@ -368,7 +372,8 @@ def test_overheads_are_costed_and_named():
     assert overheads.checkpoints(p, "eagle3", "math") == 70_000 // 8 * 10 // 1000 + 10
     feats = {x.name: x.seconds for x in overheads.features_parts(p, r, 1e6, 1)}
     assert feats["start-up"] > 0 and feats["verifier load"] > 0
-    assert overheads.eval_shard_overhead(p, r, 96, 24_000) > overheads.eval_shard_overhead(p, r, 1, 24_000) > 0
+    assert overheads.eval_shard_overhead(p, r, 96, 24_000) > overheads.eval_shard_overhead(p, r, 1,
+            24_000) > 0
     assert overheads.merge_seconds(p, r, "eagle3") > overheads.merge_seconds(p, r, "eagle2") > 0
     assert overheads.report_seconds(r, 5.0e6) == pytest.approx(443.0)
     # a measured run's own overheads are kept as measured, not modelled on top
@@ -381,7 +386,8 @@ def test_busy_within_allocated_within_billed_per_stage():
     _, _, rows = _paper_rows()
     for m in rows:
         for st in ("features", "train", "merge", "eval", "report"):
-            assert -1e-9 <= m["busy"][st] <= m["used"][st] + 1e-6 <= m["billed"][st] + 2e-6, (st, m["cluster"])
+            assert -1e-9 <= m["busy"][st] <= m["used"][st] + 1e-6 <= m["billed"][st] + 2e-6, (st,
+                    m["cluster"])
         assert m["busy_total"] <= m["used_total"] <= m["billed_total"]
         assert m["busy"]["eval"] < 0.8 * m["used"]["eval"]  # batch-1 actors: the GPU waits on the host
         assert m["busy"]["merge"] == m["busy"]["report"] == 0.0  # on the driver's CPU

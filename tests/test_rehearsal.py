@@ -80,7 +80,8 @@ def cluster(s3, tmp_path_factory):
     with socket.socket() as sock:  # a free dashboard port (8265 belongs to tests/test_grid.py)
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    head = {"num_cpus": 0, "env_vars": {"TASKSPEC_STAGING": str(tmp / "head"), **NODE_ENV}, "dashboard_port": port}
+    head = {"num_cpus": 0, "env_vars": {"TASKSPEC_STAGING": str(tmp / "head"), **NODE_ENV},
+            "dashboard_port": port}
     c = Cluster(initialize_head=True, head_node_args=head)
     c.tmp = tmp
     for i in (1, 2):
@@ -132,7 +133,8 @@ def test_the_paper_grid_rehearses_on_two_nodes_over_s3(cluster, s3, verifier_dir
     else:
         assert not shards, shards[:5]  # computed inside training: no cache
     stages = [x for x in r["log"].splitlines() if x.startswith("stage wall times")]
-    print(f"paper-shaped rehearsal ({mode} features) on two nodes over s3: {r['seconds']:.0f}s, units {units}, "
+    print(f"paper-shaped rehearsal ({mode} features) on two nodes over s3: {r['seconds']:.0f}s, units "
+          f"{units}, "
           f"{stages}")
 
 
@@ -146,7 +148,8 @@ def _rehearse(c: Cluster, s3, verifier: Path, run: str, mode: str) -> dict:
     cmd = _command(verifier, mode, f"s3://{BUCKET}/{run}")
     t, log_path = time.time(), c.tmp / f"{run}.log"
     with open(log_path, "w") as out:  # a file, to follow a long run while it goes
-        r = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, timeout=3600)
+        r = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+                           timeout=3600)
     seconds, log = time.time() - t, log_path.read_text()
     assert r.returncode == 0, log[-6000:]
     local = c.tmp / f"manifest-{run}"

@@ -22,10 +22,14 @@ def _prompt_rows(method, bench, with_generate=True):
     calls = 20
     strategy = "autoregressive" if method == "autoregressive" else "single"
     wall = calls * 0.1  # every call takes 0.1 s: tokens/s = (new + 1) / wall
-    return [{"prompt_id": f"{bench}/{i}", "turn": 0, "output_token_ids": list(range(int(tau * calls) + 1)), "output_text": "x",
-             "verifier_calls": calls, "new_tokens": int(tau * calls), "acceptance_length": tau, "wall_time_s": wall,
-             "mean_tree_size": 0.0 if strategy == "autoregressive" else 15.0, "routing_choice": -1, "t_draft_s": 0.0,
-             "t_verify_s": wall, "drafter": "-" if strategy == "autoregressive" else method, "strategy": strategy,
+    return [{"prompt_id": f"{bench}/{i}", "turn": 0, "output_token_ids": list(range(int(tau * calls) + 1)),
+             "output_text": "x",
+             "verifier_calls": calls, "new_tokens": int(tau * calls), "acceptance_length": tau,
+             "wall_time_s": wall,
+             "mean_tree_size": 0.0 if strategy == "autoregressive" else 15.0, "routing_choice": -1,
+             "t_draft_s": 0.0,
+             "t_verify_s": wall, "drafter": "-" if strategy == "autoregressive" else method,
+             "strategy": strategy,
              "routing_granularity": "step", "merge_dedup": False, "total_tokens": 16, "budget_matched": False,
              "cell_key": f"{method}-{bench}", "unit_key": f"{method}-{bench}",
              # the autoregressive cell times transformers' generate: 21 tokens in 1 s per prompt
@@ -34,16 +38,22 @@ def _prompt_rows(method, bench, with_generate=True):
 
 
 def _step_rows(method, bench):
-    return [{"prompt_id": f"{bench}/{i}", "turn": 0, "step": 0, "tree_size": 15, "committed": 3, "accepted_depth": 2,
-             "chosen_drafter": 0, "accepted_owner": 0, "accepted_owner_mask": 1, "drafter_mean_confidence": [0.5],
-             "drafter_mean_entropy": [1.0], "accepted_draft_entropy": [0.5, 0.5], "accepted_verifier_entropy": [0.2, 0.2],
-             "rejected_draft_entropy": 1.5, "rejected_verifier_entropy": 0.7, "depth_accept": [True, True, False],
-             "t_draft_s": 0.0, "t_verify_s": 0.1, "t_bookkeeping_s": 0.0, "drafter": method, "strategy": "single",
+    return [{"prompt_id": f"{bench}/{i}", "turn": 0, "step": 0, "tree_size": 15, "committed": 3,
+             "accepted_depth": 2,
+             "chosen_drafter": 0, "accepted_owner": 0, "accepted_owner_mask": 1,
+             "drafter_mean_confidence": [0.5],
+             "drafter_mean_entropy": [1.0], "accepted_draft_entropy": [0.5, 0.5],
+             "accepted_verifier_entropy": [0.2, 0.2],
+             "rejected_draft_entropy": 1.5, "rejected_verifier_entropy": 0.7, "depth_accept": [True, True,
+                     False],
+             "t_draft_s": 0.0, "t_verify_s": 0.1, "t_bookkeeping_s": 0.0, "drafter": method,
+             "strategy": "single",
              "routing_granularity": "step", "merge_dedup": False, "total_tokens": 16, "budget_matched": False,
              "cell_key": f"{method}-{bench}", "unit_key": f"{method}-{bench}"} for i in range(N_PROMPTS)]
 
 
-def _make_run(root: Path, with_steps=True, benchmarks=("gsm8k", "mt_bench"), failed=False, with_generate=True):
+def _make_run(root: Path, with_steps=True, benchmarks=("gsm8k", "mt_bench"), failed=False,
+              with_generate=True):
     done = {}
     for (method, bench) in TAU:
         if bench not in benchmarks:
@@ -51,20 +61,25 @@ def _make_run(root: Path, with_steps=True, benchmarks=("gsm8k", "mt_bench"), fai
         bb = "none" if method == "autoregressive" else "hass"
         part = f"backbone={bb}/benchmark={bench}/temperature=0"
         files = [f"traces/prompts/{part}/{method}.parquet"] + ([f"traces/steps/{part}/{method}.parquet"]
-                                                               if with_steps and method != "autoregressive" else [])
-        done[f"eval-{method}-{bench}"] = {"stage": "eval", "name": f"{method}|{bench}", "status": "done", "files": files}
+                                                               if with_steps and method != "autoregressive"
+                                                               else [])
+        done[f"eval-{method}-{bench}"] = {"stage": "eval", "name": f"{method}|{bench}", "status": "done",
+                                          "files": files}
         rows = _prompt_rows(method, bench, with_generate)
         if not with_generate:  # an old run: no generate timings, and the prompt column was still called "id"
             rows = [{("id" if k == "prompt_id" else k): v for k, v in r.items()} for r in rows]
         write_parquet_atomic(rows, root / "traces/prompts" / part / f"{method}.parquet")
         if with_steps and method != "autoregressive":
-            write_parquet_atomic(_step_rows(method, bench), root / "traces/steps" / part / f"{method}.parquet")
+            write_parquet_atomic(_step_rows(method, bench),
+                                 root / "traces/steps" / part / f"{method}.parquet")
     cells = dict(done)
     if failed:
-        cells["k1"] = {"stage": "eval", "name": "hass:single:math|svamp|T=0", "status": "failed", "attempts": 3,
+        cells["k1"] = {"stage": "eval", "name": "hass:single:math|svamp|T=0", "status": "failed",
+                       "attempts": 3,
                        "error": "RayActorError: worker died", "files": []}
     (root / "manifest.json").write_text(json.dumps({"cells": cells}))
-    (root / "profile.json").write_text(json.dumps({"eval": {"benchmarks": {"gsm8k": 10, "mt_bench": 10, "svamp": 10}}}))
+    (root / "profile.json").write_text(json.dumps({"eval": {"benchmarks": {"gsm8k": 10, "mt_bench": 10,
+            "svamp": 10}}}))
     return root
 
 
@@ -73,7 +88,8 @@ def test_stats_exact_on_known_inputs():
     assert (p, lo, hi) == (3.0, 3.0, 3.0)
     d, lo, hi = paired_diff_ci([30] * 5, [10] * 5, [20] * 5, [10] * 5)
     assert (d, lo, hi) == (1.0, 1.0, 1.0)
-    assert verdict(0.1, 0.5) == "holds" and verdict(-0.5, -0.1) == "does not hold" and verdict(-0.1, 0.2) == "inconclusive"
+    assert verdict(0.1, 0.5) == "holds" and verdict(-0.5, -0.1) == "does not hold" and verdict(-0.1,
+            0.2) == "inconclusive"
     # a real interval: the ratio CI covers the point and is not degenerate
     p, lo, hi = ratio_ci([1, 2, 3, 4, 10], [1, 1, 1, 1, 1])
     assert lo < p < hi
@@ -91,7 +107,8 @@ def test_tables_and_claims_are_exact_on_synthetic_traces(tmp_path):
     math_g = sp.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k")).row(0, named=True)
     assert math_g["tokens_per_s"] == pytest.approx(61 / 2.0) and math_g["speedup"] == pytest.approx(61 / 2.0 / 21)
     assert math_g["vs_autoregressive"] == pytest.approx(61 / 21) and math_g["baseline"] == "generate (transformers)"
-    gen = sp.filter((pl.col("method") == "generate (transformers)") & (pl.col("benchmark") == "gsm8k")).row(0, named=True)
+    gen = sp.filter((pl.col("method") == "generate (transformers)") & (pl.col("benchmark") == "gsm8k")).row(0,
+            named=True)
     assert gen["tokens_per_s"] == pytest.approx(21.0) and gen["speedup"] == pytest.approx(1.0)
     assert math_g["calls_per_token"] == pytest.approx(20 / 61) and math_g["mean_tree_size"] == pytest.approx(15.0)
     ent = pl.read_parquet(run / "report/tables/table3_4_entropy.parquet")
@@ -108,7 +125,8 @@ def test_tables_and_claims_are_exact_on_synthetic_traces(tmp_path):
     assert rq1m["verdict_holm"] == "holds"
     assert rq1m["study"] == "Table 1 (hass, T=0, gsm8k): MathInstruct 70k 5.02 vs ShareGPT 70k 4.09"
     csv = pl.read_csv(run / "report/tables/claims.csv")
-    assert {"verdict", "verdict_holm", "p_value", "p_holm", "study", "study_consistent", "wording"} <= set(csv.columns)
+    assert {"verdict", "verdict_holm", "p_value", "p_holm", "study", "study_consistent",
+            "wording"} <= set(csv.columns)
     assert set(csv["claim"]) >= {"RQ2-reversal", "Fig6", "merged-best", "backbones", "depth-slope", "speed"}
     ent_claim = [r for r in claims.iter_rows(named=True) if r["claim"] == "entropy"][0]
     assert ent_claim["estimate"] == pytest.approx(1.0) and ent_claim["verdict"] == "holds"
@@ -118,7 +136,8 @@ def test_tables_and_claims_are_exact_on_synthetic_traces(tmp_path):
 
 
 def test_partial_runs_say_what_is_missing(tmp_path):
-    run = _make_run(tmp_path / "run", with_steps=False, benchmarks=("gsm8k",), failed=True, with_generate=False)
+    run = _make_run(tmp_path / "run", with_steps=False, benchmarks=("gsm8k",), failed=True,
+                    with_generate=False)
     build_report(run)
     sp = pl.read_parquet(run / "report/tables/speed.parquet")  # traces without generate timings: the own loop
     assert set(sp["baseline"]) == {"autoregressive"}
@@ -185,7 +204,8 @@ def _pp(rows):
     out = []
     for method, bench, taus, choice in rows:
         for i, tau in enumerate(taus):
-            out.append({"backbone": "hass", "method": method, "benchmark": bench, "temperature": 0.0, "prompt_id": f"p{i}",
+            out.append({"backbone": "hass", "method": method, "benchmark": bench, "temperature": 0.0,
+                        "prompt_id": f"p{i}",
                         "new_tokens": int(round(tau * 20)), "verifier_calls": 20, "routing_choice": choice})
     return pl.DataFrame(out)
 
@@ -203,7 +223,8 @@ def test_rq1_reaches_every_verdict(math_tau, chat_tau, n, expected):
     from orchestrator.report.claims import check_claims
 
     noise = [0.1 * ((-1) ** i) * (i % 3) for i in range(n)]
-    pp = _pp([("math", "gsm8k", [math_tau + e for e in noise], -1), ("chat", "gsm8k", [chat_tau - e for e in noise], -1)])
+    pp = _pp([("math", "gsm8k", [math_tau + e for e in noise], -1), ("chat", "gsm8k", [chat_tau - e
+            for e in noise], -1)])
     assert _verdict(check_claims(pp, None, None), "RQ1-math")["verdict"] == expected
 
 
@@ -212,9 +233,11 @@ def test_rq3a_compares_merged_with_the_studys_router_and_rq4_follows_the_route_p
     from orchestrator.report.labels import ROUTED
 
     n = 12
-    rows = [("math", b, [3.0] * n, -1) for b in ("gsm8k", "mt_bench")] + [("chat", b, [2.0] * n, -1) for b in ("gsm8k", "mt_bench")]
+    rows = [("math", b, [3.0] * n, -1) for b in ("gsm8k", "mt_bench")] + [("chat", b, [2.0] * n, -1)
+            for b in ("gsm8k", "mt_bench")]
     rows += [("merged", b, [3.0 + 0.01 * i for i in range(n)], -1) for b in ("gsm8k", "mt_bench")]
-    # the post hoc router is worse than merged; step and prompt routing (decoys) are better: RQ3a must use ROUTED
+    # the post hoc router is worse than merged; step and prompt routing (decoys) are better: RQ3a must use
+    # ROUTED
     rows += [(ROUTED, b, [2.0 + 0.01 * i for i in range(n)], 1) for b in ("gsm8k", "mt_bench")]
     rows += [("confidence(step)", "gsm8k", [4.0 + 0.01 * i for i in range(n)], 1),
              ("confidence(step)", "mt_bench", [4.0 + 0.01 * i for i in range(n)], 0),
@@ -231,7 +254,8 @@ def test_rq3a_compares_merged_with_the_studys_router_and_rq4_follows_the_route_p
 def test_study_numbers_are_data_beside_ours():
     from orchestrator.report.study_tables import STUDY_NUMBERS, study_comparison
 
-    t1 = pl.DataFrame([{"backbone": "hass", "temperature": 0.0, "method": "math", "benchmark": "gsm8k", "tau": 1.7}])
+    t1 = pl.DataFrame([{"backbone": "hass", "temperature": 0.0, "method": "math", "benchmark": "gsm8k",
+                        "tau": 1.7}])
     cmp = study_comparison(t1)
     row = cmp.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k") & (pl.col("backbone") == "hass")).row(0, named=True)
     assert row["study_tau"] == 5.02 and row["source"] == "paper Table 1 and TAPS README"
@@ -252,7 +276,8 @@ def test_report_opens_with_a_one_screen_summary_and_an_appendix(tmp_path):
         assert part in summary, part
     assert "inconclusive" not in summary  # the inconclusive verdicts are below the first screen
     summary = md[md.index("## Summary"): md.index("## Figures")]  # with every claim's verdict
-    # the shared baseline row sits in the backbone's column, ours beside TAPS's tau (20 tokens / 19 loop indices)
+    # the shared baseline row sits in the backbone's column, ours beside TAPS's tau (20 tokens / 19 loop
+    # indices)
     assert "| autoregressive | 1.0 (1.05) |" in summary
     assert "τ (ours, the headline) = tokens committed" in md and "`tau_taps` is τ as the study's code" in md
     # svamp failed: its rows have 0 prompts under the prompt rule, which is named as the project's
@@ -271,7 +296,8 @@ def test_report_opens_with_a_one_screen_summary_and_an_appendix(tmp_path):
 def test_a_failure_later_redone_is_not_listed(tmp_path):
     run = _make_run(tmp_path / "run", failed=True)
     man = json.loads((run / "manifest.json").read_text())
-    man["cells"]["missing-then-done"] = {"stage": "eval", "name": "hass:single:math|gsm8k|T=0", "status": "failed",
+    man["cells"]["missing-then-done"] = {"stage": "eval", "name": "hass:single:math|gsm8k|T=0",
+                                         "status": "failed",
                                          "attempts": 1, "error": "missing drafter: hass-math", "files": []}
     man["cells"]["done-later"] = {"stage": "eval", "name": "hass:single:math|gsm8k|T=0", "status": "done",
                                   "attempts": 1, "error": None, "files": []}
@@ -284,7 +310,8 @@ def test_a_failure_later_redone_is_not_listed(tmp_path):
 def test_compare_runs_pairs_prompts_across_runs(tmp_path, capsys):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("compare_runs", Path(__file__).parents[1] / "experiments/compare_runs.py")
+    spec = importlib.util.spec_from_file_location("compare_runs",
+                                                  Path(__file__).parents[1] / "experiments/compare_runs.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     a = _make_run(tmp_path / "a")
@@ -293,7 +320,8 @@ def test_compare_runs_pairs_prompts_across_runs(tmp_path, capsys):
         b = _make_run(tmp_path / "b")
     finally:
         TAU[("math", "gsm8k")] = 3.0
-    assert mod.main(["--run", f"base={a}", "--run", f"better={b}", "--backbone", "hass", "--method", "math"]) == 0
+    assert mod.main(["--run", f"base={a}", "--run", f"better={b}", "--backbone", "hass", "--method",
+                     "math"]) == 0
     out = capsys.readouterr().out
     assert "| better | 10 | 3.500" in out and "+0.500 [+0.500, +0.500] (n=10)" in out
     assert "| better | 10 | 1.500" in out  # MT-Bench unchanged
@@ -333,7 +361,8 @@ def test_speed_cells_timed_apart_from_their_baseline_are_flagged(tmp_path):
     build_report(run)
     sp = pl.read_parquet(run / "report/tables/speed.parquet")
     flag = {(m, b): v for m, b, v in sp.select("method", "benchmark", "same_invocation").iter_rows()}
-    assert flag[("math", "gsm8k")] is False and flag[("chat", "gsm8k")] is True and flag[("math", "mt_bench")] is True
+    assert flag[("math", "gsm8k")] is False and flag[("chat", "gsm8k")] is True and flag[("math",
+            "mt_bench")] is True
     assert flag[("generate (transformers)", "gsm8k")] is True
     md = (run / "report/report.md").read_text()
     assert "1 of 6 speed cells were timed in another grid invocation" in md
@@ -378,8 +407,10 @@ def test_a_claim_without_an_interval_says_so_instead_of_printing_nan():
     from orchestrator.report.summary import claims_grid
 
     nan = float("nan")
-    cl = frame([CLAIMS["RQ3a"].row("hass", 0.0, "merged - confidence(step), average", 0.25, nan, nan, "inconclusive", 1),
-                CLAIMS["RQ3b"].row("hass", 0.0, "confidence(step) - best single", 0.1, 0.02, 0.2, "holds", 12)])
+    cl = frame([CLAIMS["RQ3a"].row("hass", 0.0, "merged - confidence(step), average", 0.25, nan, nan,
+                                   "inconclusive", 1),
+                CLAIMS["RQ3b"].row("hass", 0.0, "confidence(step) - best single", 0.1, 0.02, 0.2, "holds",
+                                   12)])
     cells = dict(zip(claims_grid(cl)["claim"], claims_grid(cl)["hass T=0"]))
     assert cells["RQ3a"] == "+0.25 [no interval: fewer than 2 prompts] inconclusive"
     assert cells["RQ3b"] == "+0.10 [+0.02, +0.20] holds"
@@ -392,11 +423,13 @@ def test_a_cell_that_timed_generate_itself_is_divided_by_its_own_runs(tmp_path):
     runs, the other cells keep the autoregressive cell's baseline; 9 of its 10 outputs equal generate's."""
     run = _make_run(tmp_path / "run")
     f = next((run / "traces/prompts").rglob("benchmark=gsm8k/*/math.parquet"))
-    rows = pl.read_parquet(f).with_columns(pl.lit(21).alias("generate_tokens"), pl.lit(0.5).alias("generate_wall_time_s"),
+    rows = pl.read_parquet(f).with_columns(pl.lit(21).alias("generate_tokens"),
+                                           pl.lit(0.5).alias("generate_wall_time_s"),
                                            (pl.col("prompt_id") != "gsm8k/0").alias("generate_matches"))
     write_parquet_atomic(rows.to_dicts(), f)
     build_report(run)
-    sp = {(r["method"], r["benchmark"]): r for r in pl.read_parquet(run / "report/tables/speed.parquet").to_dicts()}
+    sp = {(r["method"], r["benchmark"]): r
+          for r in pl.read_parquet(run / "report/tables/speed.parquet").to_dicts()}
     math, chat = sp[("math", "gsm8k")], sp[("chat", "gsm8k")]
     tps = 61 / 2.0  # tau 3 over 20 calls of 0.1 s, plus the prefill token
     assert math["paired_baseline"] and math["speedup"] == pytest.approx(tps / 42)
@@ -413,7 +446,8 @@ def test_the_depth_figure_leaves_out_depths_too_rarely_reached(tmp_path):
 
     rows = [("math", "gsm8k", 1, 0.6, 100), ("math", "svamp", 1, 0.4, 100), ("math", "gsm8k", 2, 0.5, 30),
             ("math", "gsm8k", 4, 0.0, 2), ("chat", "gsm8k", 1, 0.5, MIN_REACHED - 1)]
-    dep = pl.DataFrame([dict(backbone="eagle2", method=m, benchmark=b, temperature=0.0, depth=d, accept_rate=r,
+    dep = pl.DataFrame([dict(backbone="eagle2", method=m, benchmark=b, temperature=0.0, depth=d,
+                             accept_rate=r,
                              reached=n) for m, b, d, r, n in rows])
     pts, dropped = depth_points(dep, "eagle2", 0.0)
     assert dropped == 2 and pts.select("method", "depth").rows() == [("math", 1), ("math", 2)]
@@ -509,7 +543,8 @@ def test_a_duplicated_row_is_refused_by_the_report(tmp_path):
          "units": ["math-gsm8k", "math-gsm8k-again"]}]
     with pytest.raises(DuplicateRows) as e:
         build_report(run)
-    assert str(e.value).startswith(f"{run / 'traces' / 'prompts'}: 1 duplicated prompts row(s) in 1 place(s), "
+    assert str(e.value).startswith(f"{run / 'traces' / 'prompts'}: 1 duplicated prompts row(s) in 1 "
+                                   "place(s), "
                                    "e.g. hass math gsm8k T=0 prompt gsm8k/3 turn 0 x2 (units ['math-gsm8k', "
                                    "'math-gsm8k-again'])")
     assert report_main(["--run", str(run)]) == 2
@@ -527,7 +562,8 @@ def _lambda_run(root: Path) -> Path:
     for method, per_bench in taus.items():
         for bench, tau in zip(("gsm8k", "mt_bench"), per_bench):
             part = f"backbone=hass/benchmark={bench}/temperature=0"
-            rows = [r | {"new_tokens": int(tau * 20) + i % 3, "output_token_ids": list(range(int(tau * 20) + 1)),
+            rows = [r | {"new_tokens": int(tau * 20) + i % 3,
+                         "output_token_ids": list(range(int(tau * 20) + 1)),
                          "drafter": method, "cell_key": f"{method}-{bench}", "unit_key": f"{method}-{bench}"}
                     for i, r in enumerate(_prompt_rows("math", bench))]
             write_parquet_atomic(rows, root / "traces/prompts" / part / f"{method}.parquet")
@@ -551,7 +587,8 @@ def test_the_lambda_figure_and_its_table_show_every_lambda_of_the_sweep(tmp_path
     assert t["lambda"].to_list()[:5] == list(LAMBDAS) and t["lambda"].null_count() == 3
     section = md[md.index("### Figure 6"):]
     t1 = pl.read_parquet(out / "tables/table1_acceptance.parquet")
-    for lam, row in zip(LAMBDAS, t.iter_rows(named=True)):  # every λ is a row under the figure, τ per benchmark
+    # every λ is a row under the figure, τ per benchmark
+    for lam, row in zip(LAMBDAS, t.iter_rows(named=True)):
         tau = t1.filter((pl.col("method") == f"avg{lam:g}") & (pl.col("benchmark") == "gsm8k"))["tau"][0]
         assert float(row["gsm8k"].split(" [")[0]) == pytest.approx(tau, abs=0.0051)
         assert f"| avg{lam:g} | {lam} | {row['gsm8k']} | {row['mt_bench']} |" in section, lam
@@ -564,15 +601,17 @@ def test_the_post_hoc_router_is_marked_not_lossless_at_t1_in_the_summary_and_tab
     """At T>0 the post hoc router's output is a choice between two samples made from those samples: not
     a sample of the verifier's distribution. Its T=1 cells carry ‡ with the sentence that says so; its
     T=0 cells and every other method are left unmarked."""
+    from orchestrator.report.routers import NOT_LOSSLESS, POSTHOC, lossless
     from orchestrator.report.sections import marked_method
     from orchestrator.report.summary import summary_section
-    from orchestrator.report.routers import NOT_LOSSLESS, POSTHOC, lossless
 
     assert not lossless(POSTHOC, 1.0) and lossless(POSTHOC, 0.0) and lossless("merged", 1.0)
     t1 = pl.DataFrame({"backbone": ["hass"] * 4, "method": [POSTHOC, "merged"] * 2,
-                       "temperature": [0.0, 0.0, 1.0, 1.0], "tau": [3.0, 3.5, 2.0, 2.5], "tau_taps": [3.1, 3.6, 2.1, 2.6]})
+                       "temperature": [0.0, 0.0, 1.0, 1.0], "tau": [3.0, 3.5, 2.0, 2.5], "tau_taps": [3.1,
+                               3.6, 2.1, 2.6]})
     sp = pl.DataFrame({"backbone": ["none"], "temperature": [0.0], "method": ["generate (transformers)"],
-                       "speedup": [None], "baseline": ["generate (transformers)"]}, schema_overrides={"speedup": pl.Float64})
+                       "speedup": [None], "baseline": ["generate (transformers)"]},
+                       schema_overrides={"speedup": pl.Float64})
     pp = pl.DataFrame({"benchmark": ["gsm8k"], "prompt_id": ["p0"]})
     md = "\n".join(summary_section(t1, sp, pl.DataFrame(), [], pp))
     assert f"| {POSTHOC} | 3.0 (3.1) | 2.0 (2.1) ‡ |" in md, md

@@ -8,8 +8,8 @@ import json
 import polars as pl
 import pytest
 
-from orchestrator.profile import ProfileError
 from orchestrator.plan.sizing import load_profile
+from orchestrator.profile import ProfileError
 from orchestrator.report.build import build_report
 from orchestrator.report.headline import headline_rows, speedup_ci
 from orchestrator.report.tables import per_prompt, scan

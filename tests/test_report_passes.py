@@ -37,7 +37,8 @@ def _cells(c) -> bool:
 
 def _run(tmp_path: Path) -> Path:
     run = tmp_path / "run"
-    shape = bench.make_run(run, 600_000, shard_size=5, select=_cells)  # 2 MT-Bench and 14 GSM8K prompts a cell
+    # 2 MT-Bench and 14 GSM8K prompts a cell
+    shape = bench.make_run(run, 600_000, shard_size=5, select=_cells)
     assert shape["step_rows"] > 20_000 and shape["units"] > 50, shape
     return run
 

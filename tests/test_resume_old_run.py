@@ -29,7 +29,8 @@ def _grid(checkout: Path, run: Path, data: Path) -> str:
 
 def _old_checkout(dest: Path) -> Path:
     archive = dest.with_suffix(".tar")
-    got = subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), OLD], capture_output=True, text=True)
+    got = subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), OLD], capture_output=True,
+                         text=True)
     if got.returncode != 0:
         pytest.fail(f"git archive {OLD} failed (a clone without history?): {got.stderr.strip()}")
     with tarfile.open(archive) as tar:
@@ -57,6 +58,7 @@ def test_a_run_made_before_the_redesign_resumes_with_nothing_redone(tmp_path):
     units = sum(1 for c in before["cells"].values() if c["stage"] in ("train", "merge", "eval"))
     assert log.count("(done earlier)") == units > 10
     assert after["stages"] == before["stages"], "a stage ran units again"
-    assert {k: c["status"] for k, c in after["cells"].items()} == {k: c["status"] for k, c in before["cells"].items()}
+    assert {k: c["status"] for k, c in after["cells"].items()} == {k: c["status"] for k,
+                                                                   c in before["cells"].items()}
     assert _reports(run) == reports, [f for f in reports if _reports(run).get(f) != reports[f]]
     assert not filecmp.dircmp(old / "experiments" / "profiles", ROOT / "experiments" / "profiles").diff_files

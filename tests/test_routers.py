@@ -12,8 +12,17 @@ from decoding.runner import write_parquet_atomic
 from orchestrator.report.build import build_report
 from orchestrator.report.claims import check_claims
 from orchestrator.report.labels import ROUTED
-from orchestrator.report.routers import (HEADS, HEADS_LAST, NOT_DEPLOYABLE, POSTHOC, POSTHOC_NODE, PROMPT_NODE,
-                                         posthoc_rows, table2, with_posthoc)
+from orchestrator.report.routers import (
+    HEADS,
+    HEADS_LAST,
+    NOT_DEPLOYABLE,
+    POSTHOC,
+    POSTHOC_NODE,
+    PROMPT_NODE,
+    posthoc_rows,
+    table2,
+    with_posthoc,
+)
 from orchestrator.report.tables import method_expr, per_prompt
 
 KEY = {"backbone": "eagle2", "temperature": 0.0}
@@ -22,12 +31,14 @@ KEY = {"backbone": "eagle2", "temperature": 0.0}
 def _pp(method, tau, n=3, bench="gsm8k", wall=1.0, strategy="single", drafter=None, choice=-1):
     return [KEY | {"method": method, "benchmark": bench, "prompt_id": f"p{i}", "new_tokens": int(tau * 10),
                    "verifier_calls": 10, "wall_time_s": wall, "out_tokens": int(tau * 10) + 1,
-                   "routing_choice": choice, "strategy": strategy, "drafter": drafter or method} for i in range(n)]
+                   "routing_choice": choice, "strategy": strategy, "drafter": drafter or method}
+                   for i in range(n)]
 
 
 def _steps(method, conf_of, n=3, bench="gsm8k"):
     """Two steps per prompt: accepted c(v) [conf, conf] then a rejection at conf (NaN at step 2)."""
-    return [KEY | {"method": method, "benchmark": bench, "prompt_id": f"p{i}", "strategy": "single", "step": s,
+    return [KEY | {"method": method, "benchmark": bench, "prompt_id": f"p{i}", "strategy": "single",
+                   "step": s,
                    "accepted_draft_confidence": [conf_of(i)] * 2,
                    "rejected_draft_confidence": conf_of(i) if s == 0 else float("nan")}
             for i in range(n) for s in range(2)]
@@ -36,8 +47,10 @@ def _steps(method, conf_of, n=3, bench="gsm8k"):
 def _taps_steps(method, steps, bench="gsm8k", pid="p0"):
     """Hand-built steps: (accepted c(v), first rejected c(v), accepted V, off-path V sum, off-path nodes)."""
     return [KEY | {"method": method, "benchmark": bench, "prompt_id": pid, "strategy": "single", "step": i,
-                   "accepted_draft_confidence": c, "rejected_draft_confidence": r, "accepted_path_confidence": v,
-                   "offpath_confidence_sum": off, "offpath_nodes": n} for i, (c, r, v, off, n) in enumerate(steps)]
+                   "accepted_draft_confidence": c, "rejected_draft_confidence": r,
+                   "accepted_path_confidence": v,
+                   "offpath_confidence_sum": off, "offpath_nodes": n} for i, (c, r, v, off,
+                           n) in enumerate(steps)]
 
 
 def test_taps_router_scores_every_drafted_node_by_its_path_score_and_picks_otherwise_than_node_scores():
@@ -52,7 +65,8 @@ def test_taps_router_scores_every_drafted_node_by_its_path_score_and_picks_other
     taps = posthoc_rows(pp, steps, method=POSTHOC)
     node = posthoc_rows(pp, steps, method=POSTHOC_NODE)
     assert taps["method"].to_list() == [POSTHOC] and node["method"].to_list() == [POSTHOC_NODE]
-    assert taps["routing_choice"].to_list() == [1] and taps["new_tokens"].to_list() == [20]  # chat's whole run
+    # chat's whole run
+    assert taps["routing_choice"].to_list() == [1] and taps["new_tokens"].to_list() == [20]
     assert node["routing_choice"].to_list() == [0] and node["new_tokens"].to_list() == [30]  # math's
     math_score = (2 * (0.9 + 0.81 + 0.13)) / (2 * 15)  # TAPS's overall_confidence: pooled over all nodes
     assert taps["posthoc_margin"][0] == pytest.approx(math_score - 0.5)
@@ -71,7 +85,8 @@ def test_taps_router_scores_every_drafted_node_by_its_path_score_and_picks_other
 def test_table2_counts_the_entropy_router_by_its_last_turn_as_the_study_did():
     """Turn choices [chat, chat, math]: the majority says chat, the study's code records math (the
     last turn's head); the study's matched share sits beside the last-turn count."""
-    cell = {"drafter": "math+chat+mixed_full+avg0.5", "strategy": "entropy", "method": HEADS, "new_tokens": 20,
+    cell = {"drafter": "math+chat+mixed_full+avg0.5", "strategy": "entropy", "method": HEADS,
+            "new_tokens": 20,
             "verifier_calls": 10, "wall_time_s": 1.0, "output_token_ids": [1] * 21, "mean_tree_size": 15.0,
             "t_draft_s": 0.1, "t_verify_s": 0.5}
     rows = [KEY | cell | {"benchmark": "gsm8k", "prompt_id": "p0", "turn": t, "routing_choice": c}
@@ -82,11 +97,13 @@ def test_table2_counts_the_entropy_router_by_its_last_turn_as_the_study_did():
     mode = t.filter(pl.col("method") == HEADS).row(0, named=True)
     last = t.filter(pl.col("method") == HEADS_LAST).row(0, named=True)
     assert (mode["drafter"], mode["study_matched_share"]) == ("chat", None)
-    assert (last["drafter"], last["matched"], last["study_matched_share"]) == ("math", True, pytest.approx(0.546))
+    assert (last["drafter"], last["matched"], last["study_matched_share"]) == ("math", True,
+            pytest.approx(0.546))
 
 
 def test_posthoc_router_routes_each_prompt_to_the_higher_whole_generation_confidence():
-    pp = pl.DataFrame(_pp("math", 3.0, wall=1.0) + _pp("chat", 2.0, wall=2.0) + _pp("mixed_full", 2.5, wall=4.0))
+    pp = pl.DataFrame(_pp("math", 3.0, wall=1.0) + _pp("chat", 2.0, wall=2.0) + _pp("mixed_full", 2.5,
+            wall=4.0))
     # p0: math 0.9 vs chat 0.5 -> math; p1: 0.3 vs 0.6 -> chat; p2: 0.500 vs 0.505 -> a near-tie -> mixed
     math_c, chat_c = {0: 0.9, 1: 0.3, 2: 0.5}, {0: 0.5, 1: 0.6, 2: 0.505}
     steps = pl.DataFrame(_steps("math", math_c.get) + _steps("chat", chat_c.get))
@@ -160,14 +177,17 @@ def test_rq4_in_the_study_family_counts_each_prompts_last_turn_head_the_majority
     last = cl.filter(pl.col("comparison").str.starts_with(f"{ROUTED} - {HEADS_LAST}:"))
     mode = cl.filter(pl.col("comparison").str.starts_with(f"{ROUTED} - {HEADS}:"))
     assert last.height == 1 and mode.height == 1
-    assert (last["estimate"][0], last["verdict"][0], last["family"][0]) == (pytest.approx(1.0), "holds", "study")
+    assert (last["estimate"][0], last["verdict"][0], last["family"][0]) == (pytest.approx(1.0), "holds",
+            "study")
     assert mode["estimate"][0] == pytest.approx(0.0) and mode["family"][0] == "exploratory"
     assert "majority" in mode["study_note"][0] and last["verdict_holm"][0] == "holds"
 
 
 def test_method_labels_name_every_router_and_new_strategy():
-    base = {"drafter": "math+chat", "routing_granularity": "prompt", "merge_dedup": False, "budget_matched": False,
-            "total_tokens": 16, "tree": "fixed", "route_score": "path", "switch_after": 2, "switch_to": "specialist",
+    base = {"drafter": "math+chat", "routing_granularity": "prompt", "merge_dedup": False,
+            "budget_matched": False,
+            "total_tokens": 16, "tree": "fixed", "route_score": "path", "switch_after": 2,
+            "switch_to": "specialist",
             "switch_depth": 2}
     cells = [{"strategy": "confidence"}, {"strategy": "confidence", "route_score": "node"},
              {"strategy": "entropy", "routing_granularity": "turn", "drafter": "math+chat+mixed_full+avg0.5"},
@@ -189,7 +209,8 @@ def _write(run, method_cells):
         part = "backbone=eagle2/benchmark=gsm8k/temperature=0"
         cell = {"drafter": drafter, "strategy": "single", "routing_granularity": "step", "merge_dedup": False,
                 "total_tokens": 16, "budget_matched": False, "cell_key": drafter, "unit_key": drafter}
-        prompts = [cell | {"prompt_id": f"p{i}", "turn": 0, "output_token_ids": [1] * 21, "verifier_calls": 10,
+        prompts = [cell | {"prompt_id": f"p{i}", "turn": 0, "output_token_ids": [1] * 21,
+                           "verifier_calls": 10,
                            "new_tokens": int(tau * 10), "wall_time_s": 1.0, "mean_tree_size": 15.0,
                            "routing_choice": 0, "t_draft_s": 0.1, "t_verify_s": 0.5} for i in range(12)]
         steps = [cell | {"prompt_id": f"p{i}", "turn": 0, "step": s, "committed": 2, "chosen_drafter": 0,

@@ -19,8 +19,8 @@ import torch
 
 import decoding.engine as engine
 from decoding.accept import accept_sampling, logits_to_probs, sample
-from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.config import TreeConfig
+from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.tree import chain_tree
 from drafters.data.sources import load_benchmark
 from drafters.data.templating import benchmark_prompt_ids
@@ -58,9 +58,11 @@ def exact_joint(model, tok):
         firsts = [t for t in p1.topk(8).indices.tolist() if p1[t] >= 0.01]
         p2 = logits_to_probs(model(torch.tensor([ids + [t] for t in firsts])).logits[:, -1], 1.0)  # (M, V)
         top2 = p2.topk(2).indices
-        p3 = logits_to_probs(model(torch.tensor([ids + [t, int(c[0])] for t, c in zip(firsts, top2)])).logits[:, -1], 1.0)
+        p3 = logits_to_probs(model(torch.tensor([ids + [t, int(c[0])] for t, c in zip(firsts,
+                top2)])).logits[:, -1], 1.0)
     table = {t: (int(top2[i, 0]), int(p3[i].argmax()), int(top2[i, 1])) for i, t in enumerate(firsts)}
-    pairs = {(t, c): float(p1[t] * p2[i, c]) for i, t in enumerate(firsts) for c in p2[i].topk(6).indices.tolist()}
+    pairs = {(t, c): float(p1[t] * p2[i, c]) for i, t in enumerate(firsts)
+             for c in p2[i].topk(6).indices.tolist()}
     return ids, pairs, table
 
 
@@ -87,10 +89,12 @@ def _broken_sampling(tokens, parents, q, generator, **kw):
 
 def _sample(model, eos, table, ids, strategy, n_props):
     name, dedup, budget = strategy.split("-")[0], strategy.endswith("dedup"), strategy.endswith("budget")
-    cfg = DecodeConfig(strategy=name, temperature=1.0, max_new_tokens=2, merge_dedup=dedup, merge_budget=budget,
+    cfg = DecodeConfig(strategy=name, temperature=1.0, max_new_tokens=2, merge_dedup=dedup,
+                       merge_budget=budget,
                        tree=TreeConfig(2, 2, 4 if budget else 8))
     # the prompt's prefill is reused across seeds (prompt_cache): the runs differ only in their samples
-    dec = SpeculativeDecoder(model, [TableProposer(table, i) for i in range(n_props)], cfg, eos, prompt_cache=True)
+    dec = SpeculativeDecoder(model, [TableProposer(table, i) for i in range(n_props)], cfg, eos,
+                             prompt_cache=True)
     return [tuple(dec.generate(ids, seed_key=f"s{i}").output_token_ids[:2]) for i in range(N)]
 
 

@@ -18,22 +18,31 @@ import pytest
 import torch
 
 from common import storage
-from drafters.features import (AUX, SHARD_TENSORS, FeatureExample, FeatureStore, expect_shards, open_shard,
-                               reading_through, reading_tensors)
 from drafters.data.templating import TokenizedExample
-from drafters.train.shards import rank_plan
+from drafters.features import (
+    AUX,
+    SHARD_TENSORS,
+    FeatureExample,
+    FeatureStore,
+    expect_shards,
+    open_shard,
+    reading_tensors,
+    reading_through,
+)
 from drafters.train.data import batches, iter_examples
+from drafters.train.shards import rank_plan
+from tests.s3_server import CREDS, throttled_s3
 from workers import shard_fetch
 from workers.artifacts import localize_data
 from workers.shard_cache import ShardCache, read_ahead_settings
-from tests.s3_server import CREDS, throttled_s3
 
 
 def make_cache(root, key: str, shards: int, per_shard: int = 4, length: int = 20, hidden: int = 64,
                n_aux: int = 0) -> dict:
     """A cache of ``shards`` shards of ``per_shard`` examples of ``length`` tokens, hidden size
     ``hidden`` (EAGLE-3's ``n_aux`` layers with it); returns its manifest."""
-    exs = [TokenizedExample(f"ex{i}", [3 + (i * 7 + j) % 50 for j in range(length)], [0, 0] + [1] * (length - 2))
+    exs = [TokenizedExample(f"ex{i}", [3 + (i * 7 + j) % 50 for j in range(length)], [0,
+            0] + [1] * (length - 2))
            for i in range(shards * per_shard)]
 
     def compute(batch):
@@ -117,7 +126,8 @@ def test_the_trainer_gets_the_same_batches_whatever_the_node_downloads(tmp_path,
         for a, b in zip(got, ref):
             for f in dataclasses.fields(a):
                 assert torch.equal(getattr(a, f.name), getattr(b, f.name)), f.name
-    assert cache.downloaded and all(x["tensors"] for x in map(json.loads, (cache.dir / "downloads.jsonl").open()))
+    assert cache.downloaded and all(x["tensors"] for x in map(json.loads,
+                                                              (cache.dir / "downloads.jsonl").open()))
 
 
 def test_a_cache_without_aux_layers_is_read_whole_as_before(tmp_path, monkeypatch):
@@ -207,7 +217,8 @@ def test_read_ahead_keeps_the_node_under_its_budget_and_a_share_that_fits_on_dis
     # a budget that holds the share: the second and third epochs download nothing
     monkeypatch.setenv("TASKSPEC_STAGING", str(tmp_path / "node2"))
     data = localize_data([[uri, "c", None]])
-    fits = ShardCache(share + 2 * sizes[-1], {str(storage.node_cache(uri)): uri}, rank=1, read_ahead=2, streams=2)
+    fits = ShardCache(share + 2 * sizes[-1], {str(storage.node_cache(uri)): uri}, rank=1, read_ahead=2,
+                      streams=2)
     with reading_through(fits):
         for epoch in (1, 2, 3):
             before = len(fits.downloaded)

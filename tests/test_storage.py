@@ -29,7 +29,8 @@ def test_publish_then_fetch_round_trip(env):
     got = storage.fetch(storage.join(uri, "traces"))
     assert got == storage.node_cache(uri) / "traces" and got.is_relative_to(tmp / "node" / "cache")
     assert (got / "prompts/backbone=x/a.parquet").read_bytes() == b"PAR1"
-    assert storage.listdir(uri) == ["manifest.json", "traces"] and storage.listdir(storage.join(uri, "nothing")) == []
+    assert storage.listdir(uri) == ["manifest.json", "traces"] and storage.listdir(storage.join(uri,
+            "nothing")) == []
     with pytest.raises(FileNotFoundError, match="does not exist"):
         storage.fetch(storage.join(uri, "nothing"))
 
@@ -44,7 +45,8 @@ def test_sync_is_incremental_and_sees_rewrites(env):
     os.utime(local / "manifest.json", None)
     assert storage.sync(str(local), uri) == 1
     (local / "traces/prompts/backbone=x/a.parquet").write_bytes(b"PAR1PAR1")
-    assert storage.sync(str(local), uri) == 1 and (tmp / "remote/run/traces/prompts/backbone=x/a.parquet").read_bytes() == b"PAR1PAR1"
+    assert storage.sync(str(local),
+                        uri) == 1 and (tmp / "remote/run/traces/prompts/backbone=x/a.parquet").read_bytes() == b"PAR1PAR1"
     assert storage.sync(str(local), uri, force=True) == 2
 
 
@@ -59,7 +61,8 @@ def test_prune_exclude_and_markers_last(env, monkeypatch):
     (local / "state.json").write_text("{}")
     order = []
     real = storage._copy_one
-    monkeypatch.setattr(storage, "_copy_one", lambda s, sp, d, dp: (order.append(dp.rsplit("/", 1)[1]), real(s, sp, d, dp)))
+    monkeypatch.setattr(storage, "_copy_one", lambda s, sp, d, dp: (order.append(dp.rsplit("/", 1)[1]),
+                                                                    real(s, sp, d, dp)))
     (local / "z.bin").write_bytes(b"z")
     storage.sync(str(local), storage.join(uri, "copy2"), exclude=("a.parquet",))
     assert order[-2:] == ["manifest.json", "state.json"] or order[-2:] == ["state.json", "manifest.json"]

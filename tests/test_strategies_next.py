@@ -15,10 +15,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from decoding.config import TreeConfig
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.runner import decode_prompt, load_proposers
 from decoding.strategies import STAT, make_strategy, switch_rule
-from decoding.config import TreeConfig
 from decoding.tree import DraftTree, chain_tree, graft_trees, match_paths
 from drafters.data.templating import benchmark_prompt_ids
 from tests.helpers import OracleProposer
@@ -35,7 +35,8 @@ def test_switch_rule_counts_empty_steps_and_resets():
     for depth in (0, 0, 2, 0, 0, 0, 1, 0):
         fails, switch = switch_rule(fails, depth, 3)
         out.append((fails, switch))
-    assert out == [(1, False), (2, False), (0, False), (1, False), (2, False), (0, True), (0, False), (1, False)]
+    assert out == [(1, False), (2, False), (0, False), (1, False), (2, False), (0, True), (0, False), (1,
+            False)]
     assert switch_rule(0, 0, 1) == (0, True)  # k = 1: every empty step switches
 
 
@@ -220,11 +221,13 @@ def test_depth_adaptive_routes_between_the_specialists_and_grafts():
     assert p.chosen == 2 and set(_paths(p.tree)) == {(1,), (3,), (1, 2), (1, 2, 6)}
     assert p.tree.owner.tolist() == [0, 0, 0, 2]
     with pytest.raises(ValueError, match=r"switch_depth must be an int in 1..tree.depth - 1 \(tree depth 3"):
-        make_strategy("depth_adaptive", 3, switch_depth=3).propose([mixed, a, b], None, None, TreeConfig(2, 3, 5), 0.0)
+        make_strategy("depth_adaptive", 3, switch_depth=3).propose([mixed, a, b], None, None, TreeConfig(2, 3,
+                5), 0.0)
 
 
 @pytest.mark.parametrize("kw,match", [
-    ({"score": "mean"}, "route score"), ({"switch_after": 0}, "switch_after"), ({"switch_after": 6}, "switch_after"),
+    ({"score": "mean"}, "route score"), ({"switch_after": 0}, "switch_after"), ({"switch_after": 6},
+            "switch_after"),
     ({"switch_to": "oracle"}, "switch_to"), ({"switch_depth": 0}, "switch_depth"),
 ])
 def test_make_strategy_rejects_bad_options(kw, match):
@@ -273,17 +276,21 @@ def four_proposers(verifier, random_drafter_dirs, tmp_path_factory):
 
 
 CASES = {  # id: (proposers, DecodeConfig fields)
-    "confidence-node-prompt": ("four", 2, dict(strategy="confidence", route_score="node", routing_granularity="prompt")),
+    "confidence-node-prompt": ("four", 2, dict(strategy="confidence", route_score="node",
+                                               routing_granularity="prompt")),
     "entropy-turn-4": ("four", 4, dict(strategy="entropy", routing_granularity="turn")),
     "switching-k1": ("four", 2, dict(strategy="switching", switch_after=1)),
     "switching-merged-prompt": ("four", 2, dict(strategy="switching", switch_after=2, switch_to="merged",
                                                routing_granularity="prompt", merge_dedup=True)),
     "depth_adaptive-s1": ("graft", 3, dict(strategy="depth_adaptive", switch_depth=1)),
-    "depth_adaptive-s2-node": ("graft", 3, dict(strategy="depth_adaptive", switch_depth=2, route_score="node")),
-    # hedge (tests/test_hedge.py): its weights carried across MT-Bench's turns; over four heads, the first ahead
+    "depth_adaptive-s2-node": ("graft", 3, dict(strategy="depth_adaptive", switch_depth=2,
+                                                route_score="node")),
+    # hedge (tests/test_hedge.py): its weights carried across MT-Bench's turns; over four heads, the first
+    # ahead
     "hedge-carry": ("four", 2, dict(strategy="hedge", hedge_reset="carry")),
     "hedge-mixed-first-4": ("four", 4, dict(strategy="hedge", hedge_prior="mixed-first", hedge_eta=2.0)),
-    # issue 64's learners: NormalHedge on counterfactual acceptance (a seeded draw from its weights, ties stay),
+    # issue 64's learners: NormalHedge on counterfactual acceptance (a seeded draw from its weights, ties
+    # stay),
     # Hedge with eta carried across turns, and the bandit (the chosen drafter's acceptance only)
     "hedge-normalhedge-acceptance-3": ("four", 3, dict(strategy="hedge", hedge_learner="normalhedge",
                                                        hedge_feedback="acceptance", hedge_ties="stay")),
@@ -295,7 +302,8 @@ FULL_CASES = ("switching-k1", "depth_adaptive-s1", "hedge-mixed-first-4", "hedge
 
 
 @pytest.mark.slow  # (FULL_CASES: the other cases cover their code, make test-full runs them)
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.full) if c in FULL_CASES else c for c in CASES])
+@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.full) if c in FULL_CASES else c
+                                  for c in CASES])
 def test_new_strategies_match_generate(verifier, eos, four_proposers, refs, case):
     model, tok = verifier
     group, n, fields = CASES[case]
@@ -304,7 +312,8 @@ def test_new_strategies_match_generate(verifier, eos, four_proposers, refs, case
     steps = []
     for prompt, ref in refs:
         results = decode_prompt(dec, tok, prompt)
-        assert [res.output_token_ids for _, res, _ in results] == ref, f"{case} differs from generate on {prompt.id}"
+        assert [res.output_token_ids for _, res,
+                _ in results] == ref, f"{case} differs from generate on {prompt.id}"
         steps += [s for _, res, _ in results for s in res.steps]
     for s in steps:  # the new trace columns, one value per accepted node, one per drafter
         assert len(s["accepted_draft_confidence"]) == s["accepted_depth"]
@@ -345,8 +354,10 @@ def test_depth_adaptive_commits_grafted_specialist_paths(verifier, eos, refs):
             truth = self.ref[done : done + s]
             return chain_tree([truth, [t + 1 for t in truth] + [5, 6]] if truth else [[5]], self.owner)
 
-    props = [Shallow(len(ids), ref[0], 0), OracleProposer(len(ids), ref[0], 1), OracleProposer(len(ids), ref[0], 2)]
-    cfg = DecodeConfig(strategy="depth_adaptive", max_new_tokens=MAX_NEW, switch_depth=s, tree=TreeConfig(3, 5, 12))
+    props = [Shallow(len(ids), ref[0], 0), OracleProposer(len(ids), ref[0], 1), OracleProposer(len(ids),
+            ref[0], 2)]
+    cfg = DecodeConfig(strategy="depth_adaptive", max_new_tokens=MAX_NEW, switch_depth=s, tree=TreeConfig(3,
+            5, 12))
     res = SpeculativeDecoder(model, props, cfg, eos).generate(ids, seed_key=prompt.id)
     assert res.output_token_ids == ref[0]
     deep = [st for st in res.steps if st["accepted_depth"] > s]
@@ -382,7 +393,8 @@ def _samples(model, eos, ids, props, n_tokens, **fields):
 
 
 T1_CASES = {
-    "confidence-node-prompt": (2, dict(strategy="confidence", route_score="node", routing_granularity="prompt")),
+    "confidence-node-prompt": (2, dict(strategy="confidence", route_score="node",
+                                       routing_granularity="prompt")),
     "entropy-turn-4": (4, dict(strategy="entropy", routing_granularity="turn")),
     # mixed: c2, c1 and two fillers; the specialists: c1 -> g1 (grafted below the mixed c1)
     "depth_adaptive": (3, dict(strategy="depth_adaptive", switch_depth=1)),
@@ -406,7 +418,8 @@ def test_first_step_samples_the_verifier_distribution(verifier, eos, joint, case
     stat, bound = chi2(outs, pairs)
     assert stat <= bound, f"{case}: chi-square {stat:.1f} > {bound:.1f} against the verifier's joint distribution"
     if fields["strategy"] == "depth_adaptive":  # the grafted g1 was verified and accepted in some runs
-        assert any(r.steps and r.steps[0]["accepted_depth"] == 2 and r.steps[0]["accepted_owner"] == 1 for r in runs)
+        assert any(r.steps and r.steps[0]["accepted_depth"] == 2 and r.steps[0]["accepted_owner"] == 1
+                   for r in runs)
 
 
 @pytest.fixture(scope="module")
@@ -419,12 +432,14 @@ def joint3(verifier, joint):
     ids, pairs, _ = joint
     prefixes = [(t1, t2) for (t1, t2), p in sorted(pairs.items(), key=lambda kv: -kv[1])[:24] if p >= 0.005]
     with torch.no_grad():
-        p3 = logits_to_probs(model(torch.tensor([ids + list(pr) for pr in prefixes])).logits[:, -1], 1.0)  # (P, V)
+        # (P, V)
+        p3 = logits_to_probs(model(torch.tensor([ids + list(pr) for pr in prefixes])).logits[:, -1], 1.0)
         top2 = p3.topk(2).indices
         seqs = [ids + list(pr) + [int(c[0])] for pr, c in zip(prefixes, top2)]
         g = logits_to_probs(model(torch.tensor(seqs)).logits[:, -1], 1.0).argmax(-1)
     table = {pr: (int(top2[i, 0]), int(g[i]), int(top2[i, 1])) for i, pr in enumerate(prefixes)}
-    triples = {(*pr, c): pairs[pr] * float(p3[i, c]) for i, pr in enumerate(prefixes) for c in p3[i].topk(6).indices.tolist()}
+    triples = {(*pr, c): pairs[pr] * float(p3[i, c]) for i, pr in enumerate(prefixes)
+               for c in p3[i].topk(6).indices.tolist()}
     return ids, triples, table
 
 

@@ -76,7 +76,8 @@ def test_a_malformed_row_is_one_clear_error(tmp_path, line, problem):
 
 
 def test_the_comparison_reads_the_csv_and_the_taps_column():
-    t1 = pl.DataFrame([{"backbone": "hass", "temperature": 1.0, "method": "math", "benchmark": "svamp", "tau": 1.5,
+    t1 = pl.DataFrame([{"backbone": "hass", "temperature": 1.0, "method": "math", "benchmark": "svamp",
+                        "tau": 1.5,
                         "tau_taps": 2.0}])
     cmp = st.study_comparison(t1)
     assert cmp.height == sum(c.quantity == "tau" for c in st.cells()) == 141

@@ -24,7 +24,8 @@ def caches(train_features):
 
 def _cfg(root, caches, out, backbone, **kw):
     return TrainConfig(verifier="smollm2-135m-instruct", backbone=backbone, variant="math", out_dir=str(out),
-                       train_data=variant_data("math", root, caches, N), heldout_data=heldout_data(root, caches)[:1],
+                       train_data=variant_data("math", root, caches, N), heldout_data=heldout_data(root,
+                               caches)[:1],
                        lr=kw.pop("lr", 1e-3), batch_size=4, deepspeed=kw.pop("deepspeed", False), **kw)
 
 
@@ -107,10 +108,13 @@ def test_online_mode_matches_the_cache_and_trains(verifier, caches, tmp_path):
     ref = {e.id: e for e in iter_examples([[root, c["mathinstruct"]["train"], ids]], None)}
     assert got.keys() == ref.keys() == set(ids)
     for k in ids:
-        assert torch.equal(got[k].input_ids, ref[k].input_ids) and torch.equal(got[k].loss_mask, ref[k].loss_mask)
+        assert torch.equal(got[k].input_ids, ref[k].input_ids) and torch.equal(got[k].loss_mask,
+                ref[k].loss_mask)
         torch.testing.assert_close(got[k].features.float(), ref[k].features.float(), atol=2e-2, rtol=1e-2)
-    cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone="eagle2", variant="math", out_dir=str(tmp_path / "online"),
-                      train_data=[["online", "mathinstruct", None]], heldout_data=[["online-heldout", "mathinstruct", None]],
+    cfg = TrainConfig(verifier="smollm2-135m-instruct", backbone="eagle2", variant="math",
+                      out_dir=str(tmp_path / "online"),
+                      train_data=[["online", "mathinstruct", None]], heldout_data=[["online-heldout",
+                              "mathinstruct", None]],
                       epochs=1, lr=1e-3, batch_size=4, deepspeed=False, online_spec=SPEC)
     final = train(cfg, model, tokenizer=tok)
     hist = json.loads((final / "config.json").read_text())["training"]["history"]
@@ -122,9 +126,15 @@ def test_heldout_sets_evaluated_once_give_the_pooled_passs_figures(verifier, cac
     set is evaluated once; the pooled figures, its summed hits over summed positions, equal one pass
     over the sets pooled (where a batch spans both sets), at every depth; ranks that deal the sets'
     batches round-robin count every batch once."""
-    from drafters.train.backbones import backbone, top1_rates
     from drafters.checkpoint import load_any
-    from drafters.train.backbones import corpus_of, evaluate, heldout_metrics, set_counts
+    from drafters.train.backbones import (
+        backbone,
+        corpus_of,
+        evaluate,
+        heldout_metrics,
+        set_counts,
+        top1_rates,
+    )
     from drafters.train.data import batches
     from drafters.vocab import DraftHead
 

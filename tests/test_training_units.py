@@ -12,8 +12,8 @@ import torch
 
 from drafters.checkpoint import init_drafter, load_checkpoint, save_checkpoint
 from drafters.config import DrafterConfig
-from drafters.train.eagle2 import AlignedBatch, align, aligned_passes, hass_mask
 from drafters.merge import linear, merge_checkpoints, ties
+from drafters.train.eagle2 import AlignedBatch, align, aligned_passes, hass_mask
 
 CFG = DrafterConfig(backbone="hass", verifier="toy", hidden_size=16, vocab_size=50, num_attention_heads=4,
                     num_key_value_heads=2, intermediate_size=32, seed=0)
@@ -47,14 +47,16 @@ def test_hass_pass_j_does_not_see_the_verifier_features_it_replaces():
     embed = torch.nn.Embedding(50, 16)
     T = 6
     feats = torch.randn(1, T, 16)
-    batch = AlignedBatch(torch.randint(0, 50, (1, T)), feats, feats, None, None, torch.ones(1, T, dtype=torch.bool),
+    batch = AlignedBatch(torch.randint(0, 50, (1, T)), feats, feats, None, None, torch.ones(1, T,
+            dtype=torch.bool),
                          torch.tensor([T + 1]))
     base = aligned_passes(model, embed, batch, 3)
     t = 4
     for changed in ([t], [t - 1, t]):
         f2 = feats.clone()
         f2[0, changed] += 5.0
-        out = aligned_passes(model, embed, AlignedBatch(batch.tokens, f2, f2, None, None, batch.mask, batch.lengths), 3)
+        out = aligned_passes(model, embed, AlignedBatch(batch.tokens, f2, f2, None, None, batch.mask,
+                                                        batch.lengths), 3)
         assert not torch.allclose(out[0][0, t], base[0][0, t])  # teacher-forced pass sees f_t
         if changed == [t - 1, t]:  # ...and pass 2 sees f_{t-1} (through its estimate of f_t)
             assert not torch.allclose(out[1][0, t], base[1][0, t])
@@ -109,13 +111,15 @@ def test_each_variant_reads_its_corpora_and_the_mixed_ones_their_share():
               "sharegpt": {"train": "ks", "heldout": "hs", "train_ids": ["s1", "s2", "s3", "s4"]}}
     assert variant_data("math", "R", caches, 4) == [["R", "km", None]]
     assert variant_data("chat", "R", caches, 4) == [["R", "ks", None]]
-    assert variant_data("mixed_half", "R", caches, 4) == [["R", "km", ["m1", "m2"]], ["R", "ks", ["s1", "s2"]]]
+    assert variant_data("mixed_half", "R", caches, 4) == [["R", "km", ["m1", "m2"]], ["R", "ks", ["s1",
+            "s2"]]]
     assert variant_data("mixed_full", "R", caches, 4) == [["R", "km", ["m1", "m2", "m3", "m4"]],
                                                            ["R", "ks", ["s1", "s2", "s3", "s4"]]]
     assert heldout_data("R", caches) == [["R", "hm", None], ["R", "hs", None]]
     online = {c: {"online": True, "train_ids": v["train_ids"]} for c, v in caches.items()}
     assert variant_data("chat", "R", online, 4) == [["online", "sharegpt", None]]
-    assert heldout_data("R", online) == [["online-heldout", "mathinstruct", None], ["online-heldout", "sharegpt", None]]
+    assert heldout_data("R", online) == [["online-heldout", "mathinstruct", None], ["online-heldout",
+            "sharegpt", None]]
     with pytest.raises(ValueError, match="unknown data variant 'mixed'"):
         variant_data("mixed", "R", caches, 4)
     assert variant_corpora("mixed_half") == ("mathinstruct", "sharegpt")
@@ -144,7 +148,8 @@ def test_deepspeed_trains_without_jit_building_its_cpu_comm_op(tmp_path):
     """DeepSpeed's torch backend JIT-compiles its shm comm op at start-up on CPU (a minute of both
     cores in every new environment) for inference all-reduces only. The trainer's engine (bf16,
     ZeRO 1, a gloo process group) is built and steps with nothing compiled: the build dir stays empty."""
-    code = ("import torch; from drafters.train.config import TrainConfig; from drafters.train.runners import _DeepSpeed; "
+    code = ("import torch; from drafters.train.config import TrainConfig; from drafters.train.runners "
+            "import _DeepSpeed; "
             "cfg = TrainConfig(backbone='eagle2', variant='math', verifier='toy', "
             "train_data=[['x', 'k', None]], out_dir='.', epochs=1, lr=1e-2, batch_size=2, deepspeed=True, "
             "zero_stage=1, precision='bf16'); "
@@ -155,7 +160,8 @@ def test_deepspeed_trains_without_jit_building_its_cpu_comm_op(tmp_path):
             "print(dist.cdb.shm_comm_op, r.module.weight.dtype, "
             "bool((r.engine.module.weight.float() != before).any()))")
     ext = tmp_path / "ext"
-    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext), "DS_ACCELERATOR": "cpu", "MASTER_ADDR": "127.0.0.1",
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(ext), "DS_ACCELERATOR": "cpu",
+           "MASTER_ADDR": "127.0.0.1",
            "MASTER_PORT": str(_free_port()), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        cwd=Path(__file__).resolve().parents[1], env=env)

@@ -34,7 +34,8 @@ def test_select_nodes_is_ancestor_closed_and_parents_first():
     for i, p in enumerate(new_par.tolist()):
         assert p < i
     # ties: child equal to parent's score never drops the parent
-    keep, _ = select_nodes(torch.tensor([0.0, 0.0, 0.0]), torch.tensor([-1, 0, 1]), torch.tensor([1, 2, 3]), 2)
+    keep, _ = select_nodes(torch.tensor([0.0, 0.0, 0.0]), torch.tensor([-1, 0, 1]), torch.tensor([1, 2, 3]),
+                           2)
     assert keep.tolist() == [0, 1]
 
 

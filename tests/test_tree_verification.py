@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from decoding.accept import accept_sampling, logits_to_probs, sample
-from decoding.strategies import make_strategy
 from decoding.config import TreeConfig
+from decoding.strategies import make_strategy
 from decoding.verifier_pass import new_cache, prefill, tree_forward
 from drafters.data.templating import benchmark_prompt_ids
 from tests.helpers import chain_tree
@@ -55,7 +55,8 @@ def test_merged_tree_logits_equal_subtree_and_plain_forward(verifier, random_pro
     for t in trees:
         cache, _ = _prefilled(model, ids)
         _, l_alone = tree_forward(model, cache, len(ids), root, t.tokens, t.parents, t.depths)
-        torch.testing.assert_close(l_merged[1 + offset : 1 + offset + t.size], l_alone[1:], atol=2e-4, rtol=1e-4)
+        torch.testing.assert_close(l_merged[1 + offset : 1 + offset + t.size], l_alone[1:], atol=2e-4,
+                                   rtol=1e-4)
         torch.testing.assert_close(l_merged[0], l_alone[0], atol=2e-4, rtol=1e-4)
         offset += t.size
     for i in range(0, merged.size, 3):  # a plain forward over prefix + root + the node's path

@@ -28,7 +28,8 @@ def test_verifier_loads_once_and_answers_a_gsm8k_prompt(verifier, bench_prompts)
 
     model, tok = verifier
     assert load_verifier("smollm2-135m-instruct") is verifier  # loaded once per process
-    assert load_verifier("smollm2-135m-instruct", dtype="float32", device="cpu") is verifier  # however spelled
+    # however spelled
+    assert load_verifier("smollm2-135m-instruct", dtype="float32", device="cpu") is verifier
     assert model.dtype == torch.float32 and model.config.hidden_size == 576 and model.config.vocab_size == 49152
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)
     ids = benchmark_prompt_ids(tok, bench_prompts["gsm8k"][0], 0, [])
@@ -101,7 +102,8 @@ def test_a_local_verifier_loads_straight_to_its_device(tmp_path, monkeypatch):
 
     from decoding.verifiers import load_verifier
 
-    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+    cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                      num_attention_heads=2,
                       num_key_value_heads=1)
     LlamaForCausalLM(cfg).save_pretrained(tmp_path)
     vocab = {f"t{i}": i for i in range(32)}

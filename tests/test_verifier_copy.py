@@ -27,7 +27,8 @@ def _gguf(dtype=torch.float32):
 
 
 def _prompts(tok) -> list[list[int]]:
-    ids = [benchmark_prompt_ids(tok, load_benchmark(b)[0][i], 0, []) for b in ("gsm8k", "math500") for i in (0, 7)]
+    ids = [benchmark_prompt_ids(tok, load_benchmark(b)[0][i], 0, []) for b in ("gsm8k", "math500")
+           for i in (0, 7)]
     mt = load_benchmark("mt_bench")[0][3]
     return ids + [benchmark_prompt_ids(tok, mt, 1, ["The answer is 42."])]  # a second turn after an answer
 
@@ -47,7 +48,8 @@ def test_the_copy_is_the_gguf_model_bit_for_bit(parsed_and_copy):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert copy.lm_head.weight.data_ptr() == copy.model.embed_tokens.weight.data_ptr()  # still tied
     ca, cb = model.config.to_dict(), copy.config.to_dict()
-    assert {k for k in ca.keys() | cb.keys() if ca.get(k) != cb.get(k)} <= {"_name_or_path", "quantization_config"}
+    assert {k for k in ca.keys() | cb.keys() if ca.get(k) != cb.get(k)} <= {"_name_or_path",
+            "quantization_config"}
     assert "quantization_config" not in json.loads((out / "config.json").read_text())
     assert model.generation_config.to_dict() == copy.generation_config.to_dict()
     assert _prompts(tok) == _prompts(ctok) and tok.all_special_ids == ctok.all_special_ids and len(tok) == len(ctok)

@@ -6,11 +6,11 @@ import torch
 
 from drafters.checkpoint import init_drafter, load_checkpoint, save_checkpoint
 from drafters.config import DrafterConfig
-from drafters.train.eagle2 import AlignedBatch, aligned_passes, eagle_losses, noise
 from drafters.merge import merge_checkpoints
 from drafters.train.backbones import clamp_grads_by_value, compute_loss, lr_factor
 from drafters.train.config import TrainConfig
 from drafters.train.data import batches
+from drafters.train.eagle2 import AlignedBatch, aligned_passes, eagle_losses, noise
 from drafters.vocab import DraftHead, count_targets, d2t_of, ids_of, load_vocab, save_vocab, select_ids
 
 V, H = 50, 16
@@ -147,7 +147,8 @@ def test_hass_top_k_term_only_in_the_second_stage():
     model = init_drafter(CFG)
     embed = torch.nn.Embedding(V, H)
     head = DraftHead(torch.nn.Linear(H, V, bias=False), None)
-    cfg = TrainConfig(verifier="toy", backbone="hass", variant="math", out_dir="x", train_data=[["r", "k", None]],
+    cfg = TrainConfig(verifier="toy", backbone="hass", variant="math", out_dir="x", train_data=[["r", "k",
+            None]],
                       feature_noise=False)
     b = _batch()
     first, _ = compute_loss(cfg, model, embed, head, b, None, use_topk=False)
@@ -160,7 +161,8 @@ def test_length_buckets_cut_padding_and_keep_every_example():
         def __init__(self, i, n):
             self.id, self.input_ids = str(i), torch.zeros(n, dtype=torch.long)
             self.loss_mask = torch.ones(n, dtype=torch.bool)
-            self.features, self.top_ids, self.top_probs = torch.zeros(n, 4), torch.zeros(n, 2, dtype=torch.int32), torch.zeros(n, 2)
+            self.features, self.top_ids, self.top_probs = torch.zeros(n, 4), torch.zeros(n, 2,
+                    dtype=torch.int32), torch.zeros(n, 2)
 
     import drafters.train.data as tr
 

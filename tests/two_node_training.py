@@ -23,12 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout, f
 
 import ray  # noqa: E402
 
+from common import storage
 from common.verifiers import eos_token_ids  # noqa: E402
-
 from decoding.verifiers import load_verifier
 from drafters.train.config import TrainConfig
 from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
-from common import storage
 from workers.train_worker import run_training
 
 VERIFIER = "smollm2-135m-instruct"
@@ -41,14 +40,17 @@ def main(uri: str, work: str) -> dict:
         model, tok = load_verifier(VERIFIER)
     eos = eos_token_ids(model, tok)
     root = f"{work}/features"
-    caches = {c: ensure_features(model, tok, eos, VERIFIER, c, SPEC, root) for c in ("mathinstruct", "sharegpt")}
+    caches = {c: ensure_features(model, tok, eos, VERIFIER, c, SPEC, root) for c in ("mathinstruct",
+            "sharegpt")}
     for corpus in caches.values():  # published as the features stage does: the workers read only the URI
         for part in ("train", "heldout"):
             storage.publish(f"{root}/{corpus[part]}", storage.join(uri, "features", corpus[part]))
     feats, out_uri = storage.join(uri, "features"), storage.join(uri, "checkpoints", "hass-math")
-    cfg = TrainConfig(verifier=VERIFIER, backbone="hass", variant="math", out_dir=f"{work}/unused", out_uri=out_uri,
+    cfg = TrainConfig(verifier=VERIFIER, backbone="hass", variant="math", out_dir=f"{work}/unused",
+                      out_uri=out_uri,
                       train_data=variant_data("math", feats, caches, SPEC.n),
-                      heldout_data=heldout_data(feats, caches)[:1], epochs=2, lr=1e-3, batch_size=4, hass_steps=2,
+                      heldout_data=heldout_data(feats, caches)[:1], epochs=2, lr=1e-3, batch_size=4,
+                      hass_steps=2,
                       deepspeed=True, zero_stage=1, precision="bf16", checkpoint_every=1, keep_checkpoints=1,
                       crash_at_step=3)
     ray.init(address="auto", log_to_driver=True,

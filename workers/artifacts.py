@@ -20,8 +20,8 @@ import shutil
 import threading
 from pathlib import Path
 
-from drafters.checkpoint import checkpoint_position, latest_checkpoint, stale_checkpoints
 from common import storage
+from drafters.checkpoint import checkpoint_position, latest_checkpoint, stale_checkpoints
 
 SHARD_TOKENS_ENV = "TASKSPEC_FEATURE_SHARD_TOKENS"  # tokens per feature shard (default: about 1 GiB a shard)
 
@@ -105,13 +105,13 @@ class Uploads:
         self.in_flight: str | None = None  # the checkpoint this rank's thread uploads
 
     @classmethod
-    def for_rank(cls, cfg, rank: int, local_rank: int, world: int) -> "Uploads":
+    def for_rank(cls, cfg, rank: int, local_rank: int, world: int) -> Uploads:
         """Every rank calls it (one gather: how many nodes upload)."""
         from drafters.train.runners import gather
 
         return cls(cfg, rank, local_rank, world, sum(gather(local_rank == 0, world)))
 
-    def __enter__(self) -> "Uploads":
+    def __enter__(self) -> Uploads:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -67,14 +67,14 @@ def _drafter_bytes(proposer) -> int:
 class EvalWorker:
     """Wrapped with ray.remote by the driver (resources come from the profile)."""
 
-    def __init__(self, verifier: str, dtype: str | None = None, threads: int = 1, drafter_cache_gb: float = 4.0,
+    def __init__(self, verifier: str, dtype: str | None = None, threads: int = 1,
+                 drafter_cache_gb: float = 4.0,
                  checkpoint_disk_gb: float = 20.0):
         import torch
 
-        from common.verifiers import eos_token_ids, resolve
-
-        from decoding.verifiers import load_verifier
         from common.fetch_cache import FetchCache
+        from common.verifiers import eos_token_ids, resolve
+        from decoding.verifiers import load_verifier
 
         torch.set_num_threads(max(1, threads))
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -83,7 +83,8 @@ class EvalWorker:
         self.eos = eos_token_ids(self.model, self.tok)
         self._proposers = DrafterCache(drafter_cache_gb * 2**30, _drafter_bytes)
         self._fetched = FetchCache(checkpoint_disk_gb * 2**30)  # shared by the node's actors
-        self._auto: dict[tuple, object] = {}  # (checkpoints, strategy, dedup, granularity) -> tree auto choice
+        # (checkpoints, strategy, dedup, granularity) -> tree auto choice
+        self._auto: dict[tuple, object] = {}
 
     def pid(self) -> int:
         return os.getpid()
@@ -94,7 +95,8 @@ class EvalWorker:
         def load():  # a URI is copied to this node first; its files may go once it is loaded
             with self._fetched.use(path) as local:
                 p = load_proposers(self.model, [str(local)], self.name)[0]
-            p.index, p.name = index, path.rstrip("/").split("/")[-2 if path.rstrip("/").endswith("final") else -1]
+            p.index, p.name = index, path.rstrip("/").split("/")[-2 if path.rstrip("/").endswith("final")
+                                                                 else -1]
             return p
 
         return self._proposers.get(f"{path}#{index}", load, keep)
@@ -111,7 +113,8 @@ class EvalWorker:
                                      system=job.system_prompt)
             self._auto[key] = auto_tree(self.model, props, d.strategy, self.eos, cal, d.merge_dedup,
                                         d.routing_granularity, max_new_tokens=min(32, d.max_new_tokens))
-            print(f"[eval] {d.strategy} {job.drafter} {job.benchmark}: {self._auto[key].describe()}", flush=True)
+            print(f"[eval] {d.strategy} {job.drafter} {job.benchmark}: {self._auto[key].describe()}",
+                  flush=True)
         return self._auto[key].tree
 
     def run(self, job: EvalJob, checkpoint_paths: list[str], prompts: list) -> tuple[list, list]:

@@ -48,7 +48,6 @@ from pathlib import Path
 
 from common import storage
 from common.atomic import write_text_atomic
-
 from workers import shard_fetch
 
 ENV = "TASKSPEC_FEATURE_CACHE_GB"
@@ -345,7 +344,8 @@ class ShardCache:
         with self._lock:
             self.downloaded.append(s.ref)
             self.bytes_read += got
-        line = json.dumps({"rank": self.rank, "ref": s.ref, "tensors": s.tensors, "bytes": s.size, "read": got,
+        line = json.dumps({"rank": self.rank, "ref": s.ref, "tensors": s.tensors, "bytes": s.size,
+                           "read": got,
                            "prefetch": prefetch, "held_bytes": self.nbytes(), "budget": self.budget,
                            "t": time.time()})
         with open(self.dir / "downloads.jsonl", "a") as f:
@@ -393,7 +393,8 @@ class ShardCache:
                 if job is not None and not (job.done() and job.result() is False):
                     continue
                 if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.streams, thread_name_prefix=f"shards-rank{self.rank}")
+                    self._pool = ThreadPoolExecutor(self.streams,
+                                                    thread_name_prefix=f"shards-rank{self.rank}")
                 self._jobs[item] = self._pool.submit(self._prefetch, item, index, self._order.round)
 
     def _prefetch(self, item: tuple, index: int, round_: int) -> bool:

@@ -77,7 +77,8 @@ def view_plan(header: dict, data_start: int, tensors) -> Plan | None:
         out["__metadata__"] = header["__metadata__"]
     for k in keep:
         a, b = header[k]["data_offsets"]
-        out[k] = {"dtype": header[k]["dtype"], "shape": header[k]["shape"], "data_offsets": [pos, pos + b - a]}
+        out[k] = {"dtype": header[k]["dtype"], "shape": header[k]["shape"], "data_offsets": [pos,
+                pos + b - a]}
         pos += b - a
         if ranges and ranges[-1][0] + ranges[-1][1] == data_start + a:  # adjacent: one read
             ranges[-1] = (ranges[-1][0], ranges[-1][1] + b - a)

@@ -16,7 +16,6 @@ from drafters.eagle3 import default_aux_layers
 from drafters.features import extraction_device
 from drafters.variants import DataSpec, build_vocab, ensure_features, online_selection
 from drafters.vocab import save_vocab
-
 from workers import artifacts
 from workers.relay import RelaySender
 

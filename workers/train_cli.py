@@ -15,7 +15,6 @@ def _train(args) -> None:
         raise SystemExit(f"--backbone eagle3 trains with --loss-mask next only, got {args.loss_mask!r}")
     from common.verifiers import eos_token_ids, resolve
     from decoding.verifiers import load_verifier
-
     from drafters.train.config import TrainConfig
     from drafters.variants import DataSpec, ensure_features, heldout_data, variant_data
 
@@ -32,7 +31,8 @@ def _train(args) -> None:
 
         aux = default_aux_layers(model.config.num_hidden_layers)
     caches = {c: ensure_features(model, tok, eos, name, c, spec, features, aux_layers=aux,
-                                 progress=lambda s, d, t: print(f"[{s}] {d}/{t}", flush=True)) for c in corpora}
+                                 progress=lambda s, d, t: print(f"[{s}] {d}/{t}", flush=True))
+                                 for c in corpora}
     vocab = None
     if args.draft_vocab:  # one file per (verifier, data spec, size): every variant trained with it shares it
         from drafters.variants import build_vocab
@@ -42,11 +42,14 @@ def _train(args) -> None:
         if not vocab.is_file():
             ids, stats = build_vocab(tok, eos, list(CORPORA), spec, args.draft_vocab, model.config.vocab_size)
             save_vocab(ids, vocab, stats)
-            print(f"draft vocabulary {args.draft_vocab}: {100 * stats['coverage']:.1f}% of assistant tokens -> {vocab}")
+            print(f"draft vocabulary {args.draft_vocab}: {100 * stats['coverage']:.1f}% of assistant tokens "
+                  f"-> {vocab}")
         vocab = str(vocab)
     cfg = TrainConfig(
-        verifier=name, backbone=args.backbone, variant=args.variant, out_dir=str(Path(args.out).resolve()), draft_vocab=vocab,
-        train_data=variant_data(args.variant, features, caches, args.n), heldout_data=heldout_data(features, caches),
+        verifier=name, backbone=args.backbone, variant=args.variant, out_dir=str(Path(args.out).resolve()),
+        draft_vocab=vocab,
+        train_data=variant_data(args.variant, features, caches, args.n), heldout_data=heldout_data(features,
+                caches),
         epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, init_seed=args.seed,
         deepspeed=not args.no_deepspeed, zero_stage=args.zero_stage, loss_mask=args.loss_mask,
         precision=args.precision,
@@ -61,7 +64,8 @@ def _train(args) -> None:
         from workers.train_worker import run_training
 
         ray.init(address=args.ray_address, dashboard_host="127.0.0.1", ignore_reinit_error=True,
-                 runtime_env={"env_vars": {"TASKSPEC_TRAIN_THREADS": str(args.threads)}} if args.threads else None)
+                 runtime_env={"env_vars": {"TASKSPEC_TRAIN_THREADS": str(args.threads)}} if args.threads
+                 else None)
         final, _ = run_training(cfg, num_workers=args.num_workers, cpus_per_worker=args.cpus_per_worker)
     hist = json.loads((final / "config.json").read_text())["training"]["history"]
     for h in hist:
@@ -71,7 +75,8 @@ def _train(args) -> None:
 
 
 def add_train(sub) -> None:
-    t = sub.add_parser("train", help="extract features (cached) and train one drafter with Ray Train + DeepSpeed")
+    t = sub.add_parser("train",
+                       help="extract features (cached) and train one drafter with Ray Train + DeepSpeed")
     t.add_argument("--verifier", default="smollm2-135m-instruct")
     t.add_argument("--backbone", choices=list(BACKBONES), required=True)
     t.add_argument("--variant", choices=list(VARIANTS), required=True)
@@ -85,13 +90,17 @@ def add_train(sub) -> None:
     t.add_argument("--data-seed", type=int, default=42)
     t.add_argument("--zero-stage", type=int, choices=[0, 1, 2], default=1)
     t.add_argument("--draft-vocab", type=int, default=None,
-                   help="reduced draft vocabulary size (from both corpora's training data; default: full vocabulary)")
+                   help="reduced draft vocabulary size (from both corpora's training data; default: full "
+                        "vocabulary)")
     t.add_argument("--self-distill", choices=["greedy", "sample"], default=None,
-                   help="train on the verifier's own answers to the training prompts (cached; held-out stays original)")
+                   help="train on the verifier's own answers to the training prompts (cached; held-out "
+                        "stays original)")
     t.add_argument("--loss-mask", choices=["next", "reference"], default="next",
-                   help="loss positions: next = the input token is the assistant's (decode-time); reference = EAGLE/HASS's")
+                   help="loss positions: next = the input token is the assistant's (decode-time); reference "
+                        "= EAGLE/HASS's")
     t.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
-                   help="bf16: DeepSpeed's bf16 engine (float32 master weights), or autocast with --no-deepspeed")
+                   help="bf16: DeepSpeed's bf16 engine (float32 master weights), or autocast with "
+                        "--no-deepspeed")
     t.add_argument("--no-deepspeed", action="store_true")
     t.add_argument("--no-ray", action="store_true", help="train in this process (no Ray Train)")
     t.add_argument("--num-workers", type=int, default=1)

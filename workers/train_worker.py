@@ -27,7 +27,6 @@ def train_loop_per_worker(config: dict) -> None:
     from decoding.verifiers import load_verifier
     from drafters.features import reading_through
     from drafters.train.loop import train
-
     from workers import artifacts
 
     ctx = ray.train.get_context()
@@ -36,11 +35,13 @@ def train_loop_per_worker(config: dict) -> None:
     t1 = time.time()
     cfg = config["train"]  # the TrainConfig itself (frozen, torch-free: it crosses Ray as it is)
     shards = artifacts.shard_cache(cfg, rank)  # this node's bounded cache of the shards at URIs
-    cfg = artifacts.prepare(cfg, local_rank)  # with out_uri: cache manifests, draft vocabulary, last checkpoint
+    # with out_uri: cache manifests, draft vocabulary, last checkpoint
+    cfg = artifacts.prepare(cfg, local_rank)
     t2 = time.time()
     model, tok = load_verifier(cfg.verifier, dtype=cfg.verifier_dtype, device="cuda" if _cuda() else "cpu",
                                matmul_forms=False)  # training never takes the inference forms
-    if rank == 0:  # where a trial's start-up goes (a short trial is mostly this; DeepSpeed: the trainer's line)
+    # where a trial's start-up goes (a short trial is mostly this; DeepSpeed: the trainer's line)
+    if rank == 0:
         age = t0 - psutil.Process().create_time()
         print(f"[train {cfg.backbone}-{cfg.variant}] worker start-up: process {age:.1f}s "
               f"before the loop, imports {t1 - t0:.1f}s, inputs {t2 - t1:.1f}s, "
@@ -65,9 +66,12 @@ def train_loop_per_worker(config: dict) -> None:
         final = train(cfg, model, rank=rank, world=world, report=report, tokenizer=tok, saved=uploads.start,
                       settle=uploads.settle)
     if shards.downloaded:
-        print(f"[train {cfg.backbone}-{cfg.variant}] rank {rank}: downloaded {len(shards.downloaded)} feature "
-              f"shard(s), {shards.bytes_read / 2**20:.1f} MiB, waited {shards.wait_s:.1f}s for shards (read-ahead "
-              f"{shards.read_ahead} on {shards.streams} streams); the node holds {shards.nbytes() / 2**20:.1f} of "
+        print(f"[train {cfg.backbone}-{cfg.variant}] rank {rank}: downloaded {len(shards.downloaded)} "
+              "feature "
+              f"shard(s), {shards.bytes_read / 2**20:.1f} MiB, waited {shards.wait_s:.1f}s for shards "
+              "(read-ahead "
+              f"{shards.read_ahead} on {shards.streams} streams); the node holds "
+              f"{shards.nbytes() / 2**20:.1f} of "
               f"{shards.budget / 2**20:.0f} MiB", flush=True)
     artifacts.publish_final(cfg, final, rank)
 
@@ -106,8 +110,10 @@ def trainer_for(cfg, num_workers: int = 1, use_gpu: bool = False, cpus_per_worke
         parent = cfg.out_uri.rsplit("/", 1)[0] if cfg.out_uri else str(Path(cfg.out_dir).resolve().parent)
         storage_path = f"{parent}/_ray_train"
     # the batch each optimizer step sees (train.global_batch in a profile; orchestrator.profile.batch_plan)
-    print(f"[train {cfg.backbone}-{cfg.variant}] global batch {num_workers * cfg.batch_size * cfg.grad_accum} = "
-          f"{num_workers} worker(s) x per-worker batch {cfg.batch_size} x gradient accumulation {cfg.grad_accum}",
+    print(f"[train {cfg.backbone}-{cfg.variant}] global batch "
+          f"{num_workers * cfg.batch_size * cfg.grad_accum} = "
+          f"{num_workers} worker(s) x per-worker batch {cfg.batch_size} x gradient accumulation "
+          f"{cfg.grad_accum}",
           flush=True)
     return TorchTrainer(
         train_loop_per_worker,

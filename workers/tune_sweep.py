@@ -7,10 +7,10 @@ import os
 import time
 from pathlib import Path
 
-
 # the hyperparameters a tracker shows for each training cell (Tune logs the trial config as parameters)
 SHOWN = ("backbone", "variant", "epochs", "lr", "batch_size", "grad_accum", "warmup_steps", "lr_schedule",
-         "grad_clip", "grad_clip_mode", "hass_steps", "topk_from", "bucket", "deepspeed", "zero_stage", "precision",
+         "grad_clip", "grad_clip_mode", "hass_steps", "topk_from", "bucket", "deepspeed", "zero_stage",
+         "precision",
          "init_seed")
 
 
@@ -27,7 +27,8 @@ def _trial(params: dict, configs: dict, resources: dict) -> None:
     final, result = run_training(cfg, num_workers=resources["num_workers"], use_gpu=resources["use_gpu"],
                                  cpus_per_worker=resources["cpus_per_worker"], name=f"train-{params['cell']}",
                                  max_failures=resources.get("max_failures", 1))
-    # one Tune result per epoch (Ray Train reported them in its own run), so the tracker callbacks see the curve
+    # one Tune result per epoch (Ray Train reported them in its own run), so the tracker callbacks see the
+    # curve
     numeric = lambda m: {k: v for k, v in m.items() if isinstance(v, (int, float)) and k not in RAY_KEYS}  # noqa: E731
     history = result.metrics_dataframe
     epochs = history.to_dict("records") if history is not None and len(history) else []
@@ -49,7 +50,8 @@ def sweep_id(configs: dict, resources: dict) -> str:
     import hashlib
     import json
 
-    blob = json.dumps([{k: dataclasses.asdict(v) for k, v in sorted(configs.items())}, resources], sort_keys=True, default=str)
+    blob = json.dumps([{k: dataclasses.asdict(v) for k, v in sorted(configs.items())}, resources],
+                      sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -110,7 +112,8 @@ def _trial_lines_class():
             print(f"[{time.strftime('%H:%M:%S')}] [train] {line}", flush=True)
 
         def on_trial_error(self, iteration, trials, trial, **info):
-            print(f"[{time.strftime('%H:%M:%S')}] [train] trial {trial.config.get('cell')} FAILED", flush=True)
+            print(f"[{time.strftime('%H:%M:%S')}] [train] trial {trial.config.get('cell')} FAILED",
+                  flush=True)
 
     return TrialLines
 

@@ -20,7 +20,8 @@ from decoding.cpu.lean_pass import use_lean
 from decoding.cpu.matmul import disabled as matmul_disabled
 from decoding.cpu.matmul import installed, machine_key, row_aware
 
-__all__ = ["install", "installed", "use_lean", "lean_forward", "lean_disabled", "matmul_disabled", "row_aware",
+__all__ = ["install", "installed", "use_lean", "lean_forward", "lean_disabled", "matmul_disabled",
+           "row_aware",
            "machine_key", "status", "kernel", "machine", "matmul", "lean_pass", "onednn"]
 
 

@@ -51,7 +51,8 @@ def flags() -> list[str]:
 
 
 def library_path() -> Path:
-    key = hashlib.sha256("\n".join([SOURCE.read_text(), os.environ.get("CC", "gcc"), *flags(), cpuinfo("flags")])
+    key = hashlib.sha256("\n".join([SOURCE.read_text(), os.environ.get("CC", "gcc"), *flags(),
+                                    cpuinfo("flags")])
                          .encode()).hexdigest()[:16]
     return cache_dir() / "kernels" / f"smallm-{key}.so"
 

@@ -29,8 +29,8 @@ import torch.nn.functional as F
 _LAYER_PARTS = ("input_layernorm", "post_attention_layernorm", "self_attn", "mlp")
 
 
-_DECIDED: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
-_OFF: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+_DECIDED: weakref.WeakKeyDictionary[torch.nn.Module, dict] = weakref.WeakKeyDictionary()
+_OFF: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 log = logging.getLogger(__name__)
 
 

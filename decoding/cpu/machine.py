@@ -70,7 +70,8 @@ def machine_class() -> str:
     flags = set(f.get("flags", "").split()) | set(f.get("Features", "").split())
     name = f.get("model name") or platform.processor() or platform.machine()
     try:
-        arch = microarchitecture(f.get("vendor_id", ""), int(f.get("cpu family", "")), int(f.get("model", "")))
+        arch = microarchitecture(f.get("vendor_id", ""), int(f.get("cpu family", "")), int(f.get("model",
+                "")))
     except ValueError:
         arch = ""
     return f"{name}, {arch + ' ' if arch else ''}({isa_class(flags)}), {os.cpu_count()} cores"
@@ -129,6 +130,7 @@ def describe(rec: dict) -> str:
     out = (f"machine: {rec['cpu']} ({rec['class']}; flags {' '.join(rec['flags']) or '-'}); "
            f"{rec['threads']} threads; torch {rec['torch']}; {rec['kernel']}")
     if "sum_ms" in rec:
-        out += (f"\nbound: a plain sum of the {rec['weights_mb']:.0f} MB of weights takes {rec['sum_ms']:.1f} ms "
+        out += (f"\nbound: a plain sum of the {rec['weights_mb']:.0f} MB of weights takes "
+                f"{rec['sum_ms']:.1f} ms "
                 f"({rec['bandwidth_gbs']:.1f} GB/s)")
     return out

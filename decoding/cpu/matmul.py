@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from decoding import timing
 from common.caches import add_to_json_cache, cache_dir, load_json_cache
+from decoding import timing
 from decoding.cpu import kernel as cpu_kernel
 from decoding.cpu import onednn
 
@@ -46,7 +46,7 @@ CACHE = cache_dir() / "cpu_matmul.json"
 MAX_SPREAD = timing.MAX_SPREAD  # a form's repeated timings spread beyond this: the table is not cached
 MIN_CPU_SHARE = timing.MIN_CPU_SHARE  # this process got less of its threads' CPU: not cached either
 _SESSION: dict[str, dict] = {}  # untrusted tables: used by this process only
-_INSTALLED: "weakref.WeakKeyDictionary[nn.Module, dict]" = weakref.WeakKeyDictionary()
+_INSTALLED: weakref.WeakKeyDictionary[nn.Module, dict] = weakref.WeakKeyDictionary()
 
 
 def wxt(x2: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -173,8 +173,10 @@ def apply(x: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None, table: di
     rows = x.numel() // K
     if rows > BUCKETS[-1] or not x.is_cpu or x.dtype != W.dtype or not _ON[0]:
         return F.linear(x, W, bias)
-    if torch.is_grad_enabled() and (x.requires_grad or W.requires_grad or (bias is not None and bias.requires_grad)):
-        return F.linear(x, W, bias)  # the kernel and W @ x.T here are inference forms: gradients take F.linear
+    if torch.is_grad_enabled() and (x.requires_grad or W.requires_grad or (bias is not None
+            and bias.requires_grad)):
+        # the kernel and W @ x.T here are inference forms: gradients take F.linear
+        return F.linear(x, W, bias)
     form = forms[rows] if forms is not None else form_at(table, rows)
     if form == "linear":
         return F.linear(x, W, bias)
@@ -198,7 +200,8 @@ def machine_key() -> str:
     return f"v3|{cpu}|threads={torch.get_num_threads()}|torch={torch.__version__}|{kernel}|{','.join(FORMS)}"
 
 
-def table_for(W: torch.Tensor, disk: dict | None = None, machine: str | None = None) -> tuple[str, dict[int, str]]:
+def table_for(W: torch.Tensor, disk: dict | None = None, machine: str | None = None) -> tuple[str, dict[int,
+        str]]:
     """(cache key, {rows: form}) for this weight's shape and dtype on the CPU, tuned once per machine
     (a table from untrustworthy timings is kept for this process only). The key names the device
     type but not the model: the timing depends on the weight's shape and dtype alone."""
@@ -210,7 +213,8 @@ def table_for(W: torch.Tensor, disk: dict | None = None, machine: str | None = N
             disk[key] = {str(m): v for m, v in table.items()}
             add_to_json_cache(CACHE, key, disk[key])
         else:
-            print(f"[cpu matmul] {tuple(W.shape)}: not cached, {why}; measured again next run", file=sys.stderr)
+            print(f"[cpu matmul] {tuple(W.shape)}: not cached, {why}; measured again next run",
+                  file=sys.stderr)
             _SESSION[key] = {str(m): v for m, v in table.items()}
     return key, {int(m): v for m, v in (disk.get(key) or _SESSION[key]).items()}
 

@@ -26,7 +26,8 @@ def available(dtype: torch.dtype) -> bool:
         if torch.backends.mkldnn.is_available():
             try:  # a host-only form: its trial tensors are on the CPU on purpose
                 W = torch.ones(8, 16, dtype=dtype, device="cpu")
-                y = _run(torch.ones(2, 16, dtype=dtype, device="cpu"), torch.ops.mkldnn._reorder_linear_weight(W))
+                y = _run(torch.ones(2, 16, dtype=dtype, device="cpu"),
+                         torch.ops.mkldnn._reorder_linear_weight(W))
                 _OK[dtype] = torch.equal(y, torch.full_like(y, 16))
             except (AttributeError, RuntimeError, NotImplementedError):
                 pass

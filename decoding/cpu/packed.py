@@ -8,7 +8,7 @@ version counter and shape; the copy is freed with the weight.
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

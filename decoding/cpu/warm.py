@@ -15,7 +15,6 @@ def warm(verifier: str, threads: list[int], dtypes: list[str]) -> int:
     import torch
 
     from common.verifiers import load_from_registry
-
     from decoding.cpu import matmul as cpu_matmul
 
     bad = [d for d in dtypes if d not in ("float32", "bfloat16", "float16")]

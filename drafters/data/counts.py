@@ -15,7 +15,6 @@ from pathlib import Path
 
 from common.atomic import write_text_atomic
 from common.caches import cache_dir
-
 from drafters.data.jsonstream import iter_json_array
 
 CACHE_FILE = "record_counts.json"

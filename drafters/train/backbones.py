@@ -36,20 +36,22 @@ tests) the rank evaluates every batch."""
 from __future__ import annotations
 
 import functools
-import torch
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import torch
+
+from common.dtypes import torch_dtype
+from drafters.config import BACKBONES
+from drafters.data.templating import TokenizedExample
+from drafters.features import SHARD_TENSORS
 from drafters.train import eagle2 as eagle2_train
 from drafters.train import eagle3 as eagle3_train
-from drafters.config import BACKBONES
-from drafters.features import SHARD_TENSORS
-from drafters.train.eagle2 import collate as aligned_collate
-from common.dtypes import torch_dtype
-from drafters.train.shards import rank_plan
 from drafters.train.config import ONLINE_ROOTS, TrainConfig
-from drafters.train.data import count_examples, batches, plan_batches
+from drafters.train.data import batches, count_examples, plan_batches
+from drafters.train.eagle2 import collate as aligned_collate
 from drafters.train.runners import all_sum, distributed
-from drafters.data.templating import TokenizedExample
+from drafters.train.shards import rank_plan
 
 
 @dataclass(frozen=True)

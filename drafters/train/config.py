@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING
 
 from common.dtypes import PRECISIONS, nbytes
 from common.rules import BOOL, Rule, check, integer, number, one_of, optional
-
 from drafters.config import BACKBONES, FEATURE_BACKBONES
 
 if TYPE_CHECKING:

@@ -14,9 +14,9 @@ import torch
 
 from drafters.data.templating import TokenizedExample
 from drafters.features import FeatureExample, FeatureStore, expect_shards
+from drafters.train.config import ONLINE_ROOTS
 from drafters.train.eagle2 import collate
 from drafters.train.shards import rank_plan
-from drafters.train.config import ONLINE_ROOTS
 from drafters.variants import DataSpec
 
 
@@ -82,7 +82,8 @@ def iter_examples(data: list, seed: int | None, buffer: int = 256, online: Onlin
     if rng:
         rng.shuffle(sources)
     expect_shards([r for root, key, ids, *file in sources if root not in ONLINE_ROOTS  # (to fetch them ahead)
-                   for r in FeatureStore(root, key).reads(None if ids is None else set(ids), set(file) or None)])
+                   for r in FeatureStore(root, key).reads(None if ids is None else set(ids), set(file)
+                                                          or None)])
     buf = []
     for root, key, ids, *file in sources:
         for e in _source(root, key, ids, online, features, *file):

@@ -22,12 +22,14 @@ alignment passes, plus 1.0 top-K distillation once the second stage of its sched
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
-from dataclasses import dataclass
-from drafters.train.config import MASK_MODES
+
 from drafters import checkpoint
 from drafters.config import DrafterConfig
+from drafters.train.config import MASK_MODES
 
 
 @dataclass
@@ -40,7 +42,7 @@ class AlignedBatch:
     mask: torch.Tensor  # (B, T) bool: loss positions (assistant token at t+1, not padding)
     lengths: torch.Tensor  # (B,) each example's own token count L (the aligned rows are L-1)
 
-    def to(self, device, dtype: torch.dtype | None = None) -> "AlignedBatch":
+    def to(self, device, dtype: torch.dtype | None = None) -> AlignedBatch:
         """The batch on ``device`` (collate builds it on the host; the drafter may live on a GPU),
         its features and targets in ``dtype`` (the training precision) when given."""
         cast = ("features", "target") if dtype is not None else ()
@@ -77,21 +79,25 @@ def collate(examples: list, dtype=torch.float32, mask_mode: str = "next") -> Ali
     mask = torch.zeros(B, T, dtype=torch.bool)
     for b, a in enumerate(al):
         n = a["tokens"].shape[0]
-        tokens[b, :n], feats[b, :n], target[b, :n] = a["tokens"], a["features"].to(dtype), a["target"].to(dtype)
+        tokens[b, :n], feats[b, :n], target[b,
+                                            :n] = a["tokens"], a["features"].to(dtype), a["target"].to(dtype)
         tid[b, :n], tpr[b, :n], mask[b, :n] = a["top_ids"].long(), a["top_probs"].float(), a["mask"]
     lengths = torch.tensor([a["tokens"].shape[0] + 1 for a in al])
     return AlignedBatch(tokens, feats, target, tid, tpr, mask, lengths)
 
 
-def noise(features: torch.Tensor, generator: torch.Generator | None, lengths: torch.Tensor, scale: float = 0.2) -> torch.Tensor:
+def noise(features: torch.Tensor, generator: torch.Generator | None, lengths: torch.Tensor,
+          scale: float = 0.2) -> torch.Tensor:
     """EAGLE's uniform input-feature augmentation: (U[0,1) - 0.5) * 0.2 * 512 / L, with L each
     example's own length (B,), not the padded batch length (EAGLE trains unpadded sequences)."""
-    u = torch.rand(features.shape, generator=generator, dtype=torch.float32, device=features.device).to(features)
+    u = torch.rand(features.shape, generator=generator, dtype=torch.float32,
+                   device=features.device).to(features)
     per = scale * 512 / lengths.clamp_min(1).to(features.dtype)  # (B,)
     return features + (u - 0.5) * per[:, None, None]
 
 
-def eagle_losses(pred: torch.Tensor, target: torch.Tensor, head, mask: torch.Tensor, top_ids=None, top_probs=None):
+def eagle_losses(pred: torch.Tensor, target: torch.Tensor, head, mask: torch.Tensor, top_ids=None,
+                 top_probs=None):
     """Returns (feature SmoothL1, soft CE vs the verifier's distribution, top-K distillation, logp).
 
     pred, target (B, T, H); mask (B, T); ``head`` a :class:`drafters.vocab.DraftHead` (the full LM
@@ -99,8 +105,10 @@ def eagle_losses(pred: torch.Tensor, target: torch.Tensor, head, mask: torch.Ten
     are dropped). Only masked positions go through the head.
     """
     sel = mask.nonzero(as_tuple=True)
-    p_feat, t_feat = pred[sel].float(), target[sel].float()  # (M, H); every loss in float32 (bf16 training too)
-    vloss = F.smooth_l1_loss(p_feat, t_feat, reduction="none").mean(-1).mean() if p_feat.numel() else pred.sum() * 0
+    # (M, H); every loss in float32 (bf16 training too)
+    p_feat, t_feat = pred[sel].float(), target[sel].float()
+    vloss = F.smooth_l1_loss(p_feat, t_feat,
+                             reduction="none").mean(-1).mean() if p_feat.numel() else pred.sum() * 0
     logp = head(p_feat).float().log_softmax(-1)  # (M, N) drafter log-probs over the draft vocabulary
     with torch.no_grad():
         q = head(t_feat.to(p_feat.dtype)).float().softmax(-1)  # (M, N) verifier distribution (renormalised)
@@ -129,7 +137,8 @@ def hass_mask(T: int, step: int, device=None) -> torch.Tensor:
     return mask
 
 
-def aligned_passes(drafter, embed, batch: AlignedBatch, steps: int, input_features: torch.Tensor | None = None):
+def aligned_passes(drafter, embed, batch: AlignedBatch, steps: int,
+                   input_features: torch.Tensor | None = None):
     """Run HASS's forward-alignment passes 1..steps. Returns a list of predictions (B, T, H).
 
     Pass 1 is the ordinary teacher-forced pass. In pass m >= 2, the input feature at position t is

@@ -29,10 +29,12 @@ vocabulary is the target) and the verifier's top-1. The objective is drafters/tr
 training-time test; no feature noise (the EAGLE-3 reference adds none)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
-from drafters.eagle3 import Eagle3Drafter, Eagle3Config, init_eagle3
-from dataclasses import dataclass
+
+from drafters.eagle3 import Eagle3Config, Eagle3Drafter, init_eagle3
 from drafters.features import FeatureStore
 from drafters.train.config import ONLINE_ROOTS
 
@@ -105,7 +107,8 @@ def ttt_loss(drafter: Eagle3Drafter, embed, aux, input_ids, verifier_logits, los
     verifier_logits (B, L, V); loss_mask (B, L), 1 on assistant tokens (0 on padding)."""
     b, L = input_ids.shape
     if verifier_logits.shape[:2] != (b, L) or loss_mask.shape != (b, L):
-        raise ValueError(f"verifier_logits {tuple(verifier_logits.shape)} and loss_mask {tuple(loss_mask.shape)} "
+        raise ValueError(f"verifier_logits {tuple(verifier_logits.shape)} and loss_mask "
+                         f"{tuple(loss_mask.shape)} "
                          f"must start with input_ids' (B, L) = {(b, L)}")
     probs, inside = draft_targets(verifier_logits, drafter.draft_ids())
     return ttt_loss_targets(drafter, embed, aux, input_ids, probs, loss_mask.bool() & inside, steps, decay)
@@ -156,7 +159,7 @@ class Eagle3Batch:
         the same rows EAGLE-2's batches count)."""
         return self.loss_mask[:, 1:]
 
-    def to(self, device, dtype: torch.dtype | None = None) -> "Eagle3Batch":
+    def to(self, device, dtype: torch.dtype | None = None) -> Eagle3Batch:
         cast = {"dtype": dtype} if dtype is not None else {}
         return Eagle3Batch(self.input_ids.to(device), self.aux.to(device, **cast),
                            self.features.to(device, **cast), self.top1.to(device), self.loss_mask.to(device),

@@ -24,21 +24,27 @@ import json
 import os
 import shutil
 import time
-import torch
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from drafters.checkpoint import latest_checkpoint, load_any, save_any, stale_checkpoints
-from drafters.train.runners import gather, weights_digest, all_ranks, distributed
-from drafters.train.config import TrainConfig
-from drafters.train.backbones import Backbone, backbone
-from drafters.features import reading_tensors
-from drafters.train.backbones import heldout_metrics
-from drafters.train.backbones import clamp_grads_by_value, compute_loss, lr_factor, schedule_steps
-from drafters.train.runners import make_runner
-from drafters.train.shards import rank_plan
-from drafters.train.data import OnlineFeatures, batches
-from drafters.vocab import DraftHead, load_vocab
 
+import torch
+
+from drafters.checkpoint import latest_checkpoint, load_any, save_any, stale_checkpoints
+from drafters.features import reading_tensors
+from drafters.train.backbones import (
+    Backbone,
+    backbone,
+    clamp_grads_by_value,
+    compute_loss,
+    heldout_metrics,
+    lr_factor,
+    schedule_steps,
+)
+from drafters.train.config import TrainConfig
+from drafters.train.data import OnlineFeatures, batches
+from drafters.train.runners import all_ranks, distributed, gather, make_runner, weights_digest
+from drafters.train.shards import rank_plan
+from drafters.vocab import DraftHead, load_vocab
 
 RESUME_FILES = ("deepspeed", "optimizer.pt", "rng.pt")  # what a checkpoint holds beyond the drafter
 

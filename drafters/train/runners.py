@@ -14,8 +14,10 @@ import contextlib
 import hashlib
 import os
 import sys
-import torch
 from pathlib import Path
+
+import torch
+
 from drafters.train.config import TrainConfig
 
 

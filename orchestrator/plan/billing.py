@@ -11,15 +11,15 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from orchestrator.grid import BENCHMARK_SIZES, cell_prompts, eval_cells, train_cells
 from orchestrator.plan import packing
 from orchestrator.plan import rates as rates_mod
-from orchestrator.plan.costs import ASSUMPTIONS, VERIFIERS
-from orchestrator.grid import BENCHMARK_SIZES, cell_prompts, eval_cells, train_cells
-from orchestrator.plan.makespan import GRAPH_BARRIERS, STAGE_ORDER, schedule
 from orchestrator.plan.concurrency import Cluster, actors_per_gpu, derive, eval_cpu_problem, parse_cluster
-from orchestrator.profile import Profile
+from orchestrator.plan.costs import ASSUMPTIONS, VERIFIERS
+from orchestrator.plan.makespan import GRAPH_BARRIERS, STAGE_ORDER, schedule
 from orchestrator.plan.rates import overheads
 from orchestrator.plan.rates.taskgraph import _for
+from orchestrator.profile import Profile
 
 DEFAULT_CLUSTERS = ("1x8", "2x8", "4x8", "8x8")  # NODESxGPUS a GPU profile's makespan is shown on
 
@@ -49,7 +49,8 @@ def _run(tasks: list, devices: float, caps: dict, release: bool = False, graph: 
             "staged": staged["makespan"],
             # (greedy list scheduling without the barriers can come out a little longer than with
             # them, an anomaly of the heuristic, not of the graph: the bound is the shorter)
-            "pipelined": min(free["makespan"], staged["makespan"]), "billed": billed, "used": used, "busy": busy,
+            "pipelined": min(free["makespan"], staged["makespan"]), "billed": billed, "used": used,
+            "busy": busy,
             "billed_total": total_billed, "used_total": s["busy"] / 3600, "busy_total": sum(busy.values()),
             "utilisation": s["busy"] / 3600 / total_billed if total_billed else 0.0}
 
@@ -57,7 +58,8 @@ def _run(tasks: list, devices: float, caps: dict, release: bool = False, graph: 
 def eval_shards(p: Profile) -> int:
     """Eval units (shards) of ``p``'s grid."""
     size = p.eval.shard_size
-    return sum(-(-min(cell_prompts(p, c) or BENCHMARK_SIZES[c.benchmark], BENCHMARK_SIZES[c.benchmark]) // size)
+    return sum(-(-min(cell_prompts(p, c) or BENCHMARK_SIZES[c.benchmark],
+                      BENCHMARK_SIZES[c.benchmark]) // size)
                for c in eval_cells(p))
 
 
@@ -79,7 +81,8 @@ def on_cluster(p: Profile, r: rates_mod.Rates, cluster: Cluster) -> dict:
     tasks = rates_mod.tasks(pc, r, gpus=devices, actors=plan.eval.units)
     caps = {"train": plan.train.units, "eval": plan.eval.units, "merge": 1}
     graph = p.cluster.graph(p.resources.train.use_gpu)
-    return _run(tasks, devices, caps, release=True, graph=graph) | {"cluster": cluster, "plan": plan, "profile": pc, "rates": r}
+    return _run(tasks, devices, caps, release=True, graph=graph) | {"cluster": cluster, "plan": plan,
+                                                                    "profile": pc, "rates": r}
 
 
 def as_configured(p: Profile, r: rates_mod.Rates) -> dict:
@@ -122,9 +125,11 @@ def _packing_lines(p: Profile, r: rates_mod.Rates) -> list[str]:
         lines.append(f"  memory: {k} x {each:.1f} GB (verifier weights, resources.eval.drafter_cache_gb, "
                      f"{packing.ACTOR_WORKING_GB:g} GB working) = {k * each:.1f} GB of {cap:.1f} GB ({of}; "
                      f"estimate){warn}")
-    lines.append(f"  busy: k actors keep a GPU computing k x t_dev of each packed step: {k} x {pk['t_dev_s'] * 1e3:.1f}"
+    lines.append(f"  busy: k actors keep a GPU computing k x t_dev of each packed step: {k} x "
+                 f"{pk['t_dev_s'] * 1e3:.1f}"
                  f" / {packing.step_time(pk['t_step_s'], pk['t_dev_s'], k) * 1e3:.1f} ms = "
-                 f"{min(1.0, k * pk['t_dev_s'] / packing.step_time(pk['t_step_s'], pk['t_dev_s'], k)):.0%} of it")
+                 f"{min(1.0, k * pk['t_dev_s'] / packing.step_time(pk['t_step_s'], pk['t_dev_s'], k)):.0%} "
+                 "of it")
     return lines
 
 
@@ -141,7 +146,8 @@ def _derived_packing(m: dict, p: Profile) -> list[str]:
             f"per GPU of {k0} (resources.eval.num_gpus {p.resources.eval.num_gpus:g}), k* = {t / d:.1f}"]
 
 
-COLUMNS = (("features", "features"), ("train", "train"), ("merge", "merge"), ("eval", "eval"), ("report", "report"))
+COLUMNS = (("features", "features"), ("train", "train"), ("merge", "merge"), ("eval", "eval"), ("report",
+        "report"))
 
 
 def _other(m: dict) -> str:
@@ -170,7 +176,8 @@ def _table(rows: list[dict], unit: str) -> list[str]:
 def _detail(m: dict) -> list[str]:
     """One cluster's plan and its stages: span, billed (stage after stage), allocated and busy GPU-hours."""
     c = m["cluster"]
-    out = [f"on {c.nodes}x{c.gpus}, eval step {step_label(m['rates'])}: {c.describe()}", "  " + m["plan"].line()]
+    out = [f"on {c.nodes}x{c.gpus}, eval step {step_label(m['rates'])}: {c.describe()}",
+           "  " + m["plan"].line()]
     if m["graph"]:
         out.append("  (the task graph: the stages' spans overlap, so only the total is billed; alloc% and "
                    "busy% of a stage are of its span's devices)")

@@ -162,7 +162,9 @@ def pack_per_gpu(p, nodes: list[dict]) -> tuple[int, str] | None:
     by the packing model every actor added raises a GPU's steps/s (orchestrator/plan/packing.py); memory
     and CPUs are what stop it. None where the profile packs as written or nothing says (no
     gpu_memory_gib, a verifier of unknown size, no GPU nodes)."""
-    from orchestrator.plan.costs import VERIFIERS  # (pure modules; imported here to keep plan.py's own imports bare)
+    from orchestrator.plan.costs import (
+        VERIFIERS,  # (pure modules; imported here to keep plan.py's own imports bare)
+    )
     from orchestrator.plan.packing import DTYPE_BYTES, actor_memory_gb
 
     r, e = p.resources, p.resources.eval
@@ -176,7 +178,8 @@ def pack_per_gpu(p, nodes: list[dict]) -> tuple[int, str] | None:
     gpus = int(math.floor(node["GPU"] + EPS))
     fed = int(math.floor(node.get("CPU", 0) / e.num_cpus + EPS)) if e.num_cpus > 0 else gpus * PACK_MOST
     k = min(range(1, min(by_mem, PACK_MOST) + 1), key=lambda k: (-min(gpus * k, fed), k))
-    return k, (f"{k} per GPU (resources.eval.packing auto): the most actors a node places, {min(gpus * k, fed)} "
+    return k, (f"{k} per GPU (resources.eval.packing auto): the most actors a node places, "
+               f"{min(gpus * k, fed)} "
                f"on its {gpus} GPUs; memory holds {by_mem} a GPU ({each:.1f} GB each of {cap:.1f} GB, "
                f"resources.gpu_memory_gib {r.gpu_memory_gib:g}), its {node.get('CPU', 0):g} CPUs feed {fed} "
                f"(resources.eval.num_cpus {e.num_cpus:g}), at most {PACK_MOST} a GPU")

@@ -18,7 +18,8 @@ VERIFIERS = {
                               "intermediate": 1536, "layers": 30},
 }
 ASSUMPTIONS = {
-    "tokens_per_example": {"mathinstruct": 350, "sharegpt": 900},  # after the chat template, capped by max_length
+    # after the chat template, capped by max_length
+    "tokens_per_example": {"mathinstruct": 350, "sharegpt": 900},
     "gpu_peak_flops": 312e12,  # A100 bf16 dense
     "mfu": 0.35,  # achieved fraction of peak in training / extraction
     "verify_step_seconds": 0.030,  # one tree pass of the 8B verifier on one A100 (memory-bound)
@@ -33,7 +34,8 @@ ASSUMPTIONS = {
     # per features task: the rehearsal's slower features stage (31 s for its 3 tasks), taken whole per task
     "features_startup_s": 31.0,
     # per eval shard: drafter fetch and load, trace writes, records. The rehearsal's slowest eval stage per
-    # unit and actor (865 s x 4 actors / 872 units; its decoding, 2 prompts x 8 tokens at width 64, counted in)
+    # unit and actor (865 s x 4 actors / 872 units; its decoding, 2 prompts x 8 tokens at width 64, counted
+    # in)
     "eval_shard_overhead_s": 4.0,
     # per merge beside moving its bytes (two finals in, one out, at the object store's bandwidth): the
     # rehearsal's merge stage (at most 6 s for its 27 merges)
@@ -105,7 +107,8 @@ def checkpoint_bytes(v: dict, backbone: str, precision: str, deepspeed: bool,
     return drafter_params(v, backbone, draft_vocab) * (2 * weight_bytes(precision, deepspeed) + 12)
 
 
-def final_bytes(v: dict, backbone: str, precision: str, deepspeed: bool, draft_vocab: int | None = None) -> int:
+def final_bytes(v: dict, backbone: str, precision: str, deepspeed: bool,
+                draft_vocab: int | None = None) -> int:
     """A final or merged drafter: its weights only, as trained."""
     return drafter_params(v, backbone, draft_vocab) * weight_bytes(precision, deepspeed)
 

@@ -9,15 +9,22 @@ marked as an estimate, with the eval step from the project's own GPU measurement
 """
 from __future__ import annotations
 
+from orchestrator.grid import corpora, merge_cells, plan_summary, train_cells
 from orchestrator.plan import feature_modes
 from orchestrator.plan import rates as rates_mod
-from orchestrator.plan.costs import ASSUMPTIONS, VERIFIERS, checkpoint_bytes, final_bytes, train_flops_per_token
-from orchestrator.grid import corpora, merge_cells, plan_summary, train_cells
 from orchestrator.plan.billing import print_makespan
 from orchestrator.plan.concurrency import parse_cluster
+from orchestrator.plan.costs import (
+    ASSUMPTIONS,
+    VERIFIERS,
+    checkpoint_bytes,
+    final_bytes,
+    train_flops_per_token,
+)
 from orchestrator.plan.preflight import dry_run_checks
-from orchestrator.profile import Profile
 from orchestrator.plan.sizing import feature_cache_bytes
+from orchestrator.profile import Profile
+
 
 def estimate(p: Profile) -> dict:
     v = VERIFIERS.get(p.verifier)
@@ -64,23 +71,30 @@ def print_plan(p: Profile, output: str | None = None, rates: str | None = None,
     if output:
         from common.storage import is_uri
 
-        how = ("a URI: every artifact moves through it with pyarrow filesystems; node-local copies go to $TASKSPEC_STAGING"
-               if is_uri(output) else "a directory: a multi-node run needs it on a filesystem every node mounts at this path")
+        how = ("a URI: every artifact moves through it with pyarrow filesystems; node-local copies go to "
+               "$TASKSPEC_STAGING"
+               if is_uri(output)
+               else "a directory: a multi-node run needs it on a filesystem every node mounts at this path")
         print(f"output: {output} -- {how}")
-    print("DAG: features -> train (Tune grid over backbone x variant, each a Ray Train TorchTrainer + DeepSpeed) "
+    print("DAG: features -> train (Tune grid over backbone x variant, each a Ray Train TorchTrainer + "
+          "DeepSpeed) "
           "-> merges -> evaluation (actor pool, sharded over prompts) -> report; "
           + ("as a task graph: each checkpoint's merges and evaluation start as it is trained, while other "
              "trials train (cluster.schedule)" if p.cluster.graph(r.train.use_gpu)
              else "stage after stage (cluster.schedule)"))
-    print(f"  features : {len(s['features'])} corpora {s['features']} (mode: {p.data.feature_mode}; n={p.data.n}/domain, max_length {p.data.max_length})"
-          + (f"; self-distilled ({p.data.self_distill}): the verifier first regenerates the {p.data.n} training answers "
+    print(f"  features : {len(s['features'])} corpora {s['features']} (mode: {p.data.feature_mode}; "
+          f"n={p.data.n}/domain, max_length {p.data.max_length})"
+          + (f"; self-distilled ({p.data.self_distill}): the verifier first regenerates the {p.data.n} "
+             "training answers "
              "per corpus (decode time not in the estimate below)" if p.data.self_distill else ""))
     epochs = {b: p.train.for_backbone(b).epochs for b in p.train.backbones}
     ep = f"{p.train.epochs}" if set(epochs.values()) == {p.train.epochs} else \
         ", ".join(f"{b} {n}" for b, n in epochs.items())
     print(f"  train    : {len(s['train'])} runs, {ep} epochs, ZeRO-{p.train.zero_stage}, "
-          f"{r.train.num_workers} worker(s) x {r.train.cpus_per_worker} CPU{' + 1 GPU' if r.train.use_gpu else ''}, "
-          f"up to {r.train.max_concurrent_trials} concurrent trial(s) (the driver fills the cluster to this cap)")
+          f"{r.train.num_workers} worker(s) x {r.train.cpus_per_worker} "
+          f"CPU{' + 1 GPU' if r.train.use_gpu else ''}, "
+          f"up to {r.train.max_concurrent_trials} concurrent trial(s) (the driver fills the cluster to this "
+          "cap)")
     print(f"  merge    : {len(s['merge'])} checkpoints {s['merge']}")
     print(f"  eval     : {s['eval_cells']} cells, {s['eval_prompt_runs']} prompt runs, "
           f"up to {r.eval_actors} actor(s) x ({r.eval.num_cpus} CPU, {r.eval.num_gpus} GPU"
@@ -100,13 +114,15 @@ def print_plan(p: Profile, output: str | None = None, rates: str | None = None,
             print_makespan(p, r, clusters)
         return
     print("estimate (assumptions: tokens/example " + str(a["tokens_per_example"]) + f", verifier FLOPs/token = 2 x params, "
-          f"GPU {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s peak at {a['mfu']:.0%} MFU; compute only, the overheads "
+          f"GPU {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s peak at {a['mfu']:.0%} MFU; compute only, the "
+          "overheads "
           "in the makespan below):")
     print(f"  features : {e['features_gpu_h']:.1f} GPU-h, {e['feature_storage_gb']:.0f} GB cache"
           + (" (online mode: computed inside training, no cache)" if p.data.feature_mode == "online" else ""))
     print(f"  train    : {e['train_gpu_h']:.1f} GPU-h")
     print("  eval     : timed by the makespan below (its step, tau and packing: each printed with its source)")
-    print(f"  storage  : checkpoints {e['checkpoint_storage_gb']:.1f} GB (the last train.keep_checkpoints epochs with "
+    print(f"  storage  : checkpoints {e['checkpoint_storage_gb']:.1f} GB (the last train.keep_checkpoints "
+          "epochs with "
           "optimizer state per drafter, finals, merges)")
     gpu = rates_mod._device(p) == "gpu"
     _print_features_mode(p)
@@ -144,6 +160,7 @@ def print_checkpoint_interval(p: Profile, r) -> None:
     for b in p.train.backbones:
         every = p.train.for_backbone(b).checkpoint_every
         mine = [s for (bb, _), s in steps.items() if bb == b]
-        parts.append(f"{b} every {every} steps = {every * min(mine) / 60:.1f}-{every * max(mine) / 60:.1f} min"
+        parts.append(f"{b} every {every} steps = {every * min(mine) / 60:.1f}-{every * max(mine) / 60:.1f} "
+                     "min"
                      if every else f"{b} at epoch ends only")
     print("  checkpoints: " + "; ".join(parts) + " (train.checkpoint_every: a lost node loses at most that)")

@@ -57,7 +57,8 @@ class ShardReads:
     def __post_init__(self):
         if self.shard_bytes < 0 or self.shards < 0 or self.compute_s < 0:
             raise ValueError(f"shard_bytes, shards and compute_s must be >= 0: {self}")
-        if not self.node_bandwidth > 0 or (self.stream_bandwidth is not None and not self.stream_bandwidth > 0):
+        if not self.node_bandwidth > 0 or (self.stream_bandwidth is not None
+                                           and not self.stream_bandwidth > 0):
             raise ValueError(f"bandwidths must be > 0 bytes/s: {self}")
         if self.ranks_per_node < 1 or self.streams < 1 or self.read_ahead < 0:
             raise ValueError(f"ranks_per_node and streams must be >= 1, read_ahead >= 0: {self}")

@@ -26,9 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from drafters.corpora import CORPUS_OF
-
-from orchestrator.plan.costs import ASSUMPTIONS, EAGLE3_AUX_LAYERS, VERIFIERS, train_flops_per_token
 from orchestrator.grid import corpora, train_cells
+from orchestrator.plan.costs import ASSUMPTIONS, EAGLE3_AUX_LAYERS, VERIFIERS, train_flops_per_token
 from orchestrator.plan.io_cost import share, trial_io
 from orchestrator.profile.schema import Profile
 
@@ -89,10 +88,13 @@ def options(p: Profile, backbone: str) -> dict[str, Option]:
         ios.append(io)
     worst = max(ios, key=lambda x: x.need_bytes_per_s)
     big = max(ios, key=lambda x: x.share_bytes)
-    cached_note = (f"reads up to {worst.need_bytes_per_s / 1e9:.2f} GB/s of {worst.store_bytes_per_s / 1e9:.2f} "
+    cached_note = (f"reads up to {worst.need_bytes_per_s / 1e9:.2f} GB/s of "
+                   f"{worst.store_bytes_per_s / 1e9:.2f} "
                    f"GB/s from the store; largest share {big.share_bytes / 1e12:.2f} TB "
-                   + ("fits" if big.fits else "does not fit") + f" {node.disk_gb * share(gpus):,.0f} GB of disk")
-    hybrid_note = "not built" + ("" if all(x.fits for x in ios) else "; a share does not fit node disk: online there")
+                   + ("fits" if big.fits
+                      else "does not fit") + f" {node.disk_gb * share(gpus):,.0f} GB of disk")
+    hybrid_note = "not built" + ("" if all(x.fits for x in ios)
+                                 else "; a share does not fit node disk: online there")
     return {"online": _opt(out["online"], gpus), "cached": _opt(out["cached"], gpus, cached_note),
             "hybrid": _opt(out["hybrid"], gpus, hybrid_note)}
 
@@ -144,18 +146,22 @@ def lines(p: Profile) -> list[str]:
         best = min(o, key=lambda k: o[k].gpu_h)
         best_mix, picks = best_mix + o[best].gpu_h, picks | {best}
         out.append(f"  {b:<7}: " + "; ".join(
-            f"{k} {x.gpu_h:,.1f} GPU-h, {x.hours:.1f} h" + (f" ({x.note})" if x.note else "") for k, x in o.items())
+            f"{k} {x.gpu_h:,.1f} GPU-h, {x.hours:.1f} h" + (f" ({x.note})" if x.note else "") for k,
+            x in o.items())
             + f" -> cheapest {best}")
     one = one_forward_for_all(p)
-    out.append(f"  one verifier forward per variant for every backbone: {one.gpu_h:,.1f} GPU-h, {one.hours:.1f} h "
+    out.append(f"  one verifier forward per variant for every backbone: {one.gpu_h:,.1f} GPU-h, "
+               f"{one.hours:.1f} h "
                f"({one.note})")
     best_mix += ext.gpu_h if "cached" in picks else 0.0
     t, pick = totals(p), choose(p)
     other = "online" if pick == "cached" else "cached"
-    out.append(f"  run: cached {t['cached']:,.1f} GPU-h (extraction included) against online {t['online']:,.1f}: "
+    out.append(f"  run: cached {t['cached']:,.1f} GPU-h (extraction included) against online "
+               f"{t['online']:,.1f}: "
                f"{pick} costs {t[other] - t[pick]:,.1f} GPU-h less (data.feature_mode auto picks it within "
                "data.feature_storage_gib)")
     if best_mix < t[pick] - 0.05:
-        out.append(f"  each backbone's cheapest option together: {best_mix:,.1f} GPU-h, {t[pick] - best_mix:,.1f} "
+        out.append(f"  each backbone's cheapest option together: {best_mix:,.1f} GPU-h, "
+                   f"{t[pick] - best_mix:,.1f} "
                    "less, but the driver runs one mode for the run and no hybrid")
     return out

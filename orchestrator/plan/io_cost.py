@@ -52,12 +52,14 @@ def trial_io(compute_epoch_s: float, epochs: int, tokens: float, gpus: int, node
     shards = max(1, math.ceil(tokens / gpus / shard_tokens))
     ranks = min(gpus, GPUS_PER_NODE)
     r = ShardReads(shard_tokens * per_token, shards, compute_epoch_s / shards, node.object_store_gb_s * 1e9,
-                   ranks_per_node=ranks, streams=STREAMS, read_ahead=READ_AHEAD, stream_bandwidth=STREAM_BYTES_PER_S)
+                   ranks_per_node=ranks, streams=STREAMS, read_ahead=READ_AHEAD,
+                   stream_bandwidth=STREAM_BYTES_PER_S)
     first = epoch_waits(r, 1)[0]
     fits = share_fits(r, node.disk_gb * 1e9)
     nbytes = tokens * per_token
     later = max(0.0, nbytes / (node.disk_gb_s * 1e9 * share(gpus)) - compute_epoch_s) if fits else first
-    return TrialIO(first + (epochs - 1) * later, fits, nbytes, nbytes / compute_epoch_s if compute_epoch_s else 0.0,
+    return TrialIO(first + (epochs - 1) * later, fits, nbytes, nbytes / compute_epoch_s if compute_epoch_s
+                   else 0.0,
                    min(node.object_store_gb_s * 1e9 * share(gpus), gpus * STREAMS * STREAM_BYTES_PER_S))
 
 

@@ -96,7 +96,8 @@ class _Timeline:
     top decides whether any fits), running tasks by end time, free devices, slots used per group,
     the clock, and the device-seconds held."""
 
-    def __init__(self, by_name: dict[str, Task], prio: dict[str, float], devices: float, caps: dict[str, int]):
+    def __init__(self, by_name: dict[str, Task], prio: dict[str, float], devices: float, caps: dict[str,
+            int]):
         self.by_name, self.prio, self.caps = by_name, prio, caps
         self.ready: dict[tuple, list] = {}
         self.running: list[tuple[float, str]] = []
@@ -139,7 +140,8 @@ class _Timeline:
         return n
 
 
-GRAPH_BARRIERS = ("train",)  # the driver's task graph (cluster.schedule graph): training waits for every cache
+# the driver's task graph (cluster.schedule graph): training waits for every cache
+GRAPH_BARRIERS = ("train",)
 
 
 def schedule(tasks: list[Task], devices: int, caps: dict[str, int] | None = None,

@@ -22,7 +22,6 @@ import os
 from pathlib import Path
 
 from drafters.data.sources import DataSourceNotFound, DataSourceTooSmall, SourceOptions, locate
-
 from orchestrator.grid import corpora
 from orchestrator.profile import Profile
 
@@ -108,7 +107,8 @@ def _eagle3_layers_problem(p: Profile, config: dict) -> str | None:
     aux = default_aux_layers(n)
     if len(set(aux)) == len(aux):
         return None
-    return (f"train.backbones: eagle3 fuses the verifier's layers (2, L // 2, L - 3), but verifier {p.verifier!r} "
+    return ("train.backbones: eagle3 fuses the verifier's layers (2, L // 2, L - 3), but verifier "
+            f"{p.verifier!r} "
             f"has {n} decoder layers, which gives {list(aux)} (not distinct); use a verifier of 7 or more "
             "layers, or drop eagle3 from train.backbones")
 

@@ -29,10 +29,17 @@ from dataclasses import dataclass
 
 from common.dtypes import nbytes
 from drafters.train.config import weight_bytes
-
-from orchestrator.plan import feature_modes
-from orchestrator.plan.costs import ASSUMPTIONS, EAGLE3_TTT_STEPS, GIB, VERIFIERS, drafter_params, feature_bytes_per_token, head_rows
 from orchestrator.grid import corpora
+from orchestrator.plan import feature_modes
+from orchestrator.plan.costs import (
+    ASSUMPTIONS,
+    EAGLE3_TTT_STEPS,
+    GIB,
+    VERIFIERS,
+    drafter_params,
+    feature_bytes_per_token,
+    head_rows,
+)
 from orchestrator.profile.batch import batch_plan
 from orchestrator.profile.errors import ProfileError
 from orchestrator.profile.load import read_profile
@@ -100,7 +107,8 @@ def _activations(v: dict, backbone: str, micro_batch: int, max_length: int, prec
 
 
 def train_memory(v: dict, backbone: str, *, micro_batch: int, max_length: int, precision: str = "bf16",
-                 deepspeed: bool = True, zero_stage: int = 2, ranks: int = 1, verifier_dtype: str = "bfloat16",
+                 deepspeed: bool = True, zero_stage: int = 2, ranks: int = 1,
+                 verifier_dtype: str = "bfloat16",
                  online: bool = True, draft_vocab: int | None = None, hass_steps: int = 3,
                  ttt_steps: int = EAGLE3_TTT_STEPS) -> TrainMemory:
     """Memory per GPU of one training worker of ``backbone`` for verifier ``v`` (module docstring)."""
@@ -119,7 +127,8 @@ def _for(p: Profile, backbone: str, v: dict, batch_size: int | None = None) -> T
         t = dataclasses.replace(t, batch_size=batch_size)
     return train_memory(
         v, backbone, micro_batch=batch_plan(p, t).per_worker, max_length=p.data.max_length,
-        precision=t.precision, deepspeed=t.deepspeed, zero_stage=t.zero_stage, ranks=p.resources.train.num_workers,
+        precision=t.precision, deepspeed=t.deepspeed, zero_stage=t.zero_stage,
+        ranks=p.resources.train.num_workers,
         verifier_dtype=p.verifier_dtype or "bfloat16", online=p.data.feature_mode == "online",
         draft_vocab=t.draft_vocab, hass_steps=t.hass_steps)
 
@@ -161,9 +170,11 @@ def memory_problem(p: Profile) -> str | None:
     for m in over:
         s = _smaller(p, m, cap * GIB)
         if s is not None:
-            fixes.append(f"train.per_backbone.{m.backbone}.batch_size={s.micro_batch} ({s.total / GIB:.1f} GiB)")
+            fixes.append(f"train.per_backbone.{m.backbone}.batch_size={s.micro_batch} ({s.total / GIB:.1f} "
+                         "GiB)")
     need = math.ceil(max(m.total for m in over) / GIB)
-    fix = (f"set {' and '.join(fixes)}, or " if fixes else "") + f"use GPUs with >= {need} GiB ({LARGER_NODE})"
+    fix = (f"set {' and '.join(fixes)}, or " if fixes
+           else "") + f"use GPUs with >= {need} GiB ({LARGER_NODE})"
     return (f"resources.gpu_memory_gib {cap:g}: training needs more per GPU (estimate): "
             + "; ".join(m.describe() for m in over) + f"; {fix}")
 
@@ -241,8 +252,10 @@ def resolve_feature_mode(p: Profile) -> Profile:
         return p
     c = feature_cache_bytes(p)
     if d.feature_mode == "auto" and (c is None or d.feature_storage_gib is None):
-        raise ProfileError(f"data.feature_mode auto needs data.feature_storage_gib and a verifier of known shape "
-                           f"({sorted(VERIFIERS)}); got budget {d.feature_storage_gib!r}, verifier {p.verifier!r}",
+        raise ProfileError("data.feature_mode auto needs data.feature_storage_gib and a verifier of known "
+                           "shape "
+                           f"({sorted(VERIFIERS)}); got budget {d.feature_storage_gib!r}, verifier "
+                           f"{p.verifier!r}",
                            "data.feature_mode")
     if c is None:
         return p
@@ -253,9 +266,11 @@ def resolve_feature_mode(p: Profile) -> Profile:
                            "data.feature_storage_gib")
     if d.feature_mode == "cached":  # explicit, within the budget: kept whatever the cost says
         return p
-    mode = ("cached" if d.self_distill else _cost_choice(p)) if fits else "online"  # self_distill: cached only
+    # self_distill: cached only
+    mode = ("cached" if d.self_distill else _cost_choice(p)) if fits else "online"
     if mode == "online" and d.self_distill:
-        raise ProfileError(f"data.self_distill needs cached features, but data.feature_mode auto picks online: "
+        raise ProfileError("data.self_distill needs cached features, but data.feature_mode auto picks "
+                           "online: "
                            f"{feature_mode_reason(p, mode)}", "data.feature_storage_gib")
     return dataclasses.replace(p, data=dataclasses.replace(d, feature_mode=mode))
 

@@ -11,4 +11,5 @@ from orchestrator.profile.errors import ProfileError
 from orchestrator.profile.load import PROFILE_DIR, profile_dict, read_profile
 from orchestrator.profile.schema import Profile
 
-__all__ = ["PROFILE_DIR", "BatchPlan", "Profile", "ProfileError", "batch_plan", "profile_dict", "read_profile"]
+__all__ = ["PROFILE_DIR", "BatchPlan", "Profile", "ProfileError", "batch_plan", "profile_dict",
+           "read_profile"]

@@ -6,7 +6,6 @@ from __future__ import annotations
 from common.rules import is_int, is_num
 from decoding.config import switch_depth_error
 from drafters.data.sources import BENCHMARKS
-
 from orchestrator.profile.batch import batch_plan
 from orchestrator.profile.errors import need
 from orchestrator.profile.schema import DataCfg, EvalCfg, MergeCfg, Profile, Resources
@@ -105,7 +104,8 @@ def drafter_checks(p: Profile) -> None:
              "train.variants")
     for b, o in t.per_backbone.items():
         own = o.get("variants", t.variants)
-        needed = [v for v in p.eval.route_pair if v in t.variants] + (["math", "chat"] if "linear" in m.kinds else [])
+        needed = [v for v in p.eval.route_pair if v in t.variants] + (["math", "chat"]
+                                                                      if "linear" in m.kinds else [])
         need(set(own) <= set(t.variants) and set(needed) <= set(own),
              f"train.per_backbone.{b}.variants {own} must be a subset of train.variants "
              f"{t.variants} that includes {sorted(set(needed))} (eval.route_pair, the average)",

@@ -17,7 +17,6 @@ from pathlib import Path
 import yaml
 
 from common.rules import Rule, is_int
-
 from orchestrator.profile.checks import check_profile
 from orchestrator.profile.errors import ProfileError
 from orchestrator.profile.schema import Profile
@@ -151,7 +150,8 @@ def read_profile(name_or_path: str, overrides: list[str] = (), finish=None) -> P
         path = PROFILE_DIR / f"{name_or_path}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in PROFILE_DIR.glob("*.yaml"))
-        raise ProfileError(f"profile {name_or_path!r} not found (looked for {path}); shipped profiles: {known}")
+        raise ProfileError(f"profile {name_or_path!r} not found (looked for {path}); shipped profiles: "
+                           f"{known}")
     shown = _shown(path)
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)

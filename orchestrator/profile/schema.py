@@ -9,16 +9,30 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from common.dtypes import NAMES as DTYPES
-from common.rules import (BOOL, Rule, booleans, integer, integers, is_num, mapping, number, numbers, one_of, optional,
-                          subset, text)
+from common.rules import (
+    BOOL,
+    Rule,
+    booleans,
+    integer,
+    integers,
+    is_num,
+    mapping,
+    number,
+    numbers,
+    one_of,
+    optional,
+    subset,
+    text,
+)
 from decoding.config import GRANULARITIES, STRATEGY_NAMES, SWITCH_AFTER, SWITCH_TO, DecodeConfig, TreeConfig
 from decoding.hedge import FEEDBACKS, LEARNERS, RESETS, TIES
 from drafters.config import BACKBONES
 from drafters.corpora import VARIANTS
-from drafters.train.config import TrainSettings
 from drafters.data.sources import BENCHMARKS
+from drafters.train.config import TrainSettings
 
-# the study's own; switching and depth_adaptive are its proposed next steps; hedge the online router (issue 57)
+# the study's own; switching and depth_adaptive are its proposed next steps; hedge the online router (issue
+# 57)
 STUDY_STRATEGIES = STRATEGY_NAMES[:5]
 # the study's routers by name: posthoc_confidence (its code's run_confidence_router_tau.py, computed by the
 # report from the single-drafter traces), entropy_heads (its gen_routing_eval.py: lowest draft entropy over
@@ -34,7 +48,8 @@ class DataCfg:
     heldout: int = 16
     max_length: int = 256
     seed: int = 42
-    feature_mode: str = "cached"  # cached | online | auto (cached when the cache estimate fits feature_storage_gib)
+    # cached | online | auto (cached when the cache estimate fits feature_storage_gib)
+    feature_mode: str = "cached"
     # null | greedy | sample: train on the verifier's own answers (held-out stays original)
     self_distill: str | None = None
     # the storage the feature cache may take (orchestrator/plan/sizing.py's estimate, EAGLE-3's aux layers
@@ -42,7 +57,8 @@ class DataCfg:
     feature_storage_gib: float | None = None
 
     RULES = {"n": integer(2), "heldout": integer(1), "max_length": integer(16), "seed": integer(0),
-             "feature_mode": one_of("cached", "online", "auto"), "self_distill": one_of(None, "greedy", "sample"),
+             "feature_mode": one_of("cached", "online", "auto"), "self_distill": one_of(None, "greedy",
+                     "sample"),
              "feature_storage_gib": optional(number(0, lo_open=True))}
 
 
@@ -68,13 +84,14 @@ class TrainCfg(TrainSettings):
                     "variants", "checkpoint_every")
     PREFIX = "train."
 
-    def for_backbone(self, backbone: str) -> "TrainCfg":
+    def for_backbone(self, backbone: str) -> TrainCfg:
         """The settings one backbone trains with (its per_backbone values over the shared ones)."""
         return dataclasses.replace(self, per_backbone={}, **self.per_backbone.get(backbone, {}))
 
     RULES = {**TrainSettings.RULES, "backbones": subset(BACKBONES), "variants": subset(VARIANTS),
              "global_batch": optional(integer(1)), "draft_vocab": optional(integer(16)),
-             "per_backbone": Rule(f"a mapping of backbone ({', '.join(BACKBONES)}) to {{key: value}} with keys from "
+             "per_backbone": Rule(f"a mapping of backbone ({', '.join(BACKBONES)}) to {{key: value}} with "
+                                  "keys from "
                                   f"[{', '.join(PER_BACKBONE)}], each value valid for that train key",
                                   lambda v: isinstance(v, dict) and all(
                                       b in BACKBONES and isinstance(o, dict) and all(
@@ -97,7 +114,8 @@ class MergeCfg:
 
 @dataclass(frozen=True)
 class EvalCfg:
-    benchmarks: dict = field(default_factory=lambda: {b: 2 for b in BENCHMARKS})  # name -> prompts (null = all)
+    # name -> prompts (null = all)
+    benchmarks: dict = field(default_factory=lambda: {b: 2 for b in BENCHMARKS})
     temperatures: list = field(default_factory=lambda: [0.0, 1.0])
     strategies: list = field(default_factory=lambda: list(STUDY_STRATEGIES))
     routing_granularities: list = field(default_factory=lambda: ["step"])
@@ -108,7 +126,8 @@ class EvalCfg:
     budget_matched: bool = True
     max_new_tokens: int = 64
     tree: TreeConfig = field(default_factory=TreeConfig)  # decoding/config.py's, with its RULES
-    tree_auto: list = field(default_factory=list)  # strategies also run with tree auto (single: the route pair)
+    # strategies also run with tree auto (single: the route pair)
+    tree_auto: list = field(default_factory=list)
     # every cell times transformers' generate on its own inputs, right after decoding each one, and its
     # speedup divides by that (paired: machine drift between cells stays out of the ratio; eval costs
     # about twice as much). False: only the autoregressive cell times generate, every cell divides by it.
@@ -116,8 +135,10 @@ class EvalCfg:
     seed: int = 42
     shard_size: int = 4
     routers: list = field(default_factory=list)  # the study's routers (ROUTERS) beside the project's own
-    heads: list = field(default_factory=lambda: ["math", "chat", "mixed_full", "avg0.5"])  # entropy_heads' drafters
-    mixed_variant: str = "mixed_full"  # the mixed checkpoint: post hoc near-ties, depth_adaptive's shallow levels
+    # entropy_heads' drafters
+    heads: list = field(default_factory=lambda: ["math", "chat", "mixed_full", "avg0.5"])
+    # the mixed checkpoint: post hoc near-ties, depth_adaptive's shallow levels
+    mixed_variant: str = "mixed_full"
     # the strategies' options below default to DecodeConfig's defaults (decoding/config.py), which keep
     # the keys cells had before each option existed (orchestrator/grid.py KEY_DEFAULTS)
     # switching: one cell per k (steps with nothing accepted) and per target (the other specialist / merged)
@@ -149,14 +170,17 @@ class EvalCfg:
              "paired_baseline": BOOL, "seed": integer(0), "shard_size": integer(1),
              "routers": subset(ROUTERS, 0),
              "heads": Rule("a list of >= 3 distinct drafter names (trained variants or avg0.5)",
-                           lambda v: isinstance(v, list) and len(v) >= 3 and all(isinstance(x, str) for x in v)
+                           lambda v: isinstance(v, list) and len(v) >= 3 and all(isinstance(x, str)
+                                   for x in v)
                            and len(set(v)) == len(v)),
              "mixed_variant": one_of("mixed_half", "mixed_full"),
              "switch_after": integers(SWITCH_AFTER[0], SWITCH_AFTER[-1]),
              "switch_to": subset(SWITCH_TO), "switch_depth": integer(1),
              "rq1_prompts": optional(integer(1)), "rq1_backbone": one_of(None, *BACKBONES),
-             "system_prompt": optional(Rule("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip()))),
-             "hedge_learners": subset(LEARNERS), "hedge_resets": subset(RESETS), "hedge_feedback": one_of(*FEEDBACKS),
+             "system_prompt": optional(Rule("a non-empty string", lambda v: isinstance(v, str)
+                                            and bool(v.strip()))),
+             "hedge_learners": subset(LEARNERS), "hedge_resets": subset(RESETS),
+             "hedge_feedback": one_of(*FEEDBACKS),
              "hedge_ties": one_of(*TIES), "hedge_eta": number(0, lo_open=True)}
 
 
@@ -175,8 +199,10 @@ class EvalResources(StageResources):
     # a checkpoint being fetched or loaded stays): keep it well under the node's staging volume
     checkpoint_disk_gb: float = 20.0
     # fixed: num_gpus as written. auto (a GPU profile): the plan packs as many batch-1 actors on a GPU as
-    # its memory (resources.gpu_memory_gib over each actor's, orchestrator/plan/packing.py) and the node's CPUs
-    # (num_cpus each) hold, up to plan.PACK_MOST; num_gpus stays the share where it cannot tell (no memory set)
+    # its memory (resources.gpu_memory_gib over each actor's, orchestrator/plan/packing.py) and the node's
+    # CPUs
+    # (num_cpus each) hold, up to plan.PACK_MOST; num_gpus stays the share where it cannot tell (no memory
+    # set)
     packing: str = "fixed"
 
     RULES = {**StageResources.RULES, "drafter_cache_gb": number(0, lo_open=True),
@@ -194,7 +220,8 @@ class NodeIO:
     is about 30 connections, a stated figure for a read-ahead client, not measured here."""
 
     object_store_gb_s: float = 2.5  # GB/s one node reads from (and writes to) the object store
-    disk_gb: float = 8000.0  # node-local disk the feature shards may fill (0: none; every epoch from the store)
+    # node-local disk the feature shards may fill (0: none; every epoch from the store)
+    disk_gb: float = 8000.0
     disk_gb_s: float = 16.0  # its read throughput, GB/s
 
     RULES = {"object_store_gb_s": number(0, 100, lo_open=True), "disk_gb": number(0, 1e6),
@@ -230,7 +257,8 @@ class Resources:
 @dataclass(frozen=True)
 class TrackingCfg:
     backend: str = "none"  # none | mlflow | wandb
-    uri: str | None = None  # mlflow: tracking URI (default: a file store under <output>/mlruns); wandb: its dir
+    # mlflow: tracking URI (default: a file store under <output>/mlruns); wandb: its dir
+    uri: str | None = None
     experiment: str | None = None  # default: taskspec-<profile>
 
     RULES = {"backend": one_of("none", "mlflow", "wandb"), "uri": optional(text(True)),

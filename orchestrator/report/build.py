@@ -10,7 +10,6 @@ from pathlib import Path
 import polars as pl
 
 from common.atomic import atomic_file, write_text_atomic
-
 from orchestrator.report.claims import Grid, check_claims
 from orchestrator.report.claims.project import BASE, EARLY_STEPS
 from orchestrator.report.duplicates import check_unique, refuse
@@ -23,7 +22,15 @@ from orchestrator.report.sections import appendix, figures_section, routers_sect
 from orchestrator.report.steps import PASS_ROWS, StepSummary, entropy_table, read_steps
 from orchestrator.report.study_tables import study_comparison
 from orchestrator.report.summary import claims_section, summary_section
-from orchestrator.report.tables import depth_table, depth_table_deeper, per_prompt, scan, speed, table1, trace_files
+from orchestrator.report.tables import (
+    depth_table,
+    depth_table_deeper,
+    per_prompt,
+    scan,
+    speed,
+    table1,
+    trace_files,
+)
 from orchestrator.report.verdicts import headline as verdict_headline
 from orchestrator.report.verdicts import verdict_table
 
@@ -39,7 +46,8 @@ def _save_table(df: pl.DataFrame, out: Path, name: str) -> None:
             fn(tmp)
 
 
-def _tables(by_prompt: pl.DataFrame, summary: StepSummary | None, steps: pl.LazyFrame | None, route_pair: tuple,
+def _tables(by_prompt: pl.DataFrame, summary: StepSummary | None, steps: pl.LazyFrame | None,
+            route_pair: tuple,
             grid: Grid) -> dict[str, pl.DataFrame]:
     """Every table of the report by its file name under tables/ (the claims checked on ``grid``)."""
     t1 = table1(by_prompt)
@@ -75,7 +83,8 @@ def build_report(run_dir, pass_rows: int = PASS_ROWS) -> Path:
     by_prompt = per_prompt(prompts) if prompts is not None else None
     problems = run_problems(run, by_prompt, recorded)
     if by_prompt is None or by_prompt.is_empty():
-        return _write(out, "\n".join([title, "No prompt traces found under traces/prompts: nothing to report.\n",
+        return _write(out, "\n".join([title,
+                                      "No prompt traces found under traces/prompts: nothing to report.\n",
                                       "## Missing\n", *problems]))
     profile = json.loads((run / "profile.json").read_text()) if (run / "profile.json").is_file() else {}
     ev = profile.get("eval", {})
@@ -85,8 +94,10 @@ def build_report(run_dir, pass_rows: int = PASS_ROWS) -> Path:
     for name, df in tables.items():
         _save_table(df, out, name)
     t1, claims = tables["table1_acceptance"], tables["claims"]
-    if not claims.is_empty():  # the verdict table (experiments/verdicts.py prints the same from tables/claims.csv)
-        write_text_atomic(out / "tables" / "verdicts.md", f"{verdict_headline(claims)}\n\n{verdict_table(claims)}")
+    # the verdict table (experiments/verdicts.py prints the same from tables/claims.csv)
+    if not claims.is_empty():
+        write_text_atomic(out / "tables" / "verdicts.md",
+                          f"{verdict_headline(claims)}\n\n{verdict_table(claims)}")
     backbones = sorted(set(by_prompt["backbone"].unique().to_list()) - {"none"})
     temps = sorted(by_prompt["temperature"].unique().to_list())
     first = summary_section(t1, tables["speed"], claims, problems, by_prompt, profile.get("report") or {})
@@ -94,7 +105,8 @@ def build_report(run_dir, pass_rows: int = PASS_ROWS) -> Path:
     md += ["## How to read the numbers\n", TAU_NOTE + INTRO]  # after the summary: the first screen is its
     md += claims_section(claims)
     md += routers_section(by_prompt)
-    md += figures_section(t1, tables["speed"], tables["table3_4_entropy"], tables["table5_8_depth"], backbones,
+    md += figures_section(t1, tables["speed"], tables["table3_4_entropy"], tables["table5_8_depth"],
+                          backbones,
                           temps, out, lambda df, name: _save_table(df, out, name))
     md += table1_section(t1, backbones, temps)
     return _write(out, "\n".join(md), "\n".join(appendix(run.name, t1, tables)))

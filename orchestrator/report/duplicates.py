@@ -42,7 +42,9 @@ def refuse(d: pl.DataFrame, where: str, kind: str) -> None:
         return
     r = d.row(0, named=True)
     cell = f"{r['backbone']} {r['method']} {r['benchmark']} T={r['temperature']:g}"
-    raise DuplicateRows(f"{where}: {int(d['copies'].sum() - d.height)} duplicated {kind} row(s) in {d.height} "
+    raise DuplicateRows(f"{where}: {int(d['copies'].sum() - d.height)} duplicated {kind} row(s) in "
+                        f"{d.height} "
                         f"place(s), e.g. {cell} prompt {r['prompt_id']} turn {r['turn']} x{r['copies']} "
-                        f"(units {r['units']}); the report refuses to sum them twice: remove the extra copies "
+                        f"(units {r['units']}); the report refuses to sum them twice: remove the extra "
+                        "copies "
                         f"or rerun the eval stage (--force eval)")

@@ -35,8 +35,10 @@ def fig_tau(t1: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path | 
         sub = {r["method"]: r for r in t.filter(pl.col("benchmark") == b).iter_rows(named=True)}
         xs = [i + j * w for i in range(len(methods))]
         ys = [sub[m]["tau"] if m in sub else float("nan") for m in methods]
-        lo = [sub[m]["tau"] - sub[m]["tau_lo"] if m in sub and sub[m]["tau_lo"] == sub[m]["tau_lo"] else 0 for m in methods]
-        hi = [sub[m]["tau_hi"] - sub[m]["tau"] if m in sub and sub[m]["tau_hi"] == sub[m]["tau_hi"] else 0 for m in methods]
+        lo = [sub[m]["tau"] - sub[m]["tau_lo"] if m in sub and sub[m]["tau_lo"] == sub[m]["tau_lo"] else 0
+              for m in methods]
+        hi = [sub[m]["tau_hi"] - sub[m]["tau"] if m in sub and sub[m]["tau_hi"] == sub[m]["tau_hi"] else 0
+              for m in methods]
         ax.bar(xs, ys, w, yerr=[lo, hi], capsize=2, label=b)
     names = [m if lossless(m, temp) else f"{m} {LOSSY_MARK}" for m in methods]
     ax.set_xticks([i + 0.4 - w / 2 for i in range(len(methods))], names, rotation=35, ha="right")
@@ -62,11 +64,13 @@ def fig_lambda(t1: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path
         return None
     plt = _plt()
     benches = sorted(t["benchmark"].unique().to_list())
-    fig, axes = plt.subplots(1, len(benches), figsize=(4.2 * len(benches) + 1, 4.4), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(benches), figsize=(4.2 * len(benches) + 1, 4.4), squeeze=False,
+                             sharey=True)
     styles = {"math": "tab:blue", "chat": "tab:orange", "mixed_half": "tab:green", "mixed_full": "tab:olive"}
     for ax, b in zip(axes[0], benches):
         lb = lam.filter(pl.col("benchmark") == b)
-        err = [(lb["tau"] - lb["tau_lo"]).fill_nan(0).to_list(), (lb["tau_hi"] - lb["tau"]).fill_nan(0).to_list()]
+        err = [(lb["tau"] - lb["tau_lo"]).fill_nan(0).to_list(),
+               (lb["tau_hi"] - lb["tau"]).fill_nan(0).to_list()]
         ax.errorbar(lb["lam"].to_list(), lb["tau"].to_list(), yerr=err, fmt="o-", color="black", capsize=3,
                     label="averaged λ·math + (1-λ)·chat")
         ref = {r["method"]: r["tau"] for r in t.filter(pl.col("benchmark") == b).iter_rows(named=True)}
@@ -114,7 +118,8 @@ MIN_REACHED = 20  # a depth reached fewer times (pooled over benchmarks) is left
 def depth_points(depth: pl.DataFrame, backbone: str, temp: float) -> tuple[pl.DataFrame, int]:
     """(method, depth, rate, reached) pooled over benchmarks, the points reached fewer than
     MIN_REACHED times left out (the table keeps them, with their counts), and how many those were."""
-    d = depth.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)).group_by(["method", "depth"]).agg(
+    d = depth.filter((pl.col("backbone") == backbone) & (pl.col("temperature") == temp)).group_by(["method",
+            "depth"]).agg(
         ((pl.col("accept_rate") * pl.col("reached")).sum() / pl.col("reached").sum()).alias("rate"),
         pl.col("reached").sum()).sort(["method", "depth"])
     keep = pl.col("reached") >= MIN_REACHED
@@ -158,7 +163,8 @@ def speed_bars(s: pl.DataFrame, temp: float = 0.0) -> list[tuple[str, float, str
 
 def fig_speed(sp: pl.DataFrame, temp: float, path: Path) -> Path | None:
     base = sp["baseline"][0] if "baseline" in sp.columns and sp.height else "autoregressive"
-    s = sp.filter((pl.col("temperature") == temp) & (pl.col("method") != base)).group_by(["backbone", "method"]).agg(
+    s = sp.filter((pl.col("temperature") == temp) & (pl.col("method") != base)).group_by(["backbone",
+            "method"]).agg(
         pl.col("speedup").mean()).drop_nulls("speedup").sort(["speedup", "backbone", "method"],
                                                              descending=[True, False, False])
     if s.is_empty():  # nothing timed against a baseline (e.g. a grid without the autoregressive cell)

@@ -17,7 +17,8 @@ def md_table(df: pl.DataFrame, digits: int = 3) -> str:
     """A frame as a Markdown table, floats rounded to ``digits``, nulls as "—"."""
     if df.is_empty():
         return "_no data_\n"
-    df = df.with_columns([pl.col(c).round(digits) for c, t in df.schema.items() if t in (pl.Float64, pl.Float32)])
+    df = df.with_columns([pl.col(c).round(digits) for c, t in df.schema.items() if t in (pl.Float64,
+            pl.Float32)])
     cols = df.columns
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in df.iter_rows():
@@ -27,7 +28,8 @@ def md_table(df: pl.DataFrame, digits: int = 3) -> str:
 
 def p_text(df: pl.DataFrame) -> pl.DataFrame:
     """p-values as text with two significant digits, so that a small one never rounds to 0."""
-    return df.with_columns(pl.col(c).map_elements(lambda p: "" if p != p else f"{p:.2g}", return_dtype=pl.String)
+    return df.with_columns(pl.col(c).map_elements(lambda p: "" if p != p else f"{p:.2g}",
+                                                  return_dtype=pl.String)
                            for c in ("p_value", "p_holm") if c in df.columns)
 
 

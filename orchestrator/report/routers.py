@@ -18,19 +18,31 @@ from __future__ import annotations
 
 import polars as pl
 
-from orchestrator.report.labels import (AFTER_THE_FACT, HEADS, HEADS_LAST, LAST_TURN, ORACLE, POSTHOC, POSTHOC_NODE, POSTHOCS,
-                     PROMPT_NODE)
+from orchestrator.report.labels import (
+    AFTER_THE_FACT,
+    HEADS,
+    HEADS_LAST,
+    LAST_TURN,
+    ORACLE,
+    POSTHOC,
+    POSTHOC_NODE,
+    POSTHOCS,
+    PROMPT_NODE,
+)
 from orchestrator.report.steps import as_summary
 from orchestrator.report.study_tables import other_of
 from orchestrator.report.tables import KEYS, MATH_BENCH
 
 NOT_DEPLOYABLE = "not deployable (sees both whole generations)"
 LOSSY_MARK = "‡"
-NOT_LOSSLESS = (f"{LOSSY_MARK} not lossless at T>0: a post hoc router (and the hindsight oracle) chooses between "
+NOT_LOSSLESS = (f"{LOSSY_MARK} not lossless at T>0: a post hoc router (and the hindsight oracle) chooses "
+                "between "
                 "finished samples by a function of those samples, so its output is no longer a sample of the "
-                "verifier's distribution and a comparison with it is selection-biased in its favour (at T=0 both "
+                "verifier's distribution and a comparison with it is selection-biased in its favour (at T=0 "
+                "both "
                 "generations are the verifier's greedy output, so the choice changes only acceptance). Every "
-                "other strategy and router here decides from tokens already verified or before verification, and "
+                "other strategy and router here decides from tokens already verified or before "
+                "verification, and "
                 "is lossless at every temperature.")
 
 
@@ -64,10 +76,12 @@ DESCRIBE = {
     POSTHOC_NODE: "the project's earlier reading of the study's code's router: as "
                   f"`{POSTHOC}`, scoring each node by its own c(v) and counting only the first rejected "
                   "child per step; " + NOT_DEPLOYABLE,
-    PROMPT_NODE: "the study's text's router: decided once per prompt from each specialist's first tree, on the "
+    PROMPT_NODE: "the study's text's router: decided once per prompt from each specialist's first tree, on "
+                 "the "
                  "mean node confidence c(v); deployable",
     HEADS: "the study's code's entropy router: per prompt turn, the lowest mean draft entropy of four heads "
-           "(math, chat, mixed, averaged) on the first tree; deployable (Table 2: a prompt's majority of turns)",
+           "(math, chat, mixed, averaged) on the first tree; deployable (Table 2: a prompt's majority of "
+           "turns)",
     HEADS_LAST: f"`{HEADS}` counted as the study's Table 2 counts it: a prompt's choice is its last turn's",
     "confidence(step)": "the project's own: every verifier call, on the mean path confidence V",
     "confidence(prompt)": "the project's own: once per prompt, on the mean path confidence V",
@@ -81,7 +95,8 @@ def describe(method: str) -> str:
     if method in DESCRIBE:
         return DESCRIBE[method]
     if method.startswith("hedge("):
-        return ("the project's online router (decoding/hedge.py): only the chosen drafter drafts, the learner "
+        return ("the project's online router (decoding/hedge.py): only the chosen drafter drafts, the "
+                "learner "
                 "reads verified tokens; deployable and lossless" + ("" if method == "hedge(step)" else
                                                                     f"; options: {method[6:-1]}"))
     if method.startswith("switching("):
@@ -132,7 +147,8 @@ def posthoc_rows(pp: pl.DataFrame, steps, pair=("math", "chat"),
                          .cast(pl.Int64).alias("_choice")))
     if dec.is_empty():
         return pl.DataFrame()
-    names = pl.DataFrame({"_choice": [0, 1, 2], "_method": [a, b, mixed]}, schema_overrides={"_choice": pl.Int64})
+    names = pl.DataFrame({"_choice": [0, 1, 2], "_method": [a, b, mixed]},
+                         schema_overrides={"_choice": pl.Int64})
     wall = (pl.col(f"wall_{a}") + pl.col(f"wall_{b}")
             + pl.when(pl.col("_choice") == 2).then(pl.col(f"wall_{mixed}")).otherwise(0.0))
     chosen = (dec.join(names, on="_choice").with_columns(wall.alias("_wall"))
@@ -142,7 +158,8 @@ def posthoc_rows(pp: pl.DataFrame, steps, pair=("math", "chat"),
                           pl.lit("posthoc").alias("strategy"), pl.col("_choice").alias("routing_choice"),
                           pl.col("_wall").alias("wall_time_s"))
             .drop("_choice", "_wall").sort(on))  # one order for every build (a join's is arbitrary)
-    return rows.select([c for c in pp.columns if c in rows.columns] + ["posthoc_margin", "posthoc_tie_fallback"])
+    return rows.select([c for c in pp.columns if c in rows.columns] + ["posthoc_margin",
+            "posthoc_tie_fallback"])
 
 
 def oracle_rows(pp: pl.DataFrame, pair=("math", "chat")) -> pl.DataFrame:

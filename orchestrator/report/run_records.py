@@ -66,7 +66,9 @@ def problems(run: Path, by_prompt: pl.DataFrame | None, recorded: set[str] | Non
     lines = _missing(run, by_prompt)
     stale = trace_files(run, "prompts", recorded)[1] + trace_files(run, "steps", recorded)[1]
     if stale:
-        lines.append(f"- {len(stale)} trace file(s) under traces/ are not recorded by the manifest (an earlier "
+        lines.append(f"- {len(stale)} trace file(s) under traces/ are not recorded by the manifest (an "
+                     "earlier "
                      f"configuration, or a unit that failed when redone) and were ignored:")
-        lines += [f"  - `{f.relative_to(run)}`" for f in stale[:20]] + (["  - ..."] if len(stale) > 20 else [])
+        lines += [f"  - `{f.relative_to(run)}`" for f in stale[:20]] + (["  - ..."] if len(stale) > 20
+                else [])
     return lines

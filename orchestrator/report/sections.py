@@ -2,8 +2,8 @@
 tables), Table 1 per backbone and temperature, and the appendix."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import polars as pl
 
@@ -11,8 +11,17 @@ from orchestrator.report import figures
 from orchestrator.report.labels import ROUTED, SPEED_ROUTED
 from orchestrator.report.markdown import md_table, p_text
 from orchestrator.report.prose import CLAIMS_NOTE, LAMBDA_NOTE, SPEED_NOTE, STUDY_NOTE, TABLE2_NOTE
-from orchestrator.report.routers import (LOSSY_MARK, NOT_DEPLOYABLE, NOT_LOSSLESS, POSTHOC, POSTHOCS, describe, is_router, lossless,
-                      mark_lossy)
+from orchestrator.report.routers import (
+    LOSSY_MARK,
+    NOT_DEPLOYABLE,
+    NOT_LOSSLESS,
+    POSTHOC,
+    POSTHOCS,
+    describe,
+    is_router,
+    lossless,
+    mark_lossy,
+)
 from orchestrator.report.study_tables import comparison_note
 from orchestrator.report.tables import lambda_table, table1_wide
 
@@ -28,7 +37,8 @@ def routers_section(by_prompt: pl.DataFrame) -> list[str]:
     if not names:
         return []
     rows = pl.DataFrame({"method": names, "what it is": [describe(m) for m in names],
-                         "headline": [("RQ3a/RQ3b/RQ4" if m == ROUTED else "speed" if m == SPEED_ROUTED else "")
+                         "headline": [("RQ3a/RQ3b/RQ4" if m == ROUTED else "speed" if m == SPEED_ROUTED
+                                       else "")
                                       for m in names]})
     out = ["## Routers and compositions in this run\n", md_table(rows)]
     for m in POSTHOCS:
@@ -102,11 +112,13 @@ def table1_section(t1: pl.DataFrame, backbones: list[str], temps: list[float]) -
             if not all(lossless(m, t) for m in tw["method"]):
                 md.append(NOT_LOSSLESS + "\n")
             if t1.filter((pl.col("method") == POSTHOC) & (pl.col("backbone") == b)).height:
-                md.append(f"`{POSTHOC}`: {NOT_DEPLOYABLE}; the study's Table 1 routing numbers are this router's.\n")
+                md.append(f"`{POSTHOC}`: {NOT_DEPLOYABLE}; the study's Table 1 routing numbers are this "
+                          "router's.\n")
     return md
 
 
-CLAIM_COLUMNS = ("claim", "family", "backbone", "temperature", "comparison", "prompts", "estimate", "ci_lo", "ci_hi",
+CLAIM_COLUMNS = ("claim", "family", "backbone", "temperature", "comparison", "prompts", "estimate", "ci_lo",
+                 "ci_hi",
                  "p_value", "verdict", "p_holm", "verdict_holm", "study", "study_consistent", "study_note")
 SPEED_COLUMNS = ("backbone", "method", "benchmark", "temperature", "tokens_per_s", "tokens_per_s_lo",
                  "tokens_per_s_hi", "speedup", "vs_autoregressive", "calls_per_token", "mean_tree_size",
@@ -120,7 +132,8 @@ def appendix(run_name: str, t1: pl.DataFrame, tables: dict[str, pl.DataFrame]) -
     claims, study = tables["claims"], tables["study_vs_ours"]
     ours = marked(study.filter(pl.col("our_tau").is_not_null()))
     shown = [marked(tables[k]) for k in ("table2_routing", "speed")]
-    lossy = any(LOSSY_MARK in str(v) for t in (ours, *shown) if "method" in t.columns for v in t["method"]) or \
+    lossy = any(LOSSY_MARK in str(v) for t in (ours, *shown) if "method" in t.columns
+                for v in t["method"]) or \
         any(LOSSY_MARK in str(v) for v in (claims["comparison"] if "comparison" in claims.columns else []))
     return [f"# Appendix to the report for `{run_name}`\n", *([NOT_LOSSLESS + "\n"] if lossy else []),
             "## Claims of the study, checked on this run (every comparison)\n",

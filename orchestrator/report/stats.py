@@ -96,7 +96,8 @@ def paired_diff_ci(num_a, den_a, num_b, den_b, seed: int = 0, b: int | None = No
     if n == 1:
         return _out(point, np.nan, np.nan, None, p)
     idx = data_rng(seed, data).integers(0, n, size=(b, n))
-    d = num_a[idx].sum(1) / np.maximum(den_a[idx].sum(1), 1e-12) - num_b[idx].sum(1) / np.maximum(den_b[idx].sum(1), 1e-12)
+    d = num_a[idx].sum(1) / np.maximum(den_a[idx].sum(1),
+                                       1e-12) - num_b[idx].sum(1) / np.maximum(den_b[idx].sum(1), 1e-12)
     return _ci(point, d, p)
 
 
@@ -142,7 +143,8 @@ def avg_diff_draws(groups: list[tuple], seed: int = 0, b: int = B, weights=None)
     return point, acc / wt.sum()
 
 
-def paired_avg_diff_ci(groups: list[tuple], seed: int = 0, b: int | None = None, p: bool = False, weights=None):
+def paired_avg_diff_ci(groups: list[tuple], seed: int = 0, b: int | None = None, p: bool = False,
+                       weights=None):
     """Mean over benchmarks of (ratio_a - ratio_b), each benchmark resampled over its own prompts,
     weighted by ``weights`` (one per benchmark; None: equal) with a 95% CI (avg_diff_draws).
 

@@ -152,7 +152,8 @@ def _combine(parts: list[dict], rows: int) -> StepSummary:
         entropy={k: sort(_concat([p["entropy"][k] for p in parts]), PROMPT) for k in first["entropy"]},
         entropy_sums=sort(_concat([p["entropy_sums"] for p in parts]), KEYS + ["prompt_id"]),
         rates=sort(_concat([p["rates"] for p in parts]), PROMPT + ["depth"]),
-        early=sort(_concat([p["early"] for p in parts]), ["backbone", "temperature", "benchmark", "prompt_id"]),
+        early=sort(_concat([p["early"] for p in parts]), ["backbone", "temperature", "benchmark",
+                                                          "prompt_id"]),
         duplicates=_duplicates([p["duplicates"] for p in parts]), rows=rows, passes=len(parts))
 
 
@@ -172,7 +173,8 @@ def summarize(steps: pl.DataFrame | pl.LazyFrame, early_method: str | None = Non
     n = steps.select(pl.len()).collect().item()
     k = max(1, math.ceil(n / pass_rows))
     cols = [c for c in COLUMNS if c in steps.collect_schema().names()]
-    parts = [_reduce(_bucket(steps, k, i).select(cols).collect(), early_method, early_steps) for i in range(k)]
+    parts = [_reduce(_bucket(steps, k, i).select(cols).collect(), early_method, early_steps)
+             for i in range(k)]
     return _combine(parts, n)
 
 
@@ -198,7 +200,8 @@ def _partition(f: Path, root: Path) -> tuple | None:
         return None
 
 
-def plan_passes(files: list[Path], root: Path, pass_rows: int = PASS_ROWS) -> list[tuple[list[Path], int, int]]:
+def plan_passes(files: list[Path], root: Path, pass_rows: int = PASS_ROWS) -> list[tuple[list[Path], int,
+        int]]:
     """Passes over the step files, each (files, buckets, bucket): whole hive partitions packed up to
     ``pass_rows`` rows (Parquet footers), a larger partition read in ``buckets`` hash buckets of
     prompt_id. Files in path order; without a full hive path anywhere, every file is one partition."""

@@ -21,13 +21,16 @@ from orchestrator.report.labels import POSTHOC
 CSV_PATH = Path(__file__).with_name("study_tables.csv")
 COLUMNS = ("table", "quantity", "backbone", "row", "benchmark", "temperature", "value", "source")
 # the study's row labels -> the project's method (or router kind) names
-ROWS = {"MathInstruct": "math", "ShareGPT": "chat", "Mixed 35k+35k": "mixed_half", "Mixed 70k+70k": "mixed_full",
+ROWS = {"MathInstruct": "math", "ShareGPT": "chat", "Mixed 35k+35k": "mixed_half",
+        "Mixed 70k+70k": "mixed_full",
         "Averaged": "avg0.5", "Confidence Routed": POSTHOC, "Merged Trees": "merged",
         "Confidence router": "confidence", "Entropy router": "entropy"}
 QUANTITIES = ("tau", "matched_share", "draft_entropy_accepted", "draft_entropy_rejected", "draft_entropy_gap",
-              "verifier_entropy_gap", "accept_rate_d1", "accept_rate_d3", "accept_rate_d5", "speedup_lost_min",
+              "verifier_entropy_gap", "accept_rate_d1", "accept_rate_d3", "accept_rate_d5",
+              "speedup_lost_min",
               "speedup_lost_max")
-SIGNED = ("draft_entropy_gap", "verifier_entropy_gap")  # differences (rejected - accepted): Table 4 has negatives
+# differences (rejected - accepted): Table 4 has negatives
+SIGNED = ("draft_entropy_gap", "verifier_entropy_gap")
 BACKBONES = ("hass", "eagle2", "any")
 BENCHMARKS = ("mt_bench", "gsm8k", "math500", "svamp", "average", "any")
 TEMPERATURES = (0.0, 1.0)
@@ -125,8 +128,10 @@ def disagreements(data: tuple[StudyCell, ...] | None = None) -> list[tuple[Study
 # (backbone, temperature, method, benchmark or "average", acceptance length, source): every τ cell
 STUDY_NUMBERS = [(c.backbone, c.temperature, c.method, c.benchmark, c.value, c.source)
                  for c in cells() if c.quantity == "tau"]
-# Numbers that are not acceptance lengths: (quantity, backbone, temperature, method, benchmark, value, source).
-# matched_share: share of prompts routed to the matched specialist (math on math benchmarks, chat on MT-Bench).
+# Numbers that are not acceptance lengths: (quantity, backbone, temperature, method, benchmark, value,
+# source).
+# matched_share: share of prompts routed to the matched specialist (math on math benchmarks, chat on
+# MT-Bench).
 STUDY_OTHER = [(c.quantity, c.backbone, c.temperature, c.method, c.benchmark, c.value, c.source)
                for c in cells() if c.quantity != "tau"]
 TAU_CONVENTION = ("the study's τ is TAPS's compute_tau.py: total new tokens (bonus tokens included) / total "
@@ -142,7 +147,8 @@ def _paper_last(rows, source_at: int):
 def tau_of(backbone: str, temp: float, method: str, bench: str) -> tuple[float | None, str]:
     """The study's τ for one cell (the paper's number where the paper and TAPS's README differ); for
     "average" its own average, else the mean of the per-benchmark numbers given (labelled), else None."""
-    hit = {b: v for bb, t, m, b, v, _ in _paper_last(STUDY_NUMBERS, 5) if (bb, t, m) == (backbone, temp, method)}
+    hit = {b: v for bb, t, m, b, v, _ in _paper_last(STUDY_NUMBERS, 5) if (bb, t, m) == (backbone, temp,
+            method)}
     if bench in hit:
         return hit[bench], f"{hit[bench]:.2f}"
     if bench == "average":
@@ -183,7 +189,8 @@ def study_comparison(t1: pl.DataFrame, column: str = "tau_taps") -> pl.DataFrame
             t = t.filter(pl.col("benchmark") == bench)
         ours = float(t["tau"].mean()) if t.height else None
         conv = float(t[column].mean()) if t.height and has and t[column].is_not_null().any() else None
-        rows.append({"backbone": bb, "temperature": temp, "method": method, "benchmark": bench, "study_tau": value,
+        rows.append({"backbone": bb, "temperature": temp, "method": method, "benchmark": bench,
+                     "study_tau": value,
                      "source": source, "our_tau": ours, f"our_{column}": conv,
                      "diff": None if conv is None else conv - value, "our_benchmarks": t.height})
     return pl.DataFrame(rows, schema_overrides={f"our_{column}": pl.Float64, "diff": pl.Float64,

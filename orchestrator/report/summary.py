@@ -6,9 +6,9 @@ import polars as pl
 
 from orchestrator.report.claims import MIN_PROMPTS, STUDY
 from orchestrator.report.headline import headline_section
+from orchestrator.report.labels import AFTER_THE_FACT
 from orchestrator.report.markdown import md_table
 from orchestrator.report.prose import CLAIMS_SUMMARY, RQ3C_SCALE, routing_headline
-from orchestrator.report.labels import AFTER_THE_FACT
 from orchestrator.report.routers import LOSSY_MARK, NOT_LOSSLESS, is_router
 from orchestrator.report.tables import GENERATE
 from orchestrator.report.verdicts import estimate_text, hidden_reasons, verdict_shown, verdict_word
@@ -19,7 +19,8 @@ HEADLINE_ROWS = 12
 def _counts(verdicts: list[str]) -> str:
     words = [verdict_word(v) for v in verdicts]
     order = ("holds", "does not hold", "inconclusive")
-    return ", ".join(f"{w} {words.count(w)}/{len(words)}" for w in sorted(set(words), key=(order + tuple(words)).index))
+    return ", ".join(f"{w} {words.count(w)}/{len(words)}" for w in sorted(set(words),
+            key=(order + tuple(words)).index))
 
 
 def claims_grid(cl: pl.DataFrame) -> pl.DataFrame:
@@ -63,9 +64,11 @@ def _claims_footer(cl: pl.DataFrame) -> list[str]:
                 continue
             raw = sum(verdict_word(v) in ("holds", "does not hold") for v in g["verdict"])
             kept = sum(verdict_word(v) in ("holds", "does not hold") for v in g["verdict_holm"])
-            size = (f" in a family of {g['family_size'][0]} (fixed by the profile's grid; the untested count as "
+            size = (f" in a family of {g['family_size'][0]} (fixed by the profile's grid; the untested "
+                    "count as "
                     "p = 1)") if name == STUDY and "family_size" in g.columns else ""
-            out.append(f"Holm-Bonferroni, {name} family: {tests} tests{size}, family-wise 5%: {kept} of {raw} "
+            out.append(f"Holm-Bonferroni, {name} family: {tests} tests{size}, family-wise 5%: {kept} of "
+                       f"{raw} "
                        "conclusive verdicts stay conclusive (`verdict_holm` in `tables/claims.csv`).\n")
     if "study_consistent" in cl.columns:
         bad = cl.filter(pl.col("study_consistent") == False)  # noqa: E712 - polars expression
@@ -87,7 +90,8 @@ def _tau_by_column(t1: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     if "tau_taps" not in t1b.columns:
         t1b = t1b.with_columns(pl.lit(None, dtype=pl.Float64).alias("tau_taps"))
     head = (t1b.with_columns(pl.format("{} {}", pl.col("backbone"),
-                                       pl.col("temperature").replace_strict(temp, return_dtype=pl.String)).alias("col"))
+                                       pl.col("temperature").replace_strict(temp,
+                                               return_dtype=pl.String)).alias("col"))
             .group_by("method", "col").agg(pl.col("tau").mean(), pl.col("tau_taps").mean()))
     wide = head.pivot(on="col", index="method", values="tau")
     cols = sorted(c for c in wide.columns if c != "method")
@@ -132,7 +136,8 @@ def _claims_section(cl: pl.DataFrame) -> list[str]:
         md.append(RQ3C_SCALE)
     few = sum(f"< {MIN_PROMPTS} prompts" in v for v in cl["verdict"].to_list())
     if few:
-        md.append(f"{few} of {cl.height} comparisons are inconclusive because fewer than {MIN_PROMPTS} prompts "
+        md.append(f"{few} of {cl.height} comparisons are inconclusive because fewer than {MIN_PROMPTS} "
+                  "prompts "
                   "were paired on a benchmark (the project's rule, not the study's; a benchmark without rows "
                   "has 0), whatever their interval says.\n")
     return md
@@ -154,7 +159,8 @@ def _speed_section(speed: pl.DataFrame) -> list[str]:
           md_table(per.rename({"speedup": f"speedup vs {base}"}), 2)]
     mixed = own.filter(pl.col("same_invocation") == False)  # noqa: E712 - polars expression
     if mixed.height:
-        md.append(f"{mixed.height} of {own.height} speed cells were timed in another grid invocation than their "
+        md.append(f"{mixed.height} of {own.height} speed cells were timed in another grid invocation than "
+                  "their "
                   "`generate` baseline (a resumed run): the machine's load may differ, so those ratios are "
                   "not speed measurements (`same_invocation` in the speed table).\n")
     return md
@@ -168,7 +174,8 @@ def summary_section(t1: pl.DataFrame, speed: pl.DataFrame, cl: pl.DataFrame, pro
     n_prompts = by_prompt.select("benchmark", "prompt_id").n_unique()
     backbones = sorted(set(t1["backbone"].to_list()) - {"none"}) if "backbone" in t1.columns else []
     md = ["## Summary\n", *headline_section(by_prompt, t1, cl, report_cfg or {}, backbones),
-          f"{t1.height} cells over {n_prompts} prompts; {len(problems)} problem line(s) (under *What failed*).\n"]
+          f"{t1.height} cells over {n_prompts} prompts; {len(problems)} problem line(s) (under *What "
+          "failed*).\n"]
     md += _tau_section(t1)
     if "strategy" in by_prompt.columns and by_prompt.filter(is_router()).height:
         md.append(routing_headline())

@@ -7,12 +7,12 @@ from pathlib import Path
 import polars as pl
 
 from decoding.config import TREE_MODES, DecodeConfig
-
 from orchestrator.report.stats import ratio_ci
 
 MATH_BENCH = ("gsm8k", "math500", "svamp")
 KEYS = ["backbone", "method", "benchmark", "temperature"]
-LAMBDA_REFS = ("math", "chat", "mixed_half", "mixed_full")  # Figure 6's reference lines: both specialists, mixed
+# Figure 6's reference lines: both specialists, mixed
+LAMBDA_REFS = ("math", "chat", "mixed_half", "mixed_full")
 
 
 # trace columns a run may lack (written before they existed), with the value they had then: the tree
@@ -41,10 +41,12 @@ def method_expr(names=None) -> pl.Expr:
         .when(s == "single").then(pl.col("drafter") + at)
         .when(s == "merged").then(
             pl.when(pl.col("merge_dedup")).then(pl.lit("merged-dedup")).otherwise(pl.lit("merged")) + at)
-        .when(s == "switching").then(pl.lit("switching(k=") + col("switch_after").cast(pl.Utf8) + to + pl.lit(")"))
+        .when(s == "switching").then(pl.lit("switching(k=") + col("switch_after").cast(pl.Utf8) + to + pl.lit(
+                ")"))
         .when(s == "depth_adaptive").then(
             pl.lit("depth_adaptive(d=") + col("switch_depth").cast(pl.Utf8) + pl.lit(")"))
-        .when((s == "hedge") & (col("hedge_spec") != "")).then(pl.lit("hedge(") + col("hedge_spec") + pl.lit(")"))
+        .when((s == "hedge") & (col("hedge_spec") != "")).then(pl.lit("hedge(") + col("hedge_spec") + pl.lit(
+                ")"))
         .otherwise(s + pl.lit("(") + g + node + heads + pl.lit(")"))
     ) + auto
 
@@ -104,7 +106,8 @@ def scan_files(root: Path, files: list[Path]) -> pl.LazyFrame:
         lf = (lf.with_columns(pl.coalesce("prompt_id", "id").alias("prompt_id")) if "prompt_id" in names
               else lf.rename({"id": "prompt_id"})).drop("id", strict=False)
     names = lf.collect_schema().names()
-    lf = lf.with_columns(pl.lit(v).alias(c) if c not in names else pl.col(c).fill_null(v)  # e.g. before tree auto
+    # e.g. before tree auto
+    lf = lf.with_columns(pl.lit(v).alias(c) if c not in names else pl.col(c).fill_null(v)
                          for c, v in CELL_DEFAULTS.items())
     return lf.with_columns(pl.col("temperature").cast(pl.Float64)).with_columns(
         method_expr(list(CELL_DEFAULTS)).alias("method"))
@@ -155,7 +158,8 @@ def table1(pp: pl.DataFrame) -> pl.DataFrame:
     if "loop_indices" in ok.columns:
         taps = _ci_table(ok, "new_tokens", "loop_indices", "tau_taps").drop("prompts")
         t = t.join(taps, on=KEYS, how="left")
-    per = ok.group_by(KEYS).agg((pl.col("new_tokens") / pl.col("verifier_calls")).mean().alias("tau_prompt_mean"))
+    per = ok.group_by(KEYS).agg((pl.col("new_tokens") / pl.col("verifier_calls")).mean().alias(
+            "tau_prompt_mean"))
     return (t.join(per, on=KEYS, how="left").with_columns((pl.col("tau_prompt_mean") - 1).alias("tau_study"))
             .sort(KEYS))
 
@@ -164,7 +168,8 @@ def table1_wide(t1: pl.DataFrame, backbone: str, temperature: float) -> pl.DataF
     t = t1.filter((pl.col("backbone").is_in([backbone, "none"])) & (pl.col("temperature") == temperature))
     if t.is_empty():
         return t
-    cell = t.with_columns(pl.format("{} [{}, {}]", pl.col("tau").round(2), pl.col("tau_lo").round(2), pl.col("tau_hi").round(2)).alias("v"))
+    cell = t.with_columns(pl.format("{} [{}, {}]", pl.col("tau").round(2), pl.col("tau_lo").round(2),
+                                    pl.col("tau_hi").round(2)).alias("v"))
     wide = cell.pivot(on="benchmark", index="method", values="v")
     avg = t.group_by("method").agg(pl.col("tau").mean().round(2).alias("average"),
                                    *([pl.col("tau_taps").mean().round(2).alias("average (TAPS tau)")]
@@ -216,13 +221,15 @@ def speed(pp: pl.DataFrame) -> pl.DataFrame:
     gen = (pp.filter((pl.col("method") == "autoregressive") & (pl.col("generate_wall_time_s") > 0))
            .with_columns(pl.lit(GENERATE).alias("method"), pl.col("generate_tokens").alias("out_tokens"),
                          pl.col("generate_wall_time_s").alias("wall_time_s")))
-    tps = _ci_table(pl.concat([pp, gen], how="diagonal_relaxed") if gen.height else pp, "out_tokens", "wall_time_s", "tokens_per_s")
+    tps = _ci_table(pl.concat([pp, gen], how="diagonal_relaxed") if gen.height else pp, "out_tokens",
+                    "wall_time_s", "tokens_per_s")
     agg = pp.group_by(KEYS).agg(
         (pl.col("verifier_calls").sum() / pl.col("out_tokens").sum()).alias("calls_per_token"),
         (pl.col("tree_nodes").sum() / pl.col("verifier_calls").sum()).alias("mean_tree_size"),
         (pl.col("t_draft_s").sum() / pl.col("wall_time_s").sum()).alias("draft_share"),
         (pl.col("t_verify_s").sum() / pl.col("wall_time_s").sum()).alias("verify_share"),
-        (pl.col("new_tokens").sum() / (pl.col("tree_nodes").sum() + pl.col("verifier_calls").sum())).alias("tokens_per_verified_node"),
+        (pl.col("new_tokens").sum() / (pl.col("tree_nodes").sum() + pl.col("verifier_calls").sum())).alias(
+                "tokens_per_verified_node"),
     )
     on = ["benchmark", "temperature"]
     ar = tps.filter(pl.col("method") == "autoregressive").select(*on, pl.col("tokens_per_s").alias("ar_tps"))
@@ -267,7 +274,8 @@ def _depths(steps: pl.LazyFrame) -> pl.LazyFrame:
     return (steps.filter(pl.col("strategy") != "autoregressive").select(KEYS + ["depth_accept"])
             .with_columns(pl.int_ranges(1, pl.col("depth_accept").list.len() + 1).alias("depth"))
             .explode(["depth_accept", "depth"]).drop_nulls("depth")
-            .group_by(KEYS + ["depth"]).agg(pl.col("depth_accept").mean().alias("accept_rate"), pl.len().alias("reached")))
+            .group_by(KEYS + ["depth"]).agg(pl.col("depth_accept").mean().alias("accept_rate"),
+                                            pl.len().alias("reached")))
 
 
 def depth_table(steps: pl.LazyFrame, max_depth: int | None = STUDY_DEPTHS) -> pl.DataFrame:
@@ -290,7 +298,8 @@ def aligned(pp: pl.DataFrame, backbone: str, temperature: float, bench: str, a: 
     def get(m):
         bb = "none" if m == "autoregressive" else backbone
         return pp.filter((pl.col("backbone") == bb) & (pl.col("method") == m) & (pl.col("temperature") == temperature)
-                         & (pl.col("benchmark") == bench)).select("prompt_id", pl.col(num).alias("n"), pl.col(den).alias("d"))
+                         & (pl.col("benchmark") == bench)).select("prompt_id", pl.col(num).alias("n"),
+                                                                  pl.col(den).alias("d"))
     j = get(a).join(get(b), on="prompt_id", suffix="_b")
     return (j["n"].to_numpy(), j["d"].to_numpy(), j["n_b"].to_numpy(), j["d_b"].to_numpy())
 

@@ -65,14 +65,16 @@ def verdict_table(cl: pl.DataFrame) -> str:
         return "_no claims in this run_\n"
     idle = pl.col("verdict").str.contains("not in this run", literal=True)
     ran, not_run = cl.filter(~idle), cl.filter(idle)
-    head = ("| claim | family | backbone | T | benchmark | comparison | prompts | estimate [95% CI] | verdict "
+    head = ("| claim | family | backbone | T | benchmark | comparison | prompts | estimate [95% CI] | "
+            "verdict "
             "| Holm | the study's statement |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for r in ran.iter_rows(named=True):
         holm = r["verdict_holm"] if r["verdict_holm"] != r["verdict"] else "same"
         lines.append("| " + " | ".join(_cell(x) for x in (
             r["claim"], r["family"], r["backbone"], f"{r['temperature']:g}", r["benchmark"] or "average",
-            r["comparison"], r["prompts"], estimate_text(r["estimate"], r["ci_lo"], r["ci_hi"]), r["verdict"], holm,
+            r["comparison"], r["prompts"], estimate_text(r["estimate"], r["ci_lo"], r["ci_hi"]), r["verdict"],
+            holm,
             r["wording"])) + " |")
     out = "\n".join(lines) + "\n"
     if any(LOSSY_MARK in str(c) for c in ran["comparison"].to_list()):

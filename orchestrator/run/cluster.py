@@ -7,12 +7,11 @@ import os
 import ray
 
 from common import storage
-from workers.eval_worker import EvalWorker
-
-from orchestrator.run.eval_pool import EvalPool
 from orchestrator.plan.concurrency import max_nodes
-from orchestrator.profile import Profile
 from orchestrator.plan.rates import hardware
+from orchestrator.profile import Profile
+from orchestrator.run.eval_pool import EvalPool
+from workers.eval_worker import EvalWorker
 
 
 def ray_init(p: Profile) -> None:

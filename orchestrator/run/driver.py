@@ -23,26 +23,25 @@ from drafters.data.sources import load_benchmark, subsample
 from drafters.merge import merge_checkpoints
 from drafters.train.config import TrainConfig
 from drafters.variants import DataSpec, heldout_data, variant_data
-from workers import tasks
-from workers.relay import Relay
-from workers.tune_sweep import run_sweep
-
 from orchestrator import keys as unit_keys
-from orchestrator.run.cluster import cluster_nodes, machine, ray_init
-from orchestrator.run.eval_run import EvalRun
-from orchestrator.run.graph import GraphRun
 from orchestrator.grid import EvalCell, cell_prompts, eval_cells, merge_cells, pool_sizes, train_cells
 from orchestrator.grid import corpora as grid_corpora
 from orchestrator.manifest import STAGES, Lease, Manifest
-from orchestrator.plan.preflight import check_cluster, check_train_resources, preflight
-from orchestrator.profile import Profile, batch_plan, profile_dict
-from orchestrator.run.progress import Progress, wait_relaying
 from orchestrator.plan.concurrency import Plan, derive
+from orchestrator.plan.preflight import check_cluster, check_train_resources, preflight
 from orchestrator.plan.rates import trial_order
 from orchestrator.plan.rates.taskgraph import feature_parts
+from orchestrator.profile import Profile, batch_plan, profile_dict
 from orchestrator.report.build import build_report
+from orchestrator.run.cluster import cluster_nodes, machine, ray_init
+from orchestrator.run.eval_run import EvalRun
+from orchestrator.run.graph import GraphRun
+from orchestrator.run.progress import Progress, wait_relaying
 from orchestrator.run.summary import print_summary, track_summary
 from orchestrator.run.tracking import Tracker
+from workers import tasks
+from workers.relay import Relay
+from workers.tune_sweep import run_sweep
 
 PARTITIONS = ("backbone", "benchmark", "temperature")
 # with a URI output the manifest is published after each stage and, during evaluation, when a unit finishes
@@ -90,9 +89,11 @@ class Driver:
         if self.uri:
             Manifest.remove(self.out / "manifest.json")  # the remote manifest is the truth (journal too)
             if storage.exists(storage.join(self.uri, "manifest.json")):
-                storage.sync(storage.join(self.uri, "manifest.json"), str(self.out / "manifest.json"), force=True)
+                storage.sync(storage.join(self.uri, "manifest.json"), str(self.out / "manifest.json"),
+                             force=True)
         # with a URI, "done" means its files are at the URI (one listing now, not a request per unit)
-        self.manifest = Manifest(self.out / "manifest.json", present=storage.list_files(self.uri) if self.uri else None)
+        self.manifest = Manifest(self.out / "manifest.json", present=storage.list_files(self.uri)
+                                 if self.uri else None)
         if force:
             n = self.manifest.forget_from(force)
             print(f"--force {force}: {n} recorded unit(s) of {force} and later stages will be redone")
@@ -202,7 +203,8 @@ class Driver:
                     if sub.startswith(f"{c}-"):
                         storage.remove(storage.join(root, sub))
             r = self.p.resources.features
-            task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(tasks.features_task)
+            task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus,
+                              max_retries=self.p.retries)(tasks.features_task)
             relay = relay or Relay.options(name=f"progress-relay:{os.getpid()}").remote()
             args = (self.p.verifier, self.p.verifier_dtype, c, self._data_spec(), root,
                     self.p.data.feature_mode == "online", relay, aux)
@@ -235,7 +237,8 @@ class Driver:
         if self.manifest.done(key):
             return self.ref(rel)
         r = self.p.resources.features
-        task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)(tasks.vocab_task)
+        task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus,
+                          max_retries=self.p.retries)(tasks.vocab_task)
         stats = ray.get(task.options(name="features:draft-vocab").remote(
             self.p.verifier, self.p.verifier_dtype, corpora, self._data_spec(), size, self.ref(rel)))
         self.manifest.record(key, "features", "draft-vocab", "done", files=[rel], vocab=stats)
@@ -255,7 +258,8 @@ class Driver:
             **dataclasses.asdict(settings), verifier=self.verifier_name, verifier_dtype=self.p.verifier_dtype,
             backbone=cell.backbone, variant=cell.variant, out_dir=str(storage.node_cache(out)),
             out_uri=out if self.uri else None, draft_vocab=self.vocab,
-            train_data=variant_data(cell.variant, root, caches, self.p.data.n), heldout_data=heldout_data(root, caches),
+            train_data=variant_data(cell.variant, root, caches, self.p.data.n),
+            heldout_data=heldout_data(root, caches),
             online_spec=self._data_spec() if self.p.data.feature_mode == "online" else None,
         )
 
@@ -287,7 +291,8 @@ class Driver:
                 continue
             if self.force in ("features", "train"):
                 storage.remove(self.ref(f"checkpoints/{cell.name}"))
-                storage.remove(self.ref(f"checkpoints/_ray_train/train-{cell.name}"))  # Ray Train's run snapshot
+                # Ray Train's run snapshot
+                storage.remove(self.ref(f"checkpoints/_ray_train/train-{cell.name}"))
             todo[cell.name] = self._train_config(cell, caches)
         return ckpts, {n: todo[n] for n in trial_order(self.p, list(todo))}, prog
 
@@ -313,7 +318,8 @@ class Driver:
             self.manifest.record(key, "train", name, "failed", error=err)
             prog.step(f"{name} FAILED: {err[:200]}")
             return False
-        self.manifest.record(key, "train", name, "done", files=[f"checkpoints/{name}/final/model.safetensors"])
+        self.manifest.record(key, "train", name, "done",
+                             files=[f"checkpoints/{name}/final/model.safetensors"])
         ckpts[name] = final
         prog.step(name)
         return True
@@ -351,7 +357,8 @@ class Driver:
             src = [str(storage.fetch(s)) for s in src]
             merge_checkpoints(m.kind, src, str(dest), lam=m.lam, base=base, density=self.p.merge.ties_density)
             self._publish(f"checkpoints/{m.name}")
-            self.manifest.record(key, "merge", m.name, "done", files=[f"checkpoints/{m.name}/model.safetensors"])
+            self.manifest.record(key, "merge", m.name, "done",
+                                 files=[f"checkpoints/{m.name}/model.safetensors"])
             out[m.name] = self.ref(f"checkpoints/{m.name}")
             prog.step(m.name)
         except Exception as e:  # noqa: BLE001 - recorded, the grid goes on
@@ -363,7 +370,8 @@ class Driver:
         arithmetic and TIES), from its trained checkpoint ``src`` (a path or URI), written once per
         run under checkpoints/<backbone>-init."""
         if backbone not in inits:
-            if backbone == "eagle3":  # its init holds the verifier's head rows: built where the verifier loads
+            # its init holds the verifier's head rows: built where the verifier loads
+            if backbone == "eagle3":
                 r = self.p.resources.features
                 task = ray.remote(num_cpus=r.num_cpus, num_gpus=r.num_gpus, max_retries=self.p.retries)
                 model, cfg = ray.get(task(tasks.initial_task).options(name=f"merge:{backbone}-init").remote(
@@ -390,9 +398,11 @@ class Driver:
         units = []
         for cell in eval_cells(self.p):
             if any(d not in ckpts for d in cell.drafters):
-                units.append((cell, None, None, "missing drafter: " + ", ".join(d for d in cell.drafters if d not in ckpts)))
+                units.append((cell, None, None, "missing drafter: " + ", ".join(d for d in cell.drafters
+                        if d not in ckpts)))
                 continue
-            ps = subsample(prompts[cell.benchmark], cell_prompts(self.p, cell), e.seed)  # a subset of the pool
+            # a subset of the pool
+            ps = subsample(prompts[cell.benchmark], cell_prompts(self.p, cell), e.seed)
             ck_keys = [self.ckpt_keys.get(d) for d in cell.drafters]  # retrained drafters -> new eval keys
             for s in range(0, len(ps), e.shard_size):
                 shard = ps[s : s + e.shard_size]

@@ -44,7 +44,8 @@ class EvalPool:
         self.running[call(self.actors[slot])] = (slot, item)
 
     def _probe(self, slot: int) -> None:
-        # retried while the actor restarts (a call to a restarting actor fails at once with max_task_retries=0)
+        # retried while the actor restarts (a call to a restarting actor fails at once with
+        # max_task_retries=0)
         ref = self.actors[slot].pid.options(max_task_retries=-1).remote()
         self.probes[ref] = (slot, time.time() + self.restart_s)
 
@@ -87,7 +88,8 @@ class EvalPool:
                     return None
                 self.retired.add(slot)
                 why = f"{type(e).__name__}: {str(e).strip().splitlines()[-1][:300] if str(e).strip() else ''}"
-                self.log(f"eval actor {slot} retired: it failed to start {self.max_starts} times in a row ({why})")
+                self.log(f"eval actor {slot} retired: it failed to start {self.max_starts} times in a row "
+                         f"({why})")
                 if len(self.retired) == len(self.actors):
                     raise NoEvalActor(f"no evaluation actor could start ({len(self.actors)} slot(s), "
                                       f"{self.max_starts} tries each); the last error: {why}") from e

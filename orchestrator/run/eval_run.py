@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import traceback
 
-from orchestrator.run.eval_pool import NoEvalActor
 from orchestrator.grid import eval_job
+from orchestrator.run.eval_pool import NoEvalActor
 
 
 class EvalRun:

@@ -19,8 +19,8 @@ import queue
 import threading
 import time
 
-from orchestrator.run.eval_run import EvalRun
 from orchestrator.grid import merge_cells, train_cells
+from orchestrator.run.eval_run import EvalRun
 from orchestrator.run.progress import Progress
 
 WAIT_S = 1.0  # how long the loop waits for a unit or an event before it looks at the other

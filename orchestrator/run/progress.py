@@ -28,7 +28,8 @@ class Progress:
             from ray.util.metrics import Counter, Gauge
 
             self._metrics = (Counter("taskspec_units_done", "finished units per stage", tag_keys=("stage",)),
-                             Gauge("taskspec_acceptance_length", "acceptance length of finished eval cells", tag_keys=("cell",)))
+                             Gauge("taskspec_acceptance_length", "acceptance length of finished eval cells",
+                                   tag_keys=("cell",)))
         except Exception:  # noqa: BLE001 - metrics are optional (no Ray, or no metrics agent)
             self._metrics = None
         if not quiet:

@@ -103,7 +103,8 @@ class Tracker:
 
             mlflow.set_tracking_uri(self.uri)
             mlflow.set_experiment(self.experiment)
-            with mlflow.start_run(run_name=f"{self.profile_name}-summary", tags={"taskspec.stage": "summary"}):
+            with mlflow.start_run(run_name=f"{self.profile_name}-summary",
+                                  tags={"taskspec.stage": "summary"}):
                 mlflow.log_params(params)
                 mlflow.log_metrics(metrics)
                 if Path(report_dir).is_dir():

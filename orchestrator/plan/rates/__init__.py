@@ -28,17 +28,29 @@ import os
 from pathlib import Path
 
 from orchestrator.plan import packing
-from orchestrator.profile import Profile
 from orchestrator.plan.rates.estimates import estimated, from_packing, with_scaled_backbones
-from orchestrator.plan.rates.gpu import KIND as GPU_RATES_KIND, from_gpu_rates
+from orchestrator.plan.rates.gpu import KIND as GPU_RATES_KIND
+from orchestrator.plan.rates.gpu import from_gpu_rates
 from orchestrator.plan.rates.measured import measure
 from orchestrator.plan.rates.record import Rates, _device, devices_per_task, hardware
-from orchestrator.plan.rates.taskgraph import (TURNS, caps, eval_hold_factor, eval_slowdown, optimizer_step_seconds, packing_model,
-                        profile_devices, tasks, trial_order, trial_tokens)
+from orchestrator.plan.rates.taskgraph import (
+    TURNS,
+    caps,
+    eval_hold_factor,
+    eval_slowdown,
+    optimizer_step_seconds,
+    packing_model,
+    profile_devices,
+    tasks,
+    trial_order,
+    trial_tokens,
+)
+from orchestrator.profile import Profile
 
 __all__ = ["GPU_RATES", "TURNS", "Rates", "caps", "devices_per_task", "estimated", "eval_hold_factor",
            "eval_slowdown", "from_packing", "hardware", "load", "measure", "optimizer_step_seconds",
-           "packing_model", "profile_devices", "tasks", "trial_order", "trial_tokens", "with_scaled_backbones",
+           "packing_model", "profile_devices", "tasks", "trial_order", "trial_tokens",
+           "with_scaled_backbones",
            "_device"]  # (the dry run and billing ask a profile's device kind by this name)
 
 GPU_RATES = "gpu_rates.json"  # a directory holding the GPU check's packing file under this name
@@ -66,7 +78,8 @@ def load(path: str | os.PathLike, p: Profile | None = None) -> Rates:
         return from_gpu_rates(p, data, str(path))
     if isinstance(data, dict) and data.get("kind") == packing.PACKING_KIND:
         if p is None:
-            raise ValueError(f"--rates {path}: a packing file times a profile's evaluation only; load it with one")
+            raise ValueError(f"--rates {path}: a packing file times a profile's evaluation only; load it "
+                             "with one")
         return from_packing(p, packing.read_packing(path), str(path))
     try:
         return Rates(**data)

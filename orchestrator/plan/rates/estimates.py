@@ -10,8 +10,8 @@ from pathlib import Path
 
 from orchestrator.plan import packing
 from orchestrator.plan.costs import ASSUMPTIONS, VERIFIERS, train_flops_per_token
-from orchestrator.profile import Profile
 from orchestrator.plan.rates.record import Rates
+from orchestrator.profile import Profile
 
 # the project's own GPU measurement of an eval actor's step (a copy of docs/gpu-check.md's figures, dated)
 MEASURED_STEPS = Path(__file__).with_name("gpu_measured.json")
@@ -37,7 +37,8 @@ def _eval_steps(p: Profile, end: str) -> tuple[float, float, str, str]:
     where = f"project measurement ({m['file']}, {m['device']}, {m['date']})"
     lo, hi = (m["eval_step_s"][e] * 1e3 for e in ENDS)
     glo, ghi = (m["generate_token_s"][e] * 1e3 for e in ENDS)
-    return (step, gen, f"{where}: {step * 1e3:.0f} ms per speculative step, the {end} end of {lo:.0f}-{hi:.0f} ms",
+    return (step, gen,
+            f"{where}: {step * 1e3:.0f} ms per speculative step, the {end} end of {lo:.0f}-{hi:.0f} ms",
             f"{where}: {gen * 1e3:.0f} ms per generate token, the {end} end of {glo:.0f}-{ghi:.0f} ms")
 
 
@@ -51,7 +52,8 @@ def estimated(p: Profile, end: str = "slow") -> Rates:
     a = ASSUMPTIONS
     eff = a["gpu_peak_flops"] * a["mfu"]
     online = p.data.feature_mode == "online"
-    per_token = {b: train_flops_per_token(v, b, p.train.for_backbone(b).hass_steps) + (2 * v["params"] if online else 0)
+    per_token = {b: train_flops_per_token(v, b, p.train.for_backbone(b).hass_steps) + (2 * v["params"]
+            if online else 0)
                  for b in dict.fromkeys(("eagle2", "hass", *p.train.backbones))}
     step_s, gen_s, step_src, gen_src = _eval_steps(p, end)
     flops = f"assumed: {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s at {a['mfu']:.0%} MFU"
@@ -68,7 +70,8 @@ def estimated(p: Profile, end: str = "slow") -> Rates:
                  "eval tau": f"assumed: {a['assumed_tau']}", "generate": gen_src,
                  "tokens per example": f"assumed: {a['tokens_per_example']} (orchestrator/plan/costs.py)",
                  "tokens per turn": f"assumed: {a['generated_tokens_per_turn']} generated tokens a turn"},
-        packing=packing.estimate(step_s, step_src, v, packing.DTYPE_BYTES[p.verifier_dtype], p.eval.tree.depth),
+        packing=packing.estimate(step_s, step_src, v, packing.DTYPE_BYTES[p.verifier_dtype],
+                                 p.eval.tree.depth),
         modelled_overheads=True)
 
 
@@ -94,7 +97,8 @@ def from_packing(p: Profile, data: dict, source: str) -> Rates:
     else:
         notes.append(f"eval tau: the packing file's ({one.get('tau')}) comes from verifier "
                      f"{data.get('verifier')!r}, not {p.verifier!r}: the assumed {base.eval_tau['*']} stands")
-    return replace(base, hardware=f"{data.get('device', 'a GPU')} (eval steps measured; other stages estimated)",
+    return replace(base,
+                   hardware=f"{data.get('device', 'a GPU')} (eval steps measured; other stages estimated)",
                    measured=False, source=source, eval_steps_per_s={"*": step}, eval_tau=tau,
                    notes=base.notes + notes, sources=sources, packing=pk)
 

@@ -15,9 +15,9 @@ from dataclasses import replace
 
 from orchestrator.plan import packing
 from orchestrator.plan.costs import VERIFIERS
-from orchestrator.profile import Profile
 from orchestrator.plan.rates.estimates import estimated
 from orchestrator.plan.rates.record import Rates
+from orchestrator.profile import Profile
 
 KIND = "gpu-rates"
 
@@ -79,7 +79,8 @@ def from_gpu_rates(p: Profile, data: dict, source: str) -> Rates:
     fields |= _eval_fields(p, data, source, tag, sources, notes)
     # measured where the file's verifier has the profile's full shape; a tiny shape's rates stay an estimate
     return replace(base, hardware=f"{data.get('device', 'a GPU')} (rates file; tau and overheads assumed)",
-                   measured=bool(data.get("full_shape")), source=source, sources=sources, notes=notes, **fields)
+                   measured=bool(data.get("full_shape")), source=source, sources=sources, notes=notes,
+                   **fields)
 
 
 def _eval_fields(p: Profile, data: dict, source: str, tag: str, sources: dict, notes: list) -> dict:

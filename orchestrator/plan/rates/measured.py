@@ -11,12 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from drafters.corpora import CORPUS_OF
-
 from orchestrator.plan.costs import ASSUMPTIONS
 from orchestrator.plan.makespan import schedule
-from orchestrator.profile import Profile
 from orchestrator.plan.rates.record import Rates, _device, devices_per_task
 from orchestrator.plan.rates.taskgraph import caps, profile_devices, tasks, trial_tokens
+from orchestrator.profile import Profile
 
 
 def _stage(manifest: dict, stage: str, units: int) -> dict | None:
@@ -121,7 +120,8 @@ def _eval_rates(rows, notes: list) -> tuple[dict, dict, float, dict]:
     if not math.isfinite(gen_tps) and "autoregressive" in steps:
         gen_tps = steps["autoregressive"]
         notes.append("generate not timed in this run: its rate is the project's autoregressive loop's")
-    per_turn = {b: float(v) for b, v in rows.group_by("benchmark").agg(pl.col("new_tokens").mean()).iter_rows()}
+    per_turn = {b: float(v) for b,
+                v in rows.group_by("benchmark").agg(pl.col("new_tokens").mean()).iter_rows()}
     return steps, tau, gen_tps, per_turn
 
 
@@ -172,9 +172,11 @@ def measure(run: str | os.PathLike) -> Rates:
     need = devices_per_task(p)
     r = Rates(
         hardware=machine, verifier=p.verifier, device=_device(p), measured=True,
-        source=f"{run} (profile {p.name})", features_tokens_per_s=feat_rate, features_devices=need["features"],
+        source=f"{run} (profile {p.name})", features_tokens_per_s=feat_rate,
+        features_devices=need["features"],
         train_tokens_per_s=train_rates, train_devices=need["train"],
-        train_overhead_s=0.0, merge_s=0.0, eval_steps_per_s=steps, eval_tau=tau, generate_tokens_per_s=gen_tps,
+        train_overhead_s=0.0, merge_s=0.0, eval_steps_per_s=steps, eval_tau=tau,
+        generate_tokens_per_s=gen_tps,
         eval_devices=need["eval"], eval_overhead_s=0.0, tokens_per_example=tpe, tokens_per_turn=per_turn,
         max_new_tokens=p.eval.max_new_tokens, notes=notes)
     return _with_overheads(p, r, man, feats_timed)

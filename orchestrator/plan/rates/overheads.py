@@ -28,14 +28,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from drafters.corpora import CORPUS_OF
-
-from orchestrator.plan.costs import (ASSUMPTIONS, EAGLE3_AUX_LAYERS, HELDOUT_DEPTHS, VERIFIERS, checkpoint_bytes,
-                     feature_bytes_per_token, final_bytes, forward_flops_per_token)
 from orchestrator.grid import corpora
+from orchestrator.plan.costs import (
+    ASSUMPTIONS,
+    EAGLE3_AUX_LAYERS,
+    HELDOUT_DEPTHS,
+    VERIFIERS,
+    checkpoint_bytes,
+    feature_bytes_per_token,
+    final_bytes,
+    forward_flops_per_token,
+)
 from orchestrator.plan.io_cost import READ_AHEAD, STREAM_BYTES_PER_S, STREAMS, trial_io, write_wait
 from orchestrator.plan.packing import DTYPE_BYTES
-from orchestrator.profile import Profile, batch_plan
 from orchestrator.plan.rates.record import Rates
+from orchestrator.profile import Profile, batch_plan
 
 A = ASSUMPTIONS
 
@@ -130,7 +137,8 @@ def train_parts(p: Profile, r: Rates, backbone: str, variant: str, tokens: float
              Part("held-out", (t.epochs + 1) * heldout_seconds(p, backbone, tpe) / gpus, 1.0)]
     if p.data.feature_mode != "online":
         n_aux = EAGLE3_AUX_LAYERS if "eagle3" in p.train.backbones else 0
-        io = trial_io(epoch, t.epochs, tokens, int(gpus), p.resources.node, v["hidden"], n_aux, backbone == "eagle3")
+        io = trial_io(epoch, t.epochs, tokens, int(gpus), p.resources.node, v["hidden"], n_aux,
+                      backbone == "eagle3")
         parts.append(Part("waits for shards", io.stall_s, 0.0))
     return parts
 
@@ -174,8 +182,10 @@ def sources(p: Profile) -> list[str]:
     return [
         f"Ray Train start-up {A['train_startup_s']:g} s a trial, features task start-up "
         f"{A['features_startup_s']:g} s, eval shard {A['eval_shard_overhead_s']:g} s, merge "
-        f"{A['merge_overhead_s']:g} s + its bytes (assumed: the rehearsal's stage times per unit, docs/cluster.md)",
-        f"verifier load {verifier_load_s(p):.0f} s a process (assumed: {A['verifier_load_bytes_per_s'] / 1e9:g} GB/s "
+        f"{A['merge_overhead_s']:g} s + its bytes (assumed: the rehearsal's stage times per unit, "
+        "docs/cluster.md)",
+        f"verifier load {verifier_load_s(p):.0f} s a process (assumed: "
+        f"{A['verifier_load_bytes_per_s'] / 1e9:g} GB/s "
         "from node disk to GPU), in every training worker, features task and eval actor",
         f"checkpoint uploads at {A['checkpoint_upload_bytes_per_s'] / 1e9:g} GB/s a node (assumed: 8 S3 "
         "connections at 85-90 MB/s), every train.checkpoint_every steps and every epoch, in the "
@@ -184,9 +194,13 @@ def sources(p: Profile) -> list[str]:
         f"held-out passes before training and after every epoch (drafter at {HELDOUT_DEPTHS} depths over "
         "each held-out set once, pooled figures from its counts; the FLOP rate of training), shared by "
         "the trial's ranks",
-        f"shards: {node.object_store_gb_s:g} GB/s a node from the object store, {node.disk_gb:,.0f} GB of node disk "
-        f"at {node.disk_gb_s:g} GB/s (resources.node); each rank reads {READ_AHEAD} shards ahead on {STREAMS} "
-        f"streams of at most {STREAM_BYTES_PER_S / 1e6:.0f} MB/s (orchestrator/plan/io_cost.py over feature_io.py)",
-        f"report {A['report_s_per_step_row'] * 1e6:.1f} s per million step rows on a CPU (measured: 443 s at 5.0 M, "
+        f"shards: {node.object_store_gb_s:g} GB/s a node from the object store, {node.disk_gb:,.0f} GB of "
+        "node disk "
+        f"at {node.disk_gb_s:g} GB/s (resources.node); each rank reads {READ_AHEAD} shards ahead on "
+        f"{STREAMS} "
+        f"streams of at most {STREAM_BYTES_PER_S / 1e6:.0f} MB/s (orchestrator/plan/io_cost.py over "
+        "feature_io.py)",
+        f"report {A['report_s_per_step_row'] * 1e6:.1f} s per million step rows on a CPU (measured: 443 s "
+        "at 5.0 M, "
         "docs/report.md), linear in step rows",
     ]

@@ -6,15 +6,14 @@ from __future__ import annotations
 import math
 
 from drafters.corpora import CORPUS_OF
-
-from orchestrator.plan import packing
-from orchestrator.plan.costs import ASSUMPTIONS, VERIFIERS, train_flops_per_token
 from orchestrator.grid import BENCHMARK_SIZES, cell_prompts, corpora, eval_cells, merge_cells, train_cells
-from orchestrator.plan.makespan import Task
+from orchestrator.plan import packing
 from orchestrator.plan.concurrency import actors_per_gpu
-from orchestrator.profile import Profile, batch_plan
+from orchestrator.plan.costs import ASSUMPTIONS, VERIFIERS, train_flops_per_token
+from orchestrator.plan.makespan import Task
 from orchestrator.plan.rates import overheads
 from orchestrator.plan.rates.record import Rates, _device, devices_per_task
+from orchestrator.profile import Profile, batch_plan
 
 TURNS = {"mt_bench": 2}  # turns per prompt (every other benchmark: 1)
 
@@ -54,7 +53,8 @@ def _check(p: Profile, r: Rates, need: dict) -> None:
     if p.data.feature_mode != "online" and not r.features_tokens_per_s:
         raise ValueError(f"the rates from {r.source} have no features rate; use a run that extracted features")
     if not math.isfinite(r.generate_tokens_per_s or float("nan")):
-        raise ValueError(f"the rates from {r.source} have no generate rate (no autoregressive or paired cells)")
+        raise ValueError(f"the rates from {r.source} have no generate rate (no autoregressive or paired "
+                         "cells)")
 
 
 def split_parts(tokens: dict, slots: int) -> dict:
@@ -112,11 +112,13 @@ def tasks(p: Profile, r: Rates, gpus: float | None = None, actors: int | None = 
         seconds, busy = overheads.combined(
             overheads.train_parts(p, r, cell.backbone, cell.variant, tokens, need["train"], tpe))
         deps = tuple(n for c in CORPUS_OF[cell.variant] for n in of_corpus.get(c, ()))
-        out.append(Task(f"train:{cell.name}", "train", seconds, need["train"], deps, "train", busy if gpu else 1.0))
+        out.append(Task(f"train:{cell.name}", "train", seconds, need["train"], deps, "train", busy if gpu
+                        else 1.0))
     trained = {t.name for t in out}
     for m in merge_cells(p):
         deps = tuple(d for d in (f"train:{m.backbone}-math", f"train:{m.backbone}-chat") if d in trained)
-        out.append(Task(f"merge:{m.name}", "merge", overheads.merge_seconds(p, r, m.backbone), 0, deps, "merge"))
+        out.append(Task(f"merge:{m.name}", "merge", overheads.merge_seconds(p, r, m.backbone), 0, deps,
+                        "merge"))
     made = {t.name.split(":", 1)[1]: t.name for t in out if t.stage in ("train", "merge")}
     shards, rows = _eval_tasks(p, r, made, actors if actors is not None else caps(p)["eval"])
     out += shards
@@ -129,7 +131,8 @@ def _per_prompt(p: Profile, r: Rates, cell, slow, busy) -> tuple[float, float, f
     steps or the project's autoregressive loop) and transformers' generate where the cell times it."""
     toks = TURNS.get(cell.benchmark, 1) * _tokens_per_turn(r, cell.benchmark, p.eval.max_new_tokens)
     if cell.strategy == "autoregressive":  # the project's loop, then generate on the same prompt
-        step, calls, with_gen = 1 / r.eval_steps_per_s.get("autoregressive", r.generate_tokens_per_s), toks, True
+        step, calls, with_gen = 1 / r.eval_steps_per_s.get("autoregressive",
+                                                           r.generate_tokens_per_s), toks, True
     else:
         step = 1 / _for(r.eval_steps_per_s, cell.strategy)
         calls, with_gen = toks / _for(r.eval_tau, cell.strategy), p.eval.paired_baseline
@@ -141,7 +144,8 @@ def _per_prompt(p: Profile, r: Rates, cell, slow, busy) -> tuple[float, float, f
 
 def _eval_tasks(p: Profile, r: Rates, made: dict, actors: int) -> tuple[list[Task], float]:
     """The eval shards (each its cell's drafters' tasks first) and the step rows they write."""
-    slow, busy, size, need = eval_slowdown(p, r), eval_busy(p, r), p.eval.shard_size, devices_per_task(p)["eval"]
+    slow, busy, size, need = eval_slowdown(p, r), eval_busy(p,
+                                                            r), p.eval.shard_size, devices_per_task(p)["eval"]
     cells = [(c, min(cell_prompts(p, c) or BENCHMARK_SIZES[c.benchmark], BENCHMARK_SIZES[c.benchmark]))
              for c in eval_cells(p)]
     extra = overheads.eval_shard_overhead(p, r, actors, sum(-(-k // size) for _, k in cells))

@@ -6,11 +6,15 @@ router), the study's numbers for each claim's cell (study.py), and the registry 
 with the two Holm families and ``check_claims``, which runs them all on a run (check.py)."""
 from __future__ import annotations
 
-from orchestrator.report.claims.check import add_holm, check_claims
-from orchestrator.report.claims.claim import EXPLORATORY, MIN_PROMPTS, STUDY, Cell, Claim, Row, frame
-from orchestrator.report.claims.check import family_size
-from orchestrator.report.claims.claim import Grid
-from orchestrator.report.claims.check import CLAIMS, STUDY_CLAIMS, family_of
+from orchestrator.report.claims.check import (
+           CLAIMS,
+           STUDY_CLAIMS,
+           add_holm,
+           check_claims,
+           family_of,
+           family_size,
+)
+from orchestrator.report.claims.claim import EXPLORATORY, MIN_PROMPTS, STUDY, Cell, Claim, Grid, Row, frame
 
 __all__ = ["CLAIMS", "EXPLORATORY", "MIN_PROMPTS", "STUDY", "STUDY_CLAIMS", "Cell", "Claim", "Grid", "Row",
            "add_holm", "check_claims", "family_of", "family_size", "frame"]

@@ -28,22 +28,33 @@ then its proposed next experiments, the third backbone and the project's online 
 module of its research question."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import polars as pl
-from orchestrator.report.claims.specialisation import RQ1_CLAIMS, RQ2_CLAIMS, SEED_TABLE1_CLAIMS
+
+from orchestrator.report.claims.claim import (
+    EXPLORATORY,
+    MIN_PROMPTS,
+    NAN,
+    STUDY,
+    STUDY_W,
+    Cell,
+    Claim,
+    Grid,
+    Row,
+    frame,
+)
 from orchestrator.report.claims.composition import ORDERING_CLAIMS, RQ3_CLAIMS, RQ4_CLAIMS, SPEED_CLAIMS
 from orchestrator.report.claims.depth import ENTROPY_CLAIMS, RQ5_CLAIMS, SEED_DEPTH_CLAIMS
-from orchestrator.report.claims.project import EAGLE3_CLAIMS, HEDGE_CLAIMS, PROPOSED_CLAIMS
-from orchestrator.report.claims.claim import EXPLORATORY, STUDY, Claim, MIN_PROMPTS, NAN, Cell, Row, frame
+from orchestrator.report.claims.project import BASE, EAGLE3_CLAIMS, EARLY_STEPS, HEDGE_CLAIMS, PROPOSED_CLAIMS
+from orchestrator.report.claims.specialisation import RQ1_CLAIMS, RQ2_CLAIMS, SEED_TABLE1_CLAIMS
 from orchestrator.report.stats import holm
-from orchestrator.report.claims.claim import Grid
-from dataclasses import replace
 from orchestrator.report.steps import as_summary
-from orchestrator.report.claims.project import BASE, EARLY_STEPS
-from orchestrator.report.claims.claim import STUDY_W
 
-
-ORDERED = (RQ1_CLAIMS, RQ2_CLAIMS, RQ3_CLAIMS, ORDERING_CLAIMS, SEED_TABLE1_CLAIMS, RQ4_CLAIMS, ENTROPY_CLAIMS, RQ5_CLAIMS, SEED_DEPTH_CLAIMS, SPEED_CLAIMS, PROPOSED_CLAIMS, EAGLE3_CLAIMS, HEDGE_CLAIMS)
+ORDERED = (RQ1_CLAIMS, RQ2_CLAIMS, RQ3_CLAIMS, ORDERING_CLAIMS, SEED_TABLE1_CLAIMS, RQ4_CLAIMS,
+           ENTROPY_CLAIMS, RQ5_CLAIMS, SEED_DEPTH_CLAIMS, SPEED_CLAIMS, PROPOSED_CLAIMS, EAGLE3_CLAIMS,
+           HEDGE_CLAIMS)
 CLAIMS: dict[str, Claim] = {c.name: c for group in ORDERED for c in group}
 STUDY_CLAIMS = tuple(name for name, c in CLAIMS.items() if c.family == STUDY)
 
@@ -68,7 +79,8 @@ def family_size(grid: Grid, cl: pl.DataFrame | None = None) -> int:
     if cl is not None and not cl.is_empty():
         study = cl.filter(pl.col("family") == STUDY)
         for k, g in study.group_by("claim", "backbone", "temperature"):
-            rows[(k[0], k[1], float(k[2]))] = g.filter(~pl.col("verdict").str.contains("not in this run")).height
+            rows[(k[0], k[1],
+                  float(k[2]))] = g.filter(~pl.col("verdict").str.contains("not in this run")).height
     grid_keys = keys(grid)
     size = sum(max(CLAIMS[c].slots(grid, bb), rows.get((c, bb, t), 0)) for c, bb, t in grid_keys)
     return size + sum(n for k, n in rows.items() if k not in set(grid_keys))
@@ -176,7 +188,8 @@ def check_claims(pp: pl.DataFrame, steps, depth: pl.DataFrame | None,
     rows = [r for claim in CLAIMS.values() for cell in (across if claim.across_backbones else per_cell)
             for r in claim.rows(cell)]
     rows = _no_rows(rows, [b for b in grid.benchmarks if b not in present])
-    rows += _missing(rows, sorted(set(grid.backbones) | set(backbones)), sorted(set(grid.temperatures) | set(temps)))
+    rows += _missing(rows, sorted(set(grid.backbones) | set(backbones)),
+                     sorted(set(grid.temperatures) | set(temps)))
     if not rows:
         return pl.DataFrame()
     order = {name: i for i, name in enumerate(CLAIMS)}

@@ -23,15 +23,17 @@ would be 1 : 1. Which checkpoint is the "best single" can differ between the two
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
 import numpy as np
 import polars as pl
-from dataclasses import dataclass, asdict
-from orchestrator.report.tables import MATH_BENCH, aligned, timed
-from typing import Callable
+
+from orchestrator.report.claims.study import evidence
 from orchestrator.report.routers import mark_comparison
 from orchestrator.report.stats import paired_avg_diff_ci, paired_diff_ci, verdict
 from orchestrator.report.steps import StepSummary
-from orchestrator.report.claims.study import evidence
+from orchestrator.report.tables import MATH_BENCH, aligned, timed
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,8 @@ class Grid:
     temperatures: tuple[float, ...]
     benchmarks: tuple[str, ...]
     lambdas: tuple[float, ...] = ()
-    sweep_backbones: tuple[str, ...] | None = None  # where the lambda list runs (merge.sweep_backbones); None: all
+    # where the lambda list runs (merge.sweep_backbones); None: all
+    sweep_backbones: tuple[str, ...] | None = None
 
     def __post_init__(self):
         for name in ("backbones", "temperatures", "benchmarks"):
@@ -59,7 +62,8 @@ class Grid:
         traces hold."""
         ev, tr, mg = prof.get("eval", {}), prof.get("train", {}), prof.get("merge", {})
         benches = ev.get("benchmarks") or sorted(pp["benchmark"].unique().to_list())
-        backbones = tr.get("backbones") or sorted(set(pp["backbone"].unique().to_list()) - {"none"}) or ["none"]
+        backbones = tr.get("backbones") or sorted(set(pp["backbone"].unique().to_list()) - {"none"}) or [
+                "none"]
         temps = ev.get("temperatures") or sorted(pp["temperature"].unique().to_list())
         sweep = mg.get("sweep_backbones")
         return cls(tuple(backbones), tuple(float(t) for t in temps), tuple(benches),
@@ -171,7 +175,8 @@ class Cell:
         arrays = self.paired(a, b, bench)
         return paired_diff_ci(*arrays, p=True), len(arrays[0])
 
-    def average(self, a: str, b: str, num: str = "new_tokens", den: str = "verifier_calls") -> tuple[tuple, int]:
+    def average(self, a: str, b: str, num: str = "new_tokens", den: str = "verifier_calls") -> tuple[tuple,
+            int]:
         """(num/den of a - of b, mean over the benchmarks weighted as ``weighting`` says, as (estimate,
         lo, hi, p)), and the fewest prompts paired on a benchmark."""
         groups = [self.paired(a, b, bn, num, den) for bn in self.benches]
@@ -235,7 +240,8 @@ class Claim:
 
     def __post_init__(self):
         if self.family not in (STUDY, EXPLORATORY):
-            raise ValueError(f"claim {self.name}: family must be {STUDY!r} or {EXPLORATORY!r}, got {self.family!r}")
+            raise ValueError(f"claim {self.name}: family must be {STUDY!r} or {EXPLORATORY!r}, got "
+                             f"{self.family!r}")
         if not self.wording or not self.needs:
             raise ValueError(f"claim {self.name}: wording and needs must not be empty")
 
@@ -260,16 +266,19 @@ class Claim:
             v = f"inconclusive (n={n} < {MIN_PROMPTS} prompts)"
         ev = study or evidence()
         return Row(self.name, family or self.family_on(backbone), backbone, temp, bench, what, n, est, lo, hi,
-                   NAN if p is None else p, v, self.wording, ev["study"], ev["study_consistent"], ev["study_note"])
+                   NAN if p is None else p, v, self.wording, ev["study"], ev["study_consistent"],
+                   ev["study_note"])
 
     def tested(self, backbone: str, temp: float, what: str, result: tuple, n: int, study: dict | None = None,
                expected_positive: bool = True, bench: str | None = None, family: str | None = None) -> Row:
         """A row from a bootstrap ``result`` (estimate, lo, hi, p) of (claimed better - other)."""
         est, lo, hi, p = result
-        return self.row(backbone, temp, what, est, lo, hi, verdict(lo, hi, expected_positive), n, p, study, bench,
+        return self.row(backbone, temp, what, est, lo, hi, verdict(lo, hi, expected_positive), n, p, study,
+                        bench,
                         family)
 
     def not_run(self, backbone: str, temp: float) -> Row:
         """The row of a key the run has no cells for: inconclusive, saying what the claim needs."""
         return self.row(backbone, temp, "not in this run", None, None, None,
-                        f"inconclusive (not in this run: needs {self.needs})", None, None, self.study(backbone, temp))
+                        f"inconclusive (not in this run: needs {self.needs})", None, None,
+                        self.study(backbone, temp))

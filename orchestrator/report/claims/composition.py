@@ -23,17 +23,30 @@ benchmarks, where the traces carry wall-clock times; cells timed in different gr
 not compared."""
 from __future__ import annotations
 
-import numpy as np
-import polars as pl
 import re
-from orchestrator.report.labels import ORACLE, ROUTED, SINGLES, HEADS, HEADS_LAST, SPEED_ROUTED
-from orchestrator.report.claims import study
-from orchestrator.report.claims.claim import STUDY, Cell, Claim, Row, EXPLORATORY, NAN, TIMED_APART
-from orchestrator.report.claims.claim import mean_tau, named, picks, STUDY_W, weights
-from orchestrator.report.routers import chosen_name, last_turn_rows, matched_expr
-from orchestrator.report.stats import mean_diff_ci, B_TEST, data_rng, kendall_tau_b
 from dataclasses import replace
 
+import numpy as np
+import polars as pl
+
+from orchestrator.report.claims import study
+from orchestrator.report.claims.claim import (
+    EXPLORATORY,
+    NAN,
+    STUDY,
+    STUDY_W,
+    TIMED_APART,
+    Cell,
+    Claim,
+    Row,
+    mean_tau,
+    named,
+    picks,
+    weights,
+)
+from orchestrator.report.labels import HEADS, HEADS_LAST, ORACLE, ROUTED, SINGLES, SPEED_ROUTED
+from orchestrator.report.routers import chosen_name, last_turn_rows, matched_expr
+from orchestrator.report.stats import B_TEST, data_rng, kendall_tau_b, mean_diff_ci
 
 ROUTING_NOTE = (f"this row's routing is {ROUTED}, the study's code's router behind its Table 1 numbers; "
                 "not deployable (sees both whole generations)")
@@ -60,7 +73,8 @@ def _rq3a(claim: Claim, cell: Cell) -> list[Row]:
     if not {"merged", ROUTED} <= cell.methods:
         return []
     ev = study.pair(cell.backbone, cell.temp, "merged", ROUTED, "average", note=ROUTING_NOTE)
-    return [claim.tested(cell.backbone, cell.temp, f"merged - {ROUTED}, average", *cell.average("merged", ROUTED),
+    return [claim.tested(cell.backbone, cell.temp, f"merged - {ROUTED}, average", *cell.average("merged",
+            ROUTED),
                          ev)]
 
 
@@ -93,7 +107,8 @@ def _rq3c_cells(claim: Claim, cell: Cell) -> list[Row]:
     rows = []
     for bn in cell.benches:
         worst = min(rivals, key=lambda m: _mean_tau(cell, m, [bn]))
-        rows.append(claim.tested(cell.backbone, cell.temp, f"averaged - lowest other variant ({worst}) on {bn} (tau)",
+        rows.append(claim.tested(cell.backbone, cell.temp,
+                                 f"averaged - lowest other variant ({worst}) on {bn} (tau)",
                                  *cell.on_bench("avg0.5", worst, bn),
                                  study.rq3c_cell(cell.backbone, cell.temp, bn, rivals), False, bn))
     return rows
@@ -101,7 +116,8 @@ def _rq3c_cells(claim: Claim, cell: Cell) -> list[Row]:
 
 def _fig6(claim: Claim, cell: Cell) -> list[Row]:
     """Each λ strictly between the specialists against the better specialist (a sweep: >= 2 of them)."""
-    lams = sorted((float(m[3:]), m) for m in cell.methods if re.fullmatch(r"avg[0-9.]+", m) and 0 < float(m[3:]) < 1)
+    lams = sorted((float(m[3:]), m) for m in cell.methods if re.fullmatch(r"avg[0-9.]+", m)
+                  and 0 < float(m[3:]) < 1)
     if len(lams) < 2 or not {"math", "chat"} <= cell.methods:
         return []
     spec, text = _pick(cell, ["math", "chat"])
@@ -130,11 +146,13 @@ def _sweep_slots(grid, backbone=None) -> int:
 
 
 RQ3_CLAIMS = (
-    Claim("RQ3a", "merged trees beat confidence routing (Table 1, average)", f"merged and {ROUTED}", STUDY, _rq3a,
+    Claim("RQ3a", "merged trees beat confidence routing (Table 1, average)", f"merged and {ROUTED}", STUDY,
+          _rq3a,
           study=lambda bb, t: study.pair(bb, t, "merged", ROUTED, "average")),
     Claim("RQ3b", "confidence routing beats the best single checkpoint (Table 1, average)",
           f"{ROUTED} and a single drafter", STUDY, _rq3b, study=lambda bb, t: study.rq3b(bb, t, ROUTED)),
-    Claim("RQ3c", "the weight-averaged checkpoint is the weakest (Table 1)", "avg0.5 and a single drafter", STUDY,
+    Claim("RQ3c", "the weight-averaged checkpoint is the weakest (Table 1)", "avg0.5 and a single drafter",
+          STUDY,
           _rq3c, study=study.rq3c),
     Claim("RQ3c-cells", "the weight-averaged checkpoint is the worst in every cell (Table 1: each benchmark)",
           "avg0.5 and another Table 1 variant", STUDY, _rq3c_cells, study=study.rq3c_all,
@@ -142,7 +160,8 @@ RQ3_CLAIMS = (
     Claim("Fig6", "no lambda of the averaging sweep recovers specialist-level acceptance (Figure 6)",
           "a lambda sweep (>= 2 averaged checkpoints, 0 < lambda < 1) and both specialists", STUDY, _fig6,
           study=study.fig6, slots=_sweep_slots),
-    Claim("merged-best", "merged trees are the best method overall (Table 1, average)", "merged and another method",
+    Claim("merged-best", "merged trees are the best method overall (Table 1, average)",
+          "merged and another method",
           STUDY, _merged_best, study=study.merged_best),
 )
 
@@ -180,7 +199,8 @@ def _rq4(claim: Claim, cell: Cell) -> list[Row]:
         n = int(w.group_by("benchmark").len()["len"].min())
         ev = study.rq4(backbone, temp, gran)
         if e == HEADS:
-            ev["study_note"] = "; ".join(x for x in (ev["study_note"], "a prompt's head is its turns' majority "
+            ev["study_note"] = "; ".join(x for x in (ev["study_note"],
+                                                     "a prompt's head is its turns' majority "
                                                      "(the study's code records the last turn's)") if x)
         out.append(claim.tested(backbone, temp, f"{c} - {e}: share routed to the matched specialist",
                                 mean_diff_ci((w[c] - w[e]).to_numpy(), p=True), n, ev,
@@ -217,7 +237,8 @@ def _per_benchmark(sub: pl.DataFrame, pair: tuple, methods: list[str], weighting
         ids = sorted(ids)
         cells = [c.filter(pl.col("prompt_id").is_in(ids)).sort("prompt_id") for c in cells]
         nums.append(np.array([c["new_tokens"].to_numpy() for c in cells], float).reshape(2, len(methods), -1))
-        dens.append(np.array([c["verifier_calls"].to_numpy() for c in cells], float).reshape(2, len(methods), -1))
+        dens.append(np.array([c["verifier_calls"].to_numpy() for c in cells], float).reshape(2, len(methods),
+                -1))
         names.append(bn)
     return nums, dens, np.array(weights(names, weighting))
 
@@ -239,8 +260,10 @@ def _resampled(nums: list, dens: list, n_methods: int, rng: np.random.Generator,
 
 def _ordering(claim: Claim, cell: Cell, seed: int = 0) -> list[Row]:
     backbones, temp = cell.backbones, cell.temp
-    on_study = {"hass", "eagle2"} <= set(backbones)  # the study's pair; else EAGLE-3 against EAGLE-2 (or any two)
-    pair = ("hass", "eagle2") if on_study else ("eagle3", "eagle2") if {"eagle3", "eagle2"} <= set(backbones) \
+    # the study's pair; else EAGLE-3 against EAGLE-2 (or any two)
+    on_study = {"hass", "eagle2"} <= set(backbones)
+    pair = ("hass", "eagle2") if on_study else ("eagle3", "eagle2") if {"eagle3",
+            "eagle2"} <= set(backbones) \
         else tuple(backbones[:2])
     if len(pair) < 2:
         return []
@@ -276,9 +299,11 @@ def _ordering(claim: Claim, cell: Cell, seed: int = 0) -> list[Row]:
 
 
 ORDERING_CLAIMS = (
-    Claim("backbones", "the methods keep the same ordering on both backbones (Table 1, average): the same order",
+    Claim("backbones",
+          "the methods keep the same ordering on both backbones (Table 1, average): the same order",
           "both backbones with >= 3 methods in common", STUDY, _ordering,
-          study=lambda bb, t: study.backbones(t), keys=lambda backbones, temps: [("hass+eagle2", t) for t in temps],
+          study=lambda bb, t: study.backbones(t), keys=lambda backbones, temps: [("hass+eagle2", t)
+                  for t in temps],
           across_backbones=True),
 )
 
@@ -297,5 +322,6 @@ def _speed(claim: Claim, cell: Cell) -> list[Row]:
 
 SPEED_CLAIMS = (
     Claim("speed", "confidence routing costs less speed than merged trees (Section 7 estimate)",
-          f"{SPEED_ROUTED} and merged with wall-clock times", STUDY, _speed, study=lambda bb, t: study.speed()),
+          f"{SPEED_ROUTED} and merged with wall-clock times", STUDY, _speed, study=lambda bb,
+          t: study.speed()),
 )

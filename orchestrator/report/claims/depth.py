@@ -21,17 +21,18 @@ prompt (rejected minus accepted entropy, from the step summary's per-prompt mean
 bootstrapped over prompts."""
 from __future__ import annotations
 
-import numpy as np
-import polars as pl
 from dataclasses import replace
 from functools import partial
-from orchestrator.report.labels import MIXED, SINGLES
-from orchestrator.report.stats import mean_diff_ci
-from orchestrator.report.tables import MATH_BENCH
+
+import numpy as np
+import polars as pl
+
 from orchestrator.report.claims import study
 from orchestrator.report.claims.claim import STUDY, Cell, Claim, Row
+from orchestrator.report.labels import MIXED, SINGLES
+from orchestrator.report.stats import mean_diff_ci
 from orchestrator.report.study_tables import other_of
-
+from orchestrator.report.tables import MATH_BENCH
 
 STUDY_DEPTH = 5  # the study's tables stop at depth 5
 SHALLOW = (1, 2)  # "competitive at depths 1-2"
@@ -189,13 +190,15 @@ RQ5_CLAIMS = (
     Claim("RQ5", "acceptance rate falls with depth for every variant (Tables 5-8)",
           "step traces of single drafters reaching two depths", STUDY, _rq5, study=study.rq5,
           slots=lambda grid, backbone=None: len(VARIANTS) * len(grid.benchmarks)),
-    Claim("depth-slope", "the matched specialist declines more slowly with depth than the mismatched (Tables 5-8)",
+    Claim("depth-slope",
+          "the matched specialist declines more slowly with depth than the mismatched (Tables 5-8)",
           "step traces of both specialists", STUDY, _slope, study=study.depth_slope),
     Claim("depth-shallow", "the mixed drafter leads the matched specialist at shallow depth 1-2 (Tables 5-8)",
           "step traces of a mixed drafter and a specialist", STUDY, _shallow, study=study.depth_shallow,
           slots=lambda grid, backbone=None: len(MIXED)),
     Claim("depth-deep", "the matched specialist beats the mixed drafter at depths 4-5 (Tables 5-8)",
-          "step traces of a mixed drafter and a specialist reaching depth 4", STUDY, _deep, study=study.depth_deep,
+          "step traces of a mixed drafter and a specialist reaching depth 4", STUDY, _deep,
+          study=study.depth_deep,
           slots=lambda grid, backbone=None: len(MIXED)),
 )
 
@@ -311,7 +314,8 @@ ENTROPY_CLAIMS = (
     Claim("entropy", "rejected draft tokens carry higher draft entropy than accepted ones (Tables 3-4)",
           "step traces of single drafters", STUDY, partial(_entropy, kind="draft"),
           study=lambda bb, t: study.entropy(bb, t, "math", "gsm8k"), slots=_slots),
-    Claim("verifier-entropy", "verifier entropy shows the same direction: higher at rejected tokens (Tables 3-4)",
+    Claim("verifier-entropy",
+          "verifier entropy shows the same direction: higher at rejected tokens (Tables 3-4)",
           "step traces of single drafters", STUDY, partial(_entropy, kind="verifier"),
           study=study.verifier_entropy, slots=_slots),
 )

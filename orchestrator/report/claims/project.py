@@ -27,16 +27,17 @@ full-information hedge cell minus the bandit's (``hedge(ucb, ...)``, MetaSD's ba
 prompt, a ceiling; not deployable, and at T>0 not lossless: its rows carry ‡), average."""
 from __future__ import annotations
 
-import polars as pl
 import re
 from dataclasses import replace
 from functools import partial
-from orchestrator.report.labels import PROMPT_NODE, ORACLE, POSTHOC
-from orchestrator.report.stats import corr_ci, paired_avg_diff_ci
+
+import polars as pl
+
 from orchestrator.report.claims import study
 from orchestrator.report.claims.claim import EXPLORATORY, NAN, TIMED_APART, Cell, Claim, Row
+from orchestrator.report.labels import ORACLE, POSTHOC, PROMPT_NODE
+from orchestrator.report.stats import corr_ci, paired_avg_diff_ci
 from orchestrator.report.tables import MATH_BENCH, aligned
-
 
 BASE = PROMPT_NODE
 EARLY_STEPS = 3  # "early": the first 3 verifier calls of a prompt's first turn
@@ -121,12 +122,15 @@ PROPOSED_CLAIMS = (
                                  "(switching's premise)", f"switching and the step traces of {BASE}",
               _early_acceptance),
     _proposed("switching-speed", "switching's acceptance gain survives its wall-clock cost: faster than "
-                                 "confidence routing", f"switching and {BASE} with wall-clock times", _switching_speed),
-    _proposed("depth-adaptive-merged", "depth-adaptive composition beats budget-matched merged trees (proposed "
+                                 "confidence routing", f"switching and {BASE} with wall-clock times",
+                                 _switching_speed),
+    _proposed("depth-adaptive-merged",
+              "depth-adaptive composition beats budget-matched merged trees (proposed "
                                        "next experiment)",
               "depth_adaptive and budget-matched merged trees (merged@total_tokens)",
               partial(_depth_adaptive, rival_of=lambda cell: budget_merged(cell.methods))),
-    _proposed("depth-adaptive-routing", "depth-adaptive composition beats confidence routing at equal node budget "
+    _proposed("depth-adaptive-routing",
+              "depth-adaptive composition beats confidence routing at equal node budget "
                                         "(proposed next experiment)", f"depth_adaptive and {BASE}",
               partial(_depth_adaptive, rival_of=lambda cell: BASE if BASE in cell.methods else None)),
 )
@@ -164,7 +168,8 @@ def _eagle3(claim: Claim, cell: Cell) -> list[Row]:
     what = (f"eagle3 - eagle2 matched specialist (math on math benchmarks, chat on mt_bench), average over "
             f"{', '.join(used)} (tau); ratios {', '.join(ratios)}")
     paper = [f"{bn} {a} vs {b}" for (t, bn), (a, b) in PAPER.items() if t == temp]
-    ev = study.evidence(f"EAGLE-3 paper, {', '.join(paper)}" if paper else "the EAGLE-3 paper gives no number "
+    ev = study.evidence(f"EAGLE-3 paper, {', '.join(paper)}" if paper
+                        else "the EAGLE-3 paper gives no number "
                         f"at T={temp:g} for this model", True if paper else None)
     return [claim.tested("+".join(PAIR), temp, what, paired_avg_diff_ci(groups, p=True), n, ev)]
 
@@ -174,7 +179,8 @@ def _where_both_ran(backbones: list[str], temps: list[float]) -> list[tuple[str,
 
 
 EAGLE3_CLAIMS = (
-    Claim("eagle3", "EAGLE-3 drafts longer than EAGLE-2 (EAGLE-3 paper, Llama-3.1-8B-Instruct, T=0: tau 6.23 vs "
+    Claim("eagle3",
+          "EAGLE-3 drafts longer than EAGLE-2 (EAGLE-3 paper, Llama-3.1-8B-Instruct, T=0: tau 6.23 vs "
                     "4.24 on GSM8K, 6.13 vs 4.05 on MT-Bench)",
           "eagle3 and eagle2 math and chat specialists on the same prompts", EXPLORATORY, _eagle3,
           keys=_where_both_ran, across_backbones=True),
@@ -201,7 +207,8 @@ def _home(claim: Claim, cell: Cell) -> list[Row]:
     for h in hedge_methods(cell.methods):
         for bn in cell.benches:
             home = "math" if bn in MATH_BENCH else "chat"
-            out.append(claim.tested(cell.backbone, cell.temp, f"{h} - {home} (matched specialist) on {bn} (tau)",
+            out.append(claim.tested(cell.backbone, cell.temp,
+                                    f"{h} - {home} (matched specialist) on {bn} (tau)",
                                     *cell.on_bench(h, home, bn), study.evidence(NOTE), bench=bn))
     return out
 
@@ -216,7 +223,8 @@ def _against(claim: Claim, cell: Cell, rival: str, speed: bool = False) -> list[
         if speed and not cell.timed(h, rival):
             continue
         what = f"{h} - {rival}, tokens/s, average" if speed else f"{h} - {rival}, average (tau)"
-        out.append(claim.tested(cell.backbone, cell.temp, what, *(cell.speed if speed else cell.average)(h, rival),
+        out.append(claim.tested(cell.backbone, cell.temp, what, *(cell.speed if speed else cell.average)(h,
+                rival),
                                 study.evidence(NOTE)))
     return out
 
@@ -237,7 +245,8 @@ HEDGE_CLAIMS = (
     _hedge("hedge-home", "hedge finds the home drafter: its tau is above the matched specialist's on each "
                          "benchmark (level with it, inside the interval, is issue 57's target)",
            "hedge and the math and chat specialists", _home),
-    _hedge("hedge-posthoc", "hedge (online, lossless) beats TAPS's post hoc router (after the fact, not deployable)",
+    _hedge("hedge-posthoc",
+           "hedge (online, lossless) beats TAPS's post hoc router (after the fact, not deployable)",
            f"hedge and {POSTHOC}", partial(_against, rival=POSTHOC)),
     _hedge("hedge-merged", "hedge beats merged trees on acceptance length (average)", "hedge and merged",
            partial(_against, rival="merged")),
@@ -246,7 +255,8 @@ HEDGE_CLAIMS = (
     _hedge("hedge-bandit", "full-information hedge beats the bandit that sees only the chosen drafter's "
                            "acceptance (UCB, as MetaSD) on acceptance length (average)",
            "a full-information hedge learner and hedge_learners ucb", _bandit),
-    _hedge("hedge-oracle", "hedge reaches the per-prompt hindsight oracle (the better specialist per prompt; a "
+    _hedge("hedge-oracle",
+           "hedge reaches the per-prompt hindsight oracle (the better specialist per prompt; a "
                            "ceiling, not deployable; ‡ at T>0) on acceptance length (average)",
            f"hedge and the math and chat specialists ({ORACLE})", partial(_against, rival=ORACLE)),
 )

@@ -23,17 +23,18 @@ benchmark serves every cell), a statistic of their taus, and the verdicts of a s
 direction (``tested``) or a range the study states (``in_range``)."""
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import numpy as np
 import polars as pl
-from functools import partial
-from orchestrator.report.tables import MATH_BENCH
+
 from orchestrator.report.claims import study
-from orchestrator.report.claims.claim import STUDY, Cell, Claim, Row, EXPLORATORY
-from orchestrator.report.labels import MIXED, HEADS, SINGLES
-from typing import Callable
+from orchestrator.report.claims.claim import EXPLORATORY, STUDY, Cell, Claim, Row, weights
+from orchestrator.report.labels import HEADS, MIXED, SINGLES
 from orchestrator.report.stats import B_TEST, _ci, data_rng, verdict
 from orchestrator.report.study_tables import tau_of
-from orchestrator.report.claims.claim import weights
+from orchestrator.report.tables import MATH_BENCH
 
 
 def _home(claim: Claim, cell: Cell, math_home: bool) -> list[Row]:
@@ -77,7 +78,8 @@ def _against_specialist(claim: Claim, cell: Cell, home: bool) -> list[Row]:
         for bn in cell.benches:
             matched, mismatched = ("math", "chat") if bn in MATH_BENCH else ("chat", "math")
             a, b = (matched, mixed) if home else (mixed, mismatched)
-            rows.append(claim.tested(cell.backbone, cell.temp, f"{a} - {b} on {bn} (tau)", *cell.on_bench(a, b, bn),
+            rows.append(claim.tested(cell.backbone, cell.temp, f"{a} - {b} on {bn} (tau)", *cell.on_bench(a,
+                    b, bn),
                                      study.pair(cell.backbone, cell.temp, a, b, bn), bench=bn))
     return rows
 

@@ -114,7 +114,8 @@ def rq4(backbone: str, temp: float, granularity: str) -> dict:
     mc, me = sum(c) / 4, sum(e) / 4
     return evidence(f"Table 2 ({backbone}, {_t(temp)}): share routed to the matched specialist, mean of "
                     f"4 benchmarks: confidence {mc:.3f} vs entropy {me:.3f}", mc > me,
-                    "" if granularity == "prompt" else "the study routes once per prompt; this row routes per "
+                    "" if granularity == "prompt"
+                    else "the study routes once per prompt; this row routes per "
                                                        f"{granularity}")
 
 
@@ -162,7 +163,8 @@ def rq3c_all(backbone: str, temp: float) -> dict:
 
 def _depth_rates(backbone: str, temp: float) -> dict:
     """Tables 5-8 numbers (EAGLE-2 T=0 MATH-500): (drafter, depth) -> acceptance rate or None."""
-    return {(m, d): other_of(f"accept_rate_d{d}", backbone, temp, m, "math500") for m in ("math", "chat", "avg0.5")
+    return {(m, d): other_of(f"accept_rate_d{d}", backbone, temp, m, "math500") for m in ("math", "chat",
+            "avg0.5")
             for d in (1, 3, 5)}
 
 
@@ -178,7 +180,8 @@ def rq5(backbone: str, temp: float, method: str | None = None) -> dict:
     """Acceptance falls with depth: ``method``'s numbers (RQ5's row of that variant), else both specialists'."""
     r = _depth_rates(backbone, temp)
     if method is not None:
-        deep = max((d for d in (3, 5) if r[method, d] is not None), default=None) if (method, 1) in r else None
+        deep = max((d for d in (3, 5) if r[method, d] is not None), default=None) if (method,
+                1) in r else None
         if deep is None or r[method, 1] is None:
             return none_for(backbone, temp, f"acceptance by depth of {method}")
         return evidence(f"Tables 5-8 ({backbone}, {_t(temp)}, math500): {NAMES.get(method, method)} "
@@ -251,7 +254,8 @@ def backbones(temp: float, methods=None) -> dict:
                             np.array([[avg["eagle2"][m] for m in common]]))[0])
     same = order("hass") == order("eagle2")
     text = (f"Table 1 ({_t(temp)}, averages): hass {' > '.join(NAMES[m] for m in order('hass'))}; eagle2 "
-            f"{' > '.join(NAMES[m] for m in order('eagle2'))} ({'the same' if same else 'a different'} order; "
+            f"{' > '.join(NAMES[m] for m in order('eagle2'))} ({'the same' if same else 'a different'} "
+            "order; "
             f"Kendall τ_b {k:.2f})")
     return evidence(text, same,
                     "" if same else "the study's own averages order the methods differently on the backbones")
