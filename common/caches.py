@@ -1,4 +1,5 @@
-"""The caches kept per machine (measurements, kernels, verifier copies), in one directory, and a way to see and clear them.
+"""The caches kept per machine (measurements, kernels, verifier copies), in one directory, and a way to
+see and clear them.
 
 ``$TASKSPEC_CACHE`` (default ``~/.cache/taskspec``) holds ``cpu_matmul.json`` (the CPU matmul
 tuner's choice per weight shape and row count, decoding/cpu/matmul.py), ``verify_cost.json``

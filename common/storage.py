@@ -57,7 +57,8 @@ def is_uri(ref: str) -> bool:
     scheme, rest = m.group(1).lower(), s[m.end():]
     form = f"{scheme}:///<absolute path>" if scheme in ("file", "local") else f"{scheme}://<bucket>/<path>"
     if not rest.startswith("//"):
-        raise BadLocation(f"{s!r} is not a URI (write {form}); for a local directory of that name write ./{s}")
+        raise BadLocation(f"{s!r} is not a URI (write {form}); "
+                          f"for a local directory of that name write ./{s}")
     if scheme not in SCHEMES:
         raise BadLocation(f"{s!r}: unknown scheme {scheme!r}; a URI's scheme is one of {list(SCHEMES)}")
     host = urlsplit(s).netloc

@@ -131,7 +131,8 @@ def _read_journal(path: Path, warn: bool = True) -> tuple[int | None, list[dict]
 
 
 def load_state(path: str | os.PathLike) -> tuple[dict, int, int, int]:
-    """(state, snapshot generation, journal lines applied, the snapshot's units) of the manifest at ``path``."""
+    """(state, snapshot generation, journal lines applied, the snapshot's units) of the manifest at
+    ``path``."""
     path = Path(path)
     for _ in range(5):  # a snapshot replaced between the two reads (a compaction): read both again
         try:

@@ -431,7 +431,8 @@ class ShardCache:
         """Stop fetching ahead and drop every reservation (the shards stay on disk)."""
         self._order.close()
         with self._lock:
-            jobs, self._jobs, self._plan, pool, self._pool = list(self._jobs.values()), {}, [], self._pool, None
+            jobs, self._jobs, self._plan, pool, self._pool = (list(self._jobs.values()), {}, [],
+                                                              self._pool, None)
         for job in jobs:
             job.cancel()
         if pool is not None:

@@ -1,6 +1,6 @@
 """The dry run's makespan on clusters: the plan the driver would derive there
-(orchestrator/plan/concurrency.py), the grid scheduled with it (orchestrator/plan/makespan.py), and per stage its
-span and three GPU-hour figures: billed (every GPU of every node for that span: what a cluster held
+(orchestrator/plan/concurrency.py), the grid scheduled with it (orchestrator/plan/makespan.py), and per
+stage its span and three GPU-hour figures: billed (every GPU of every node for that span: what a cluster held
 for the run costs; the report, on the driver's CPU, bills the GPU nodes only until the autoscaler
 returns them), allocated (the GPU-time its tasks held) and busy (the part of that the devices
 computed: orchestrator/plan/rates/overheads.py for training and extraction, the packing model's
@@ -30,9 +30,10 @@ def fmt(seconds: float) -> str:
 
 def _run(tasks: list, devices: float, caps: dict, release: bool = False, graph: bool = False) -> dict:
     """The graph scheduled as the driver runs it (``graph``: training after every cache, merges and
-    evaluation on what is ready, cluster.schedule; else stage after stage) and the other way; per stage its span, and its
-    allocated and busy device-hours; billed per stage when the stages do not overlap. ``release``:
-    the report bills the devices only until the autoscaler returns them (ASSUMPTIONS' idle_release_s)."""
+    evaluation on what is ready, cluster.schedule; else stage after stage) and the other way; per stage its
+    span, and its allocated and busy device-hours; billed per stage when the stages do not overlap.
+    ``release``: the report bills the devices only until the autoscaler returns them (ASSUMPTIONS'
+    idle_release_s)."""
     staged = schedule(tasks, devices, caps, barriers=True)
     free = schedule(tasks, devices, caps, barriers=False)
     s = schedule(tasks, devices, caps, barriers=GRAPH_BARRIERS) if graph else staged

@@ -125,7 +125,8 @@ class IOPrediction:
     streams: int  # downloads at once with read-ahead
 
     def describe(self) -> str:
-        share = self.wait_ahead_s / (self.compute_s + self.wait_ahead_s) if self.compute_s + self.wait_ahead_s else 0
+        share = (self.wait_ahead_s / (self.compute_s + self.wait_ahead_s)
+                 if self.compute_s + self.wait_ahead_s else 0)
         return (f"shard download {self.download_s:.2f}s; per epoch: training {self.compute_s:.1f}s, waiting "
                 f"{self.wait_serial_s:.1f}s without read-ahead, {self.wait_ahead_s:.1f}s with it "
                 f"({self.streams} stream(s); {100 * share:.0f}% of the epoch)")

@@ -225,7 +225,8 @@ def feature_mode_reason(p: Profile, mode: str | None = None) -> str:
 
 
 def _costed(p: Profile) -> bool:
-    """The features mode's cost is modelled (orchestrator/plan/feature_modes.py): GPU training, known shapes."""
+    """The features mode's cost is modelled (orchestrator/plan/feature_modes.py): GPU training, known
+    shapes."""
     return p.resources.train.use_gpu and p.verifier in VERIFIERS
 
 

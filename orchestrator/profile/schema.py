@@ -212,8 +212,8 @@ class EvalResources(StageResources):
 @dataclass(frozen=True)
 class NodeIO:
     """What one GPU node moves feature shards and checkpoints with: the dry run's I/O term
-    (orchestrator/plan/io_cost.py) and the features mode's cost (orchestrator/plan/feature_modes.py). Defaults:
-    the deploy files' node type, p4de.24xlarge (AWS's EC2 P4 page: 8 x 1,000 GB NVMe SSD instance
+    (orchestrator/plan/io_cost.py) and the features mode's cost (orchestrator/plan/feature_modes.py).
+    Defaults: the deploy files' node type, p4de.24xlarge (AWS's EC2 P4 page: 8 x 1,000 GB NVMe SSD instance
     store; AWS's "Amazon EC2 P4d instances deep dive": 2.7 GB/s a device, about 16 GB/s read across 8
     in RAID 0). The object store: Amazon S3 from one node with parallel ranged GETs (AWS's S3
     performance guidelines: one connection per 85-90 MB/s, up to 100 Gb/s for one instance): 2.5 GB/s

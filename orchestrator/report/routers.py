@@ -51,7 +51,10 @@ def lossless(method: str, temperature: float) -> bool:
     return not (method in AFTER_THE_FACT and temperature > 0)
 
 
-def mark_lossy(temperature: pl.Expr | float = pl.col("temperature"), column: str = "method") -> pl.Expr:
+ROW_TEMPERATURE = pl.col("temperature")  # mark_lossy's default: each row's own temperature
+
+
+def mark_lossy(temperature: pl.Expr | float = ROW_TEMPERATURE, column: str = "method") -> pl.Expr:
     """``column`` with LOSSY_MARK on the methods not lossless at ``temperature`` (a column or a number)."""
     temp = temperature if isinstance(temperature, pl.Expr) else pl.lit(temperature)
     lossy = pl.col(column).is_in(list(AFTER_THE_FACT)) & (temp > 0)
@@ -59,7 +62,8 @@ def mark_lossy(temperature: pl.Expr | float = pl.col("temperature"), column: str
 
 
 def mark_comparison(text: str, temperature: float) -> str:
-    """A comparison's words with LOSSY_MARK after every method in it that is not lossless at ``temperature``."""
+    """A comparison's words with LOSSY_MARK after every method in it that is not lossless at
+    ``temperature``."""
     if temperature <= 0 or LOSSY_MARK in text:
         return text
     for m in sorted(AFTER_THE_FACT, key=len, reverse=True):  # (no name is inside another: each ends its ")")
@@ -103,7 +107,8 @@ def describe(method: str) -> str:
         return ("the study's proposed next experiment: starts as the text's router, switches after k steps "
                 "with nothing accepted")
     if method.startswith("depth_adaptive("):
-        return "the study's proposed next experiment: mixed drafter at shallow levels, routed specialist deeper"
+        return ("the study's proposed next experiment: mixed drafter at shallow levels, "
+                "routed specialist deeper")
     return "the project's own routing variant"
 
 

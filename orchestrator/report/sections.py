@@ -97,7 +97,8 @@ def marked_method(temperature: float) -> pl.Expr:
 
 
 def marked(df: pl.DataFrame) -> pl.DataFrame:
-    """A table for people: its ``method`` marked per row's ``temperature`` (mark_lossy); as it is without them."""
+    """A table for people: its ``method`` marked per row's ``temperature`` (mark_lossy); as it is without
+    them."""
     return df.with_columns(mark_lossy()) if {"method", "temperature"} <= set(df.columns) else df
 
 

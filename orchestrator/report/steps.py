@@ -1,9 +1,9 @@
 """The step table in bounded memory: read in passes, reduced per prompt.
 
 At the paper's size the step table has about 58 M rows, so the report never holds it (docs/report.md
-says what a pass holds). What the claims and the post hoc routers take from it are per-prompt reductions (groups of
-rows that share backbone, temperature, benchmark and prompt_id), so the table is read in passes that
-each hold whole groups: the trace files of one or more hive partitions (backbone/benchmark/temperature
+says what a pass holds). What the claims and the post hoc routers take from it are per-prompt reductions
+(groups of rows that share backbone, temperature, benchmark and prompt_id), so the table is read in passes
+that each hold whole groups: the trace files of one or more hive partitions (backbone/benchmark/temperature
 directories), a partition of more than ``pass_rows`` rows split further by a hash of prompt_id. Each
 pass is reduced with the in-memory engine, the expressions the report used on the whole table, and a
 group's rows reach them in the same order (the files in path order), so the numbers do not depend on

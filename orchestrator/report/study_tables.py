@@ -184,7 +184,8 @@ def study_comparison(t1: pl.DataFrame, column: str = "tau_taps") -> pl.DataFrame
     rows = []
     has = column in t1.columns
     for bb, temp, method, bench, value, source in STUDY_NUMBERS:
-        t = t1.filter((pl.col("backbone") == bb) & (pl.col("temperature") == temp) & (pl.col("method") == method))
+        t = t1.filter((pl.col("backbone") == bb) & (pl.col("temperature") == temp)
+                      & (pl.col("method") == method))
         if bench != "average":
             t = t.filter(pl.col("benchmark") == bench)
         ours = float(t["tau"].mean()) if t.height else None

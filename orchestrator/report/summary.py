@@ -39,7 +39,8 @@ def claims_grid(cl: pl.DataFrame) -> pl.DataFrame:
         elif g.height == 1:
             r = g.row(0, named=True)
             cell = f"{estimate_text(r['estimate'], r['ci_lo'], r['ci_hi'])} {verdict_shown(r)}"
-            cell += f" (Holm: {verdict_word(holm[0])})" if verdict_word(holm[0]) != verdict_word(raw[0]) else ""
+            cell += (f" (Holm: {verdict_word(holm[0])})"
+                     if verdict_word(holm[0]) != verdict_word(raw[0]) else "")
         else:
             cell = _counts(raw)
             cell += f" (Holm: {_counts(holm)})" if _counts(holm) != cell else ""

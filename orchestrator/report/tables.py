@@ -174,7 +174,8 @@ def table1_wide(t1: pl.DataFrame, backbone: str, temperature: float) -> pl.DataF
     avg = t.group_by("method").agg(pl.col("tau").mean().round(2).alias("average"),
                                    *([pl.col("tau_taps").mean().round(2).alias("average (TAPS tau)")]
                                      if "tau_taps" in t.columns else []),
-                                   *([pl.col("tau_study").mean().round(2).alias("average (study's convention)")]
+                                   *([pl.col("tau_study").mean().round(2)
+                                      .alias("average (study's convention)")]
                                      if "tau_study" in t.columns else []))
     return wide.join(avg, on="method").sort(["average", "method"], descending=[True, False])  # ties by name
 
@@ -297,7 +298,8 @@ def aligned(pp: pl.DataFrame, backbone: str, temperature: float, bench: str, a: 
     tokens and verifier calls (tau), e.g. ``out_tokens``/``wall_time_s`` for tokens per second."""
     def get(m):
         bb = "none" if m == "autoregressive" else backbone
-        return pp.filter((pl.col("backbone") == bb) & (pl.col("method") == m) & (pl.col("temperature") == temperature)
+        return pp.filter((pl.col("backbone") == bb) & (pl.col("method") == m)
+                         & (pl.col("temperature") == temperature)
                          & (pl.col("benchmark") == bench)).select("prompt_id", pl.col(num).alias("n"),
                                                                   pl.col(den).alias("d"))
     j = get(a).join(get(b), on="prompt_id", suffix="_b")
@@ -308,6 +310,7 @@ def timed(pp, bb, temp, methods) -> bool:
     """Whether every row of these methods in the cell has a wall-clock time (speed claims need it)."""
     if not {"wall_time_s", "out_tokens"} <= set(pp.columns):
         return False
-    w = pp.filter((pl.col("backbone") == bb) & (pl.col("temperature") == temp) & pl.col("method").is_in(methods))
+    w = pp.filter((pl.col("backbone") == bb) & (pl.col("temperature") == temp)
+                  & pl.col("method").is_in(methods))
     return w.height > 0 and w["wall_time_s"].fill_null(0).min() > 0
 

@@ -21,7 +21,8 @@ def verdict_word(v: str) -> str:
 
 
 def estimate_text(est, lo, hi) -> str:
-    """"+0.12 [+0.05, +0.20]"; an interval that cannot be computed (one prompt) is said, not printed as nan."""
+    """"+0.12 [+0.05, +0.20]"; an interval that cannot be computed (one prompt) is said, not printed as
+    nan."""
     if est is None or est != est:
         return "no estimate"
     if lo is None or hi is None or lo != lo or hi != hi:

@@ -40,7 +40,8 @@ class Progress:
 
     def step(self, what: str = "", n: int = 1, acceptance: float | None = None, cell: str | None = None,
              skipped: bool = False) -> None:
-        """``n`` more units done; ``skipped``: done earlier (or not run), so the ETA's rate leaves them out."""
+        """``n`` more units done; ``skipped``: done earlier (or not run), so the ETA's rate leaves them
+        out."""
         self.done += n
         self.skipped += n if skipped else 0
         el, worked, left = time.time() - self.t0, self.done - self.skipped, self.total - self.done

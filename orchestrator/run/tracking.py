@@ -49,7 +49,8 @@ class Tracker:
             try:
                 import mlflow  # noqa: F401
             except ImportError as e:
-                raise ValueError("tracking: mlflow needs the mlflow client (pip install mlflow-skinny)") from e
+                raise ValueError("tracking: mlflow needs the mlflow client "
+                                 "(pip install mlflow-skinny)") from e
             self.uri = uri or (self.out / "mlruns").resolve().as_uri()
             if self.uri.startswith("file:"):  # MLflow 3 keeps the file store behind an opt-in
                 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")

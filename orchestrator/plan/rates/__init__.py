@@ -10,8 +10,8 @@ Scaling rules, stated because they are assumptions: a stage's rate grows linearl
 devices one task holds (features task, training trial; on a CPU profile the eval actor) relative
 to the measuring run's; a GPU eval actor is host-bound at batch 1, so its step follows the packing
 model (orchestrator/plan/packing.py: k actors per GPU, saturating at k* = t_step / t_dev), never a
-share of the GPU's rate; eval time per prompt is turns x tokens per turn / tau / verifier steps per second, with
-tau and steps/s per strategy from the measuring run (a strategy it did not run takes the
+share of the GPU's rate; eval time per prompt is turns x tokens per turn / tau / verifier steps per second,
+with tau and steps/s per strategy from the measuring run (a strategy it did not run takes the
 mean of the ones it did); tokens per turn are measured when the profile's max_new_tokens is the
 measuring run's, else min(max_new_tokens, the assumed 400).
 

@@ -51,7 +51,8 @@ def _check(p: Profile, r: Rates, need: dict) -> None:
     if missing:
         raise ValueError(f"the rates from {r.source} have no training rate for backbone(s) {missing}")
     if p.data.feature_mode != "online" and not r.features_tokens_per_s:
-        raise ValueError(f"the rates from {r.source} have no features rate; use a run that extracted features")
+        raise ValueError(f"the rates from {r.source} have no features rate; "
+                         "use a run that extracted features")
     if not math.isfinite(r.generate_tokens_per_s or float("nan")):
         raise ValueError(f"the rates from {r.source} have no generate rate (no autoregressive or paired "
                          "cells)")

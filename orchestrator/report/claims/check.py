@@ -24,8 +24,8 @@ their own tests.
 
 Every claim the report checks, by name, in the report's order: the study's claims (RQ1-RQ5, the
 ordering across backbones, the Table 1 and Tables 4-8 statements issue 64 added, the speed estimate),
-then its proposed next experiments, the third backbone and the project's online router. One record per claim (claim.Claim), each defined in the
-module of its research question."""
+then its proposed next experiments, the third backbone and the project's online router. One record per
+claim (claim.Claim), each defined in the module of its research question."""
 from __future__ import annotations
 
 from dataclasses import replace

@@ -51,7 +51,8 @@ class Grid:
             if not getattr(self, name):
                 raise ValueError(f"claims grid: {name} is empty")
         if any(not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0 for t in self.temperatures):
-            raise ValueError(f"claims grid: temperatures must be finite numbers >= 0, got {self.temperatures}")
+            raise ValueError("claims grid: temperatures must be finite numbers >= 0, "
+                             f"got {self.temperatures}")
         if len(set(self.benchmarks)) != len(self.benchmarks):
             raise ValueError(f"claims grid: benchmarks repeat: {self.benchmarks}")
 
@@ -198,7 +199,8 @@ class Cell:
             return False
         sets = []
         for m in (a, b):
-            inv = self.prompts.filter((pl.col("backbone") == self.backbone) & (pl.col("temperature") == self.temp)
+            inv = self.prompts.filter((pl.col("backbone") == self.backbone)
+                                      & (pl.col("temperature") == self.temp)
                                       & (pl.col("method") == m))
             sets.append(sorted(set(inv["invocation"].drop_nulls().to_list())))
         return bool(all(sets) and sets[0] != sets[1])

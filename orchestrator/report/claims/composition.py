@@ -1,4 +1,5 @@
-"""RQ3 and RQ4, composing two specialists and routing between them, the ordering of the methods across backbones, and the speed estimate.
+"""RQ3 and RQ4, composing two specialists and routing between them, the ordering of the methods across
+backbones, and the speed estimate.
 
 RQ3: composing two specialists (Table 1, Figure 6). Merged trees against the study's confidence
 routing (RQ3a), that routing against the best single drafter (RQ3b), the weight-averaged drafter
@@ -210,7 +211,8 @@ def _rq4(claim: Claim, cell: Cell) -> list[Row]:
 
 RQ4_CLAIMS = (
     Claim("RQ4", "confidence routing separates the domains, entropy routing does not (Table 2)",
-          f"{ROUTED} and {HEADS} with each turn's head (or confidence and entropy routing at one granularity)",
+          f"{ROUTED} and {HEADS} with each turn's head "
+          "(or confidence and entropy routing at one granularity)",
           STUDY, _rq4, study=lambda bb, t: study.rq4(bb, t, "prompt")),
 )
 
@@ -229,7 +231,8 @@ def _per_benchmark(sub: pl.DataFrame, pair: tuple, methods: list[str], weighting
     and the benchmarks' weights in the average (claim.py)."""
     nums, dens, names = [], [], []
     for bn in sorted(sub["benchmark"].unique().to_list()):
-        cells = [sub.filter((pl.col("backbone") == bb) & (pl.col("method") == m) & (pl.col("benchmark") == bn))
+        cells = [sub.filter((pl.col("backbone") == bb) & (pl.col("method") == m)
+                            & (pl.col("benchmark") == bn))
                  for bb in pair for m in methods]
         ids = set.intersection(*(set(c["prompt_id"].to_list()) for c in cells))
         if not ids:

@@ -155,8 +155,10 @@ def _mixed_gap(r: pl.DataFrame, mixed: str, depths: tuple[int, ...], mixed_ahead
     for bn in sorted(r["benchmark"].unique().to_list()):
         match = "math" if bn in MATH_BENCH else "chat"
         ahead, behind = (mixed, match) if mixed_ahead else (match, mixed)
-        a = r.filter((pl.col("method") == ahead) & (pl.col("benchmark") == bn) & pl.col("depth").is_in(depths))
-        b = r.filter((pl.col("method") == behind) & (pl.col("benchmark") == bn) & pl.col("depth").is_in(depths))
+        a = r.filter((pl.col("method") == ahead) & (pl.col("benchmark") == bn)
+                     & pl.col("depth").is_in(depths))
+        b = r.filter((pl.col("method") == behind) & (pl.col("benchmark") == bn)
+                     & pl.col("depth").is_in(depths))
         j = a.join(b, on=["prompt_id", "depth"], suffix="_b")
         if j.is_empty():
             continue

@@ -1,4 +1,5 @@
-"""RQ1 and RQ2, the specialists and the mixtures (Table 1), and the joint bootstrap their combined statements use.
+"""RQ1 and RQ2, the specialists and the mixtures (Table 1), and the joint bootstrap their combined
+statements use.
 
 RQ1: a specialist drafts longer on its own domain (Table 1). Each benchmark compares the two
 specialists, the matched one first (math on the math benchmarks, chat on MT-Bench), tau paired by
@@ -225,7 +226,7 @@ def _penalty(claim: Claim, cell: Cell) -> list[Row]:
         a, b = _matched(bn)
         ka, kb = (cell.backbone, cell.temp, a), (cell.backbone, cell.temp, b)
         g = aligned(cell.prompts, [ka, kb], bn)
-        point, d, n = draws([g], lambda t: 1 - t[kb] / t[ka], [1.0])
+        point, d, n = draws([g], lambda t, ka=ka, kb=kb: 1 - t[kb] / t[ka], [1.0])
         res, v = in_range(point, d, *PENALTY)
         what = (f"1 - {b}/{a} specialist tau on {bn} (share lost off-domain; study: "
                 f"{PENALTY[0]:.0%}-{PENALTY[1]:.0%})")
@@ -255,7 +256,7 @@ def _narrows(claim: Claim, cell: Cell) -> list[Row]:
         g = aligned(cell.prompts, ks, bn)
         if not g:
             continue
-        point, d, n = draws([g], lambda t: (t[ks[0]] - t[ks[1]]) - (t[ks[2]] - t[ks[3]]), [1.0])
+        point, d, n = draws([g], lambda t, ks=ks: (t[ks[0]] - t[ks[1]]) - (t[ks[2]] - t[ks[3]]), [1.0])
         res, v = tested(point, d)
         rows.append(_row(claim, cell, f"({a} - {b}) at T=0 - the same at T=1 on {bn} (tau)", res, v, n,
                          _narrows_ev(cell.backbone, bn), bn))

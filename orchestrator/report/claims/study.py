@@ -177,7 +177,8 @@ def _specialists_text(r: dict, backbone: str, temp: float) -> str | None:
 
 
 def rq5(backbone: str, temp: float, method: str | None = None) -> dict:
-    """Acceptance falls with depth: ``method``'s numbers (RQ5's row of that variant), else both specialists'."""
+    """Acceptance falls with depth: ``method``'s numbers (RQ5's row of that variant), else both
+    specialists'."""
     r = _depth_rates(backbone, temp)
     if method is not None:
         deep = max((d for d in (3, 5) if r[method, d] is not None), default=None) if (method,
