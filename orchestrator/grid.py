@@ -5,6 +5,7 @@ Pure Python (no torch, no Ray): the driver, the dry run and the tests all read t
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 
 from decoding.config import OPTION_COLUMNS, TREE_MODES, DecodeConfig, TreeConfig
 from drafters.corpora import CORPORA, variant_corpora
@@ -163,7 +164,7 @@ def eval_cells(p: Profile) -> list[EvalCell]:
     cells = []
     for bench in e.benchmarks:
         for temp in e.temperatures:
-            mk = lambda **kw: make_cell(p, benchmark=bench, temperature=float(temp), **kw)  # noqa: E731
+            mk = partial(make_cell, p, benchmark=bench, temperature=float(temp))
             if "autoregressive" in e.strategies:
                 cells.append(mk(backbone="none", drafter="-", strategy="autoregressive"))
             for b in p.train.backbones:
@@ -173,28 +174,18 @@ def eval_cells(p: Profile) -> list[EvalCell]:
 
 def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
     """One backbone's cells for one benchmark and temperature (``mk`` fills those in)."""
-    e, tt, out = p.eval, p.eval.tree.total_tokens, []
+    e, out = p.eval, []
     variants = p.train.for_backbone(b).variants  # (train.per_backbone may train fewer)
     names = [v for v in e.route_pair if v in variants]
     pair, pair_name = tuple(f"{b}-{v}" for v in names), "+".join(names)
     if "single" in e.strategies:
-        for v in variants:
-            out.append(mk(backbone=b, drafter=v, strategy="single", drafters=(f"{b}-{v}",)))
-        for m in merge_cells(p):
-            if m.backbone == b:
-                out.append(mk(backbone=b, drafter=m.name.split("-", 1)[1], strategy="single",
-                              drafters=(m.name,)))
-        if e.budget_matched and "merged" in e.strategies:
-            budget = len(pair) * (tt - 1) + 1  # a merged tree verifies every drafter's nodes
-            for d in pair:
-                out.append(mk(backbone=b, drafter=d.split("-", 1)[1], strategy="single", drafters=(d,),
-                              total_tokens=budget, budget_matched=True))
+        out += _single_cells(p, b, mk, variants, pair)
     for s in ("confidence", "entropy"):
         if s in e.strategies:
             for g in e.routing_granularities:
                 out.append(mk(backbone=b, drafter=pair_name, strategy=s, routing_granularity=g,
                               drafters=pair))
-    merged = lambda **kw: mk(backbone=b, drafter=pair_name, strategy="merged", drafters=pair, **kw)  # noqa: E731
+    merged = partial(mk, backbone=b, drafter=pair_name, strategy="merged", drafters=pair)
     if "merged" in e.strategies:
         for dd in e.merge_dedup:
             out.append(merged(merge_dedup=bool(dd)))
@@ -236,6 +227,24 @@ def _backbone_cells(p: Profile, b: str, mk) -> list[EvalCell]:
         # its budget-matched rival, merged@total_tokens
         if not (e.budget_matched and "merged" in e.strategies):
             out.append(merged(budget_matched=True))
+    return out
+
+
+def _single_cells(p: Profile, b: str, mk, variants: list[str], pair: tuple) -> list[EvalCell]:
+    """One backbone's single-drafter cells: each variant, each merge, and (budget_matched) each drafter of
+    the route pair at a merged tree's budget."""
+    e, out = p.eval, []
+    for v in variants:
+        out.append(mk(backbone=b, drafter=v, strategy="single", drafters=(f"{b}-{v}",)))
+    for m in merge_cells(p):
+        if m.backbone == b:
+            out.append(mk(backbone=b, drafter=m.name.split("-", 1)[1], strategy="single",
+                          drafters=(m.name,)))
+    if e.budget_matched and "merged" in e.strategies:
+        budget = len(pair) * (e.tree.total_tokens - 1) + 1  # a merged tree verifies every drafter's nodes
+        for d in pair:
+            out.append(mk(backbone=b, drafter=d.split("-", 1)[1], strategy="single", drafters=(d,),
+                          total_tokens=budget, budget_matched=True))
     return out
 
 

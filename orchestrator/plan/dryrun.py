@@ -65,6 +65,45 @@ def estimate(p: Profile) -> dict:
 
 def print_plan(p: Profile, output: str | None = None, rates: str | None = None,
                clusters: list[str] | None = None) -> None:
+    _print_dag(p, output)
+    for c in clusters or []:  # a bad --cluster is refused before anything is timed
+        parse_cluster(c)
+    r = rates_mod.with_scaled_backbones(p, rates_mod.load(rates, p)) if rates else None
+    problems = dry_run_checks(p)  # data per corpus, features mode, memory per training GPU
+    if problems:  # refused as the preflight would refuse the run: one line each
+        raise ValueError("\nerror: ".join(problems))
+    e = estimate(p)
+    a = ASSUMPTIONS
+    if e.get("unknown_verifier"):
+        print(f"estimate: none -- no size constants for verifier {p.verifier!r} (known: {sorted(VERIFIERS)})")
+        if r is not None:
+            print_makespan(p, r, clusters)
+        return
+    print("estimate (assumptions: tokens/example " + str(a["tokens_per_example"])
+          + f", verifier FLOPs/token = 2 x params, "
+          f"GPU {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s peak at {a['mfu']:.0%} MFU; compute only, the "
+          "overheads "
+          "in the makespan below):")
+    print(f"  features : {e['features_gpu_h']:.1f} GPU-h, {e['feature_storage_gb']:.0f} GB cache"
+          + (" (online mode: computed inside training, no cache)" if p.data.feature_mode == "online" else ""))
+    print(f"  train    : {e['train_gpu_h']:.1f} GPU-h")
+    print("  eval     : timed by the makespan below "
+          "(its step, tau and packing: each printed with its source)")
+    print(f"  storage  : checkpoints {e['checkpoint_storage_gb']:.1f} GB (the last train.keep_checkpoints "
+          "epochs with "
+          "optimizer state per drafter, finals, merges)")
+    gpu = rates_mod._device(p) == "gpu"
+    _print_features_mode(p)
+    runs = [r] if r is not None else _estimated_runs(p) if gpu else []
+    if runs:
+        print_checkpoint_interval(p, runs[-1])
+        print_makespan(p, runs, clusters)
+    else:
+        print("makespan: pass --rates RUN_DIR (a finished run on this hardware) or a rates JSON file")
+
+
+def _print_dag(p: Profile, output: str | None) -> None:
+    """The plan's header: the profile, the output location and each stage's size and resources."""
     s = plan_summary(p)
     r = p.resources
     print(f"profile {p.name!r}: verifier {p.verifier}; {p.description}")
@@ -100,38 +139,6 @@ def print_plan(p: Profile, output: str | None = None, rates: str | None = None,
           f"up to {r.eval_actors} actor(s) x ({r.eval.num_cpus} CPU, {r.eval.num_gpus} GPU"
           + ("; packing auto: the plan's share on each cluster" if r.eval.packing == "auto" else "")
           + f"), shard size {p.eval.shard_size}")
-    for c in clusters or []:  # a bad --cluster is refused before anything is timed
-        parse_cluster(c)
-    r = rates_mod.with_scaled_backbones(p, rates_mod.load(rates, p)) if rates else None
-    problems = dry_run_checks(p)  # data per corpus, features mode, memory per training GPU
-    if problems:  # refused as the preflight would refuse the run: one line each
-        raise ValueError("\nerror: ".join(problems))
-    e = estimate(p)
-    a = ASSUMPTIONS
-    if e.get("unknown_verifier"):
-        print(f"estimate: none -- no size constants for verifier {p.verifier!r} (known: {sorted(VERIFIERS)})")
-        if r is not None:
-            print_makespan(p, r, clusters)
-        return
-    print("estimate (assumptions: tokens/example " + str(a["tokens_per_example"]) + f", verifier FLOPs/token = 2 x params, "
-          f"GPU {a['gpu_peak_flops'] / 1e12:.0f} TFLOP/s peak at {a['mfu']:.0%} MFU; compute only, the "
-          "overheads "
-          "in the makespan below):")
-    print(f"  features : {e['features_gpu_h']:.1f} GPU-h, {e['feature_storage_gb']:.0f} GB cache"
-          + (" (online mode: computed inside training, no cache)" if p.data.feature_mode == "online" else ""))
-    print(f"  train    : {e['train_gpu_h']:.1f} GPU-h")
-    print("  eval     : timed by the makespan below (its step, tau and packing: each printed with its source)")
-    print(f"  storage  : checkpoints {e['checkpoint_storage_gb']:.1f} GB (the last train.keep_checkpoints "
-          "epochs with "
-          "optimizer state per drafter, finals, merges)")
-    gpu = rates_mod._device(p) == "gpu"
-    _print_features_mode(p)
-    runs = [r] if r is not None else _estimated_runs(p) if gpu else []
-    if runs:
-        print_checkpoint_interval(p, runs[-1])
-        print_makespan(p, runs, clusters)
-    else:
-        print("makespan: pass --rates RUN_DIR (a finished run on this hardware) or a rates JSON file")
 
 
 def _print_features_mode(p: Profile) -> None:
