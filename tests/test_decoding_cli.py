@@ -138,7 +138,7 @@ def test_bench_pairs_every_row_with_generate_and_compares_outputs(random_drafter
     # the lean pass's attribution row: the same loop through transformers' forward
     assert list(rows) == ["autoregressive", "autoregressive, hf pass", "single 4/4/16",
                           "oracle chain depth 3"], r.stdout
-    for label, (tps, ratio, spread, gen_tps, tau, tree, draft, same) in rows.items():
+    for label, (_tps, ratio, spread, gen_tps, _tau, _tree, _draft, same) in rows.items():
         lo, hi = map(float, spread.split("-"))
         assert lo <= float(ratio[:-1]) <= hi and float(gen_tps) > 0, label
         assert same == "1/1", f"{label}: output differs from generate's at T=0"

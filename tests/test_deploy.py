@@ -35,7 +35,8 @@ ACCOUNT = r"(\d{12}|ACCOUNT_ID)"  # an AWS account, or the placeholder users rep
 INSTANCE_PROFILE_ARN = re.compile(rf"^arn:aws:iam::{ACCOUNT}:instance-profile/[\w+=,.@/-]+$")
 # ServiceAccount annotations that give a pod cloud credentials (EKS IRSA, GKE Workload Identity)
 WORKLOAD_IDENTITY = {"eks.amazonaws.com/role-arn": re.compile(rf"^arn:aws:iam::{ACCOUNT}:role/[\w+=,.@/-]+$"),
-                     "iam.gke.io/gcp-service-account": re.compile(r"^[a-z][-a-z0-9]*@[-a-z0-9.]+\.iam\.gserviceaccount\.com$")}
+                     "iam.gke.io/gcp-service-account": re.compile(r"^[a-z][-a-z0-9]*@"
+                                                                  r"[-a-z0-9.]+\.iam\.gserviceaccount\.com$")}
 # core/v1 ServiceAccount, the fields deploy/rayjob.yaml uses (names as the API server accepts them)
 SERVICE_ACCOUNT_SCHEMA = {
     "type": "object", "required": ["apiVersion", "kind", "metadata"], "additionalProperties": False,
@@ -465,12 +466,11 @@ def test_network_policy_admits_only_the_cluster_its_submitter_and_the_operator()
     assert all(p["apiVersion"] == "networking.k8s.io/v1" and p["kind"] == "NetworkPolicy"
                for p in policies.values())
     cluster = job["spec"]["rayClusterSpec"]
-    pod_labels = {"head": cluster["headGroupSpec"]["template"]["metadata"]["labels"] | {"ray.io/node-type": "head"}}
-    for g in cluster["workerGroupSpecs"]:
-        assert g["template"]["metadata"]["labels"] == cluster["headGroupSpec"]["template"]["metadata"][
-                "labels"]
-        pod_labels["worker"] = g["template"]["metadata"]["labels"] | {"ray.io/node-type": "worker"}
     own = cluster["headGroupSpec"]["template"]["metadata"]["labels"]
+    pod_labels = {"head": own | {"ray.io/node-type": "head"}}
+    for g in cluster["workerGroupSpecs"]:
+        assert g["template"]["metadata"]["labels"] == own
+        pod_labels["worker"] = g["template"]["metadata"]["labels"] | {"ray.io/node-type": "worker"}
     submitter = {"ray.io/originated-from-cr-name": job["metadata"]["name"],
                  "ray.io/originated-from-crd": "RayJob"}
     operator = {"app.kubernetes.io/name": "kuberay-operator"}

@@ -31,13 +31,13 @@ from drafters.model import causal_mask
 from drafters.train.eagle3 import ttt_unroll
 from tests.conftest import VERIFIER
 
-H, Q, KV, I, V, N = 576, 576, 192, 1536, 49152, 1024  # SmolLM2-135M: 9 heads, 3 kv heads, head_dim 64
+H, Q, KV, FF, V, N = 576, 576, 192, 1536, 49152, 1024  # SmolLM2-135M: 9 heads, 3 kv heads, head_dim 64
 WEIGHTS = {"fc.weight": (H, 3 * H), "layers.0.input_layernorm.weight": (H,),
            "layers.0.hidden_norm.weight": (H,),
            "layers.0.self_attn.q_proj.weight": (Q, 2 * H), "layers.0.self_attn.k_proj.weight": (KV, 2 * H),
            "layers.0.self_attn.v_proj.weight": (KV, 2 * H), "layers.0.self_attn.o_proj.weight": (H, Q),
-           "layers.0.post_attention_layernorm.weight": (H,), "layers.0.mlp.gate_proj.weight": (I, H),
-           "layers.0.mlp.up_proj.weight": (I, H), "layers.0.mlp.down_proj.weight": (H, I),
+           "layers.0.post_attention_layernorm.weight": (H,), "layers.0.mlp.gate_proj.weight": (FF, H),
+           "layers.0.mlp.up_proj.weight": (FF, H), "layers.0.mlp.down_proj.weight": (H, FF),
            "norm.weight": (H,)}
 
 
@@ -201,8 +201,8 @@ SGL = {"fc.weight": (H, 3 * H), "norm.weight": (H,), "midlayer.input_layernorm.w
        "midlayer.hidden_norm.weight": (H,), "midlayer.self_attn.q_proj.weight": (Q, 2 * H),
        "midlayer.self_attn.k_proj.weight": (KV, 2 * H), "midlayer.self_attn.v_proj.weight": (KV, 2 * H),
        "midlayer.self_attn.o_proj.weight": (H, Q), "midlayer.post_attention_layernorm.weight": (H,),
-       "midlayer.mlp.gate_proj.weight": (I, H), "midlayer.mlp.up_proj.weight": (I, H),
-       "midlayer.mlp.down_proj.weight": (H, I)}
+       "midlayer.mlp.gate_proj.weight": (FF, H), "midlayer.mlp.up_proj.weight": (FF, H),
+       "midlayer.mlp.down_proj.weight": (H, FF)}
 
 
 @pytest.fixture(scope="module")

@@ -82,7 +82,8 @@ def test_the_cache_holds_exactly_the_aux_layers_under_its_own_key(verifier, e3, 
     store = FeatureStore(root, key)
     assert store.manifest()["aux_layers"] == list(AUX)
     shard = load_file(str(store.dir / store.manifest()["shards"][0]["file"]))
-    assert set(shard) == EAGLE2_TENSORS | {"aux"} and shard["aux"].shape[1] == len(AUX) * model.config.hidden_size
+    assert set(shard) == EAGLE2_TENSORS | {"aux"}
+    assert shard["aux"].shape[1] == len(AUX) * model.config.hidden_size
     # the aux features are output_hidden_states at those layers; the rest is what an eagle2 cache holds
     ex = next(store.iter_examples())
     with torch.no_grad():

@@ -22,11 +22,11 @@ from drafters.formats import TOKEN_MAP_FILE
 from drafters.merge import merge_checkpoints
 from tests.conftest import VERIFIER
 
-H, Q, KV, I, V = 576, 576, 192, 1536, 49152  # SmolLM2-135M: 9 heads, 3 kv heads, head_dim 64
+H, Q, KV, FF, V = 576, 576, 192, 1536, 49152  # SmolLM2-135M: 9 heads, 3 kv heads, head_dim 64
 LAYER = {"self_attn.q_proj.weight": (Q, H), "self_attn.k_proj.weight": (KV, H),
          "self_attn.v_proj.weight": (KV, H),
-         "self_attn.o_proj.weight": (H, Q), "mlp.gate_proj.weight": (I, H), "mlp.up_proj.weight": (I, H),
-         "mlp.down_proj.weight": (H, I), "post_attention_layernorm.weight": (H,)}
+         "self_attn.o_proj.weight": (H, Q), "mlp.gate_proj.weight": (FF, H), "mlp.up_proj.weight": (FF, H),
+         "mlp.down_proj.weight": (H, FF), "post_attention_layernorm.weight": (H,)}
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +116,7 @@ def _old_speculators_export(src: str, out) -> None:
         t2d[ids] = True
         w.update({"d2t": ids - torch.arange(ids.shape[0]), "t2d": t2d})
     layer = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 1,
-             "hidden_size": H, "intermediate_size": I, "num_attention_heads": 9, "num_key_value_heads": 3,
+             "hidden_size": H, "intermediate_size": FF, "num_attention_heads": 9, "num_key_value_heads": 3,
              "head_dim": 64, "vocab_size": V, "max_position_embeddings": 8192,
              "rms_norm_eps": cfg.rms_norm_eps,
              "rope_theta": cfg.rope_theta, "hidden_act": "silu", "tie_word_embeddings": False,
@@ -166,7 +166,8 @@ def test_check_export_names_every_broken_key(ckpts, vcfg, tmp_path):
         check_export(out)
     msg = str(e.value)
     assert "missing weights ['layers.0.self_attn.k_proj.weight']" in msg
-    assert "unexpected weights ['layers.0.input_layernorm.weight']" in msg and "fc.weight has shape (576, 576)" in msg
+    assert "unexpected weights ['layers.0.input_layernorm.weight']" in msg
+    assert "fc.weight has shape (576, 576)" in msg
 
 
 def test_export_refuses_a_drafter_of_another_verifier(ckpts, vcfg, tmp_path):
@@ -174,8 +175,8 @@ def test_export_refuses_a_drafter_of_another_verifier(ckpts, vcfg, tmp_path):
     with pytest.raises(ContractError, match="hidden_size 576 != the verifier's 4096"):
         export(paths["full"], "sglang", tmp_path / "x", {**config, "hidden_size": 4096}, ref)
     with pytest.raises(ContractError, match="RoPE scaling"):
-        export(paths["full"], "sglang", tmp_path / "x", {**config,
-                                                         "rope_parameters": {"rope_type": "llama3"}}, ref)
+        export(paths["full"], "sglang", tmp_path / "x",
+               {**config, "rope_parameters": {"rope_type": "llama3"}}, ref)
     assert not (tmp_path / "x").exists()
 
 
@@ -192,7 +193,8 @@ def test_round_trip_drafts_the_same_trees(verifier, eos, bench_prompts, ckpts, v
         out = export(paths[src], fmt, tmp_path / fmt, config, ref)
     assert drafters_main(["import", str(out), "--out", str(tmp_path / "back")]) == 0
     back, orig = load_checkpoint(tmp_path / "back"), load_checkpoint(paths[src])
-    assert back.config.draft_vocab_size == orig.config.draft_vocab_size and back.config.backbone == orig.config.backbone
+    assert back.config.draft_vocab_size == orig.config.draft_vocab_size
+    assert back.config.backbone == orig.config.backbone
     for k, v in orig.state_dict().items():
         assert torch.equal(back.state_dict()[k], v), k
     runs = []
@@ -201,7 +203,11 @@ def test_round_trip_drafts_the_same_trees(verifier, eos, bench_prompts, ckpts, v
         dec = SpeculativeDecoder(model, load_proposers(model, [path], VERIFIER),
                                  DecodeConfig(strategy="single", max_new_tokens=12, tree=TreeConfig(3, 3, 8)),
                                  eos)
-        dec.observer = lambda tree, target, prop: trees.append((tree.tokens.clone(), tree.path_logp.clone()))
+
+        def observe(tree, target, prop, trees=trees):  # called by this iteration's decode_prompt only
+            trees.append((tree.tokens.clone(), tree.path_logp.clone()))
+
+        dec.observer = observe
         outs = [res.output_token_ids for _, res, _ in decode_prompt(dec, tok, bench_prompts["gsm8k"][0])]
         runs.append((outs, trees))
     (o1, t1), (o2, t2) = runs

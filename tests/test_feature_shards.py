@@ -90,7 +90,7 @@ class Seeded(Compute):
 
 def test_partition_is_balanced_deterministic_and_uses_every_shard_once():
     rng = random.Random(3)
-    for trial in range(200):
+    for _ in range(200):
         tokens = [rng.randrange(1, 5000) for _ in range(rng.randrange(1, 80))]
         world = rng.randrange(1, 9)
         owner = shards.partition(tokens, world)
@@ -151,7 +151,8 @@ def test_a_resumed_extraction_skips_the_shards_already_stored(tmp_path):
     again = Compute()
     m2 = store.extract(exs, again, {"corpus": "toy"})
     assert again.seen == lost["ids"]  # only the missing shard is computed
-    assert m2["shards"] == m["shards"] and m2["resumed_shards"] == len(m["shards"]) - 1 and "seconds" not in m2
+    assert m2["shards"] == m["shards"] and m2["resumed_shards"] == len(m["shards"]) - 1
+    assert "seconds" not in m2
     # another shard size names other shards: none is taken for another plan's
     other = Compute()
     FeatureStore(tmp_path, "c", shard_tokens=70).extract(exs, other, {"corpus": "toy"})
@@ -230,8 +231,8 @@ def test_parts_extract_disjoint_shards_and_the_index_is_written_once_all_have(tm
         for i in (2, 0, 1):  # in any order, each on its own device
             c = Seeded()
             rec = store_of().extract(exs, c, {"corpus": "toy"}, part=(i, 3))
-            assert [s["file"] for s in rec["shards"]] == [s["file"]
-                                                          for s in whole["shards"][i * n // 3:(i + 1) * n // 3]]
+            want = whole["shards"][i * n // 3:(i + 1) * n // 3]
+            assert [s["file"] for s in rec["shards"]] == [s["file"] for s in want]
             assert c.seen == [x for s in rec["shards"] for x in s["ids"]]  # only its own shards computed
             seen += c.seen
             assert not store_of().exists()  # no index until every part has recorded
@@ -506,12 +507,11 @@ def test_extraction_copies_to_the_host_without_waiting_for_the_device(tmp_path):
             if fn is None:
                 continue
             acc.reset()
-            feats = fn(exs)
+            fn(exs)
             counts[name] = dict(acc.counts)
             acc.reset()
-            (old.FeatureStore if name == "old" else FeatureStore)(tmp_path / name, "k",
-                                                                  shard_tokens=70).extract(
-                exs, fn, {})
+            store_class = old.FeatureStore if name == "old" else FeatureStore
+            store_class(tmp_path / name, "k", shard_tokens=70).extract(exs, fn, {})
             counts[name + " extract"] = acc.counts["sync"]
     # (the verifier's own forward reads its attention mask on the host: the same syncs in every form)
     forward = counts["async"].get("sync", 0)
@@ -521,7 +521,8 @@ def test_extraction_copies_to_the_host_without_waiting_for_the_device(tmp_path):
         assert counts["old"]["sync"] - forward == 3 * len(exs) > counts["sync"]["sync"] - forward
         for s in FeatureStore(tmp_path / "old", "k").manifest()["shards"]:
             for name in ("sync", "async"):
-                assert (tmp_path / name / "k" / s["file"]).read_bytes() == (tmp_path / "old" / "k" / s["file"]).read_bytes()
+                got = (tmp_path / name / "k" / s["file"]).read_bytes()
+                assert got == (tmp_path / "old" / "k" / s["file"]).read_bytes()
     print(counts)
 
 
