@@ -33,23 +33,12 @@ def _train(args) -> None:
     caches = {c: ensure_features(model, tok, eos, name, c, spec, features, aux_layers=aux,
                                  progress=lambda s, d, t: print(f"[{s}] {d}/{t}", flush=True))
                                  for c in corpora}
-    vocab = None
-    if args.draft_vocab:  # one file per (verifier, data spec, size): every variant trained with it shares it
-        from drafters.variants import build_vocab
-        from drafters.vocab import save_vocab
-
-        vocab = Path(features) / f"vocab-{name}-n{spec.n}-len{spec.max_length}-s{spec.seed}-{args.draft_vocab}.safetensors"
-        if not vocab.is_file():
-            ids, stats = build_vocab(tok, eos, list(CORPORA), spec, args.draft_vocab, model.config.vocab_size)
-            save_vocab(ids, vocab, stats)
-            print(f"draft vocabulary {args.draft_vocab}: {100 * stats['coverage']:.1f}% of assistant tokens "
-                  f"-> {vocab}")
-        vocab = str(vocab)
+    vocab = _draft_vocab(args, model, tok, eos, name, spec, features) if args.draft_vocab else None
     cfg = TrainConfig(
         verifier=name, backbone=args.backbone, variant=args.variant, out_dir=str(Path(args.out).resolve()),
         draft_vocab=vocab,
-        train_data=variant_data(args.variant, features, caches, args.n), heldout_data=heldout_data(features,
-                caches),
+        train_data=variant_data(args.variant, features, caches, args.n),
+        heldout_data=heldout_data(features, caches),
         epochs=args.epochs, lr=args.lr, batch_size=args.batch_size, init_seed=args.seed,
         deepspeed=not args.no_deepspeed, zero_stage=args.zero_stage, loss_mask=args.loss_mask,
         precision=args.precision,
@@ -72,6 +61,21 @@ def _train(args) -> None:
         print({k: round(v, 4) if isinstance(v, float) else v for k, v in h.items()})
     print(f"final checkpoint: {final}")
 
+
+def _draft_vocab(args, model, tok, eos, name: str, spec, features: str) -> str:
+    """The reduced draft vocabulary's file, built if missing: one file per (verifier, data spec, size),
+    shared by every variant trained with it."""
+    from drafters.variants import build_vocab
+    from drafters.vocab import save_vocab
+
+    vocab = Path(features) / (f"vocab-{name}-n{spec.n}-len{spec.max_length}-s{spec.seed}-"
+                              f"{args.draft_vocab}.safetensors")
+    if not vocab.is_file():
+        ids, stats = build_vocab(tok, eos, list(CORPORA), spec, args.draft_vocab, model.config.vocab_size)
+        save_vocab(ids, vocab, stats)
+        print(f"draft vocabulary {args.draft_vocab}: {100 * stats['coverage']:.1f}% of assistant tokens "
+              f"-> {vocab}")
+    return str(vocab)
 
 
 def add_train(sub) -> None:
