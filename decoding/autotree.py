@@ -236,7 +236,7 @@ def calibrate(model, proposers, strategy: str, eos: list[int], inputs: list[list
                            merge_dedup=dedup, routing_granularity=granularity)
         dec = SpeculativeDecoder(model, proposers, cfg, eos)
 
-        def observe(tree_, target, prop):
+        def observe(tree_, target, prop, steps=steps, chosen=chosen):  # called in this iteration only
             ok = greedy_match(tree_.tokens, tree_.parents, target)
             steps.append([(int(o), int(d), float(s), bool(g)) for o, d, s, g in
                           zip(tree_.owner.tolist(), tree_.depths.tolist(), tree_.path_logp.tolist(),

@@ -436,7 +436,8 @@ def bench_spec(run: BenchRun, spec: str) -> None:
         shapes.append((" auto", _auto_shape(run, spec, props, cfg)))
     for suffix, shape in shapes:
         dec = SpeculativeDecoder(run.model, props, dataclasses.replace(cfg, tree=shape), run.eos)
-        label = spec if strat == "autoregressive" else f"{spec}{suffix} {shape.top_k}/{shape.depth}/{shape.total_tokens}"
+        label = (spec if strat == "autoregressive"
+                 else f"{spec}{suffix} {shape.top_k}/{shape.depth}/{shape.total_tokens}")
         run.timed(lambda pid, ids, dec=dec: dec, label)
     if strat == "autoregressive" and run.lean:  # attribution: the same loop through transformers' forward
         with cpu.lean_disabled(run.model):

@@ -103,7 +103,8 @@ class DecodeConfig:
             raise ValueError(f"routing_granularity must be one of {list(GRANULARITIES)}, "
                              f"got {self.routing_granularity!r}")
         if not isinstance(self.routing_decide_steps, int) or self.routing_decide_steps < 1:
-            raise ValueError(f"routing_decide_steps must be a positive int, got {self.routing_decide_steps!r}")
+            raise ValueError("routing_decide_steps must be a positive int, "
+                             f"got {self.routing_decide_steps!r}")
         if self.top_p is not None and not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.route_score not in SCORES:

@@ -144,15 +144,7 @@ class SpeculativeDecoder:
             t2 = clock.mark()
             if self.observer is not None:
                 self.observer(tree, l_tree.argmax(-1), prop)
-            # 3. accept: greedy chain (T = 0: the argmax only) or multi-candidate rejection sampling
-            #    (T > 0: q at every row, one walk on the device)
-            if self.cfg.temperature == 0:
-                q = None
-                acc = accept_greedy(tree.tokens, tree.parents, tree.depths, l_tree.argmax(-1),
-                                    max_depth=tree.depth_bound)
-            else:
-                q = self._next_dist(l_tree)  # (N+1, V)
-                acc = accept_sampling(tree.tokens, tree.parents, q, gen, max_depth=tree.depth_bound)
+            acc, q = self._accept(tree, l_tree, gen)  # 3. accept
             # 4. commit: the cache keeps exactly prefix + root + accepted path
             committed = self._committed(acc, tree, len(out))
             c = len(committed)
@@ -180,6 +172,16 @@ class SpeculativeDecoder:
         self._time_steps(clock, steps, marks)
         self.last_cache = cache  # kept for inspection (tests compare it with a fresh prefill)
         return TurnResult(out, calls, new_tokens, clock.seconds(t_start, t_end), steps)
+
+    def _accept(self, tree, l_tree, gen: torch.Generator) -> tuple:
+        """3. accept: greedy chain (T = 0: the argmax only) or multi-candidate rejection sampling
+        (T > 0: q at every row, one walk on the device). Returns (the acceptance, q (N+1, V) or None)."""
+        if self.cfg.temperature == 0:
+            acc = accept_greedy(tree.tokens, tree.parents, tree.depths, l_tree.argmax(-1),
+                                max_depth=tree.depth_bound)
+            return acc, None
+        q = self._next_dist(l_tree)  # (N+1, V)
+        return accept_sampling(tree.tokens, tree.parents, q, gen, max_depth=tree.depth_bound), q
 
     @staticmethod
     def _time_steps(clock: Clock, steps: list[dict], marks: list[tuple]) -> None:

@@ -4,27 +4,28 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-F, I, S, B = pa.float64(), pa.int64(), pa.string(), pa.bool_()
+F, I64, S, B = pa.float64(), pa.int64(), pa.string(), pa.bool_()
 KNOWN = {
     # prompt rows
-    "prompt_id": S, "turn": I, "output_token_ids": pa.list_(I), "output_text": S, "verifier_calls": I,
-    "new_tokens": I,
-    "acceptance_length": F, "wall_time_s": F, "mean_tree_size": F, "routing_choice": I, "t_draft_s": F,
+    "prompt_id": S, "turn": I64, "output_token_ids": pa.list_(I64), "output_text": S, "verifier_calls": I64,
+    "new_tokens": I64,
+    "acceptance_length": F, "wall_time_s": F, "mean_tree_size": F, "routing_choice": I64, "t_draft_s": F,
     "t_verify_s": F,
-    "generate_tokens": I, "generate_wall_time_s": F, "generate_matches": B,
+    "generate_tokens": I64, "generate_wall_time_s": F, "generate_matches": B,
     # step rows
-    "step": I, "tree_size": I, "committed": I, "accepted_depth": I, "chosen_drafter": I, "accepted_owner": I,
-    "accepted_owner_mask": I, "drafter_mean_confidence": pa.list_(F), "drafter_mean_entropy": pa.list_(F),
+    "step": I64, "tree_size": I64, "committed": I64, "accepted_depth": I64, "chosen_drafter": I64,
+    "accepted_owner": I64,
+    "accepted_owner_mask": I64, "drafter_mean_confidence": pa.list_(F), "drafter_mean_entropy": pa.list_(F),
     "drafter_mean_node_confidence": pa.list_(F), "accepted_draft_confidence": pa.list_(F),
     "rejected_draft_confidence": F, "accepted_path_confidence": pa.list_(F), "offpath_confidence_sum": F,
-    "offpath_nodes": I,
+    "offpath_nodes": I64,
     "accepted_draft_entropy": pa.list_(F), "accepted_verifier_entropy": pa.list_(F),
     "rejected_draft_entropy": F,
     "rejected_verifier_entropy": F, "depth_accept": pa.list_(B), "t_bookkeeping_s": F,
     "drafter_agreement": pa.list_(F), "t_feedback_s": F,
     # cell columns
     "backbone": S, "benchmark": S, "temperature": F, "drafter": S, "strategy": S, "routing_granularity": S,
-    "merge_dedup": B, "total_tokens": I, "budget_matched": B, "cell_key": S, "unit_key": S, "tree": S,
+    "merge_dedup": B, "total_tokens": I64, "budget_matched": B, "cell_key": S, "unit_key": S, "tree": S,
     "tree_shape": S,
 }
 

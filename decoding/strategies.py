@@ -65,7 +65,8 @@ class Strategy:
         """``cfg``: the options, checked once by DecodeConfig; those a strategy does not use are ignored."""
         self.granularity, self.decide_steps = cfg.routing_granularity, cfg.routing_decide_steps
         self.dedup, self.budget, self.route_score = cfg.merge_dedup, cfg.merge_budget, cfg.route_score
-        self.switch_after, self.switch_to, self.switch_depth = cfg.switch_after, cfg.switch_to, cfg.switch_depth
+        self.switch_after, self.switch_to, self.switch_depth = (cfg.switch_after, cfg.switch_to,
+                                                                cfg.switch_depth)
         self.hedge = cfg.hedge
         self.rng = random.Random(cfg.seed)  # a strategy's own draws (hedge); the engine reseeds it per turn
 
@@ -361,13 +362,14 @@ def strategy_for(cfg: DecodeConfig, n_drafters: int) -> Strategy:
 
 
 _D = DecodeConfig  # make_strategy's defaults are DecodeConfig's
+_HEDGE = HedgeConfig()  # make_strategy's hedge default (frozen: one instance serves every call)
 
 
 def make_strategy(name: str, n_drafters: int, granularity: str = _D.routing_granularity,
                   dedup: bool = _D.merge_dedup, decide_steps: int = _D.routing_decide_steps,
                   budget: bool = _D.merge_budget, score: str = _D.route_score,
                   switch_after: int = _D.switch_after, switch_to: str = _D.switch_to,
-                  switch_depth: int = _D.switch_depth, hedge: HedgeConfig = HedgeConfig()) -> Strategy:
+                  switch_depth: int = _D.switch_depth, hedge: HedgeConfig = _HEDGE) -> Strategy:
     """A strategy by name and options, without a decoder (tests, the CLI's early check): the options
     are checked by DecodeConfig whatever the strategy. No tree is known here, so DecodeConfig gets one
     deep enough for ``switch_depth``; DepthAdaptive checks it against the tree each step hands it."""

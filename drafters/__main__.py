@@ -41,7 +41,7 @@ def _export(args) -> None:
         out = export(args.ckpt, args.format, args.out, vcfg, ref, dtype=args.dtype,
                      full_vocab_head=args.full_vocab_head, depth=args.depth)
     except (ContractError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
+        raise SystemExit(f"error: {e}") from None
     print(f"wrote {args.format} export of {args.ckpt} to {out} (checked against the {args.format} contract)")
     if eagle3:
         serve = EAGLE3_LAYOUTS[args.format].serve
@@ -61,7 +61,7 @@ def _import(args) -> None:
     try:
         drafter = load_export(args.export_dir, verifier=args.verifier, backbone=args.backbone)
     except (ContractError, FileNotFoundError) as e:
-        raise SystemExit(f"error: {e}")
+        raise SystemExit(f"error: {e}") from None
     save = save_eagle3 if isinstance(drafter, Eagle3Drafter) else save_checkpoint
     print(f"wrote {save(drafter, args.out)} from {args.export_dir}")
 

@@ -2,10 +2,10 @@
 decoder layer whose attention reads [token embedding ; hidden state], its own final norm and LM head
 over the reduced draft vocabulary.
 
-    h_0      = fc(cat(f_a, f_b, f_c))                      f_* the verifier's hidden states (aux layers)
+    h_0      = fc(cat(f_a, f_b, f_c))                    f_* the verifier's hidden states (aux layers)
     x        = cat(input_layernorm(embed(token)), hidden_norm(h))     (2H: what q/k/v project)
     h'       = h + o_proj(attn(x));  h'' = h' + mlp(post_attention_layernorm(h'))
-    logits   = lm_head(norm(h''))                           over the draft vocabulary (d2t maps to verifier ids)
+    logits   = lm_head(norm(h''))                         over the draft vocabulary (d2t maps to verifier ids)
 
 Drafting step k+1 takes h'' of step k as its hidden state (``draft_step``): the drafter conditions
 on its own previous output, never on a verifier feature it does not have. Training unrolls these

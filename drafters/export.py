@@ -361,7 +361,8 @@ def _eagle3_config_problems(config: dict, layout: Eagle3Layout) -> list[str]:
         problems.append(f"{layout.aux} has {len(aux)} ids, the loader's fc reads {layout.aux_count} layers")
     n = config.get("draft_vocab_size")
     if not isinstance(n, int) or not 1 <= n <= llama["vocab_size"]:
-        problems.append(f"draft_vocab_size must be an int in [1, vocab_size={llama['vocab_size']}], got {n!r}")
+        problems.append(f"draft_vocab_size must be an int in [1, vocab_size={llama['vocab_size']}], "
+                        f"got {n!r}")
     return problems
 
 

@@ -93,7 +93,8 @@ TOKEN_MAP_FILE = "hot_token_map.pt"
 
 FORMATS = {
     "eagle": Format("eagle", "fc", "layers.0.", False, ("LlamaForCausalLM",), None,
-                    'vLLM: speculative_config={"method": "eagle", "model": DIR, "num_speculative_tokens": K}'),
+                    'vLLM: speculative_config={"method": "eagle", "model": DIR, '
+                    '"num_speculative_tokens": K}'),
     "sglang": Format("sglang", "fc", "layers.0.", True, ("LlamaForCausalLMEagle",), "token_map",
                      "SGLang: --speculative-algorithm EAGLE --speculative-draft-model-path DIR"),
     # read only (exports written before speculators 0.9): see the module docstring

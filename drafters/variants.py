@@ -18,6 +18,8 @@ from drafters.data.templating import tokenize_conversation
 from drafters.distill import MODES, distilled
 from drafters.features import FeatureStore, aux_tag, check_aux_layers, content_key, verifier_features
 
+DEFAULT_SOURCES = SourceOptions()  # the functions' default (frozen: one instance serves every call)
+
 
 @dataclass(frozen=True)
 class DataSpec:
@@ -38,14 +40,14 @@ class DataSpec:
 
 
 def select_examples(tokenizer, eos_ids, corpus: str, spec: DataSpec,
-                    options: SourceOptions = SourceOptions()):
+                    options: SourceOptions = DEFAULT_SOURCES):
     """Tokenized (train, heldout) examples of one corpus, deterministic given spec.seed."""
     train, held = select_conversations(tokenizer, eos_ids, corpus, spec, options)
     return [e for _, e in train], [e for _, e in held]
 
 
 def select_conversations(tokenizer, eos_ids, corpus: str, spec: DataSpec,
-                         options: SourceOptions = SourceOptions()):
+                         options: SourceOptions = DEFAULT_SOURCES):
     """(train, heldout) lists of (conversation, tokenized example), deterministic given spec.seed."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -68,7 +70,7 @@ def select_conversations(tokenizer, eos_ids, corpus: str, spec: DataSpec,
 
 
 def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec: DataSpec, root: str,
-                    options: SourceOptions = SourceOptions(), progress=None, prefetch=None,
+                    options: SourceOptions = DEFAULT_SOURCES, progress=None, prefetch=None,
                     aux_layers=None, store_for=FeatureStore, shards: tuple[int, int] | None = None) -> dict:
     """Extract (or reuse) the feature caches of one corpus: {"train": key, "heldout": key, ...}.
 
@@ -137,7 +139,7 @@ def heldout_data(root: str, caches: dict) -> list:
 
 
 def build_vocab(tokenizer, eos_ids, corpora: list[str], spec: DataSpec, size: int, vocab_size: int,
-                options: SourceOptions = SourceOptions()):
+                options: SourceOptions = DEFAULT_SOURCES):
     """The reduced draft vocabulary of a backbone: the ``size`` most frequent target tokens at
     assistant positions of the training examples of every corpus it trains on (the end-of-turn
     ids always in). Returns (sorted ids, stats)."""
@@ -154,7 +156,7 @@ def build_vocab(tokenizer, eos_ids, corpora: list[str], spec: DataSpec, size: in
 
 
 def online_selection(tokenizer, eos_ids, corpus: str, spec: DataSpec,
-                     options: SourceOptions = SourceOptions()) -> dict:
+                     options: SourceOptions = DEFAULT_SOURCES) -> dict:
     """``online`` mode: only the example selection (ids); features are computed while training."""
     train, held = select_examples(tokenizer, eos_ids, corpus, spec, options)
     return {"online": True, "train_ids": [e.id for e in train], "heldout_ids": [e.id for e in held]}

@@ -35,28 +35,29 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from common.atomic import write_text_atomic
+from common.verifiers import TIE_GAP, compare_greedy, eos_token_ids, resolve
+from decoding.args import add_decode_args, decode_config
+from decoding.autotree import auto_tree, calibration_inputs
+from decoding.bench import summarise, time_row
+from decoding.cpu.machine import machine_class
+from decoding.engine import SpeculativeDecoder
+from decoding.runner import default_threads, generate_baseline, load_proposers
+from decoding.verifiers import load_verifier
+from drafters.config import BACKBONES
+from drafters.data.sources import BENCHMARKS, load_benchmark
+from drafters.data.templating import benchmark_prompt_ids
+from drafters.eagle3 import default_aux_layers
+from drafters.train.config import TrainConfig
+from drafters.train.loop import train
+from drafters.variants import DataSpec, ensure_features, heldout_data, select_examples, variant_data
+from drafters.vocab import count_targets, save_vocab, select_ids
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-
-from common.atomic import write_text_atomic  # noqa: E402
-from common.verifiers import TIE_GAP, compare_greedy, eos_token_ids, resolve  # noqa: E402
-from decoding.args import add_decode_args, decode_config  # noqa: E402
-from decoding.autotree import auto_tree, calibration_inputs  # noqa: E402
-from decoding.bench import summarise, time_row  # noqa: E402
-from decoding.cpu.machine import machine_class  # noqa: E402
-from decoding.engine import SpeculativeDecoder  # noqa: E402
-from decoding.runner import default_threads, generate_baseline, load_proposers  # noqa: E402
-from decoding.verifiers import load_verifier  # noqa: E402
-from drafters.config import BACKBONES  # noqa: E402
-from drafters.data.sources import BENCHMARKS, load_benchmark  # noqa: E402
-from drafters.data.templating import benchmark_prompt_ids  # noqa: E402
-from drafters.eagle3 import default_aux_layers  # noqa: E402
-from drafters.train.config import TrainConfig  # noqa: E402
-from drafters.train.loop import train  # noqa: E402
-from drafters.variants import DataSpec, ensure_features, heldout_data, select_examples, variant_data  # noqa: E402
-from drafters.vocab import count_targets, save_vocab, select_ids  # noqa: E402
 
 ORDER = ("eagle2", "hass", "eagle3")  # table order
 CORPUS = "mathinstruct"
@@ -264,7 +265,7 @@ def targets(result: dict) -> dict:
 
 
 def markdown(result: dict) -> str:
-    f3 = lambda v: "-" if v is None or v != v else f"{v:.3f}"  # noqa: E731
+    f3 = lambda v: "-" if v is None or v != v else f"{v:.3f}"  # noqa: E731 (a one-line cell formatter)
     lines = ["| backbone | epochs | loss tokens | train tokens/s | train wall (s) | process CPU (s) | "
              "held-out top-1 d1 / d2 / d3 |", "|---|---|---|---|---|---|---|"]
     for b in ORDER:
@@ -360,7 +361,7 @@ def parse(argv=None) -> tuple[argparse.Namespace, BenchSpec]:
             raise ValueError(f"--heldout must be >= 1, got {args.heldout}")
         decode_config(args)  # the decode flags' own checks
     except ValueError as e:
-        raise SystemExit(f"bench_backbones: {e}")
+        raise SystemExit(f"bench_backbones: {e}") from None
     return args, spec
 
 

@@ -1,6 +1,7 @@
 """Benchmark: training tokens/s of eagle3 vs eagle2, in-process, on the same cached examples.
 
-python experiments/bench_eagle3_training.py [--n 16] [--max-length 96] [--epochs 2] [--vocab 1024] [--repeats 2]
+python experiments/bench_eagle3_training.py [--n 16] [--max-length 96] [--epochs 2] [--vocab 1024]
+    [--repeats 2]
 
 One EAGLE-3 feature cache of the math corpus (the aux layers plus what an EAGLE-2 cache holds): the
 eagle2 runs read its LM-head features and ignore the aux layers, so both backbones see the same
@@ -20,13 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from common.verifiers import eos_token_ids  # noqa: E402
-from decoding.verifiers import load_verifier  # noqa: E402
-from drafters.eagle3 import default_aux_layers  # noqa: E402
-from drafters.variants import DataSpec  # noqa: E402
-from experiments.bench_backbones import prepare, train_config, train_one  # noqa: E402
+from common.verifiers import eos_token_ids
+from decoding.verifiers import load_verifier
+from drafters.eagle3 import default_aux_layers
+from drafters.variants import DataSpec
+from experiments.bench_backbones import prepare, train_config, train_one
 
 
 def main(argv=None) -> int:

@@ -90,10 +90,10 @@ def per_position(model, props, inputs, temp: float) -> None:
     feats, _ = prefill(model, new_cache(), ids)
     tokens = torch.tensor(ids)
     for d in (1, 2, 3, 4):
-        roll = _median_ms(props, ids, feats, n, lambda: rollout_together(props, tokens, feats[: n + 5], n + 1,
-                d, temp))
+        roll = _median_ms(props, ids, feats, n,
+                          lambda d=d: rollout_together(props, tokens, feats[: n + 5], n + 1, d, temp))
         agree = _median_ms(props, ids, feats, n,
-                           lambda: agreement_together(props, tokens[: n + 1 + d], feats[: n + d], n + 1))
+                           lambda d=d: agreement_together(props, tokens[: n + 1 + d], feats[: n + d], n + 1))
         print(f"T={temp:g} d={d}: rollout of 2 drafters {roll:.2f} ms, agreement over {d} tokens "
               f"{agree:.2f} ms",
               flush=True)

@@ -27,12 +27,12 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from decoding.cpu import kernel as cpu_kernel  # noqa: E402
-from decoding.cpu import matmul as cpu_matmul  # noqa: E402
-from decoding.cpu.machine import describe, record, stream  # noqa: E402
-from decoding.runner import default_threads  # noqa: E402
-from decoding.verifiers import load_verifier  # noqa: E402
-from drafters.model import DTYPES  # noqa: E402
+from decoding.cpu import kernel as cpu_kernel
+from decoding.cpu import matmul as cpu_matmul
+from decoding.cpu.machine import describe, record, stream
+from decoding.runner import default_threads
+from decoding.verifiers import load_verifier
+from drafters.model import DTYPES
 
 
 def chosen(tables, rows: int) -> str:
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
     for m in rows:
         xs = {w.shape[1]: torch.randn(m, w.shape[1], dtype=DTYPES[a.dtype]) for w in weights}
 
-        def run(form):
+        def run(form, xs=xs):  # called in this iteration only
             if form == "sum":
                 return lambda: [stream(w) for w in weights]
             if form == "tuned":

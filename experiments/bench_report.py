@@ -53,7 +53,7 @@ def _steps(pa, np, rng, n_drafters: int, per_turn: list[int], total_tokens: int)
     da = np.ones(m + int(rej.sum()), bool)
     da[(np.cumsum(L + rej) - 1)[rej]] = False  # [True] * L + [False] where rejected
     per_d = np.full(n, n_drafters)
-    nan_rej = lambda x: np.where(rej, x, np.nan)  # noqa: E731
+    nan_rej = lambda x: np.where(rej, x, np.nan)  # noqa: E731 (a one-line column helper)
     return {
         "step": np.concatenate([np.arange(s) for s in per_turn]), "tree_size": np.full(n, total_tokens),
         "committed": L + 1, "accepted_depth": L, "chosen_drafter": rng.integers(0, n_drafters, n),
@@ -165,7 +165,7 @@ def run_report(run: Path, code: Path, pass_rows: int | None) -> tuple[float, flo
     proc = subprocess.Popen([sys.executable, "-c", CHILD, str(code), str(run), str(pass_rows or "-")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _, status, usage = os.wait4(proc.pid, 0)
-    out, err = proc.stdout.read(), proc.stderr.read()
+    err = proc.stderr.read()
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode:
         raise SystemExit(f"the report failed ({proc.returncode}): {err[-3000:]}")

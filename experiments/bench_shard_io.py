@@ -176,7 +176,8 @@ def main(argv=None) -> int:
               f"{predicted:.2f} s "
               f"| {measured / predicted:.2f} | {wall:.1f} s |")
     if ray_rows:
-        print(f"\n| reader ({a.compute[0]:.2f} s of training per shard) | epoch | waited | MB over the link |")
+        print(f"\n| reader ({a.compute[0]:.2f} s of training per shard) "
+              "| epoch | waited | MB over the link |")
         print("| --- | ---: | ---: | ---: |")
         for reader, epoch, waited, mb in ray_rows:
             print(f"| {reader} | {epoch} | {waited:.2f} s | {mb:.1f} |")

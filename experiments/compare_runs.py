@@ -19,16 +19,17 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.report.run_records import recorded_traces  # noqa: E402
-from orchestrator.report.stats import paired_diff_ci, ratio_ci  # noqa: E402
-from orchestrator.report.tables import per_prompt, scan  # noqa: E402
+from orchestrator.report.run_records import recorded_traces
+from orchestrator.report.stats import paired_diff_ci, ratio_ci
+from orchestrator.report.tables import per_prompt, scan
 
 
 def cell(run: Path, method: str, backbone: str, temperature: float) -> pl.DataFrame:
     lf = scan(run, "prompts", recorded_traces(run))
     if lf is None:
         raise SystemExit(f"{run}: no recorded prompt traces")
-    lf = lf.filter((pl.col("method") == method) & (pl.col("backbone") == backbone) & (pl.col("temperature") == temperature))
+    lf = lf.filter((pl.col("method") == method) & (pl.col("backbone") == backbone)
+                   & (pl.col("temperature") == temperature))
     pp = per_prompt(lf)
     if pp.is_empty():
         raise SystemExit(f"{run}: no {method} cell for backbone {backbone} at T={temperature}")

@@ -41,9 +41,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.verifiers import TIE_GAP  # noqa: E402
-from decoding.timing import synchronize  # noqa: E402
-from tests.accelerator import SyncCounter, caller  # noqa: E402
+from common.verifiers import TIE_GAP
+from decoding.timing import synchronize
+from tests.accelerator import SyncCounter, caller
 
 _train = importlib.util.spec_from_file_location("gpu_check_train",
                                                 Path(__file__).with_name("gpu_check_train.py"))
@@ -77,7 +77,10 @@ class Table:
     def print(self) -> None:
         cells = [[str(r.get(c, "")) for c in COLUMNS] for r in self.rows]
         width = [max(len(c), *(len(x[i]) for x in cells)) for i, c in enumerate(COLUMNS)]
-        line = lambda xs: "| " + " | ".join(x.ljust(w) for x, w in zip(xs, width)) + " |"  # noqa: E731
+
+        def line(xs):
+            return "| " + " | ".join(x.ljust(w) for x, w in zip(xs, width)) + " |"
+
         print("\n" + line(COLUMNS) + "\n" + line(["-" * w for w in width]))
         for x in cells:
             print(line(x))
@@ -148,7 +151,8 @@ def _decoder_rows(args, model, props, eos, inputs, refs, gen_tps, dtype: str, mo
         for ids, res, ref in zip(inputs, outs, refs):
             kind, gap = compare_greedy(model, ids, res.output_token_ids, ref, tie_gap)
             counts[kind] += 1
-            toks, calls, new = toks + len(res.output_token_ids), calls + res.verifier_calls, new + res.new_tokens
+            toks, calls, new = (toks + len(res.output_token_ids), calls + res.verifier_calls,
+                                new + res.new_tokens)
             if gap is not None:
                 gaps.append(round(gap, 4))
         tps, tau = toks / wall, new / max(calls, 1)
@@ -281,7 +285,8 @@ def _packing(args, dtype: str, inputs: list[list[int]], table: Table) -> None:
     """k processes on the one device; the rows and the rates file for the dry run's packing model."""
     pk = _experiment("gpu_check_packing")
     rows = pk.measure(args, args.drafter[0], dtype, inputs, _packing_counts(args), table)
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu ({os.cpu_count()} cores)"
+    device = (torch.cuda.get_device_name() if args.device.startswith("cuda")
+              else f"cpu ({os.cpu_count()} cores)")
     path = pk.write_rates(args.rates_out or Path(args.workdir or tempfile.mkdtemp()) / "gpu_rates.json",
                           device, args.model_label or args.verifier, dtype, rows)
     print(f"packing rates written to {path} (python experiments/full_grid.py --dry-run --rates {path})",
@@ -307,7 +312,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--skip-training", action="store_true",
                     help="decode with the given (or random) drafters only")
     ap.add_argument("--min-top1", type=float, default=0.5,
-                    help="held-out top-1 at depth 1 the trained drafter must reach (the check fails below it)")
+                    help="held-out top-1 at depth 1 the trained drafter must reach "
+                         "(the check fails below it)")
     ap.add_argument("--min-tau", type=float, default=None,
                     help="tau every strategy must reach (default: 2.0 with a trained drafter on the planted "
                          "verifier, i.e. drafts accepted and the commit path run; else 0)")

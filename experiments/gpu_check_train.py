@@ -42,7 +42,8 @@ def training_failure(losses: list[float], top1: float | None = None, min_top1: f
 
 
 def free_verifiers(device: str) -> None:
-    """Drop every verifier this process loaded (common.verifiers caches them), so one copy is held at a time."""
+    """Drop every verifier this process loaded (common.verifiers caches them), so one copy is held
+    at a time."""
     from common import verifiers
 
     verifiers._load_verifier.cache_clear()

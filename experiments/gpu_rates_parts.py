@@ -163,7 +163,7 @@ def _time_steps(ctx, model, backbone: str, tokens: int, steps: int) -> dict:
     head, embed, noise = DraftHead(model.lm_head, ids), model.get_input_embeddings(), torch.Generator(
         device=model.device).manual_seed(0)
     times = []
-    for i in range(steps + 2):
+    for _ in range(steps + 2):
         synchronize(ctx.device)
         t = time.perf_counter()
         with runner.autocast():
@@ -241,8 +241,10 @@ def _extract_once(ctx, model, examples, aux_layers, mode: str) -> dict:
 
     kw = {"async_copies": mode == "async"} if mode == "async" else {}
     store = FeatureStore(tempfile.mkdtemp(dir=ctx.workdir), "rates")
-    compute = lambda ex: verifier_features(model, ex, batch_tokens=FEATURE_BATCH_TOKENS,  # noqa: E731
-                                           aux_layers=aux_layers, **kw)
+
+    def compute(ex):
+        return verifier_features(model, ex, batch_tokens=FEATURE_BATCH_TOKENS, aux_layers=aux_layers, **kw)
+
     compute(examples[:2])  # warm-up
     synchronize(ctx.device)
     t = time.perf_counter()

@@ -27,8 +27,9 @@ SPECIAL = {0: "<|begin_of_text|>", 1: "<|end_of_text|>", 6: "<|start_header_id|>
 CHAT_TEMPLATE = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
     "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + "
-    "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}"
-    "{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+    "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )
 
 
@@ -48,8 +49,8 @@ def build_tokenizer(merges_vocab: int = 4000):
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(_texts(), trainers.BpeTrainer(vocab_size=merges_vocab, show_progress=False,
-                                                          initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    bpe.train_from_iterator(_texts(), trainers.BpeTrainer(
+        vocab_size=merges_vocab, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
     vocab = bpe.get_vocab()
     vocab.update({f"<|fill_{i}|>": i for i in range(len(vocab), BASE)})  # unreachable by merges, decodable
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m)

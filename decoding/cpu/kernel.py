@@ -108,7 +108,8 @@ def available() -> bool:
 
 def status() -> str:
     """One line for logs: where the kernel came from, or why it is not used."""
-    return f"thin-GEMM kernel {library_path().name}" if available() else f"thin-GEMM kernel unavailable: {_STATE['why']}"
+    return (f"thin-GEMM kernel {library_path().name}" if available()
+            else f"thin-GEMM kernel unavailable: {_STATE['why']}")
 
 
 def _pack(W: torch.Tensor) -> torch.Tensor:

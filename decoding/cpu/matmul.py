@@ -102,7 +102,7 @@ def tune(W: torch.Tensor, reps: int = 3) -> tuple[dict[int, str], str | None]:
     forms = forms_for(W)
 
     def bucket(x):
-        ts = {f: _time(lambda: [form_fn(f)(x, w) for w in copies], reps) for f in forms}
+        ts = {f: _time(lambda f=f: [form_fn(f)(x, w) for w in copies], reps) for f in forms}
         t = {f: statistics.median(v) for f, v in ts.items()}
         t["linear"] /= 0.95
         best = min(t, key=t.get)

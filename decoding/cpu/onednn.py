@@ -3,10 +3,10 @@
 ``F.linear`` on a CPU reorders its weight into oneDNN's blocked layout on every call. Packing the
 weight once (``_reorder_linear_weight``) and calling ``_linear_pointwise`` on the packed copy runs
 the same oneDNN primitive without that cost; on a CPU with AMX its bf16 primitive uses the tiles
-(measured: docs/performance.md, "Why the CPU forms exist"). The product is exact up to summation order (a bf16 ``F.linear`` runs
-the same primitive and gave the same bits there; a float32 one runs BLAS); a row's result may
-depend on the row count, as with ``F.linear``. The packed copy is kept per weight (``packed.py``):
-it doubles the memory of the weights that take this form.
+(measured: docs/performance.md, "Why the CPU forms exist"). The product is exact up to summation
+order (a bf16 ``F.linear`` runs the same primitive and gave the same bits there; a float32 one runs
+BLAS); a row's result may depend on the row count, as with ``F.linear``. The packed copy is kept
+per weight (``packed.py``): it doubles the memory of the weights that take this form.
 
 ``available(dtype)`` tries the two ops once per dtype (a torch build without oneDNN, or a CPU whose
 oneDNN has no bf16 path, says no), so the tuner offers the form only where it runs.

@@ -1,4 +1,5 @@
-"""What the loop asks of each backbone: its record, the objective of each step, and the held-out agreement that judges it.
+"""What the loop asks of each backbone: its record, the objective of each step, and the held-out
+agreement that judges it.
 
 One record per trainable backbone, looked up by name: what the trainer needs from each.
 

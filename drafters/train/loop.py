@@ -5,10 +5,10 @@ or directly.
 
 Per epoch: stream the rank's batches (drafters/train/data.py: from the feature cache, or computed
 online by the verifier, each rank for its own batches only), take optimizer steps on the backbone's
-loss (drafters/train/backbones.py, drafters/train/backbones.py) through a runner (drafters/train/runners.py: DeepSpeed
-ZeRO or plain AdamW), evaluate top-1 agreement with the verifier at depths 1-3 on a held-out slice,
-the ranks sharing its batches (drafters/train/backbones.py), and write an atomic checkpoint (drafter format
-+ optimizer state) that a crashed run resumes from (drafters/train/loop.py). With
+loss (drafters/train/backbones.py) through a runner (drafters/train/runners.py: DeepSpeed ZeRO or
+plain AdamW), evaluate top-1 agreement with the verifier at depths 1-3 on a held-out slice, the
+ranks sharing its batches (drafters/train/backbones.py), and write an atomic checkpoint (drafter
+format + optimizer state) that a crashed run resumes from (drafters/train/loop.py). With
 ``checkpoint_every`` a checkpoint is also written every N optimizer steps inside an epoch; it holds
 the data position and the noise generator too, so the resumed run takes the same steps.
 
