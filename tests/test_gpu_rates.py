@@ -20,15 +20,28 @@ from tests.hub_stub import paper_hub_env
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def dry_run_file(tmp_path_factory):
-    """One run of the script's CPU mode, as shipped: (its output, the rates file)."""
-    tmp = tmp_path_factory.mktemp("gpu-rates")
+# the default run times EAGLE-2's training step only: HASS's and EAGLE-3's rows are the same runner
+# with another drafter class (both train through it in the default suite: test_faults.py,
+# test_eagle3_training.py), and were about 70 of the part's 90 s; make test-full times all three
+DEFAULT_BACKBONES = ("eagle2",)
+BACKBONES = ("eagle2", "hass", "eagle3")
+
+
+def _dry(tmp: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable, "TASKSPEC_CACHE": str(tmp / "cache")}
     cmd = ["bash", str(ROOT / "experiments/gpu_rates.sh"), "--dry", "--workdir", str(tmp),
-           "--stands-for", "llama3-8b-instruct", "--out", str(tmp / "rates.json")]
+           "--stands-for", "llama3-8b-instruct", "--out", str(tmp / "rates.json"), *extra]
     out = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def dry_run_file(tmp_path_factory):
+    """One run of the script's CPU mode, as shipped but for its training rows (DEFAULT_BACKBONES):
+    (its output, the rates file)."""
+    tmp = tmp_path_factory.mktemp("gpu-rates")
+    out = _dry(tmp, "--backbones", ",".join(DEFAULT_BACKBONES))
     return out.stdout, tmp / "rates.json"
 
 
@@ -39,7 +52,8 @@ def test_the_cpu_mode_measures_every_part_in_order_and_writes_the_rates_file(dry
     # (c), (b), (a): each row printed as measured, the file rewritten after each part
     data = json.loads(path.read_text())
     feats = data["parts"]["features"]["rows"]
-    assert parts == ["build", "eval", "eval", "eval", *["train"] * 7, *["features"] * (len(feats) + 1)], rows
+    n_train = 2 * len(DEFAULT_BACKBONES) + 1
+    assert parts == ["build", *["eval"] * 3, *["train"] * n_train, *["features"] * (len(feats) + 1)], rows
     assert sum("rewritten" in r for r in rows) == 3
     assert data["kind"] == "gpu-rates" and data["shape"] == "small" and data["full_shape"] is False
     assert data["stands_for"] == "llama3-8b-instruct" and data["commit"] and data["date"] and data["torch"]
@@ -47,10 +61,7 @@ def test_the_cpu_mode_measures_every_part_in_order_and_writes_the_rates_file(dry
     assert [r["processes"] for r in ev["packing"]] == [1, 2] and ev["tree"] == [4, 4, 16]
     assert all(r["step_s"] > 0 and r["tokens_per_s"] > 0 for r in ev["packing"])
     assert ev["generate_ms_per_token"] > 0
-    train = data["parts"]["train"]["rows"]
-    assert [(r["backbone"], r["tokens"]) for r in train] == [(b, t) for b in ("eagle2", "hass", "eagle3")
-                                                              for t in (24, 48)]
-    assert all(r["ms_per_step"] > 0 and r["sizing_gib"] > 0 and r["params"] > 0 for r in train)
+    _check_train_rows(data, DEFAULT_BACKBONES)
     # both kinds of cache, with each host-copy form the extraction code offers (async: drafters/features.py)
     forms = {(k, c) for k in ("hidden", "eagle3") for c in ("sync", "async")}
     assert {(r["kind"], r["copies"]) for r in feats} == forms
@@ -60,6 +71,20 @@ def test_the_cpu_mode_measures_every_part_in_order_and_writes_the_rates_file(dry
     assert per_tok["hidden", "sync"] == pytest.approx(per_tok["hidden", "async"])
     assert per_tok["eagle3", "sync"] > 2.5 * per_tok["hidden", "sync"], per_tok
     assert set(data["seconds"]) == {"build", "eval", "train", "features"}
+
+
+def _check_train_rows(data: dict, backbones: tuple[str, ...]) -> None:
+    train = data["parts"]["train"]["rows"]
+    assert [(r["backbone"], r["tokens"]) for r in train] == [(b, t) for b in backbones for t in (24, 48)]
+    assert all(r["ms_per_step"] > 0 and r["sizing_gib"] > 0 and r["params"] > 0 for r in train)
+
+
+@pytest.mark.full  # breadth: the same runner's step for HASS and EAGLE-3 (about 70 s)
+def test_the_train_part_times_every_backbone(tmp_path):
+    out = _dry(tmp_path, "--parts", "train")
+    rows = [line for line in out.stdout.splitlines() if line.startswith("rate: train: ")]
+    assert len(rows) == 2 * len(BACKBONES) + 1, rows
+    _check_train_rows(json.loads((tmp_path / "rates.json").read_text()), BACKBONES)
 
 
 def test_the_paper_dry_run_reads_the_file_and_names_it_as_each_rates_source(dry_run_file, tmp_path):
@@ -73,6 +98,8 @@ def test_the_paper_dry_run_reads_the_file_and_names_it_as_each_rates_source(dry_
         line = next(x for x in out.stdout.splitlines() if x.strip().startswith(f"rate of {what}:"))
         assert f"({path})" in line and "measured:" in line, line
     assert "rate of eval tau: assumed" in out.stdout
+    train = next(x for x in out.stdout.splitlines() if x.strip().startswith("rate of train:"))
+    assert all(f"{b} assumed" in train for b in BACKBONES if b not in DEFAULT_BACKBONES), train  # not timed
     assert "not the full shape of llama3-8b-instruct" in out.stdout  # a tiny shape stays an estimate
     assert "ESTIMATE, not measured" in out.stdout
 
