@@ -14,10 +14,14 @@ TEST_THREADS = $(shell n=$$(( $$(nproc 2>/dev/null || echo 1) / $(TEST_WORKERS) 
 # the verifier's matmul tables timed once, before the workers start: timed under load (as every
 # process of a parallel suite is) they are never cached and every process retimes them. One process
 # per dtype, at once (each on its own core at one thread; a table timed while the other process held
-# its cores is not cached either, and is timed again where it is used)
+# its cores is not cached either, and is timed again where it is used). The drafters' own shapes too
+# (their fc, EAGLE-3's layers, the smoke profile's 1024-token draft head): every process that loads a
+# drafter times them otherwise (12 s each in float32, 43 s in bfloat16, one thread, quiet), and the bf16
+# verifier's test took 145 s in the suite timing its drafters' fc, 9 s with it cached
 WARM_THREADS = $(shell echo 1 $(TEST_THREADS) | tr ' ' '\n' | sort -u | paste -sd,)
 WARM = $(BIN)/python -m decoding cache warm --threads $(WARM_THREADS)
-WARM_BOTH = $(WARM) --dtypes bfloat16 & pid=$$!; $(WARM) --dtypes float32 && wait $$pid
+WARM_BOTH = $(WARM) --dtypes bfloat16 --drafters eagle2 & pid=$$!; \
+	$(WARM) --dtypes float32 --drafters eagle2,eagle3 --draft-vocabs 1024 && wait $$pid
 
 .PHONY: venv demo test test-full lint smoke bench clean ray-head
 

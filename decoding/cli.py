@@ -76,7 +76,9 @@ def cmd_cache(args) -> int:
     elif args.action == "warm":
         from decoding.cpu.warm import warm
 
-        return warm(args.verifier, parse_ints(args.threads, "--threads"), args.dtypes.split(","))
+        return warm(args.verifier, parse_ints(args.threads, "--threads"), args.dtypes.split(","),
+                    [b for b in args.drafters.split(",") if b],
+                    parse_ints(args.draft_vocabs, "--draft-vocabs") if args.draft_vocabs else [])
     else:
         gone = caches.clear()
         print(f"removed {', '.join(gone) if gone else 'nothing'} from {caches.cache_dir()}")
@@ -109,6 +111,10 @@ def main(argv=None) -> int:
                    help="warm: the verifier whose caches to fill")
     c.add_argument("--threads", default=str(os.cpu_count() or 1), help="warm: torch thread counts, e.g. 1,2")
     c.add_argument("--dtypes", default="float32", help="warm: verifier dtypes, e.g. float32,bfloat16")
+    c.add_argument("--drafters", default="", help="warm: also the layers of these backbones' drafters, "
+                                                  "e.g. eagle2,eagle3")
+    c.add_argument("--draft-vocabs", default="", help="warm: also the draft head at these reduced vocabulary "
+                                                      "sizes, e.g. 1024")
     c.set_defaults(fn=cmd_cache)
     b = sub.add_parser("bench", help="tokens/s and draft/verify split of every strategy vs autoregressive")
     from decoding.bench import add_bench_args

@@ -320,19 +320,29 @@ def test_cache_warm_times_the_verifiers_tables_once_per_thread_count(tmp_path, m
         first = capsys.readouterr().out
         assert main(["cache", "warm", "--threads", "2"]) == 0
         again = capsys.readouterr().out
+        # the drafters' own shapes (fc of 2 and 3 hidden states, EAGLE-3's, a 1024-token draft head)
+        assert main(["cache", "warm", "--threads", "2", "--drafters", "eagle2,eagle3",
+                     "--draft-vocabs", "1024"]) == 0
+        drafters = capsys.readouterr().out
     finally:
         torch.set_num_threads(threads)
     keys = cpu_matmul.load_json_cache(cpu_matmul.CACHE)
-    assert {k.split("|")[2] for k in keys} == {"threads=1", "threads=2"} and len(keys) == 10  # 5 shapes each
+    assert {k.split("|")[2] for k in keys} == {"threads=1", "threads=2"}
+    assert len(keys) == 14  # the verifier's 5 shapes per thread count, the drafters' 4 at 2 threads
     assert first.count("5 weight shape(s), 5 newly timed and cached") == 2
     assert "5 weight shape(s), 0 newly timed and cached" in again
+    assert "9 weight shape(s), 4 newly timed and cached" in drafters
+    assert {k.split("|")[-2] for k in keys} >= {
+        "(576, 1152)", "(576, 1728)", "(192, 1152)", "(1024, 576)"}
     from decoding.verifiers import load_verifier
 
     assert cpu_matmul.installed(load_verifier("smollm2-135m-instruct", matmul_forms=False)[0]) == {}  # plain
     assert main(["cache", "warm", "--threads", "0"]) == 2
     assert main(["cache", "warm", "--dtypes", "float64"]) == 2
+    assert main(["cache", "warm", "--drafters", "eagle4"]) == 2
     err = capsys.readouterr().err
     assert "--threads takes positive integers" in err and "unknown dtype(s) ['float64']" in err
+    assert "--drafters: unknown backbone(s) ['eagle4']; use eagle2, hass, eagle3" in err
 
 
 def test_taskspec_threads_sets_the_clis_thread_count(monkeypatch):
