@@ -206,7 +206,8 @@ def test_sync_counting_names_the_lines_that_synchronize(monkeypatch):
     def run():
         for _ in range(2):
             torch.ones(2).tolist()  # a host tensor: not a device read
-            warnings.warn("called a synchronizing CUDA operation")  # what CUDA's debug mode raises
+            warnings.warn("called a synchronizing CUDA operation",  # what CUDA's debug mode raises
+                          stacklevel=1)  # the check attributes it to the line above
         return 2
 
     counter, per_step, sites, steps = gc._count_syncs("cuda", run)

@@ -405,7 +405,8 @@ def test_force_train_retrains_rather_than_restoring_the_finished_sweep(forced_ru
 def test_console_output_is_short_and_ends_with_the_summary(forced_run):
     """No per-process loading bars or Tune tables by default: a few hundred lines, summary last."""
     lines, err = forced_run.stdout.splitlines(), forced_run.stderr.splitlines()
-    assert len(lines) + len(err) < 150, f"{len(lines)} + {len(err)} lines of output:\n" + "\n".join((lines + err)[:80])
+    assert len(lines) + len(err) < 150, (f"{len(lines)} + {len(err)} lines of output:\n"
+                                         + "\n".join((lines + err)[:80]))
     assert not [x for x in lines + err if "de-quantizing" in x
                 or "it/s]" in x], "a progress bar leaked into the output"
     tail = "\n".join(lines[-12:])
@@ -431,7 +432,8 @@ def test_mlflow_store_has_the_training_curves_and_the_summary(forced_run):
     train = [r for r in runs if r.data.tags.get("taskspec.stage") == "train"]
     assert sorted(r.data.params["cell"] for r in train) == sorted(c.name for c in train_cells(p))
     for r in train:
-        assert r.data.params["train/lr"] == str(p.train.lr) and r.data.params["train/backbone"] in p.train.backbones
+        assert (r.data.params["train/lr"] == str(p.train.lr)
+                and r.data.params["train/backbone"] in p.train.backbones)
         curve = client.get_metric_history(r.info.run_id, "epoch")
         assert [m.value for m in sorted(curve, key=lambda m: m.step)] == [float(e) for e in range(1,
                 p.train.epochs + 1)]

@@ -321,8 +321,8 @@ class Likely:
 
 
 @pytest.mark.slow
-def test_hedge_samples_the_verifier_distribution_when_its_choice_follows_the_samples(verifier, eos, joint,
-        joint3):
+def test_hedge_samples_the_verifier_distribution_when_its_choice_follows_the_samples(
+        verifier, eos, joint, joint3):  # noqa: F811 (joint, joint3: the fixtures imported above)
     """Step 1 drafts from the garbage drafter (a tie at the start goes to it); the feedback on its
     committed token t2 moves hedge to drafter 1 exactly when t2 is the verifier's most likely child
     of t1, so step 2's tree depends on a sampled token. The first three tokens over N seeds follow
@@ -340,7 +340,8 @@ def test_hedge_samples_the_verifier_distribution_when_its_choice_follows_the_sam
 
 
 @pytest.mark.slow
-def test_normalhedge_on_acceptance_samples_the_verifier_distribution(verifier, eos, joint, joint3):
+def test_normalhedge_on_acceptance_samples_the_verifier_distribution(
+        verifier, eos, joint, joint3):  # noqa: F811 (joint, joint3: the fixtures imported above)
     """NormalHedge on counterfactual acceptance (issue 64): the first step's drafter is a seeded draw
     (ties stay, nothing known yet), later ones a draw from weights that read the verifier's
     distributions on the committed path. The first three tokens over N seeds follow the verifier's

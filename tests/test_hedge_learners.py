@@ -137,8 +137,9 @@ def test_gains_and_options_are_checked_by_name():
             HedgeConfig(**kw)
         with pytest.raises(ValueError, match=match):
             DecodeConfig(strategy="hedge", **{f"hedge_{k}": v for k, v in kw.items()})
-    assert HedgeConfig().label == "" and HedgeConfig(learner="normalhedge", feedback="acceptance",
-                                                     ties="stay").label == "normalhedge, acceptance, ties=stay"
+    assert HedgeConfig().label == ""
+    assert HedgeConfig(learner="normalhedge", feedback="acceptance",
+                       ties="stay").label == "normalhedge, acceptance, ties=stay"
     assert DecodeConfig(strategy="hedge",
                         hedge_learner="ucb").columns()["hedge_spec"] == "ucb, bandit, ties=lower"
 
@@ -228,8 +229,8 @@ def test_rollout_is_the_drafters_own_multi_step_draft(verifier, random_drafter_d
         kids = tree.parents == best
         child = int(tree.path_logp.masked_fill(~kids, -1e9).argmax())
         path = torch.cat([toks[: n + 1], tree.tokens[[best, child]], torch.tensor([0])])
-        calls = []
-        hook = p.head.register_forward_hook(lambda m, a, out: calls.append(out.shape[0]))
+        calls = []  # this iteration's: the hook is removed before the next
+        hook = p.head.register_forward_hook(lambda m, a, out, calls=calls: calls.append(out.shape[0]))
         try:
             (q, ids), = rollout_together([p], path, feats[:n], n + 1, 2, 0.0)
         finally:

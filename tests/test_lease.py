@@ -65,7 +65,8 @@ def test_pids_are_compared_only_within_one_pid_space(tmp_path):
             lease.release()
         except LeaseHeld as e:
             got[case] = None
-            assert f"in use by driver pid {holder['pid']} on {holder['host']}" in str(e) and "--take-over" in str(e)
+            assert f"in use by driver pid {holder['pid']} on {holder['host']}" in str(e)
+            assert "--take-over" in str(e)
     assert {c: v is not None for c, v in got.items()} == {c: taken for c, (_, taken) in cases.items()}, got
     assert "its process has exited" in got["this PID space, process exited"]
     assert "no heartbeat for the full TTL" in got["another PID space, a full TTL without heartbeat"]

@@ -83,11 +83,14 @@ def test_paper_checkpoints_often_enough_that_a_lost_node_costs_about_ten_minutes
     docs = (ROOT / "docs/cluster.md").read_text()
     for b in p.train.backbones:
         every = p.train.for_backbone(b).checkpoint_every
-        assert every is not None, f"paper.yaml sets no train.checkpoint_every for {b}: a lost node loses the epoch"
+        assert every is not None, (f"paper.yaml sets no train.checkpoint_every for {b}: "
+                                   "a lost node loses the epoch")
         mine = [s for (bb, _), s in steps.items() if bb == b]
         slowest, fastest = max(mine), min(mine)
-        assert every * slowest <= LOST_WORK_S, f"{b}: {every} steps x {slowest:.3f} s = {every * slowest / 60:.1f} min"
-        assert every * fastest >= MIN_INTERVAL_S, f"{b}: {every} steps x {fastest:.3f} s = {every * fastest:.0f} s"
+        assert every * slowest <= LOST_WORK_S, (f"{b}: {every} steps x {slowest:.3f} s = "
+                                                f"{every * slowest / 60:.1f} min")
+        assert every * fastest >= MIN_INTERVAL_S, (f"{b}: {every} steps x {fastest:.3f} s = "
+                                                   f"{every * fastest:.0f} s")
         assert every < epoch_steps  # inside an epoch, or it adds nothing to the epoch checkpoints
         assert f"{b} every {every}" in docs, b  # the docs state the same numbers
 

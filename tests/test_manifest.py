@@ -221,5 +221,6 @@ def test_an_old_single_file_manifest_resumes_with_every_finished_unit_skipped(tm
     assert _lines(tmp_path / "manifest.json")[0] == {"base": 0}
     m.close()
     after = json.loads((tmp_path / "manifest.json").read_text())  # as any reader of the old file reads it
-    assert after["cells"]["eval-2"]["status"] == "done" and after["cells"]["eval-0"] == data["cells"]["eval-0"]
+    assert after["cells"]["eval-2"]["status"] == "done"
+    assert after["cells"]["eval-0"] == data["cells"]["eval-0"]
     assert after["plan"] == data["plan"] and after["stages"] == data["stages"] and after["generation"] == 1

@@ -493,7 +493,7 @@ def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(clus
     # bound
     logs = _downloads(cluster.tmp)
     by_rank = {}
-    for node, records in logs.items():
+    for records in logs.values():
         # (Ray may place both ranks on one node: they then share its cache, and each still fetches its own)
         for x in records:
             by_rank.setdefault(x["rank"], []).append(x["ref"].rsplit("/", 1)[1])
@@ -508,11 +508,10 @@ def test_features_streamed_once_and_each_rank_downloads_only_its_own_shards(clus
     print(f"sharded features on two nodes: {len(index['shards'])} shards ({index['tokens']} tokens, largest "
           f"{biggest} B), extraction {t['extract_end'] - t['extract_start']:.0f}s with a staging peak of "
           f"{index['staging_peak_bytes']} B (sampled {max(extract_peak.values())} B; bound 2 shards = "
-          f"{2 * biggest} B); "
-          f"training {t['train_end'] - t['train_start']:.0f}s: {plan.describe()}; tokens per rank {share}; "
-          f"downloads per rank {[len(by_rank[r]) for r in range(2)]} of "
-          f"{[len(plan.mine(r)) for r in range(2)]} own "
-          f"shards; node disk peak {train_peak} B sampled, {held_max} B by the cache's count, bound {bound} B")
+          f"{2 * biggest} B); training {t['train_end'] - t['train_start']:.0f}s: {plan.describe()}; "
+          f"tokens per rank {share}; downloads per rank {[len(by_rank[r]) for r in range(2)]} of "
+          f"{[len(plan.mine(r)) for r in range(2)]} own shards; node disk peak {train_peak} B sampled, "
+          f"{held_max} B by the cache's count, bound {bound} B")
     assert held_max <= bound and 0 < max(train_peak.values()) <= bound
     assert abs(share[0] - share[1]) <= max(x["tokens"] for x in index["shards"])
     ranks = s["ranks"]

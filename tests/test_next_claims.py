@@ -164,7 +164,8 @@ def test_the_hindsight_oracle_keeps_each_prompts_better_specialist_and_pays_both
 
     pp = _pp({"math": (2.5, 0), "chat": (2.5, 1), HEDGE: 2.5}).with_columns(
         pl.col("method").alias("drafter"),
-        pl.when(pl.col("method") == HEDGE).then(pl.lit("hedge")).otherwise(pl.lit("single")).alias("strategy"))
+        pl.when(pl.col("method") == HEDGE).then(pl.lit("hedge")).otherwise(pl.lit("single"))
+        .alias("strategy"))
     rows = oracle_rows(pp)
     assert rows.height == 2 * N and set(rows["method"]) == {ORACLE} and set(rows["strategy"]) == {"oracle"}
     wide = pp.pivot(on="method", index=["benchmark", "prompt_id"], values="new_tokens")
@@ -245,4 +246,5 @@ def test_the_verdict_table_has_one_row_per_comparison_with_its_interval_and_both
     bad = subprocess.run([sys.executable, str(root / "experiments/verdicts.py"), "--run",
                           str(tmp_path / "none")],
                          capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "claims.csv does not exist" in bad.stderr
+    assert bad.returncode == 2 and bad.stderr.startswith("error: ")
+    assert "claims.csv does not exist" in bad.stderr

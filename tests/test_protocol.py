@@ -166,7 +166,8 @@ def test_per_backbone_train_settings_reach_only_their_backbones_drafters(tmp_pat
     from orchestrator.run.driver import Driver
 
     p = load_profile("paper")
-    assert p.train.for_backbone("hass").warmup_steps == 1660 and p.train.for_backbone("eagle2").warmup_steps == 2000
+    assert p.train.for_backbone("hass").warmup_steps == 1660
+    assert p.train.for_backbone("eagle2").warmup_steps == 2000
     monkeypatch.setenv("TASKSPEC_STAGING", str(tmp_path / "staging"))
     d = Driver(p, str(tmp_path / "run"))
     d.verifier_name, d.vocab = "v", None

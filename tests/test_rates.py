@@ -241,8 +241,10 @@ def test_measure_reads_a_run_by_hand(tmp_path):
     assert r.train_tokens_per_s == {"eagle2": pytest.approx(1360 / 40.0)}
     # one trial at a time: the overhead is the stage's time less the loops, per trial
     assert r.train_overhead_s == pytest.approx((100.0 - 40.0) / 2, rel=1e-6)
-    assert r.eval_steps_per_s["single"] == pytest.approx(12 / 6.0) and r.eval_tau["single"] == pytest.approx(2.0)
-    assert r.eval_steps_per_s["autoregressive"] == pytest.approx(8.0) and r.generate_tokens_per_s == pytest.approx(4.0)
+    assert r.eval_steps_per_s["single"] == pytest.approx(12 / 6.0)
+    assert r.eval_tau["single"] == pytest.approx(2.0)
+    assert r.eval_steps_per_s["autoregressive"] == pytest.approx(8.0)
+    assert r.generate_tokens_per_s == pytest.approx(4.0)
     assert r.tokens_per_turn == {"gsm8k": 8.0} and r.max_new_tokens == 8
     assert r.merge_s == pytest.approx(2.0) and r.report_s == pytest.approx(3.0)
     # the fitted overheads give back each stage's wall time through the scheduler, for the

@@ -101,16 +101,20 @@ def test_tables_and_claims_are_exact_on_synthetic_traces(tmp_path):
     t1 = pl.read_parquet(run / "report/tables/table1_acceptance.parquet")
     for (method, bench), tau in TAU.items():
         row = t1.filter((pl.col("method") == method) & (pl.col("benchmark") == bench)).row(0, named=True)
-        assert row["tau"] == pytest.approx(tau) and row["tau_lo"] == pytest.approx(tau) and row["tau_hi"] == pytest.approx(tau)
+        assert row["tau"] == pytest.approx(tau)
+        assert row["tau_lo"] == pytest.approx(tau) and row["tau_hi"] == pytest.approx(tau)
         assert row["prompts"] == N_PROMPTS
     sp = pl.read_parquet(run / "report/tables/speed.parquet")
     math_g = sp.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k")).row(0, named=True)
-    assert math_g["tokens_per_s"] == pytest.approx(61 / 2.0) and math_g["speedup"] == pytest.approx(61 / 2.0 / 21)
-    assert math_g["vs_autoregressive"] == pytest.approx(61 / 21) and math_g["baseline"] == "generate (transformers)"
+    assert math_g["tokens_per_s"] == pytest.approx(61 / 2.0)
+    assert math_g["speedup"] == pytest.approx(61 / 2.0 / 21)
+    assert math_g["vs_autoregressive"] == pytest.approx(61 / 21)
+    assert math_g["baseline"] == "generate (transformers)"
     gen = sp.filter((pl.col("method") == "generate (transformers)") & (pl.col("benchmark") == "gsm8k")).row(0,
             named=True)
     assert gen["tokens_per_s"] == pytest.approx(21.0) and gen["speedup"] == pytest.approx(1.0)
-    assert math_g["calls_per_token"] == pytest.approx(20 / 61) and math_g["mean_tree_size"] == pytest.approx(15.0)
+    assert math_g["calls_per_token"] == pytest.approx(20 / 61)
+    assert math_g["mean_tree_size"] == pytest.approx(15.0)
     ent = pl.read_parquet(run / "report/tables/table3_4_entropy.parquet")
     assert ent["draft_diff"].to_list() == pytest.approx([1.0] * ent.height)
     dep = pl.read_parquet(run / "report/tables/table5_8_depth.parquet").filter(pl.col("method") == "math")
@@ -195,7 +199,8 @@ def test_units_of_an_earlier_configuration_are_not_read(tmp_path):
     row = t1.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k")).row(0, named=True)
     assert row["prompts"] == N_PROMPTS and row["tau"] == pytest.approx(30 / 20)
     md = (run / "report/report.md").read_text()
-    assert "not recorded by the manifest" in md and "math.parquet" in md and "math-retrained.parquet" not in md
+    assert "not recorded by the manifest" in md and "math.parquet" in md
+    assert "math-retrained.parquet" not in md
     assert "FAILED" not in md  # k1 failed under the earlier configuration only
 
 
@@ -257,7 +262,8 @@ def test_study_numbers_are_data_beside_ours():
     t1 = pl.DataFrame([{"backbone": "hass", "temperature": 0.0, "method": "math", "benchmark": "gsm8k",
                         "tau": 1.7}])
     cmp = study_comparison(t1)
-    row = cmp.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k") & (pl.col("backbone") == "hass")).row(0, named=True)
+    row = cmp.filter((pl.col("method") == "math") & (pl.col("benchmark") == "gsm8k")
+                     & (pl.col("backbone") == "hass")).row(0, named=True)
     assert row["study_tau"] == 5.02 and row["source"] == "paper Table 1 and TAPS README"
     assert row["our_tau"] == pytest.approx(1.7)
     assert cmp.height == len(STUDY_NUMBERS)
@@ -581,7 +587,8 @@ def test_the_lambda_figure_and_its_table_show_every_lambda_of_the_sweep(tmp_path
     out = run / "report"
     md = (out / "report.md").read_text()
     assert "### Figure 6 — weight averaging along λ (hass, T=0)" in md
-    assert "![Figure 6, hass, T=0](fig6_lambda_hass_T0.png)" in md and (out / "fig6_lambda_hass_T0.png").stat().st_size
+    assert "![Figure 6, hass, T=0](fig6_lambda_hass_T0.png)" in md
+    assert (out / "fig6_lambda_hass_T0.png").stat().st_size
     t = pl.read_csv(out / "tables/fig6_lambda_hass_T0.csv")
     assert t["method"].to_list() == [f"avg{lam:g}" for lam in LAMBDAS] + ["math", "chat", "mixed_half"]
     assert t["lambda"].to_list()[:5] == list(LAMBDAS) and t["lambda"].null_count() == 3

@@ -41,7 +41,8 @@ def test_the_first_screen_names_the_profiles_strategy_against_generate(tmp_path)
     done = ran.filter(pl.col("verdict_holm").str.starts_with("holds")
                       | pl.col("verdict_holm").str.starts_with("does not hold"))
     assert 4 <= done.height < ran.height
-    assert f"- **Claims that concluded under Holm**: {done.height} of the {ran.height} comparisons run:" in summary
+    assert (f"- **Claims that concluded under Holm**: {done.height} of the {ran.height} "
+            "comparisons run:") in summary
     assert ("  - RQ1-chat (hass, T=0): chat - math specialist on mt_bench (tau): +1.00 [+1.00, +1.00], "
             "**holds**") in summary
     assert "inconclusive" not in summary and "| RQ5 |" not in summary  # the rest is in the claims section

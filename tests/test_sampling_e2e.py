@@ -107,7 +107,8 @@ def test_generate_samples_the_verifier_distribution(verifier, eos, joint, strate
     model, _ = verifier
     ids, pairs, table = joint
     stat, bound = chi2(_sample(model, eos, table, ids, strategy, 1 if strategy == "single" else 2), pairs)
-    assert stat <= bound, f"{strategy}: chi-square {stat:.1f} > {bound:.1f} against the verifier's joint distribution"
+    assert stat <= bound, (f"{strategy}: chi-square {stat:.1f} > {bound:.1f} "
+                           "against the verifier's joint distribution")
 
 
 def test_the_same_bound_catches_a_broken_rule(verifier, eos, joint, monkeypatch):
@@ -115,4 +116,5 @@ def test_the_same_bound_catches_a_broken_rule(verifier, eos, joint, monkeypatch)
     ids, pairs, table = joint
     monkeypatch.setattr(engine, "accept_sampling", _broken_sampling)
     stat, bound = chi2(_sample(model, eos, table, ids, "single", 1), pairs)
-    assert stat > bound, f"the broken rule stayed under the bound ({stat:.1f} <= {bound:.1f}): the test has no power"
+    assert stat > bound, (f"the broken rule stayed under the bound ({stat:.1f} <= {bound:.1f}): "
+                          "the test has no power")

@@ -107,7 +107,8 @@ def test_eagle2_and_hass_download_only_their_tensors_of_an_eagle3_cache(tmp_path
     assert all(torch.equal(a.aux, b.aux) for a, b in zip(three, want))
     assert whole.bytes_read == sum(s["bytes"] for s in m["shards"])
     for s in m["shards"]:
-        assert (storage.node_cache(uri) / "c" / s["file"]).read_bytes() == (local / "c" / s["file"]).read_bytes()
+        cached = (storage.node_cache(uri) / "c" / s["file"]).read_bytes()
+        assert cached == (local / "c" / s["file"]).read_bytes()
 
 
 def test_the_trainer_gets_the_same_batches_whatever_the_node_downloads(tmp_path, monkeypatch):

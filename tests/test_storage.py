@@ -45,8 +45,8 @@ def test_sync_is_incremental_and_sees_rewrites(env):
     os.utime(local / "manifest.json", None)
     assert storage.sync(str(local), uri) == 1
     (local / "traces/prompts/backbone=x/a.parquet").write_bytes(b"PAR1PAR1")
-    assert storage.sync(str(local),
-                        uri) == 1 and (tmp / "remote/run/traces/prompts/backbone=x/a.parquet").read_bytes() == b"PAR1PAR1"
+    assert storage.sync(str(local), uri) == 1
+    assert (tmp / "remote/run/traces/prompts/backbone=x/a.parquet").read_bytes() == b"PAR1PAR1"
     assert storage.sync(str(local), uri, force=True) == 2
 
 

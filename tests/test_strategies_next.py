@@ -416,7 +416,8 @@ def test_first_step_samples_the_verifier_distribution(verifier, eos, joint, case
         props = [TableProposer(table, i) for i in range(n)]
     outs, runs = _samples(model, eos, ids, props, 2, **fields)
     stat, bound = chi2(outs, pairs)
-    assert stat <= bound, f"{case}: chi-square {stat:.1f} > {bound:.1f} against the verifier's joint distribution"
+    assert stat <= bound, (f"{case}: chi-square {stat:.1f} > {bound:.1f} "
+                           "against the verifier's joint distribution")
     if fields["strategy"] == "depth_adaptive":  # the grafted g1 was verified and accepted in some runs
         assert any(r.steps and r.steps[0]["accepted_depth"] == 2 and r.steps[0]["accepted_owner"] == 1
                    for r in runs)

@@ -81,8 +81,8 @@ def test_the_comparison_reads_the_csv_and_the_taps_column():
                         "tau_taps": 2.0}])
     cmp = st.study_comparison(t1)
     assert cmp.height == sum(c.quantity == "tau" for c in st.cells()) == 141
-    row = cmp.filter((pl.col("backbone") == "hass") & (pl.col("temperature") == 1.0) & (pl.col("method") == "math")
-                     & (pl.col("benchmark") == "svamp")).row(0, named=True)
+    row = cmp.filter((pl.col("backbone") == "hass") & (pl.col("temperature") == 1.0)
+                     & (pl.col("method") == "math") & (pl.col("benchmark") == "svamp")).row(0, named=True)
     assert row["study_tau"] == 2.46 and row["source"] == "TAPS README"
     assert row["our_tau_taps"] == 2.0 and row["diff"] == pytest.approx(2.0 - 2.46)
     assert "`tau_taps` is ours in the study's convention" in st.comparison_note(t1)

@@ -134,4 +134,5 @@ def test_temperature_one_matches_verifier_sampling(verifier, scenario, strategy)
                 second[out[1]] += 1
         n_t1 = int(second.sum())
         ok = _within_bounds(first / n, q_root, n) and _within_bounds(second / n_t1, q_t1, n_t1)
-        assert ok == should_pass, f"{rule.__name__}: first-token check {'failed' if should_pass else 'passed'}"
+        assert ok == should_pass, (f"{rule.__name__}: first-token check "
+                                   f"{'failed' if should_pass else 'passed'}")

@@ -30,7 +30,8 @@ def test_verifier_loads_once_and_answers_a_gsm8k_prompt(verifier, bench_prompts)
     assert load_verifier("smollm2-135m-instruct") is verifier  # loaded once per process
     # however spelled
     assert load_verifier("smollm2-135m-instruct", dtype="float32", device="cpu") is verifier
-    assert model.dtype == torch.float32 and model.config.hidden_size == 576 and model.config.vocab_size == 49152
+    assert model.dtype == torch.float32
+    assert model.config.hidden_size == 576 and model.config.vocab_size == 49152
     assert sum(p.numel() for p in model.parameters()) == pytest.approx(134.5e6, rel=0.01)
     ids = benchmark_prompt_ids(tok, bench_prompts["gsm8k"][0], 0, [])
     x = torch.tensor([ids])

@@ -52,7 +52,8 @@ def test_the_copy_is_the_gguf_model_bit_for_bit(parsed_and_copy):
             "quantization_config"}
     assert "quantization_config" not in json.loads((out / "config.json").read_text())
     assert model.generation_config.to_dict() == copy.generation_config.to_dict()
-    assert _prompts(tok) == _prompts(ctok) and tok.all_special_ids == ctok.all_special_ids and len(tok) == len(ctok)
+    assert _prompts(tok) == _prompts(ctok)
+    assert tok.all_special_ids == ctok.all_special_ids and len(tok) == len(ctok)
     ids = torch.tensor([_prompts(tok)[0]])
     with torch.no_grad():
         assert torch.equal(model(ids).logits, copy(ids).logits)
