@@ -110,20 +110,6 @@ def cells() -> tuple[StudyCell, ...]:
     return load()
 
 
-def disagreements(data: tuple[StudyCell, ...] | None = None) -> list[tuple[StudyCell, StudyCell]]:
-    """(paper's row, README's row) for every cell the two sources give with different values."""
-    data = cells() if data is None else data
-    by = {}
-    for c in data:
-        by.setdefault((c.quantity, c.backbone, c.row, c.benchmark, c.temperature), []).append(c)
-    out = []
-    for group in by.values():
-        paper = [c for c in group if c.from_paper]
-        readme = [c for c in group if not c.from_paper and c.source.startswith(README)]
-        out += [(p, r) for p in paper for r in readme if p.value != r.value]
-    return out
-
-
 # The study's "confidence routed" numbers are its code's post hoc router's (labels.POSTHOC).
 # (backbone, temperature, method, benchmark or "average", acceptance length, source): every τ cell
 STUDY_NUMBERS = [(c.backbone, c.temperature, c.method, c.benchmark, c.value, c.source)
