@@ -20,10 +20,9 @@ import torch
 
 from common.atomic import write_text_atomic
 from drafters.data.records import Conversation
+from drafters.data.spec import DISTILL_MODES as MODES
 from drafters.data.templating import prompt_ids
 from drafters.features import content_key
-
-MODES = ("greedy", "sample")
 
 
 @torch.no_grad()

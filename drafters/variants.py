@@ -10,33 +10,15 @@ from __future__ import annotations
 import functools
 import random
 import warnings
-from dataclasses import dataclass
 
 from drafters.corpora import CORPORA, variant_corpora
 from drafters.data.sources import SourceOptions, load_corpus
+from drafters.data.spec import DataSpec
 from drafters.data.templating import tokenize_conversation
-from drafters.distill import MODES, distilled
+from drafters.distill import distilled
 from drafters.features import FeatureStore, aux_tag, check_aux_layers, content_key, verifier_features
 
 DEFAULT_SOURCES = SourceOptions()  # the functions' default (frozen: one instance serves every call)
-
-
-@dataclass(frozen=True)
-class DataSpec:
-    n: int  # examples per domain (the study: 70k)
-    heldout: int = 32
-    max_length: int = 512
-    seed: int = 42
-    # None | greedy | sample: train on the verifier's own answers (distill.py)
-    self_distill: str | None = None
-
-    def __post_init__(self):
-        if self.self_distill not in (None, *MODES):
-            raise ValueError(f"self_distill must be one of {list(MODES)} or null, got {self.self_distill!r}")
-        if self.n < 2:
-            raise ValueError(f"data n must be >= 2, got {self.n}")
-        if self.max_length < 16:
-            raise ValueError(f"max_length must be >= 16, got {self.max_length}")
 
 
 def select_examples(tokenizer, eos_ids, corpus: str, spec: DataSpec,

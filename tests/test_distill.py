@@ -82,5 +82,5 @@ def test_self_distilled_features_keep_the_heldout_slice(verifier, eos, tmp_path)
     ex = next(iter(FeatureStore(str(tmp_path), b["train"]).iter_examples()))
     text = tok.decode(ex.input_ids[ex.loss_mask].tolist(), skip_special_tokens=True)
     assert answers[0].turns[1][1].strip() in text  # the loss positions are the verifier's answer
-    with pytest.raises(ValueError, match="self_distill must be one of"):
+    with pytest.raises(ValueError, match="self_distill must be null, greedy or sample"):
         DataSpec(n=2, self_distill="beam")

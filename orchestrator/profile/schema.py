@@ -29,6 +29,7 @@ from decoding.hedge import FEEDBACKS, LEARNERS, RESETS, TIES
 from drafters.config import BACKBONES
 from drafters.corpora import VARIANTS
 from drafters.data.sources import BENCHMARKS
+from drafters.data.spec import DataSpec
 from drafters.train.config import TrainSettings
 
 # the study's own; switching and depth_adaptive are its proposed next steps; hedge the online router (issue
@@ -43,23 +44,19 @@ RESOURCE = Rule("a number >= 0 (Ray resources; fractions allowed)", lambda v: is
 
 
 @dataclass(frozen=True)
-class DataCfg:
-    n: int = 64  # examples per domain (the study: 70,000)
-    heldout: int = 16
-    max_length: int = 256
-    seed: int = 42
+class DataCfg(DataSpec):
+    """Which examples (drafters/data/spec.py's DataSpec, each with its rule there, read here as
+    data.<key>) and where their features live."""
+
     # cached | online | auto (cached when the cache estimate fits feature_storage_gib)
     feature_mode: str = "cached"
-    # null | greedy | sample: train on the verifier's own answers (held-out stays original)
-    self_distill: str | None = None
     # the storage the feature cache may take (orchestrator/plan/sizing.py's estimate, EAGLE-3's aux layers
     # included): auto picks cached within it, and cached over it is refused; null = no budget
     feature_storage_gib: float | None = None
 
-    RULES = {"n": integer(2), "heldout": integer(1), "max_length": integer(16), "seed": integer(0),
-             "feature_mode": one_of("cached", "online", "auto"), "self_distill": one_of(None, "greedy",
-                     "sample"),
+    RULES = {**DataSpec.RULES, "feature_mode": one_of("cached", "online", "auto"),
              "feature_storage_gib": optional(number(0, lo_open=True))}
+    PREFIX = "data."
 
 
 @dataclass(frozen=True)
