@@ -614,6 +614,7 @@ def test_the_post_hoc_router_is_marked_not_lossless_at_t1_in_the_summary_and_tab
 
     assert not lossless(POSTHOC, 1.0) and lossless(POSTHOC, 0.0) and lossless("merged", 1.0)
     t1 = pl.DataFrame({"backbone": ["hass"] * 4, "method": [POSTHOC, "merged"] * 2,
+                       "benchmark": ["gsm8k"] * 4,
                        "temperature": [0.0, 0.0, 1.0, 1.0], "tau": [3.0, 3.5, 2.0, 2.5], "tau_taps": [3.1,
                                3.6, 2.1, 2.6]})
     sp = pl.DataFrame({"backbone": ["none"], "temperature": [0.0], "method": ["generate (transformers)"],

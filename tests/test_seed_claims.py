@@ -134,3 +134,27 @@ def test_hass_averaged_checkpoint_has_lower_entropy_at_rejected_tokens(rej, expe
     e2 = check_claims(_pp({("avg0.5", "gsm8k"): 2.0}, backbone="eagle2"),
                       pl.DataFrame(_steps("avg0.5", "gsm8k", lambda i: 5, 2, backbone="eagle2")), None)
     assert _rows(e2, "entropy-averaged").is_empty()  # the study's negatives are HASS's
+
+
+def test_the_reports_averages_weight_benchmarks_as_the_claims_do():
+    """Table 1's `average` columns, the summary's τ table, the λ table and study_vs_ours' "average" are
+    means over benchmarks at 1 chat : 3 math (the study's Table 1 average), the weighting the claims use."""
+    import polars as pl
+
+    from orchestrator.report.study_tables import study_comparison
+    from orchestrator.report.summary import _tau_by_column
+    from orchestrator.report.tables import table1_wide
+
+    tau = [2.0, 1.0, 1.2, 1.6]
+    t1 = pl.DataFrame({"backbone": ["eagle2"] * 4, "method": ["math", "math", "chat", "chat"],
+                       "benchmark": ["gsm8k", "mt_bench"] * 2, "temperature": [0.0] * 4, "tau": tau,
+                       "tau_lo": [x - 0.1 for x in tau], "tau_hi": [x + 0.1 for x in tau],
+                       "tau_taps": [x + 0.2 for x in tau], "tau_study": [x - 1 for x in tau],
+                       "prompts": [10] * 4})
+    avg = dict(table1_wide(t1, "eagle2", 0.0).select("method", "average").iter_rows())
+    assert avg == {"math": 1.75, "chat": 1.3}  # 0.75 * 2.0 + 0.25 * 1.0 (a plain mean: 1.5 and 1.4)
+    wide, _ = _tau_by_column(t1)
+    assert wide["method"].to_list() == ["math", "chat"] and wide["eagle2 T=0"][0].startswith("1.75")
+    ours = study_comparison(t1).filter((pl.col("method") == "math") & (pl.col("benchmark") == "average")
+                                       & (pl.col("temperature") == 0.0) & (pl.col("backbone") == "eagle2"))
+    assert ours["our_tau"].to_list() and ours["our_tau"][0] == pytest.approx(1.75)

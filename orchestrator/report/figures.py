@@ -7,7 +7,7 @@ import polars as pl
 
 from orchestrator.report.labels import AFTER_THE_FACT
 from orchestrator.report.routers import LOSSY_MARK, NOT_DEPLOYABLE, lossless
-from orchestrator.report.tables import lambda_of
+from orchestrator.report.tables import bench_weight, lambda_of, weighted_mean
 
 
 def _plt():
@@ -25,7 +25,7 @@ def fig_tau(t1: pl.DataFrame, backbone: str, temp: float, path: Path) -> Path | 
     if t.is_empty():
         return None
     plt = _plt()
-    methods = (t.group_by("method").agg(pl.col("tau").mean())
+    methods = (t.group_by("method").agg(weighted_mean("tau", bench_weight(t["benchmark"].to_list())))
                .sort(["tau", "method"], descending=[True, False])["method"].to_list())  # ties by name
     benches = sorted(t["benchmark"].unique().to_list())
     # ~0.25 inch per bar, capped at 18 inches (why: docs/report.md, "The code")

@@ -70,9 +70,13 @@ TABLE2_NOTE = ("One row per router, benchmark and drafter chosen: `prompts` rout
                "`matched` whether it is the matched specialist, `study_matched_share` the study's Table 2 "
                "share "
                f"(EAGLE-2, T=0) beside its two routers as its code ran them (`{POSTHOC}`, `{HEADS_LAST}`).\n")
+# how every average over benchmarks in the report weights them (tables.weights; the claims' too)
+AVERAGE_W = ("1 chat : 3 math, as the study's Table 1 average (its plain mean over MT-Bench and three math "
+             "benchmarks)")
 STUDY_NOTE = ("The study's verifier is Llama-3-8B-Instruct with 70k examples per domain; `our_tau` is this "
               "run's "
-              "(mean over the benchmarks present for `average`). Source: arXiv 2603.27027 and TAPS's "
+              "(for `average`: over the benchmarks present, 1 chat : 3 math). Source: arXiv 2603.27027 and "
+              "TAPS's "
               "README, every "
               "cell in `orchestrator/report/study_tables.csv` (where the two disagree, one row per source; "
               "docs/study.md lists them); all of them in `tables/study_vs_ours.csv`. ")

@@ -10,7 +10,7 @@ import polars as pl
 from orchestrator.report import figures
 from orchestrator.report.labels import ROUTED, SPEED_ROUTED
 from orchestrator.report.markdown import md_table, p_text
-from orchestrator.report.prose import CLAIMS_NOTE, LAMBDA_NOTE, SPEED_NOTE, STUDY_NOTE, TABLE2_NOTE
+from orchestrator.report.prose import AVERAGE_W, CLAIMS_NOTE, LAMBDA_NOTE, SPEED_NOTE, STUDY_NOTE, TABLE2_NOTE
 from orchestrator.report.routers import (
     LOSSY_MARK,
     NOT_DEPLOYABLE,
@@ -110,6 +110,7 @@ def table1_section(t1: pl.DataFrame, backbones: list[str], temps: list[float]) -
             md.append(f"## Table 1 — {b}, T={t:g}: acceptance length [95% CI]\n")
             tw = table1_wide(t1, b, t)
             md.append(md_table(tw.with_columns(marked_method(t))))
+            md.append(f"`average`: over the benchmarks, {AVERAGE_W}.\n")
             if not all(lossless(m, t) for m in tw["method"]):
                 md.append(NOT_LOSSLESS + "\n")
             if t1.filter((pl.col("method") == POSTHOC) & (pl.col("backbone") == b)).height:

@@ -17,6 +17,7 @@ from pathlib import Path
 import polars as pl
 
 from orchestrator.report.labels import POSTHOC
+from orchestrator.report.tables import bench_weight, weighted_mean
 
 CSV_PATH = Path(__file__).with_name("study_tables.csv")
 COLUMNS = ("table", "quantity", "backbone", "row", "benchmark", "temperature", "value", "source")
@@ -164,9 +165,10 @@ def comparison_note(t1: pl.DataFrame, column: str = "tau_taps") -> str:
 
 def study_comparison(t1: pl.DataFrame, column: str = "tau_taps") -> pl.DataFrame:
     """Every τ cell of the study (study_tables.csv, one row per cell and source) next to ours (same
-    backbone, temperature, method, benchmark; "average" = the mean over our benchmarks), in our
-    convention (``our_tau``) and in the study's (``our_<column>``, from Table 1's ``column``, default
-    ``tau_taps``); without that column its values stay empty and comparison_note says so."""
+    backbone, temperature, method, benchmark; "average" = the mean over our benchmarks, 1 chat : 3 math
+    as the study's Table 1), in our convention (``our_tau``) and in the study's (``our_<column>``, from
+    Table 1's ``column``, default ``tau_taps``); without that column its values stay empty and
+    comparison_note says so."""
     rows = []
     has = column in t1.columns
     for bb, temp, method, bench, value, source in STUDY_NUMBERS:
@@ -174,8 +176,10 @@ def study_comparison(t1: pl.DataFrame, column: str = "tau_taps") -> pl.DataFrame
                       & (pl.col("method") == method))
         if bench != "average":
             t = t.filter(pl.col("benchmark") == bench)
-        ours = float(t["tau"].mean()) if t.height else None
-        conv = float(t[column].mean()) if t.height and has and t[column].is_not_null().any() else None
+        w = bench_weight(t["benchmark"].to_list())  # "average": Table 1's, 1 chat : 3 math
+        ours = float(t.select(weighted_mean("tau", w)).item()) if t.height else None
+        conv = (float(t.select(weighted_mean(column, w)).item())
+                if t.height and has and t[column].is_not_null().any() else None)
         rows.append({"backbone": bb, "temperature": temp, "method": method, "benchmark": bench,
                      "study_tau": value,
                      "source": source, "our_tau": ours, f"our_{column}": conv,

@@ -8,9 +8,9 @@ from orchestrator.report.claims import MIN_PROMPTS, STUDY
 from orchestrator.report.headline import headline_section
 from orchestrator.report.labels import AFTER_THE_FACT
 from orchestrator.report.markdown import md_table
-from orchestrator.report.prose import CLAIMS_SUMMARY, RQ3C_SCALE, routing_headline
+from orchestrator.report.prose import AVERAGE_W, CLAIMS_SUMMARY, RQ3C_SCALE, routing_headline
 from orchestrator.report.routers import LOSSY_MARK, NOT_LOSSLESS, is_router
-from orchestrator.report.tables import GENERATE
+from orchestrator.report.tables import GENERATE, bench_weight, weighted_mean
 from orchestrator.report.verdicts import estimate_text, hidden_reasons, verdict_shown, verdict_word
 
 HEADLINE_ROWS = 12
@@ -88,12 +88,13 @@ def _tau_by_column(t1: pl.DataFrame) -> tuple[pl.DataFrame, list[str]]:
     t1b = pl.concat([t1.filter(pl.col("backbone") != "none")]
                     + [shared.with_columns(pl.lit(b).alias("backbone")) for b in real])
     temp = {t: f"T={t:g}" for t in t1b["temperature"].unique().to_list()}
+    w = bench_weight(t1b["benchmark"].to_list())  # over benchmarks as Table 1's average: 1 chat : 3 math
     if "tau_taps" not in t1b.columns:
         t1b = t1b.with_columns(pl.lit(None, dtype=pl.Float64).alias("tau_taps"))
     head = (t1b.with_columns(pl.format("{} {}", pl.col("backbone"),
                                        pl.col("temperature").replace_strict(temp,
                                                return_dtype=pl.String)).alias("col"))
-            .group_by("method", "col").agg(pl.col("tau").mean(), pl.col("tau_taps").mean()))
+            .group_by("method", "col").agg(weighted_mean("tau", w), weighted_mean("tau_taps", w)))
     wide = head.pivot(on="col", index="method", values="tau")
     cols = sorted(c for c in wide.columns if c != "method")
     both = pl.format("{} ({})", pl.col("tau").round(2), pl.col("tau_taps").round(2))
@@ -113,7 +114,7 @@ def _tau_section(t1: pl.DataFrame) -> list[str]:
                              .then(pl.col(c) + f" {LOSSY_MARK}").otherwise(pl.col(c)).alias(c) for c in hot)
     more = max(0, wide.height - HEADLINE_ROWS)
     md = ["**Acceptance length τ**: ours (in brackets `tau_taps`, τ as the study's code computes the numbers "
-          "of its tables); mean over benchmarks; per benchmark with CIs in Table 1"
+          f"of its tables); mean over benchmarks, {AVERAGE_W}; per benchmark with CIs in Table 1"
           + (f"; {more} more method(s) there" if more else "") + "\n", md_table(wide.head(HEADLINE_ROWS), 2)]
     if any(LOSSY_MARK in str(v) for c in hot for v in wide.head(HEADLINE_ROWS)[c]):
         md.append(NOT_LOSSLESS + "\n")

@@ -10,6 +10,35 @@ from decoding.config import TREE_MODES, DecodeConfig
 from orchestrator.report.stats import ratio_ci
 
 MATH_BENCH = ("gsm8k", "math500", "svamp")
+
+STUDY_W = "1 chat : 3 math"  # the study's Table 1 average (its 4 benchmarks: 3 math, 1 chat)
+EQUAL_W = "equal per benchmark"
+MATH_SHARE = 0.75
+
+
+def weights(benches: list[str], kind: str = STUDY_W) -> list[float]:
+    """One weight per benchmark of ``benches`` (summing to 1) under ``kind``."""
+    if kind not in (STUDY_W, EQUAL_W):
+        raise ValueError(f"weighting {kind!r} is not one of {STUDY_W!r}, {EQUAL_W!r}")
+    n_math = sum(b in MATH_BENCH for b in benches)
+    n_chat = len(benches) - n_math
+    if kind == EQUAL_W or not n_math or not n_chat:
+        return [1 / len(benches)] * len(benches) if benches else []
+    return [MATH_SHARE / n_math if b in MATH_BENCH else (1 - MATH_SHARE) / n_chat for b in benches]
+
+
+def bench_weight(benches) -> pl.Expr:
+    """Each row's benchmark weight in an average over ``benches`` under the study's weighting
+    (:func:`weights`: 1 chat : 3 math; a plain mean over the study's own four benchmarks)."""
+    names = sorted(set(benches))
+    return pl.col("benchmark").replace_strict(dict(zip(names, weights(names))), default=None,
+                                              return_dtype=pl.Float64)
+
+
+def weighted_mean(col: str, w: pl.Expr) -> pl.Expr:
+    """``col``'s mean weighted by ``w`` over the rows that have a value (weights renormalised)."""
+    have = w * pl.col(col).is_not_null().cast(pl.Float64)
+    return (pl.col(col).fill_null(0.0) * have).sum() / have.sum()
 KEYS = ["backbone", "method", "benchmark", "temperature"]
 # Figure 6's reference lines: both specialists, mixed
 LAMBDA_REFS = ("math", "chat", "mixed_half", "mixed_full")
@@ -171,10 +200,11 @@ def table1_wide(t1: pl.DataFrame, backbone: str, temperature: float) -> pl.DataF
     cell = t.with_columns(pl.format("{} [{}, {}]", pl.col("tau").round(2), pl.col("tau_lo").round(2),
                                     pl.col("tau_hi").round(2)).alias("v"))
     wide = cell.pivot(on="benchmark", index="method", values="v")
-    avg = t.group_by("method").agg(pl.col("tau").mean().round(2).alias("average"),
-                                   *([pl.col("tau_taps").mean().round(2).alias("average (TAPS tau)")]
+    w = bench_weight(t["benchmark"].to_list())  # the study's average: 1 chat : 3 math
+    avg = t.group_by("method").agg(weighted_mean("tau", w).round(2).alias("average"),
+                                   *([weighted_mean("tau_taps", w).round(2).alias("average (TAPS tau)")]
                                      if "tau_taps" in t.columns else []),
-                                   *([pl.col("tau_study").mean().round(2)
+                                   *([weighted_mean("tau_study", w).round(2)
                                       .alias("average (study's convention)")]
                                      if "tau_study" in t.columns else []))
     return wide.join(avg, on="method").sort(["average", "method"], descending=[True, False])  # ties by name
@@ -200,7 +230,7 @@ def lambda_table(t1: pl.DataFrame, backbone: str, temperature: float) -> pl.Data
                                     pl.col("tau_hi").round(2)).alias("v"))
     benches = sorted(t["benchmark"].unique().to_list())
     wide = cell.pivot(on="benchmark", index=["method", "lambda"], values="v")
-    avg = t.group_by("method").agg(pl.col("tau").mean().round(2).alias("average"))
+    avg = t.group_by("method").agg(weighted_mean("tau", bench_weight(benches)).round(2).alias("average"))
     order = pl.col("method").replace_strict({m: i for i, m in enumerate(LAMBDA_REFS)}, default=-1,
                                             return_dtype=pl.Int64)
     return (wide.join(avg, on="method").with_columns(order.alias("_o")).sort("_o", "lambda")

@@ -33,7 +33,7 @@ from orchestrator.report.claims.study import evidence
 from orchestrator.report.routers import mark_comparison
 from orchestrator.report.stats import paired_avg_diff_ci, paired_diff_ci, verdict
 from orchestrator.report.steps import StepSummary
-from orchestrator.report.tables import MATH_BENCH, aligned, timed
+from orchestrator.report.tables import EQUAL_W, STUDY_W, aligned, timed, weights
 
 
 @dataclass(frozen=True)
@@ -69,22 +69,6 @@ class Grid:
         sweep = mg.get("sweep_backbones")
         return cls(tuple(backbones), tuple(float(t) for t in temps), tuple(benches),
                    tuple(float(x) for x in mg.get("lambdas", ())), None if sweep is None else tuple(sweep))
-
-
-STUDY_W = "1 chat : 3 math"  # the study's Table 1 average (its 4 benchmarks: 3 math, 1 chat)
-EQUAL_W = "equal per benchmark"
-MATH_SHARE = 0.75
-
-
-def weights(benches: list[str], kind: str = STUDY_W) -> list[float]:
-    """One weight per benchmark of ``benches`` (summing to 1) under ``kind``."""
-    if kind not in (STUDY_W, EQUAL_W):
-        raise ValueError(f"weighting {kind!r} is not one of {STUDY_W!r}, {EQUAL_W!r}")
-    n_math = sum(b in MATH_BENCH for b in benches)
-    n_chat = len(benches) - n_math
-    if kind == EQUAL_W or not n_math or not n_chat:
-        return [1 / len(benches)] * len(benches) if benches else []
-    return [MATH_SHARE / n_math if b in MATH_BENCH else (1 - MATH_SHARE) / n_chat for b in benches]
 
 
 def mean_tau(prompts: pl.DataFrame, backbone: str, temp: float, method: str, benches: list[str],
