@@ -352,13 +352,13 @@ def parse(argv=None) -> tuple[argparse.Namespace, BenchSpec]:
                                  f"drop --{given[0]}-epochs")
         if args.n < 1:
             raise ValueError(f"--n must be >= 1, got {args.n}")
+        if args.heldout < 1:  # (before DataSpec, whose refusal would not name the flag)
+            raise ValueError(f"--heldout must be >= 1, got {args.heldout}")
         data = DataSpec(n=args.n, heldout=args.heldout, max_length=args.max_length)
         spec = BenchSpec(data=data, epochs=epochs, batch_size=args.batch_size, lr=args.lr,
                          warmup_steps=args.warmup_steps, vocab=args.vocab,
                          benchmarks=tuple(b.strip() for b in args.benchmarks.split(",") if b.strip()),
                          n_prompts=args.n_prompts, repeats=args.repeats, equal_cpu=args.equal_cpu)
-        if args.heldout < 1:
-            raise ValueError(f"--heldout must be >= 1, got {args.heldout}")
         decode_config(args)  # the decode flags' own checks
     except ValueError as e:
         raise SystemExit(f"bench_backbones: {e}") from None

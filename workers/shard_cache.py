@@ -344,9 +344,14 @@ class ShardCache:
         with self._lock:
             self.downloaded.append(s.ref)
             self.bytes_read += got
+        # counted under the node lock, where every deletion happens: counted outside it, a shard deleted
+        # after its size was read and another landed before the count ended could be summed together
+        # (a figure the disk never held; under load, over the budget)
+        with self._node_lock():
+            held = self.nbytes()
         line = json.dumps({"rank": self.rank, "ref": s.ref, "tensors": s.tensors, "bytes": s.size,
                            "read": got,
-                           "prefetch": prefetch, "held_bytes": self.nbytes(), "budget": self.budget,
+                           "prefetch": prefetch, "held_bytes": held, "budget": self.budget,
                            "t": time.time()})
         with open(self.dir / "downloads.jsonl", "a") as f:
             f.write(line + "\n")
