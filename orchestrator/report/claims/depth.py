@@ -120,6 +120,21 @@ def fall_gap(r: pl.DataFrame, matched: str, other: str, bench: str, k: int) -> p
             .drop_nulls("diff"))
 
 
+def _fall_gaps(r: pl.DataFrame, other_of, min_reached: int) -> tuple[list[pl.DataFrame], list[str]]:
+    """Per benchmark: (fall of ``other_of(benchmark)``) - (fall of the matched specialist) per prompt from
+    depth 1 to the deepest depth both reach >= min_reached times (benchmarks with none are left out), and
+    "benchmark:depth" for each benchmark kept."""
+    frames, depths = [], []
+    for bn in sorted(r["benchmark"].unique().to_list()):
+        match, other = ("math" if bn in MATH_BENCH else "chat"), other_of(bn)
+        k = common_deep(r, (match, other), bn, min_reached)
+        if k is None:
+            continue
+        frames.append(fall_gap(r, match, other, bn, k))
+        depths.append(f"{bn}:{k}")
+    return frames, depths
+
+
 def _slope(claim: Claim, cell: Cell, min_reached: int = MIN_REACHED) -> list[Row]:
     """Per prompt: (fall of the mismatched specialist) - (fall of the matched one) from depth 1 to
     the deepest depth (<= 5) both reach >= min_reached times on that benchmark; > 0 = matched
@@ -127,14 +142,7 @@ def _slope(claim: Claim, cell: Cell, min_reached: int = MIN_REACHED) -> list[Row
     r = _rates(cell)
     if r.is_empty() or not {"math", "chat"} <= set(r["method"].unique().to_list()):
         return []
-    frames, depths = [], []
-    for bn in sorted(r["benchmark"].unique().to_list()):
-        match, mis = ("math", "chat") if bn in MATH_BENCH else ("chat", "math")
-        k = common_deep(r, (match, mis), bn, min_reached)
-        if k is None:
-            continue
-        frames.append(fall_gap(r, match, mis, bn, k))
-        depths.append(f"{bn}:{k}")
+    frames, depths = _fall_gaps(r, lambda bn: "chat" if bn in MATH_BENCH else "math", min_reached)
     vals, n = _per_prompt(frames)
     if not n:
         return []
@@ -226,14 +234,7 @@ def _collapse(claim: Claim, cell: Cell, min_reached: int = MIN_REACHED) -> list[
     r = _rates(cell)
     if r.is_empty() or AVG not in set(r["method"].unique().to_list()):
         return []
-    frames, depths = [], []
-    for bn in sorted(r["benchmark"].unique().to_list()):
-        match = "math" if bn in MATH_BENCH else "chat"
-        k = common_deep(r, (match, AVG), bn, min_reached)
-        if k is None:
-            continue
-        frames.append(fall_gap(r, match, AVG, bn, k))
-        depths.append(f"{bn}:{k}")
+    frames, depths = _fall_gaps(r, lambda bn: AVG, min_reached)
     vals, n = _per_prompt(frames)
     if not n:
         return []
