@@ -108,5 +108,7 @@ class FetchCache:
                         shutil.rmtree(local, ignore_errors=True)
                     else:
                         local.unlink(missing_ok=True)
-                total, freed, self.deleted = total - size, freed + size, self.deleted + 1
+                total = total - size
+                freed = freed + size
+                self.deleted = self.deleted + 1
         return freed

@@ -24,7 +24,9 @@ class RuleError(ValueError):
 
     def __init__(self, msg: str, field: str, rule: Rule, value):
         super().__init__(msg)
-        self.field, self.rule, self.value = field, rule, value
+        self.field = field
+        self.rule = rule
+        self.value = value
 
 
 def check(obj, prefix: str = "") -> None:

@@ -152,7 +152,9 @@ def accept_sampling(tokens: torch.Tensor, parents: torch.Tensor, q: torch.Tensor
     n = tokens.shape[0]
     qx = q[parents + 1, tokens] if n else q.new_zeros(0)  # (N,) q(x) at the node's parent (copies share q)
     host = torch.cat([tokens.double(), parents.double(), qx.double()]).tolist() if n else []  # the one read
-    toks, pars, qxs = [int(t) for t in host[:n]], [int(p) for p in host[n : 2 * n]], host[2 * n :]
+    toks = [int(t) for t in host[:n]]
+    pars = [int(p) for p in host[n : 2 * n]]
+    qxs = host[2 * n :]
     kids = _children(pars)
     group, last = [0], 0  # copies of the current node (the same token path); the last accepted node
     while True:

@@ -231,7 +231,10 @@ def calibrate(model, proposers, strategy: str, eos: list[int], inputs: list[list
     cal = Calibration()
     book = []
     for k, tree in CAL_TREES.items():
-        steps, chosen, draft_s, levels = [], [], 0.0, 0
+        steps = []
+        chosen = []
+        draft_s = 0.0
+        levels = 0
         cfg = DecodeConfig(strategy=strategy, temperature=0.0, max_new_tokens=max_new_tokens, tree=tree,
                            merge_dedup=dedup, routing_granularity=granularity)
         dec = SpeculativeDecoder(model, proposers, cfg, eos)

@@ -300,7 +300,9 @@ class FeatureDrafterProposer:
         k = min(cfg.top_k, logp.shape[-1])
         top_val, top_idx = logp[0].topk(k)
         top_tok = self.head.to_verifier(top_idx)  # draft ids -> verifier ids
-        cand_tok, cand_par, cand_score = [top_tok], [torch.full((k,), -1, device=dev)], [top_val]
+        cand_tok = [top_tok]
+        cand_par = [torch.full((k,), -1, device=dev)]
+        cand_score = [top_val]
         cand_depth, cand_ent = [torch.ones(k, dtype=torch.long, device=dev)], [ent.expand(k)]
         frontier = torch.arange(k, device=dev)  # candidate indices of the frontier
         frontier_feat = h_last.expand(k, -1)  # (k, H): feature each frontier node conditions on

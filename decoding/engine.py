@@ -46,7 +46,9 @@ class SpeculativeDecoder:
 
     def __init__(self, model, proposers: list[Proposer], config: DecodeConfig, eos_ids: list[int],
                  prompt_cache: bool = False):
-        self.model, self.proposers, self.cfg = model, list(proposers), config
+        self.model = model
+        self.proposers = list(proposers)
+        self.cfg = config
         # the verifier features the drafters read: None = the last hidden state (EAGLE-2/HASS), else the
         # hidden states at these output_hidden_states indices (EAGLE-3); a mix is refused here
         self.layers = feature_layers(self.proposers)
@@ -129,7 +131,10 @@ class SpeculativeDecoder:
         t_start = clock.mark()
         cache, features, tokens, tok_dev = self._begin_turn(input_ids, gen, seed_key)  # 0. prefill
         out = tokens[len(input_ids):]
-        steps, marks, calls, new_tokens = [], [], 0, 0
+        steps = []
+        marks = []
+        calls = 0
+        new_tokens = 0
         while out[-1] not in self.eos and len(out) < self.cfg.max_new_tokens:
             n = len(tokens) - 1  # tokens in the cache; tokens[n] is the root
             # 1. draft: the strategy asks its drafters for one tree
@@ -253,9 +258,14 @@ class SpeculativeDecoder:
     def _step_record(self, step, tree, prop, acc, committed, vals: list[float], agreement: list) -> dict:
         L = len(acc.path)
         ent_q, vals = vals[: L + 1], vals[L + 1 :]
-        acc_draft_ent, acc_conf, acc_v, vals = vals[:L], vals[L : 2 * L], vals[2 * L : 3 * L], vals[3 * L :]
+        acc_draft_ent = vals[:L]
+        acc_conf = vals[L : 2 * L]
+        acc_v = vals[2 * L : 3 * L]
+        vals = vals[3 * L :]
         offpath_v, vals = vals[0], vals[1:]
-        rej_draft_ent, rej_conf, vals = vals[0], vals[1], vals[2:]
+        rej_draft_ent = vals[0]
+        rej_conf = vals[1]
+        vals = vals[2:]
         owner, owner_mask = (int(vals[0]), int(vals[1])) if L else (-1, 0)
         vals = vals[2:] if L else vals
         stats = [vals[i : i + 3] for i in range(0, len(vals), 3)]  # strategies.STAT columns

@@ -15,7 +15,10 @@ from decoding.tree import DraftTree, chain_tree
 
 class OracleChainProposer:
     def __init__(self, prompt_len: int, reference: list[int], name: str = "oracle", index: int = 0):
-        self.prompt_len, self.ref, self.name, self.index = prompt_len, list(reference), name, index
+        self.prompt_len = prompt_len
+        self.ref = list(reference)
+        self.name = name
+        self.index = index
 
     def reset(self) -> None:
         pass

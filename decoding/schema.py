@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-F, I64, S, B = pa.float64(), pa.int64(), pa.string(), pa.bool_()
+F = pa.float64()
+I64 = pa.int64()
+S = pa.string()
+B = pa.bool_()
 KNOWN = {
     # prompt rows
     "prompt_id": S, "turn": I64, "output_token_ids": pa.list_(I64), "output_text": S, "verifier_calls": I64,

@@ -64,9 +64,12 @@ class Strategy:
     def __init__(self, cfg: DecodeConfig):
         """``cfg``: the options, checked once by DecodeConfig; those a strategy does not use are ignored."""
         self.granularity, self.decide_steps = cfg.routing_granularity, cfg.routing_decide_steps
-        self.dedup, self.budget, self.route_score = cfg.merge_dedup, cfg.merge_budget, cfg.route_score
-        self.switch_after, self.switch_to, self.switch_depth = (cfg.switch_after, cfg.switch_to,
-                                                                cfg.switch_depth)
+        self.dedup = cfg.merge_dedup
+        self.budget = cfg.merge_budget
+        self.route_score = cfg.route_score
+        self.switch_after = cfg.switch_after
+        self.switch_to = cfg.switch_to
+        self.switch_depth = cfg.switch_depth
         self.hedge = cfg.hedge
         self.rng = random.Random(cfg.seed)  # a strategy's own draws (hedge); the engine reseeds it per turn
 
@@ -132,7 +135,9 @@ class Autoregressive(Strategy):
 
 
 class Single(Strategy):
-    name, min_drafters, max_drafters = "single", 1, 1
+    name = "single"
+    min_drafters = 1
+    max_drafters = 1
 
     def propose(self, drafters, tokens, features, cfg, temperature):
         trees, stats = self._draft(drafters, tokens, features, cfg, temperature)
@@ -225,11 +230,15 @@ class Switching(Confidence):
     draft-side routing). ``chosen`` is the drafter verified, -1 for merged trees.
     """
 
-    name, min_drafters, max_drafters = "switching", 2, 2
+    name = "switching"
+    min_drafters = 2
+    max_drafters = 2
 
     def start_turn(self):
         super().start_turn()
-        self.active, self.fails, self.last = None, 0, 0  # None = routed; a drafter index; or "merged"
+        self.active = None  # None = routed; a drafter index; or "merged"
+        self.fails = 0
+        self.last = 0
 
     def observe(self, accepted_depth):
         if not hasattr(self, "active"):
@@ -260,7 +269,9 @@ class DepthAdaptive(Confidence):
     one tree (``tree.graft_trees``, ``total_tokens`` - 1 nodes). ``chosen`` is that specialist.
     Needs 1 <= switch_depth <= tree depth - 1."""
 
-    name, min_drafters, max_drafters = "depth_adaptive", 3, 3
+    name = "depth_adaptive"
+    min_drafters = 3
+    max_drafters = 3
     routed_from = 1
 
     def propose(self, drafters, tokens, features, cfg, temperature):

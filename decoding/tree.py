@@ -92,7 +92,10 @@ class DraftTree:
 def chain_tree(paths: list[list[int]], owner: int = 0) -> DraftTree:
     """A draft tree from token paths below the root (shared prefixes become shared nodes), nodes
     parents-first; path scores fall with depth so reranking keeps shallow nodes first."""
-    index, toks, pars, deps = {}, [], [], []
+    index = {}
+    toks = []
+    pars = []
+    deps = []
     for path in paths:
         parent = -1
         for d, t in enumerate(path, 1):

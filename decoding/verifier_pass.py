@@ -155,7 +155,9 @@ def tree_forward(model, cache, prefix_len: int, root, tokens: torch.Tensor, pare
     the tree's tensors should be on the model's device (a host tree costs one copy per field)."""
     dev = model.device
     root_t = root.reshape(1) if isinstance(root, torch.Tensor) else torch.tensor([root], device=dev)
-    tokens, parents, depths = tokens.to(dev), parents.to(dev), depths.to(dev)
+    tokens = tokens.to(dev)
+    parents = parents.to(dev)
+    depths = depths.to(dev)
     ids = torch.cat([root_t, tokens])[None]  # (1, N+1)
     pos = (prefix_len + torch.cat([torch.zeros(1, dtype=torch.long, device=dev), depths]))[None]  # (1, N+1)
     mask = tree_mask(parents, prefix_len, model.dtype, dev)

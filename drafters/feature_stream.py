@@ -28,7 +28,10 @@ class StreamingFeatureStore(FeatureStore):
         super().__init__(staging, key, shard_tokens)
         self.remote = remote
         self.staging_peak = 0
-        self._staged, self._lock, self._pending, self._pool = 0, threading.Lock(), None, None
+        self._staged = 0
+        self._lock = threading.Lock()
+        self._pending = None
+        self._pool = None
 
     def exists(self) -> bool:
         return self.remote.read_text("manifest.json") is not None

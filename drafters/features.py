@@ -189,7 +189,9 @@ def plan_shards(lengths: list[int], shard_tokens: int) -> list[tuple[int, int]]:
     tokens. From lengths alone, so a resumed extraction knows every shard before any forward pass."""
     if shard_tokens < 1:
         raise ValueError(f"shard_tokens must be >= 1, got {shard_tokens}")
-    out, start, n = [], 0, 0
+    out = []
+    start = 0
+    n = 0
     for i, L in enumerate(lengths):
         n += L
         if n >= shard_tokens:
@@ -395,7 +397,9 @@ class FeatureStore:
     def write(self, examples_iter, meta: dict, shard_tokens: int | None = None) -> dict:
         """Consume FeatureExamples, write shards, then the manifest (the commit point)."""
         limit, t0 = shard_tokens or self.shard_tokens, time.perf_counter()
-        shards, buf, ntok = [], [], 0
+        shards = []
+        buf = []
+        ntok = 0
         try:
             for e in examples_iter:
                 buf.append(e)
@@ -424,7 +428,10 @@ class FeatureStore:
         plan = plan_shards(lengths, self.shard_tokens)
         lo, hi = part_range(len(plan), part)
         first, count = (plan[lo][0], plan[hi - 1][1] - plan[lo][0]) if hi > lo else (0, 0)
-        have, shards, resumed, t0 = self._finished(), [], 0, time.perf_counter()
+        have = self._finished()
+        shards = []
+        resumed = 0
+        t0 = time.perf_counter()
         writer, last = ThreadPoolExecutor(1, thread_name_prefix=f"write-{self.key}"), None
         try:
             for i, (a, b) in list(enumerate(plan))[lo:hi]:

@@ -116,8 +116,14 @@ class DecoderLayer(nn.Module):
 
     def __init__(self, cfg: DrafterBase, in_width: int | None = None):
         super().__init__()
-        h, nh, nkv, hd = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        self.nh, self.nkv, self.hd, self.theta = nh, nkv, hd, cfg.rope_theta
+        h = cfg.hidden_size
+        nh = cfg.num_attention_heads
+        nkv = cfg.num_key_value_heads
+        hd = cfg.head_dim
+        self.nh = nh
+        self.nkv = nkv
+        self.hd = hd
+        self.theta = cfg.rope_theta
         self._input_norms(cfg)
         w = in_width or h
         self.q_proj = nn.Linear(w, nh * hd, bias=False)

@@ -133,7 +133,9 @@ def make_run(root: Path, rows: int, seed: int = 0, shard_size: int | None = None
     cells = [c for c in every if select is None or select(c)]
     scale, rng = rows / PAPER_STEP_ROWS, np.random.default_rng(seed)
     shard = shard_size or p.eval.shard_size
-    plan, units, n_steps = {}, 0, 0
+    plan = {}
+    units = 0
+    n_steps = 0
     for cell in cells:
         n = max(2, round(size[cell] * scale))
         prompts = [f"{cell.benchmark}/{i}" for i in range(n)]

@@ -77,11 +77,15 @@ def _train_rate(model, args, backbone: str, label: str, vocab, order: list, bf16
     head = DraftHead(model.lm_head, vocab)
     opt = torch.optim.AdamW(drafter.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(0)
-    tokens, rows, t0 = 0, 0, None
+    tokens = 0
+    rows = 0
+    t0 = None
     for step in range(args.steps + 1):
         batch = collate(order[(step * args.batch_size) % len(order):][: args.batch_size])
         if step == 1:
-            t0, tokens, rows = time.perf_counter(), 0, 0  # step 0 is warm-up
+            t0 = time.perf_counter()  # step 0 is warm-up
+            tokens = 0
+            rows = 0
         ctx = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
         with ctx:
             loss, _ = compute_loss(cfg, drafter, model.get_input_embeddings(), head, batch, gen)

@@ -130,7 +130,9 @@ def _decoder_rows(args, model, props, eos, inputs, refs, gen_tps, dtype: str, mo
     from decoding.config import TreeConfig
     from decoding.engine import DecodeConfig, SpeculativeDecoder
     for spec in STRATEGIES:
-        strat, dedup, budget = spec.split("-")[0], spec.endswith("dedup"), spec.endswith("budget")
+        strat = spec.split("-")[0]
+        dedup = spec.endswith("dedup")
+        budget = spec.endswith("budget")
         n = 1 if strat == "single" else 2
         cfg = DecodeConfig(strategy=strat, max_new_tokens=args.max_new_tokens, merge_dedup=dedup,
                            merge_budget=budget,
@@ -138,7 +140,11 @@ def _decoder_rows(args, model, props, eos, inputs, refs, gen_tps, dtype: str, mo
         dec = SpeculativeDecoder(model, props[:n], cfg, eos)
         # first-call costs (tuning, kernels) stay out of the time
         dec.generate(inputs[0][:8], seed_key="warm-up")
-        counts, gaps, toks, calls, new = {"equal": 0, "near-tie": 0, "MISMATCH": 0}, [], 0, 0, 0
+        counts = {"equal": 0, "near-tie": 0, "MISMATCH": 0}
+        gaps = []
+        toks = 0
+        calls = 0
+        new = 0
         _reset_peak(args.device)
         synchronize(args.device)
         t0 = time.perf_counter()
@@ -151,8 +157,9 @@ def _decoder_rows(args, model, props, eos, inputs, refs, gen_tps, dtype: str, mo
         for ids, res, ref in zip(inputs, outs, refs):
             kind, gap = compare_greedy(model, ids, res.output_token_ids, ref, tie_gap)
             counts[kind] += 1
-            toks, calls, new = (toks + len(res.output_token_ids), calls + res.verifier_calls,
-                                new + res.new_tokens)
+            toks = toks + len(res.output_token_ids)
+            calls = calls + res.verifier_calls
+            new = new + res.new_tokens
             if gap is not None:
                 gaps.append(round(gap, 4))
         tps, tau = toks / wall, new / max(calls, 1)

@@ -70,7 +70,9 @@ class Context:
     def __init__(self, args):
         from orchestrator.plan.sizing import load_profile
 
-        self.args, self.device, self.dtype = args, args.device, "bfloat16"
+        self.args = args
+        self.device = args.device
+        self.dtype = "bfloat16"
         self.workdir = args.workdir or tempfile.mkdtemp(prefix="gpu-rates-")
         self.profile = load_profile(args.profile)
         t = self.profile.eval.tree

@@ -160,8 +160,9 @@ def _time_steps(ctx, model, backbone: str, tokens: int, steps: int) -> dict:
     drafter = bb.init(dcfg, model, ids).to(model.device)
     params = sum(p.numel() for p in drafter.parameters())
     runner = make_runner(drafter, torch.optim.AdamW(drafter.parameters(), lr=cfg.lr), cfg, 1)
-    head, embed, noise = DraftHead(model.lm_head, ids), model.get_input_embeddings(), torch.Generator(
-        device=model.device).manual_seed(0)
+    head = DraftHead(model.lm_head, ids)
+    embed = model.get_input_embeddings()
+    noise = torch.Generator(device=model.device).manual_seed(0)
     times = []
     for _ in range(steps + 2):
         synchronize(ctx.device)

@@ -129,7 +129,9 @@ def plant_bigram(model, seed: int = 0, target: float = 0.9, sharpness: float = 1
             raise ValueError(f"successor: a map of at least 2 ids in [0, {k}), got {len(A)}")
     sigma = torch.arange(V)
     sigma[A] = succ  # the successor of A[i] is succ[i]
-    sigma, A, succ = sigma.to(E.device), A.to(E.device), succ.to(E.device)
+    sigma = sigma.to(E.device)
+    A = A.to(E.device)
+    succ = succ.to(E.device)
     with torch.no_grad():
         unit = E.float() / E.float().norm(dim=-1, keepdim=True).clamp_min(1e-6)  # the pad row is zero
         E.copy_((unit * H ** 0.5).to(E.dtype))  # rows of RMS 1, the scale of the features a drafter predicts

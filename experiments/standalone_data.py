@@ -22,7 +22,9 @@ STYLES = ("a short poem", "a friendly email", "three tips", "a two-paragraph sto
 
 def _problem(rng: random.Random) -> tuple[str, str, int]:
     """(question, worked answer ending in '#### n', n): a two-step word problem."""
-    name, other, item = rng.choice(NAMES), rng.choice(NAMES), rng.choice(ITEMS)
+    name = rng.choice(NAMES)
+    other = rng.choice(NAMES)
+    item = rng.choice(ITEMS)
     a, b = rng.randint(3, 40), rng.randint(2, 9)
     c = rng.randint(1, min(20, a * b - 1))
     if rng.random() < 0.5:

@@ -288,7 +288,9 @@ def corpora(p: Profile) -> list[str]:
 
 
 def plan_summary(p: Profile) -> dict:
-    t, m, ev = train_cells(p), merge_cells(p), eval_cells(p)
+    t = train_cells(p)
+    m = merge_cells(p)
+    ev = eval_cells(p)
     per_bench = {b: (n or BENCHMARK_SIZES[b]) for b, n in pool_sizes(p).items()}  # null = every prompt
     n_prompt_runs = sum(cell_prompts(p, c) or BENCHMARK_SIZES[c.benchmark] for c in ev)
     return {"features": corpora(p), "train": [c.name for c in t], "merge": [c.name for c in m],

@@ -383,7 +383,9 @@ class Lease:
     the other is refused."""
 
     def __init__(self, ref: str, ttl: float = 120, settle: float = 1.0):
-        self.ref, self.ttl, self.settle = ref, ttl, settle
+        self.ref = ref
+        self.ttl = ttl
+        self.settle = settle
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "pid_space": pid_space(),
                    "id": uuid.uuid4().hex[:12]}
         self.lost: str | None = None  # set once another driver has taken the output over
@@ -421,7 +423,9 @@ class Lease:
         """Take the lease and start renewing it; returns a note when a stale or live lease was
         taken over. Raises :class:`LeaseHeld` (one line) while another driver holds it. Whatever
         interrupts it once the lease is written (KeyboardInterrupt in the settle) removes it again."""
-        held, note, out = self._read(), None, self.ref.removesuffix("/lease.json")
+        held = self._read()
+        note = None
+        out = self.ref.removesuffix("/lease.json")
         if held and held.get("id") != self.me["id"]:
             why = self._stale(held)
             if why is None and not take_over:

@@ -98,7 +98,11 @@ class Uploads:
     upload is raised by :meth:`settle` on every rank. Collectives run in the calling thread only."""
 
     def __init__(self, cfg, rank: int, local_rank: int, world: int, nodes: int):
-        self.cfg, self.rank, self.local_rank, self.world, self.nodes = cfg, rank, local_rank, world, nodes
+        self.cfg = cfg
+        self.rank = rank
+        self.local_rank = local_rank
+        self.world = world
+        self.nodes = nodes
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._pending: Path | None = None  # uploaded on every node, state.json not yet written (nodes > 1)
@@ -143,7 +147,9 @@ class Uploads:
             return
         if self._thread is not None:
             self._thread.join()
-        self._thread, name, self.in_flight = None, self.in_flight, None
+        self._thread = None
+        name = self.in_flight
+        self.in_flight = None
         err, self._error = self._error, None
         from drafters.train.runners import all_ranks
 

@@ -30,7 +30,10 @@ class RelaySender:
     a relay that is gone is ignored: progress lines are not results)."""
 
     def __init__(self, relay, unit: str, every: float = RELAY_EVERY_S):
-        self.relay, self.unit, self.every, self.last = relay, unit, every, 0.0
+        self.relay = relay
+        self.unit = unit
+        self.every = every
+        self.last = 0.0
 
     def send(self, line: str) -> None:
         now = time.time()

@@ -49,6 +49,7 @@ from pathlib import Path
 from common import storage
 from common.atomic import write_text_atomic
 from workers import shard_fetch
+from workers.shard_order import ShardOrder
 
 ENV = "TASKSPEC_FEATURE_CACHE_GB"
 DEFAULT_GB = 100.0
@@ -148,7 +149,7 @@ class ShardCache:
         self._jobs: dict[tuple, object] = {}  # plan item -> Future of its prefetch
         self._held: dict[str, object] = {}  # key -> open .ahead file (the reservation) of a prefetched shard
         self._pool: ThreadPoolExecutor | None = None
-        self._order = _Order()
+        self._order = ShardOrder()
 
     # ------------------------------------------------------------ which file a shard is
     def _remote(self, store_dir: Path) -> str | None:
@@ -436,8 +437,11 @@ class ShardCache:
         """Stop fetching ahead and drop every reservation (the shards stay on disk)."""
         self._order.close()
         with self._lock:
-            jobs, self._jobs, self._plan, pool, self._pool = (list(self._jobs.values()), {}, [],
-                                                              self._pool, None)
+            jobs = list(self._jobs.values())
+            self._jobs = {}
+            self._plan = []
+            pool = self._pool
+            self._pool = None
         for job in jobs:
             job.cancel()
         if pool is not None:
@@ -445,54 +449,3 @@ class ShardCache:
         for key in list(self._held):
             self._release(key)
 
-
-class _Order:
-    """The order in which one rank's shards take room on the node: the plan's. A prefetch reserves
-    room only once every shard before it in the plan has (or is on disk, or was passed), so a later
-    shard never takes the room an earlier one needs; one that finds no room ends the round (the
-    prefetches waiting behind it give up, to be tried again as the rank moves on)."""
-
-    def __init__(self):
-        self.cond = threading.Condition()
-        self.round, self.turn, self.decided, self.closed = 0, 0, set(), False
-
-    def _move(self) -> None:
-        while self.turn in self.decided:
-            self.turn += 1
-        self.cond.notify_all()
-
-    def restart(self) -> None:
-        """A new plan: indices start again at 0."""
-        with self.cond:
-            self.round, self.turn, self.decided = self.round + 1, 0, set()
-            self.cond.notify_all()
-
-    def passed(self, index: int) -> None:
-        """The rank opens shard ``index``: every shard before it is behind it."""
-        with self.cond:
-            self.decided.update(range(self.turn, index))
-            self._move()
-
-    def decide(self, index: int | None) -> None:
-        """Shard ``index`` has its room (or is on disk)."""
-        if index is not None:
-            with self.cond:
-                self.decided.add(index)
-                self._move()
-
-    def fail(self, round_: int) -> None:
-        with self.cond:
-            if round_ == self.round:
-                self.round += 1
-                self.cond.notify_all()
-
-    def wait(self, index: int, round_: int) -> bool:
-        """Block until shard ``index`` may take room; False when its round ended first."""
-        with self.cond:
-            self.cond.wait_for(lambda: self.turn >= index or self.round != round_ or self.closed)
-            return self.round == round_ and not self.closed
-
-    def close(self) -> None:
-        with self.cond:
-            self.closed = True
-            self.cond.notify_all()

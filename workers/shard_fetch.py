@@ -72,7 +72,9 @@ def view_plan(header: dict, data_start: int, tensors) -> Plan | None:
     keep = sorted((k for k in names if k in set(tensors)), key=lambda k: header[k]["data_offsets"][0])
     if len(keep) == len(names):
         return None
-    out, ranges, pos = {}, [], 0
+    out = {}
+    ranges = []
+    pos = 0
     if "__metadata__" in header:
         out["__metadata__"] = header["__metadata__"]
     for k in keep:

@@ -38,7 +38,10 @@ def features_task(verifier, dtype, corpus, spec: DataSpec, root, online=False, r
     device = extraction_device(ray.get_gpu_ids(), torch.cuda.is_available())
     model, tok = load_verifier(verifier, dtype=dtype, device=device)
     tag = corpus if shards is None else f"{corpus} part {shards[0] + 1}/{shards[1]}"
-    t0, started, last, sender = time.time(), {}, [time.time()], RelaySender(relay, tag)
+    t0 = time.time()
+    started = {}
+    last = [time.time()]
+    sender = RelaySender(relay, tag)
 
     def progress(what: str, done: int, total: int) -> None:  # worker log (dashboard) and the driver log
         now = time.time()

@@ -102,7 +102,9 @@ def _trial_lines_class():
         of the sweep (Tune's own trial list only holds the trials started so far) and an ETA."""
 
         def __init__(self, total: int):
-            self.t0, self.done, self.total = time.time(), 0, total
+            self.t0 = time.time()
+            self.done = 0
+            self.total = total
 
         def on_trial_complete(self, iteration, trials, trial, **info):
             self.done += 1

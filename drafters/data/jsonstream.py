@@ -13,7 +13,9 @@ def iter_json_array(f: IO[str], chunk_chars: int = 1 << 20, stats: dict | None =
     of the incomplete tail (0 for a well-formed array). Memory stays at about one chunk + one element.
     """
     decoder = json.JSONDecoder()
-    buf, pos, eof = "", 0, False
+    buf = ""
+    pos = 0
+    eof = False
 
     def fill() -> bool:
         nonlocal buf, pos, eof

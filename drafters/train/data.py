@@ -29,7 +29,10 @@ class OnlineFeatures:
     def __init__(self, model, tokenizer, spec: DataSpec, aux_layers=None):
         from common.verifiers import eos_token_ids
 
-        self.model, self.tok, self.spec, self.aux_layers = model, tokenizer, spec, aux_layers
+        self.model = model
+        self.tok = tokenizer
+        self.spec = spec
+        self.aux_layers = aux_layers
         self.eos = eos_token_ids(model, tokenizer)
         self._examples: dict[str, dict] = {}
 

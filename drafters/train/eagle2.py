@@ -70,7 +70,9 @@ def collate(examples: list, dtype=torch.float32, mask_mode: str = "next") -> Ali
     """Right-pad aligned sequences from FeatureExamples into a batch."""
     al = [align(e.input_ids, e.features, e.loss_mask, e.top_ids, e.top_probs, mask_mode) for e in examples]
     T = max(a["tokens"].shape[0] for a in al)
-    B, H, K = len(al), al[0]["features"].shape[-1], al[0]["top_ids"].shape[-1]
+    B = len(al)
+    H = al[0]["features"].shape[-1]
+    K = al[0]["top_ids"].shape[-1]
     tokens = torch.zeros(B, T, dtype=torch.long)
     feats = torch.zeros(B, T, H, dtype=dtype)
     target = torch.zeros(B, T, H, dtype=dtype)
@@ -79,9 +81,12 @@ def collate(examples: list, dtype=torch.float32, mask_mode: str = "next") -> Ali
     mask = torch.zeros(B, T, dtype=torch.bool)
     for b, a in enumerate(al):
         n = a["tokens"].shape[0]
-        tokens[b, :n], feats[b, :n], target[b,
-                                            :n] = a["tokens"], a["features"].to(dtype), a["target"].to(dtype)
-        tid[b, :n], tpr[b, :n], mask[b, :n] = a["top_ids"].long(), a["top_probs"].float(), a["mask"]
+        tokens[b, :n] = a["tokens"]
+        feats[b, :n] = a["features"].to(dtype)
+        target[b, :n] = a["target"].to(dtype)
+        tid[b, :n] = a["top_ids"].long()
+        tpr[b, :n] = a["top_probs"].float()
+        mask[b, :n] = a["mask"]
     lengths = torch.tensor([a["tokens"].shape[0] + 1 for a in al])
     return AlignedBatch(tokens, feats, target, tid, tpr, mask, lengths)
 
@@ -150,7 +155,9 @@ def aligned_passes(drafter, embed, batch: AlignedBatch, steps: int,
     pos = torch.arange(T, device=batch.features.device)
     feats = batch.features if input_features is None else input_features
     emb = embed(batch.tokens).to(feats.dtype)  # (B, T, H); the verifier's dtype -> the training precision
-    kv_k, kv_v, preds = [], [], []
+    kv_k = []
+    kv_v = []
+    preds = []
     for m in range(1, steps + 1):
         if m > 1:
             prev = preds[-1].detach()

@@ -182,7 +182,9 @@ def collate(examples: list, mask_mode: str = "next") -> Eagle3Batch:
     mask = torch.zeros(B, L, dtype=torch.bool)
     for b, e in enumerate(examples):
         n = len(e.input_ids)
-        ids[b, :n], aux[b, :n], feats[b, :n] = e.input_ids, e.aux, e.features
+        ids[b, :n] = e.input_ids
+        aux[b, :n] = e.aux
+        feats[b, :n] = e.features
         top1[b, :n], mask[b, :n] = e.top_ids[:, 0].long(), e.loss_mask
     return Eagle3Batch(ids, aux, feats, top1, mask, torch.tensor([len(e.input_ids) for e in examples]))
 

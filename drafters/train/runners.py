@@ -44,7 +44,10 @@ class _Plain:
     DeepSpeed's bf16 engine, whose module holds bf16 weights beside float32 master ones."""
 
     def __init__(self, model, opt, cfg):
-        self.module, self.opt, self.cfg, self.micro = model, opt, cfg, 0
+        self.module = model
+        self.opt = opt
+        self.cfg = cfg
+        self.micro = 0
 
     def autocast(self):
         device = next(self.module.parameters()).device.type

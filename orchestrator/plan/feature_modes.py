@@ -72,7 +72,9 @@ def extraction(p: Profile) -> Option:
 
 def options(p: Profile, backbone: str) -> dict[str, Option]:
     """{online, cached, hybrid}: the backbone's trials under each (cached without the extraction)."""
-    v, gpus, node = VERIFIERS[p.verifier], p.resources.train.num_workers, p.resources.node
+    v = VERIFIERS[p.verifier]
+    gpus = p.resources.train.num_workers
+    node = p.resources.node
     train = train_flops_per_token(v, backbone, p.train.for_backbone(backbone).hass_steps)
     rate = {"cached": _eff() * gpus / train, "online": _eff() * gpus / (train + 2 * v["params"])}
     n_aux = EAGLE3_AUX_LAYERS if "eagle3" in p.train.backbones else 0

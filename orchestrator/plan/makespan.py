@@ -98,10 +98,15 @@ class _Timeline:
 
     def __init__(self, by_name: dict[str, Task], prio: dict[str, float], devices: float, caps: dict[str,
             int]):
-        self.by_name, self.prio, self.caps = by_name, prio, caps
+        self.by_name = by_name
+        self.prio = prio
+        self.caps = caps
         self.ready: dict[tuple, list] = {}
         self.running: list[tuple[float, str]] = []
-        self.free, self.used, self.now, self.busy = devices, {}, 0.0, 0.0
+        self.free = devices
+        self.used = {}
+        self.now = 0.0
+        self.busy = 0.0
         self.stages: dict[str, list[float]] = {}
         self.stage_busy: dict[str, float] = {}
         self.stage_device: dict[str, float] = {}  # device-seconds computing (need x seconds x busy)

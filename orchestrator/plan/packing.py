@@ -39,7 +39,9 @@ def step_time(t_step: float, t_dev: float, k: int) -> float:
     closed system above). ``step_time(t, d, 1) == t``; past k* = t / d it tends to k x d."""
     if not (t_step > 0 and 0 < t_dev <= t_step * (1 + 1e-9)) or k < 1:
         raise ValueError(f"need 0 < t_dev <= t_step and k >= 1, got t_step {t_step}, t_dev {t_dev}, k {k}")
-    think, queue, resp = max(0.0, t_step - t_dev), 0.0, t_dev
+    think = max(0.0, t_step - t_dev)
+    queue = 0.0
+    resp = t_dev
     for n in range(1, int(k) + 1):
         resp = t_dev * (1 + queue)  # the device's time for one step: its own service and the queue ahead
         queue = n / (think + resp) * resp  # Little's law at the device

@@ -68,7 +68,9 @@ def _build(cls, data: dict, path: str):
     for f in dataclasses.fields(cls):
         if f.name not in data:
             continue
-        v, key, hint = data[f.name], f"{path}.{f.name}" if path else f.name, hints[f.name]
+        v = data[f.name]
+        key = f"{path}.{f.name}" if path else f.name
+        hint = hints[f.name]
         if dataclasses.is_dataclass(hint):
             kwargs[f.name] = _build(hint, v, key)
             continue

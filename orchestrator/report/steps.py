@@ -212,7 +212,9 @@ def plan_passes(files: list[Path], root: Path, pass_rows: int = PASS_ROWS) -> li
     for f in files:
         groups.setdefault(keys[f], []).append(f)
     rows = {f: pq.read_metadata(f).num_rows for f in files}
-    passes, cur, n_cur = [], [], 0
+    passes = []
+    cur = []
+    n_cur = 0
     for key in sorted(groups, key=str):
         g = groups[key]
         n = sum(rows[f] for f in g)

@@ -188,7 +188,9 @@ class Driver:
         corpora = grid_corpora(self.p)
         root = self.ref("features")
         prog = Progress("features", len(corpora))
-        caches, pending, relay = {}, {}, None
+        caches = {}
+        pending = {}
+        relay = None
         aux = "eagle3" in self.p.train.backbones  # one cache per corpus serves every backbone
         parts = feature_parts(self.p, self.plan.gpus)  # on a GPU cluster: a task per GPU
         for c in corpora:

@@ -26,7 +26,10 @@ class EvalPool:
     def __init__(self, make: Callable[[str], object], n: int, restart_s: float = 600.0, log=print,
                  max_starts: int = 3):
         """``make(name)``: a new actor (a handle with ``pid`` and the methods ``submit`` calls)."""
-        self.make, self.restart_s, self.log, self.max_starts = make, restart_s, log, max_starts
+        self.make = make
+        self.restart_s = restart_s
+        self.log = log
+        self.max_starts = max_starts
         self.actors = [self._new(i) for i in range(n)]
         self.free = list(range(n))
         self.running: dict = {}  # ObjectRef -> (slot, item)

@@ -18,7 +18,9 @@ class EvalRun:
     before it starts, then done (traces written) or, after ``d.p.retries`` retries, failed."""
 
     def __init__(self, d, prog, earlier: dict):
-        self.d, self.prog, self.earlier = d, prog, earlier  # earlier: attempts of earlier drivers, per key
+        self.d = d
+        self.prog = prog
+        self.earlier = earlier  # attempts of earlier drivers, per key
         self.queue: list = []  # ((cell, shard, key), attempt)
         self.pool = None
         self.refs: dict = {}  # drafter name -> checkpoint ref, for the units queued so far

@@ -31,8 +31,15 @@ class _Sweep(threading.Thread):
 
     def __init__(self, d, todo: dict, prog: Progress, events: queue.Queue):
         super().__init__(name="tune-sweep", daemon=True)  # (a killed driver does not wait for it)
-        self.d, self.todo, self.prog, self.events = d, todo, prog, events
-        self.grid, self.error, self.t0, self.seconds, self.done = None, None, time.time(), 0.0, False
+        self.d = d
+        self.todo = todo
+        self.prog = prog
+        self.events = events
+        self.grid = None
+        self.error = None
+        self.t0 = time.time()
+        self.seconds = 0.0
+        self.done = False
 
     def run(self) -> None:
         try:
@@ -69,7 +76,10 @@ class GraphRun:
         waiting, earlier = d._eval_todo(units, self.eprog)
         self.waiting = waiting  # (cell, shard, key) not yet queued: their drafters are not all known
         self.run = EvalRun(d, self.eprog, earlier)
-        self.inits, self.started, self.ended, self.missing = {}, set(), set(), {}
+        self.inits = {}
+        self.started = set()
+        self.ended = set()
+        self.missing = {}
         self.no_actor: str | None = None
         self.spans: dict[str, list[float]] = {}
 

@@ -21,7 +21,11 @@ from workers.relay import RELAY_EVERY_S
 
 class Progress:
     def __init__(self, stage: str, total: int, stream=sys.stdout, quiet: bool = False):
-        self.stage, self.total, self.done, self.t0, self.stream = stage, total, 0, time.time(), stream
+        self.stage = stage
+        self.total = total
+        self.done = 0
+        self.t0 = time.time()
+        self.stream = stream
         self.skipped = 0  # units finished by an earlier run (or skipped): they say nothing about the rate
         self._metrics = None
         try:
@@ -44,7 +48,9 @@ class Progress:
         out."""
         self.done += n
         self.skipped += n if skipped else 0
-        el, worked, left = time.time() - self.t0, self.done - self.skipped, self.total - self.done
+        el = time.time() - self.t0
+        worked = self.done - self.skipped
+        left = self.total - self.done
         eta = "0s" if not left else f"{el / worked * left:.0f}s" if worked else "?"
         self.log(f"{self.done}/{self.total} done, elapsed {el:.0f}s, ETA {eta}  {what}")
         if self._metrics:

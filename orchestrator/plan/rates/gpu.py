@@ -57,7 +57,9 @@ def from_gpu_rates(p: Profile, data: dict, source: str) -> Rates:
     base = estimated(p)
     tag = f"measured: {data.get('device', 'a GPU')}, {data.get('date', 'undated')}, commit " \
           f"{data.get('commit', '?')} ({source})"
-    sources, notes, fields = dict(base.sources), list(base.notes), {}
+    sources = dict(base.sources)
+    notes = list(base.notes)
+    fields = {}
     if not data.get("full_shape"):
         notes.append(f"the file was measured on the {data.get('shape')!r} shape, not the full shape of "
                      f"{p.verifier}: its rates do not stand for the paper's GPUs")

@@ -132,8 +132,9 @@ def _per_prompt(p: Profile, r: Rates, cell, slow, busy) -> tuple[float, float, f
     steps or the project's autoregressive loop) and transformers' generate where the cell times it."""
     toks = TURNS.get(cell.benchmark, 1) * _tokens_per_turn(r, cell.benchmark, p.eval.max_new_tokens)
     if cell.strategy == "autoregressive":  # the project's loop, then generate on the same prompt
-        step, calls, with_gen = 1 / r.eval_steps_per_s.get("autoregressive",
-                                                           r.generate_tokens_per_s), toks, True
+        step = 1 / r.eval_steps_per_s.get("autoregressive", r.generate_tokens_per_s)
+        calls = toks
+        with_gen = True
     else:
         step = 1 / _for(r.eval_steps_per_s, cell.strategy)
         calls, with_gen = toks / _for(r.eval_tau, cell.strategy), p.eval.paired_baseline
@@ -145,8 +146,10 @@ def _per_prompt(p: Profile, r: Rates, cell, slow, busy) -> tuple[float, float, f
 
 def _eval_tasks(p: Profile, r: Rates, made: dict, actors: int) -> tuple[list[Task], float]:
     """The eval shards (each its cell's drafters' tasks first) and the step rows they write."""
-    slow, busy, size, need = eval_slowdown(p, r), eval_busy(p,
-                                                            r), p.eval.shard_size, devices_per_task(p)["eval"]
+    slow = eval_slowdown(p, r)
+    busy = eval_busy(p, r)
+    size = p.eval.shard_size
+    need = devices_per_task(p)["eval"]
     cells = [(c, min(cell_prompts(p, c) or BENCHMARK_SIZES[c.benchmark], BENCHMARK_SIZES[c.benchmark]))
              for c in eval_cells(p)]
     extra = overheads.eval_shard_overhead(p, r, actors, sum(-(-k // size) for _, k in cells))

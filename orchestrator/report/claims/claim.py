@@ -61,7 +61,9 @@ class Grid:
         """The grid of profile.json's ``train.backbones``, ``eval.temperatures``, ``eval.benchmarks``
         and ``merge.lambdas`` (on ``merge.sweep_backbones``); a key the profile lacks falls back to what the
         traces hold."""
-        ev, tr, mg = prof.get("eval", {}), prof.get("train", {}), prof.get("merge", {})
+        ev = prof.get("eval", {})
+        tr = prof.get("train", {})
+        mg = prof.get("merge", {})
         benches = ev.get("benchmarks") or sorted(pp["benchmark"].unique().to_list())
         backbones = tr.get("backbones") or sorted(set(pp["backbone"].unique().to_list()) - {"none"}) or [
                 "none"]

@@ -174,7 +174,10 @@ def _rq4(claim: Claim, cell: Cell) -> list[Row]:
     the study family), then ROUTED vs HEADS (the majority of turns) and the project's own pairs at
     each granularity (exploratory). A choice is read by name from the row's ``drafter``
     ("math+chat+..."); rows without one read drafter i as route_pair[i] (the profile decides the order)."""
-    pp, backbone, temp, route_pair = cell.prompts, cell.backbone, cell.temp, cell.route_pair
+    pp = cell.prompts
+    backbone = cell.backbone
+    temp = cell.temp
+    route_pair = cell.route_pair
     out = []
     if "math" not in route_pair or "chat" not in route_pair:
         return out
@@ -229,7 +232,9 @@ def same_order(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 def _per_benchmark(sub: pl.DataFrame, pair: tuple, methods: list[str], weighting: str = STUDY_W):
     """Per benchmark: (2, M, n) arrays of tokens and of verifier calls on the prompts every cell has,
     and the benchmarks' weights in the average (claim.py)."""
-    nums, dens, names = [], [], []
+    nums = []
+    dens = []
+    names = []
     for bn in sorted(sub["benchmark"].unique().to_list()):
         cells = [sub.filter((pl.col("backbone") == bb) & (pl.col("method") == m)
                             & (pl.col("benchmark") == bn))

@@ -154,7 +154,9 @@ def _eagle3(claim: Claim, cell: Cell) -> list[Row]:
     if not set(PAIR) <= present:
         return []
     temp, sub = cell.temp, _relabelled(cell.prompts)
-    groups, used, ratios = [], [], []
+    groups = []
+    used = []
+    ratios = []
     for bn in cell.benches:
         m = "math" if bn in MATH_BENCH else "chat"
         g = aligned(sub, "x", temp, bn, f"{PAIR[0]}:{m}", f"{PAIR[1]}:{m}")
