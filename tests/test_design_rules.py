@@ -161,6 +161,22 @@ def test_no_function_over_60_lines():
     assert not stale, f"LONG_FUNCTIONS names modules that are gone: {stale}"
 
 
+
+def _packed(tree: ast.AST) -> list[int]:
+    """Lines of assignments that pack three or more values into one tuple (``a, b, c = x, y, z``)."""
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assign) and len(n.targets) == 1
+            and isinstance(n.targets[0], ast.Tuple) and isinstance(n.value, ast.Tuple)
+            and len(n.value.elts) >= 3]
+
+
+def test_one_value_per_assignment():
+    """Three or more values packed into one tuple read as a way around the function limit: one per line
+    (unpacking a function's result, ``a, b, c = f()``, is not packing)."""
+    packed = {name: lines for name, path in _modules().items()
+              if (lines := _packed(ast.parse(path.read_text())))}
+    assert not packed, f"assignments packing 3+ values (one per line): {packed}"
+    assert _packed(ast.parse("a, b, c = 1, 2, 3\nd, e = 1, 2\nf, g, h = t")) == [1]
+
 # a date, or a commit hash (7-40 hex digits, at least one letter and one digit)
 DATED = re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b|\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
 
