@@ -20,9 +20,10 @@ from orchestrator.run.driver import Driver
 FIXTURE = Path(__file__).parent / "data" / "unit_keys_7b1ea68.json"
 
 
-def planned_keys(name: str, output: str) -> dict:
-    """{unit: key} for every unit of a shipped profile, the drafters' keys chained as the stages do."""
-    d = Driver(load_profile(name), output)
+def planned_keys(name: str, output: str, sets: tuple[str, ...] = ()) -> dict:
+    """{unit: key} for every unit of a shipped profile (with ``--set`` overrides), the drafters' keys
+    chained as the stages do."""
+    d = Driver(load_profile(name, list(sets)), output)
     verifier, p = resolve(d.p.verifier).name, d.p
     d.verifier_name = verifier  # (set by Driver.run's preflight)
     try:
