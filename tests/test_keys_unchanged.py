@@ -2,7 +2,12 @@
 the key the driver wrote at 7b1ea68 (tests/data/unit_keys_7b1ea68.json, computed there by the same
 walk), so a run started before the redesign resumes after it with every finished unit skipped. The
 demo's entry was re-pinned on 2026-12-07, when the demo was re-sized (issue 63: its grid changed, so
-its keys did); the other profiles' entries are still 7b1ea68's."""
+its keys did), and cpu-study's when its grid changed (issue 64). The same day the walk was found to
+place an averaged checkpoint under ``final/`` as a trial's, where the stages keep it in its own dir,
+so the pinned keys of the units that evaluate an averaged checkpoint were never a run's (2 of smoke's
+24, 8 of the demo's 51, 24 of cpu-study's 112, and the paper's hash): those were re-pinned from the
+corrected walk, which reproduces every train, merge and eval key of the cpu-study run of that day
+(runs/cpu-study-6b9fb1b's manifest) and of tests/test_graph_run.py's graph run."""
 from __future__ import annotations
 
 import hashlib
@@ -36,8 +41,9 @@ def planned_keys(name: str, output: str, sets: tuple[str, ...] = ()) -> dict:
         for m in merge_cells(p):
             sources = [d.ckpt_keys.get(f"{m.backbone}-{v}") for v in ("math", "chat")]
             out[f"merge:{m.name}"] = d.ckpt_keys[m.name] = keys.merge_key(p, m.kind, m.lam, sources)
-        names = [c.name for c in train_cells(p)] + [m.name for m in merge_cells(p)]
-        ckpts = {n: d.ref(f"checkpoints/{n}/final") for n in names}
+        # where the stages put each checkpoint (a trial's final/, a merge's own dir: driver.py)
+        ckpts = {c.name: d.ref(f"checkpoints/{c.name}/final") for c in train_cells(p)}
+        ckpts |= {m.name: d.ref(f"checkpoints/{m.name}") for m in merge_cells(p)}
         for cell, shard, ks, _ in d._eval_units(ckpts):
             out[f"eval:{cell.key}:{shard[0].id}"] = ks[0]
         return out
