@@ -73,6 +73,9 @@ def test_verify_costs_are_cached_per_verifier_pass(verifier):
     assert lean_key.endswith("|lean") and hf_key.endswith("|hf")
 
 
+# breadth (make test-full): tree auto on the real verifier end to end is the README job's tree-auto cells
+# (tests/test_grid.py: lossless T=0 outputs checked); its timing path is tests/test_accelerator.py's
+@pytest.mark.full
 def test_auto_tree_on_the_real_verifier_picks_a_shape_and_stays_lossless(verifier, eos, random_proposers,
         bench_prompts):
     from decoding.autotree import auto_tree, calibration_inputs

@@ -81,6 +81,7 @@ def test_the_kernel_built_for_the_x86_64_baseline_is_exact_and_chosen_by_measure
     torch.testing.assert_close(model(x), F.linear(x, model[0].weight, model[0].bias), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.full  # breadth: a benchmark script's output (the machine module's parts are tested above)
 def test_bench_matmul_prints_the_machine_and_the_bound_per_row_count():
     cmd = [sys.executable, str(ROOT / "experiments/bench_matmul.py"), "--rows", "1,6", "--repeats", "1"]
     r = subprocess.run(cmd,
