@@ -108,7 +108,7 @@ class FetchCache:
                         shutil.rmtree(local, ignore_errors=True)
                     else:
                         local.unlink(missing_ok=True)
-                total = total - size
-                freed = freed + size
-                self.deleted = self.deleted + 1
+                total -= size
+                freed += size
+                self.deleted += 1
         return freed

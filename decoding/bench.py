@@ -146,9 +146,9 @@ def time_posthoc(decoders, inputs, baseline, refs=None, classify=None, score=pos
             runs.append(dec.generate(ids, seed_key=pid))
             t.wall += time.perf_counter() - t0
         r = max(runs, key=lambda x: score(x.steps))  # the first of equal scores
-        t.toks = t.toks + len(r.output_token_ids)
-        t.calls = t.calls + r.verifier_calls
-        t.new = t.new + len(r.output_token_ids) - 1
+        t.toks += len(r.output_token_ids)
+        t.calls += r.verifier_calls
+        t.new += len(r.output_token_ids) - 1
         t.tree += sum(s["tree_size"] for s in r.steps)
         t.t_draft += sum(s["t_draft_s"] for x in runs for s in x.steps)
         _tally(t, ids, r.output_token_ids, None if refs is None else refs[pid], classify)

@@ -157,9 +157,9 @@ def _decoder_rows(args, model, props, eos, inputs, refs, gen_tps, dtype: str, mo
         for ids, res, ref in zip(inputs, outs, refs):
             kind, gap = compare_greedy(model, ids, res.output_token_ids, ref, tie_gap)
             counts[kind] += 1
-            toks = toks + len(res.output_token_ids)
-            calls = calls + res.verifier_calls
-            new = new + res.new_tokens
+            toks += len(res.output_token_ids)
+            calls += res.verifier_calls
+            new += res.new_tokens
             if gap is not None:
                 gaps.append(round(gap, 4))
         tps, tau = toks / wall, new / max(calls, 1)

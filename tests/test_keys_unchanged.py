@@ -41,10 +41,7 @@ def planned_keys(name: str, output: str, sets: tuple[str, ...] = ()) -> dict:
         for m in merge_cells(p):
             sources = [d.ckpt_keys.get(f"{m.backbone}-{v}") for v in ("math", "chat")]
             out[f"merge:{m.name}"] = d.ckpt_keys[m.name] = keys.merge_key(p, m.kind, m.lam, sources)
-        # where the stages put each checkpoint (a trial's final/, a merge's own dir: driver.py)
-        ckpts = {c.name: d.ref(f"checkpoints/{c.name}/final") for c in train_cells(p)}
-        ckpts |= {m.name: d.ref(f"checkpoints/{m.name}") for m in merge_cells(p)}
-        for cell, shard, ks, _ in d._eval_units(ckpts):
+        for cell, shard, ks, _ in d._eval_units(d.checkpoint_refs()):
             out[f"eval:{cell.key}:{shard[0].id}"] = ks[0]
         return out
     finally:

@@ -110,6 +110,11 @@ class Driver:
         """The shared location of an artifact (a path under the output dir, or a URI)."""
         return storage.join(self.root, rel)
 
+    def checkpoint_refs(self) -> dict[str, str]:
+        """Where the stages put every drafter of the grid: a trial's ``final/``, a merge's own dir."""
+        refs = {c.name: self.ref(f"checkpoints/{c.name}/final") for c in train_cells(self.p)}
+        return refs | {m.name: self.ref(f"checkpoints/{m.name}") for m in merge_cells(self.p)}
+
     def _publish(self, rel: str) -> None:
         """Copy a file the driver wrote (under its staging dir) to the URI."""
         if self.uri:

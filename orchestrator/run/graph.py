@@ -19,7 +19,7 @@ import queue
 import threading
 import time
 
-from orchestrator.grid import merge_cells, train_cells
+from orchestrator.grid import merge_cells
 from orchestrator.run.eval_run import EvalRun
 from orchestrator.run.progress import Progress
 
@@ -66,9 +66,7 @@ class GraphRun:
         self.merges = [m for m in merge_cells(d.p)]
         for m in self.merges:  # every key before any eval key (an eval key names its drafters' keys)
             d.merge_key(m)
-        expected = {c.name: d.ref(f"checkpoints/{c.name}/final") for c in train_cells(d.p)}
-        expected |= {m.name: d.ref(f"checkpoints/{m.name}") for m in self.merges}
-        self.units = units = d._eval_units(expected)
+        self.units = units = d._eval_units(d.checkpoint_refs())
         d.manifest.set_plan("eval", [k for _, _, keys, _ in units for k in keys])
         self.n_units = len(units)
         self.eprog = Progress("eval", len(units))
