@@ -24,6 +24,10 @@ from drafters.data.spec import DISTILL_MODES as MODES
 from drafters.data.templating import prompt_ids
 from drafters.features import content_key
 
+# rows per generate call: on 2 CPU cores 32 rows gave 133 tok/s against 82 at 8 and 144 at 64 (MathInstruct
+# answers to 192 tokens; docs/study.md "The demo's recipe"); part of the cache key (padding can move a near-tie)
+BATCH = 32
+
 
 @torch.no_grad()
 def _generate(model, pad_id: int, prompts: list[list[int]], max_new: int, mode: str, seed: int,
@@ -51,7 +55,7 @@ def _generate(model, pad_id: int, prompts: list[list[int]], max_new: int, mode: 
 
 def regenerate(model, tokenizer, eos_ids, convs: list[Conversation], max_length: int, mode: str,
                seed: int = 0,
-               batch_size: int = 8, progress=None) -> tuple[list[Conversation], dict]:
+               batch_size: int = BATCH, progress=None) -> tuple[list[Conversation], dict]:
     """The conversations with every assistant turn (within ``max_length``) answered by the verifier.
     Returns (conversations, stats)."""
     if mode not in MODES:
@@ -99,7 +103,7 @@ def distilled(model, tokenizer, eos_ids, verifier: str, corpus: str, convs: list
               max_length: int,
               mode: str, seed: int, root: str | os.PathLike, progress=None) -> list[Conversation]:
     """``regenerate`` through a cache file under ``root/distill/``; a hit needs no model."""
-    key = content_key(verifier, f"{corpus}-distill-{mode}-{seed}", [c.id for c in convs], max_length)
+    key = content_key(verifier, f"{corpus}-distill-{mode}-{seed}-b{BATCH}", [c.id for c in convs], max_length)
     path = Path(root) / "distill" / f"{key}.json"
     if path.exists():
         rows = json.loads(path.read_text())["conversations"]
