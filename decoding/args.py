@@ -40,8 +40,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hedge-prior", default=D.hedge_prior,
                    help=f"hedge: one of {list(PRIORS)} (mixed-first: the first drafter starts ahead)")
     p.add_argument("--hedge-reset", default=D.hedge_reset,
-                   help=f"hedge: one of {list(RESETS)} (fresh weights every turn, or carried across a "
-                        "prompt's turns)")
+                   help=f"hedge: one of {list(RESETS)} (fresh weights every turn, carried across a "
+                        "prompt's turns, or across every prompt of the run)")
     p.add_argument("--hedge-learner", default=D.hedge_learner,
                    help=f"hedge: one of {list(LEARNERS)} (decoding/hedge.py; HedgeSpec runs normalhedge)")
     p.add_argument("--hedge-feedback", default=D.hedge_feedback,

@@ -32,7 +32,10 @@ step; with none, a seeded draw among the tied). Draws come from a generator seed
 decode seed and the prompt (engine: ``prompt_seed``), never from the verifier's sampler. Every choice
 reads only tokens already verified (and the seeded draw), so each tree is fixed before its
 verification: lossless at T=0 and T>0 like any draft-side routing. ``reset``: fresh weights at every
-turn, or carried across a prompt's turns (a new prompt always starts afresh).
+turn (``turn``); carried across a prompt's turns, a new prompt starting afresh (``carry``); or carried
+across every prompt one decoder answers (``stream``: a request stream of one task, as a deployment
+serving that task sees it; in the grid, the prompts of one eval shard in benchmark order, so a prompt's
+choices depend on the prompts before it in its shard, and the shard size is part of the cell).
 """
 from __future__ import annotations
 
@@ -40,7 +43,9 @@ import math
 from dataclasses import dataclass, replace
 
 PRIORS = ("uniform", "mixed-first")
-RESETS = ("turn", "carry")  # turn: fresh weights at every turn; carry: per prompt, carried across its turns
+# turn: fresh weights at every turn; carry: per prompt, carried across its turns; stream: carried across
+# every prompt of one decoder (an eval shard)
+RESETS = ("turn", "carry", "stream")
 FEEDBACKS = ("agreement", "acceptance")
 LEARNERS = ("ftl", "hedge", "normalhedge", "ucb")
 TIES = ("lower", "stay")
@@ -86,7 +91,7 @@ class HedgeConfig:
         parts += [f"eta={self.eta:g}"] if self.learner in ("hedge",) or self.prior != "uniform" else []
         parts += [self.prior] if self.prior != "uniform" else []
         parts += [f"ties={self.ties}"] if self.learner in ("ftl", "ucb", "normalhedge") else []
-        parts += ["carry"] if self.reset == "carry" else []
+        parts += [self.reset] if self.reset != "turn" else []
         return ", ".join(parts)
 
 

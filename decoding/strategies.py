@@ -291,7 +291,8 @@ class Hedge(Strategy):
     expected accepted length over the first min(c, tree depth) committed positions from its own
     multi-step draft along them (``drafting.acceptance_together``; at T > 0 with the verifier's
     distributions there). The bandit (ucb) sees only the chosen drafter's realised acceptance and runs
-    no feedback pass. Weights restart at every turn (``reset="turn"``) or every prompt (``"carry"``).
+    no feedback pass. Weights restart at every turn (``reset="turn"``), every prompt (``"carry"``) or
+    never while this strategy lives (``"stream"``: one decoder's prompts, an eval shard).
     The tree is fixed before its verification."""
 
     name, min_drafters = "hedge", 2
@@ -312,7 +313,8 @@ class Hedge(Strategy):
                              f"{what}; {bad} cannot be scored")
 
     def start_prompt(self):
-        self.state = None  # set from the number of drafters at the first proposal
+        if self.hedge.reset != "stream" or not hasattr(self, "state"):
+            self.state = None  # set from the number of drafters at the first proposal
 
     def start_turn(self):
         if self.hedge.reset == "turn" or not hasattr(self, "state"):

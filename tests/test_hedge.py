@@ -162,8 +162,8 @@ def test_drafts_only_from_the_chosen_drafter_and_moves_to_the_one_that_agrees():
     assert _step(s, props, [1]).chosen == 1  # cumulative losses: s0 1 + 2/3, s1 0 + 1/3
 
 
-@pytest.mark.parametrize("reset,second_turn", [("turn", 0), ("carry", 1)])
-def test_weights_restart_every_turn_or_carry_across_a_prompts_turns(reset, second_turn):
+@pytest.mark.parametrize("reset,second_turn,next_prompt", [("turn", 0, 0), ("carry", 1, 0), ("stream", 1, 1)])
+def test_weights_restart_every_turn_or_carry_across_turns_or_prompts(reset, second_turn, next_prompt):
     props = [Scripted(0, 5), Scripted(1, 7)]
     s = make_strategy("hedge", 2, hedge=HedgeConfig(reset=reset))
     s.start_prompt()
@@ -172,9 +172,9 @@ def test_weights_restart_every_turn_or_carry_across_a_prompts_turns(reset, secon
     assert _step(s, props, [7]).chosen == 1
     s.start_turn()  # the prompt's second turn
     assert _step(s, props, [7]).chosen == second_turn
-    s.start_prompt()  # a new prompt always starts afresh
+    s.start_prompt()  # a new prompt starts afresh, except in a stream
     s.start_turn()
-    assert _step(s, props, [7]).chosen == 0
+    assert _step(s, props, [7]).chosen == next_prompt
 
 
 # -- teacher-forced feedback equals what the drafter drafts --------------------------------------

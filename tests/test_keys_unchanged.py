@@ -7,7 +7,9 @@ place an averaged checkpoint under ``final/`` as a trial's, where the stages kee
 so the pinned keys of the units that evaluate an averaged checkpoint were never a run's (2 of smoke's
 24, 8 of the demo's 51, 24 of cpu-study's 112, and the paper's hash): those were re-pinned from the
 corrected walk, which reproduces every train, merge and eval key of the cpu-study run of that day
-(runs/cpu-study-6b9fb1b's manifest) and of tests/test_graph_run.py's graph run."""
+(runs/cpu-study-6b9fb1b's manifest) and of tests/test_graph_run.py's graph run. Later re-pins, each
+because the profile's grid changed: the demo's when its drafters' data became self-distilled, and
+cpu-study's hedge cells when their weights became carried across a shard's prompts (issues 63, 64)."""
 from __future__ import annotations
 
 import hashlib
