@@ -58,15 +58,16 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
 
     A second call with the same content key runs no verifier forward pass. ``prefetch(key)``, if
     given, runs before each cache lookup (e.g. to copy the cache from remote storage). With
-    ``spec.self_distill`` the training examples' assistant turns are the verifier's own answers (the
-    same conversations and user turns); the held-out slice stays original, so agreement is comparable.
+    ``spec.self_distill`` (for the corpora ``spec.self_distill_corpora`` names, or every corpus) the
+    training examples' assistant turns are the verifier's own answers (the same conversations and user turns); the held-out slice stays original, so agreement is comparable.
     ``aux_layers`` (EAGLE-3): the caches also hold those layers' hidden states, under their own keys
     (``<corpus>-<part>-aux2-15-27-<hash>``); without it the keys and contents are EAGLE-2/HASS's.
     ``store_for(root, key)``: the store a cache is written to (e.g. one streaming it to a URI).
     ``shards`` = (i, n): this call computes only part i of n of each cache's shards (data-parallel
     extraction, FeatureStore.extract); the index is written by ``finish_parts`` once all have.
     """
-    if shards is not None and spec.self_distill:
+    mode = spec.distills(corpus)  # None: this corpus keeps its original answers
+    if shards is not None and mode:
         raise ValueError("self-distilled caches are extracted in one part (every part would distil every "
                          "example)")
     if aux_layers is not None:
@@ -74,10 +75,10 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
     train, held = select_conversations(tokenizer, eos_ids, corpus, spec, options)
     train_exs, held_exs = [e for _, e in train], [e for _, e in held]
     train_part = "train"
-    if spec.self_distill:
-        train_part = f"train-distill-{spec.self_distill}-{spec.seed}"
+    if mode:
+        train_part = f"train-distill-{mode}-{spec.seed}"
         convs = distilled(model, tokenizer, eos_ids, verifier, corpus, [c for c, _ in train], spec.max_length,
-                          spec.self_distill, spec.seed, root, progress=progress)
+                          mode, spec.seed, root, progress=progress)
         train_exs = [tokenize_conversation(tokenizer, c, spec.max_length, eos_ids) for c in convs]
     # copies to the host without waiting for them: the store's writer thread waits
     compute = functools.partial(verifier_features, model, aux_layers=aux_layers, async_copies=True)
@@ -90,7 +91,7 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
         store = store_for(root, key)
         if not store.exists():
             meta = {"verifier": verifier, "corpus": corpus, "part": part, "max_length": spec.max_length,
-                    "seed": spec.seed, "self_distill": spec.self_distill if part == "train" else None}
+                    "seed": spec.seed, "self_distill": mode if part == "train" else None}
             if aux_layers is not None:
                 meta["aux_layers"] = [int(i) for i in aux_layers]
             what = f"features {corpus}/{part}" + (f" (part {shards[0] + 1} of {shards[1]})" if shards else "")

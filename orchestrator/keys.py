@@ -25,6 +25,8 @@ def data_spec(p) -> dict:
     spec = {"n": d.n, "heldout": d.heldout, "max_length": d.max_length, "seed": d.seed}
     if d.self_distill:  # only when set, so the keys of runs without it stay what they were
         spec["self_distill"] = d.self_distill
+    if d.self_distill_corpora is not None:  # the same: only when set
+        spec["self_distill_corpora"] = sorted(d.self_distill_corpora)
     return spec
 
 

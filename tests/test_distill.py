@@ -84,3 +84,15 @@ def test_self_distilled_features_keep_the_heldout_slice(verifier, eos, tmp_path)
     assert answers[0].turns[1][1].strip() in text  # the loss positions are the verifier's answer
     with pytest.raises(ValueError, match="self_distill must be null, greedy or sample"):
         DataSpec(n=2, self_distill="beam")
+    # self_distill_corpora: a corpus it does not name keeps its original answers (the plain cache, no decode)
+    other = DataSpec(n=2, heldout=1, max_length=MAX_LEN, seed=7, self_distill="greedy",
+                     self_distill_corpora=["sharegpt"])
+    assert other.distills("mathinstruct") is None and other.distills("sharegpt") == "greedy"
+    c = ensure_features(model, tok, eos, "smollm2-135m-instruct", "mathinstruct", other, str(tmp_path))
+    assert c["train"] == a["train"]
+    named = DataSpec(n=2, heldout=1, max_length=MAX_LEN, seed=7, self_distill="greedy",
+                     self_distill_corpora=["mathinstruct"])
+    assert ensure_features(model, tok, eos, "smollm2-135m-instruct", "mathinstruct", named,
+                           str(tmp_path))["train"] == b["train"]
+    with pytest.raises(ValueError, match="self_distill_corpora names the corpora .* self_distill is null"):
+        DataSpec(n=2, self_distill_corpora=["mathinstruct"])

@@ -53,6 +53,9 @@ def test_dry_run_imports_no_model_code(tmp_path):
     (["data.self_distill=beam"], "data.self_distill must be null, greedy or sample"),
     (["data.self_distill=greedy", "data.feature_mode=online"],
      "data.self_distill needs data.feature_mode: cached"),
+    (["data.self_distill_corpora=[mathinstruct]"], "data.self_distill_corpora names .* data.self_distill is null"),
+    (["data.self_distill=greedy", "data.self_distill_corpora=[math]"],
+     "data.self_distill_corpora must be null or a non-empty list of distinct values from \\[mathinstruct"),
     (["eval.paired_baseline=maybe"], "eval.paired_baseline must be true or false"),
 ])
 def test_bad_profiles_are_refused_with_one_clear_error(sets, match):

@@ -124,8 +124,8 @@ def _print_dag(p: Profile, output: str | None) -> None:
     print(f"  features : {len(s['features'])} corpora {s['features']} (mode: {p.data.feature_mode}; "
           f"n={p.data.n}/domain, max_length {p.data.max_length})"
           + (f"; self-distilled ({p.data.self_distill}): the verifier first regenerates the {p.data.n} "
-             "training answers "
-             "per corpus (decode time not in the estimate below)" if p.data.self_distill else ""))
+             f"training answers of {_distilled(p, s['features'])} "
+             "(decode time not in the estimate below)" if p.data.self_distill else ""))
     epochs = {b: p.train.for_backbone(b).epochs for b in p.train.backbones}
     ep = f"{p.train.epochs}" if set(epochs.values()) == {p.train.epochs} else \
         ", ".join(f"{b} {n}" for b, n in epochs.items())
@@ -139,6 +139,12 @@ def _print_dag(p: Profile, output: str | None) -> None:
           f"up to {r.eval_actors} actor(s) x ({r.eval.num_cpus} CPU, {r.eval.num_gpus} GPU"
           + ("; packing auto: the plan's share on each cluster" if r.eval.packing == "auto" else "")
           + f"), shard size {p.eval.shard_size}")
+
+
+def _distilled(p: Profile, names: list[str]) -> str:
+    """Which of the run's corpora self-distillation regenerates, in words."""
+    named = [c for c in names if p.data.distills(c)]
+    return "every corpus" if named == list(names) else ", ".join(named) or "no corpus of this run"
 
 
 def _print_features_mode(p: Profile) -> None:

@@ -78,7 +78,10 @@ def _build(cls, data: dict, path: str):
         if not rule.ok(v):
             raise ProfileError(f"{key} must be {rule.allowed}, got {v!r}{_float_text(v, rule)}", key)
         kwargs[f.name] = float(v) if _float_hint(hint) and is_int(v) else v
-    return cls(**kwargs)
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # a rule across fields (__post_init__): one line, as every other refusal
+        raise ProfileError(str(e), path or None) from None
 
 
 def _short(v) -> str:
