@@ -86,7 +86,7 @@ class DecodeConfig:
     # hedge: decoding/hedge.py's HedgeConfig field by field (``.hedge``), at its defaults (the first router's)
     hedge_eta: float = HedgeConfig.eta  # learning rate (> 0)
     hedge_prior: str = HedgeConfig.prior  # uniform | mixed-first (the first drafter starts ahead)
-    hedge_reset: str = HedgeConfig.reset  # fresh weights every turn | per prompt (carry) | per decoder (stream)
+    hedge_reset: str = HedgeConfig.reset  # fresh every turn | per prompt (carry) | per decoder (stream)
     hedge_learner: str = HedgeConfig.learner  # ftl | hedge | normalhedge | ucb (decoding/hedge.py LEARNERS)
     hedge_feedback: str = HedgeConfig.feedback  # agreement (depth-1 top-1) | acceptance (counterfactual)
     hedge_ties: str = HedgeConfig.ties  # ties of ftl/ucb to the lower index | stay with the current drafter

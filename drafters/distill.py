@@ -24,8 +24,8 @@ from drafters.data.spec import DISTILL_MODES as MODES
 from drafters.data.templating import prompt_ids
 from drafters.features import content_key
 
-# rows per generate call: on 2 CPU cores 32 rows gave 133 tok/s against 82 at 8 and 144 at 64 (MathInstruct
-# answers to 192 tokens; docs/study.md "The demo's recipe"); part of the cache key (padding can move a near-tie)
+# rows per generate call (measured against 8 and 64: docs/study.md "The demo's recipe"); part of the
+# cache key, since padding can move a near-tie
 BATCH = 32
 
 

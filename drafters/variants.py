@@ -59,7 +59,8 @@ def ensure_features(model, tokenizer, eos_ids, verifier: str, corpus: str, spec:
     A second call with the same content key runs no verifier forward pass. ``prefetch(key)``, if
     given, runs before each cache lookup (e.g. to copy the cache from remote storage). With
     ``spec.self_distill`` (for the corpora ``spec.self_distill_corpora`` names, or every corpus) the
-    training examples' assistant turns are the verifier's own answers (the same conversations and user turns); the held-out slice stays original, so agreement is comparable.
+    training examples' assistant turns are the verifier's own answers (the same conversations and user
+    turns); the held-out slice stays original, so agreement is comparable.
     ``aux_layers`` (EAGLE-3): the caches also hold those layers' hidden states, under their own keys
     (``<corpus>-<part>-aux2-15-27-<hash>``); without it the keys and contents are EAGLE-2/HASS's.
     ``store_for(root, key)``: the store a cache is written to (e.g. one streaming it to a URI).
