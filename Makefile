@@ -47,7 +47,17 @@ $(STAMP): pyproject.toml Makefile docker/constraints.txt
 
 venv: $(STAMP)
 
+# The demo's matmul tables timed once, on quiet cores, before its grid starts: the feature tasks (every
+# core) and the eval actors (one thread each) would otherwise time them at once, under each other's load,
+# where no timing is cached, and time them again in every later process (docs/performance.md: ~10 min of
+# a fresh machine's features stage). WARM_DRAFTERS: the profile's backbones (eagle3 for cpu-study).
+WARM_DRAFTERS ?= eagle2
+DEMO_THREADS = $(shell echo 1 $$(nproc 2>/dev/null || echo 1) | tr ' ' '\n' | sort -u | paste -sd,)
+DEMO_WARM = $(BIN)/python -m decoding cache warm --threads $(DEMO_THREADS) --dtypes float32 \
+	--drafters $(WARM_DRAFTERS)
+
 demo: venv
+	$(DEMO_WARM)
 	$(BIN)/python experiments/full_grid.py --profile $(PROFILE)
 
 smoke: venv

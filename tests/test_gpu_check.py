@@ -23,7 +23,10 @@ STRATEGIES = ("single", "confidence", "entropy", "merged", "merged-dedup", "merg
 
 
 BLOCKED = "ray,deepspeed,polars,datasets,pandas"
-PACKING = (1, 2, 4)  # the script's default on a trained drafter; the default suite packs 1 and 2 (x4 in full)
+# the script's default on a trained drafter; make test-full's runs of the script pack them. The default
+# suite's run packs none: its packing workers (experiments/gpu_check_packing.py run_packed, summarize) are
+# the GPU rates script's eval part, which tests/test_gpu_rates.py runs at x1 and x2 by default
+PACKING = (1, 2, 4)
 
 
 def _run_dry(tmp_path, *extra, block: bool = False, timeout: int = 1800, env_extra: dict | None = None):
@@ -60,6 +63,9 @@ def _check_dry_output(out, tmp_path, train_row: str, packing: tuple[int, ...] = 
     assert "small (2 layers, hidden 256)" in table[2]
     assert "OK: 0 mismatch(es)" in out.stdout
     assert any(p.name.startswith("small-2l") for p in tmp_path.iterdir())  # the verifier was built here
+    if not packing:
+        assert not (tmp_path / "gpu_rates.json").exists()
+        return
     rates = json.loads((tmp_path / "gpu_rates.json").read_text())
     assert rates["kind"] == "gpu-check-packing"
     assert [r["processes"] for r in rates["packing"]] == list(packing)
@@ -70,10 +76,28 @@ def test_the_dry_check_learns_and_decodes_with_torch_alone(tmp_path):
     """The default suite's run of the script as shipped, on a machine with nothing but torch and
     transformers (Ray, DeepSpeed, polars, datasets and pandas fail to import in every process): the
     planted verifier is learned in process (loss falls, held-out top-1 >= 0.5), every strategy equals
-    ``generate`` and accepts drafts (tau >= 2.0), and 1 and 2 processes decode at once (rates file; 4 in
-    make test-full's runs of the script)."""
-    out = _run_dry(tmp_path, "--no-train", "--packing", "1,2", block=True)
-    _check_dry_output(out, tmp_path, "train (torch)", packing=(1, 2))
+    ``generate`` and accepts drafts (tau >= 2.0). No packing rows (``--packing none``): the same workers
+    run in tests/test_gpu_rates.py, and make test-full's runs of this script pack 1, 2 and 4."""
+    out = _run_dry(tmp_path, "--no-train", "--packing", "none", block=True)
+    _check_dry_output(out, tmp_path, "train (torch)", packing=())
+
+
+def test_the_packing_rows_are_written_as_the_file_the_dry_run_reads(tmp_path):
+    """The packing rows summarized from the workers' results, written atomically, read back by the dry
+    run's reader (orchestrator/plan/packing.py) and fitted."""
+    from orchestrator.plan import packing
+
+    pk = _experiment("gpu_check_packing")
+    one = {"start": 0.0, "end": 2.0, "steps": 20, "tokens": 60, "new": 60, "peak_gib": None}
+    rows = [pk.summarize(1, [one]), pk.summarize(2, [{**one, "end": 3.0}, {**one, "start": 0.5, "end": 3.0}])]
+    assert rows[0] == {"processes": 1, "tokens_per_s": 30.0, "step_s": 0.1, "tau": 3.0,
+                       "peak_gib_per_process": None}
+    assert rows[1]["tokens_per_s"] == pytest.approx(40.0) and rows[1]["step_s"] == pytest.approx(0.1375)
+    path = pk.write_rates(tmp_path / "out" / "gpu_rates.json", "cpu", "small-2l", "float32", rows)
+    assert [p.name for p in path.parent.iterdir()] == ["gpu_rates.json"]  # no temp file left
+    data = packing.read_packing(path)
+    assert [r["processes"] for r in data["packing"]] == [1, 2] and data["tree"] == [4, 4, 16]
+    assert packing.fit(data, str(path), None, 4)["t_dev_s"] > 0
 
 
 @pytest.mark.full
