@@ -192,6 +192,31 @@ def test_noisy_timings_are_used_but_not_cached(fresh_kernel, monkeypatch, capsys
     assert cpu_matmul.CACHE.exists()
 
 
+def test_a_row_count_slower_than_the_call_limit_ends_the_timing(fresh_kernel, monkeypatch):
+    """Once the fastest form at a row count takes longer than MAX_CALL_S a call, the larger row counts take
+    its form untimed (every form is timed at every count while the calls stay short)."""
+    W = torch.randn(48, 40)
+    calls = []
+
+    def timings(fn, reps, slow_from=None):
+        calls.append(len(calls))
+        return [0.001 * (len(calls) + 1)] * reps if slow_from is None or len(calls) <= slow_from \
+            else [1.0] * reps
+
+    monkeypatch.setattr(cpu_matmul, "_time", timings)
+    monkeypatch.setattr(cpu_matmul, "MIN_CPU_SHARE", 0.0)  # (the timings are made up: the process idles)
+    table, why = cpu_matmul.tune(W)
+    forms = len(cpu_matmul.forms_for(W))
+    assert why is None and len(calls) == forms * len(cpu_matmul.BUCKETS)
+    assert set(table) == set(cpu_matmul.BUCKETS)
+    calls.clear()
+    # from the third row count on, every call takes a second: timed there, not beyond
+    monkeypatch.setattr(cpu_matmul, "_time", lambda fn, reps: timings(fn, reps, slow_from=2 * forms))
+    table, why = cpu_matmul.tune(W)
+    assert len(calls) == 3 * forms and set(table) == set(cpu_matmul.BUCKETS)
+    assert {table[m] for m in cpu_matmul.BUCKETS[2:]} == {table[cpu_matmul.BUCKETS[2]]}
+
+
 def test_a_single_spike_is_timed_again_and_the_table_cached(fresh_kernel, monkeypatch, capsys):
     """One row count's first timings spread by 3x (a spike), its second are quiet: that row count
     is timed once more and the table is cached; every other row count is timed once."""
