@@ -217,6 +217,32 @@ def test_a_row_count_slower_than_the_call_limit_ends_the_timing(fresh_kernel, mo
     assert {table[m] for m in cpu_matmul.BUCKETS[2:]} == {table[cpu_matmul.BUCKETS[2]]}
 
 
+def test_a_form_far_behind_and_losing_ground_is_not_timed_at_larger_row_counts(fresh_kernel, monkeypatch):
+    """A form over DROP_RATIO times the fastest at two row counts in a row, further behind at the second,
+    is not timed beyond it; one as far behind but catching up (a form that wins at many rows) stays, and
+    so does F.linear however slow."""
+    W = torch.randn(48, 40)
+    forms = cpu_matmul.forms_for(W)
+    assert {"kernel", "wxt"} <= set(forms)
+    # x the fastest at the first row counts (then as at the last)
+    slow = {"kernel": [3.0, 4.0, 5.0], "wxt": [3.0, 2.5, 2.2], "linear": [3.0, 4.0, 5.0]}
+    timed = {f: 0 for f in forms}
+
+    def timings(fn, reps):
+        form = fn.__defaults__[0]  # the tuner's lambda f=f
+        timed[form] += 1
+        i = timed["linear"] - 1  # F.linear is timed first at every row count
+        return [0.001 * slow.get(form, [1.0])[min(i, len(slow.get(form, [1.0])) - 1)]] * reps
+
+    monkeypatch.setattr(cpu_matmul, "_time", timings)
+    monkeypatch.setattr(cpu_matmul, "MIN_CPU_SHARE", 0.0)  # (the timings are made up: the process idles)
+    table, why = cpu_matmul.tune(W)
+    n = len(cpu_matmul.BUCKETS)
+    assert why is None and set(table) == set(cpu_matmul.BUCKETS)
+    assert timed["kernel"] == 2 and timed["wxt"] == n and timed["linear"] == n
+    assert "kernel" not in table.values()
+
+
 def test_a_single_spike_is_timed_again_and_the_table_cached(fresh_kernel, monkeypatch, capsys):
     """One row count's first timings spread by 3x (a spike), its second are quiet: that row count
     is timed once more and the table is cached; every other row count is timed once."""

@@ -5,7 +5,8 @@ streaming the weights once costs the same for any small row count; ``W @ x.T`` t
 path, and a thin-GEMM kernel compiled on first use (``kernel.py``, two prefetch variants) streams a
 repacked copy of the weights once for up to 256 rows. oneDNN's prepacked linear (``onednn.py``) is
 what a bf16 verifier's multi-row passes want on a CPU with AMX. Which form wins depends on the CPU,
-the weight shape and the row count (prefills included), so every form is timed: the measurements
+the weight shape and the row count (prefills included), so every form is timed (one far behind the fastest
+and losing ground drops out as the row count grows): the measurements
 that motivated each form are in docs/performance.md ("Why the CPU forms exist").
 
 ``install(model)`` times every form for every distinct weight shape at a few row counts (a few
@@ -72,6 +73,10 @@ COLD_BYTES = 128 * 2**20  # weights cycled per timing: more than any last-level 
 # counts take its form (on a CPU without native bfloat16 a bf16 call at 64-256 rows takes seconds, and
 # timing every form at every count took minutes per weight shape: docs/performance.md)
 MAX_CALL_S = 0.25
+# a form slower than this multiple of the fastest at a row count, and further behind than at the row count
+# before, is not timed at the larger ones (on Zen 3 the thin-GEMM kernel's float32 calls, 3-40x behind from
+# 2 rows on, took 95% of a table's timing: docs/performance.md); F.linear, the reference, is always timed
+DROP_RATIO = 2.0
 
 
 # F.linear; (W @ x.T).T; the thin-GEMM kernel (kernel.py) with its two prefetch hints; oneDNN's
@@ -105,24 +110,26 @@ def tune(W: torch.Tensor, reps: int = 3) -> tuple[dict[int, str], str | None]:
     copies = [W] + [W.clone() for _ in range(max(0, COLD_BYTES // (W.numel() * W.element_size()) - 1))]
     forms = forms_for(W)
 
-    def bucket(x):
-        ts = {f: _time(lambda f=f: [form_fn(f)(x, w) for w in copies], reps) for f in forms}
+    def bucket(x, live):
+        ts = {f: _time(lambda f=f: [form_fn(f)(x, w) for w in copies], reps) for f in live}
         t = {f: statistics.median(v) for f, v in ts.items()}
         t["linear"] /= 0.95
         best = min(t, key=t.get)
-        return best, max(timing.spread(ts[best]), timing.spread(ts["linear"])), min(t.values())
+        return best, max(timing.spread(ts[best]), timing.spread(ts["linear"])), t
 
     def measure():
-        out, spreads = {}, []
+        out, spreads, live, behind = {}, [], list(forms), {}
         for i, m in enumerate(BUCKETS):
             x = torch.randn(m, W.shape[1], dtype=W.dtype, device=W.device)
-            out[m], spread, fastest = bucket(x)
+            out[m], spread, t = bucket(x, live)
             if spread > MAX_SPREAD:  # one spike (a VM's noise is one-sided): time this row count again
-                out[m], spread, fastest = bucket(x)
+                out[m], spread, t = bucket(x, live)
             spreads.append(spread)
+            fastest = min(t.values())
             if fastest > MAX_CALL_S:  # the larger row counts take this one's form, untimed
                 out.update({n: out[m] for n in BUCKETS[i + 1:]})
                 break
+            live, behind = _still_timed(live, {f: v / fastest for f, v in t.items()}, behind)
         return out, max(spreads)
 
     (table, spread), share = timing.cpu_share(measure)
@@ -132,6 +139,14 @@ def tune(W: torch.Tensor, reps: int = 3) -> tuple[dict[int, str], str | None]:
     elif share < MIN_CPU_SHARE:
         why = f"this process got {share:.0%} of its threads' CPU time (other processes held the cores)"
     return table, why
+
+
+def _still_timed(live: list[str], behind: dict[str, float], before: dict[str, float]) -> tuple[list, dict]:
+    """(the forms timed at the next row count, their slowdowns): those ``DROP_RATIO`` behind the fastest
+    and further behind than at the row count ``before`` drop out; F.linear stays."""
+    keep = [f for f in live if f == "linear" or behind[f] <= DROP_RATIO
+            or behind[f] <= before.get(f, float("inf"))]
+    return keep, {f: behind[f] for f in keep}
 
 
 _ON = [True]
