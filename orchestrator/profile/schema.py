@@ -288,8 +288,8 @@ HEADLINE_STRATEGIES = ("single", "confidence", "entropy", "merged", "switching",
 
 @dataclass(frozen=True)
 class ReportCfg:
-    # the strategy whose speedup over generate (T=0, mean over benchmarks, with its interval) the
-    # report's first screen names: chosen in the profile before the run, not picked from its results;
+    # the strategy whose speedup over generate (T=0, mean over benchmarks 1 chat : 3 math, with its interval)
+    # the report's first screen names: chosen in the profile before the run, not picked from its results;
     # null: the first screen names none
     headline_strategy: str | None = None
     headline_tree: str = "auto"  # auto: its eval.tree_auto cells; fixed: its eval.tree cells

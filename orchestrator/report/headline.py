@@ -10,7 +10,7 @@ import numpy as np
 import polars as pl
 
 from orchestrator.report.stats import B, canonical, data_rng
-from orchestrator.report.tables import MATH_BENCH
+from orchestrator.report.tables import MATH_BENCH, STUDY_W, weights
 from orchestrator.report.verdicts import estimate_text, verdict_word
 
 CONCLUSIVE = ("holds", "does not hold")
@@ -51,8 +51,9 @@ def headline_rows(pp: pl.DataFrame, backbone: str, strategy: str, tree: str) -> 
 
 def speedup_ci(rows: pl.DataFrame, b: int = B) -> dict:
     """(tokens/s of the strategy) / (tokens/s of generate), ratios of sums over each benchmark's prompts,
-    per benchmark and as their mean, each with a 95% percentile bootstrap over prompts (paired: a prompt
-    brings its strategy run and its generate run together; benchmarks resampled independently)."""
+    per benchmark and as their mean weighted as the τ averages (``tables.weights``: 1 chat : 3 math where
+    both kinds are present), each with a 95% percentile bootstrap over prompts (paired: a prompt brings
+    its strategy run and its generate run together; benchmarks resampled independently)."""
     rows = rows.filter(pl.col("g_s").fill_null(0) > 0)
     per, draws = {}, []
     for (bench,), g in sorted(rows.group_by("benchmark"), key=lambda kv: kv[0]):
@@ -67,8 +68,9 @@ def speedup_ci(rows: pl.DataFrame, b: int = B) -> dict:
         draws.append(d)
     if not per:
         return {}
-    mean = np.mean(draws, axis=0)
-    point = float(np.mean([v["speedup"] for v in per.values()]))
+    w = np.array(weights(list(per), STUDY_W))  # per's benchmarks, sorted
+    mean = w @ np.stack(draws)  # (b,)
+    point = float(w @ np.array([v["speedup"] for v in per.values()]))
     spread = min(v["prompts"] for v in per.values()) > 1
     lo, hi = np.percentile(mean, [2.5, 97.5]) if spread else (float("nan"),) * 2
     return {"speedup": point, "lo": float(lo), "hi": float(hi), "per_benchmark": per}
@@ -89,7 +91,8 @@ def speed_line(pp: pl.DataFrame, backbone: str, strategy: str, tree: str) -> str
                 "against `generate` in this run.\n")
     each = ", ".join(f"{bn} {_ci(v)} ({v['prompts']} prompts)" for bn, v in s["per_benchmark"].items())
     return (f"- **Speed** ({backbone}, T=0, lossless): {label}, named in the profile before the run, decodes "
-            f"**{_ci(s)}** as fast as `generate` on the same machine and prompts (mean over benchmarks; "
+            f"**{_ci(s)}** as fast as `generate` on the same machine and prompts (mean over benchmarks, "
+            f"{STUDY_W} as the τ averages; "
             f"{each}; 95% prompt-bootstrap intervals).\n")
 
 
