@@ -118,7 +118,8 @@ def tune(W: torch.Tensor, reps: int = 3) -> tuple[dict[int, str], str | None]:
         return best, max(timing.spread(ts[best]), timing.spread(ts["linear"])), t
 
     def measure():
-        out, spreads, live, behind = {}, [], list(forms), {}
+        out, spreads = {}, []
+        live, behind = list(forms), {}  # the forms still timed, how far behind each was
         for i, m in enumerate(BUCKETS):
             x = torch.randn(m, W.shape[1], dtype=W.dtype, device=W.device)
             out[m], spread, t = bucket(x, live)
