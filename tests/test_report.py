@@ -469,7 +469,8 @@ def test_the_speed_figure_marks_the_post_hoc_router_as_not_deployable(tmp_path):
     from orchestrator.report.routers import POSTHOC
 
     sp = pl.DataFrame({"backbone": ["eagle2"] * 3, "method": ["math", POSTHOC, "merged"],
-                       "temperature": [0.0] * 3, "speedup": [1.3, 0.31, 0.8], "baseline": ["generate"] * 3})
+                       "temperature": [0.0] * 3, "speedup": [1.3, 0.31, 0.8], "baseline": ["generate"] * 3,
+                       "benchmark": ["gsm8k"] * 3})
     s = sp.sort("speedup", descending=True)
     bars = {label: (colour, hatch) for label, _, colour, hatch in speed_bars(s)}
     assert bars == {"eagle2:math": ("tab:green", ""), "eagle2:merged": ("tab:red", ""),
@@ -628,3 +629,22 @@ def test_the_post_hoc_router_is_marked_not_lossless_at_t1_in_the_summary_and_tab
     assert "‡" not in cold
     methods = t1.select(marked_method(1.0))["method"].to_list()
     assert methods == [f"{POSTHOC} ‡", "merged"] * 2
+
+
+def test_the_speed_table_and_figure_average_benchmarks_as_the_tau_averages():
+    """1 chat : 3 math, as every tau average: a method at 0.5x on GSM8K and 1.5x on MT-Bench averages
+    0.75x (a plain mean would say 1.00x); a method timed on one benchmark keeps its own figure."""
+    from orchestrator.report.figures import speed_means
+    from orchestrator.report.summary import _speed_section
+
+    sp = pl.DataFrame({"backbone": ["eagle2"] * 4, "temperature": [0.0] * 4,
+                       "method": ["math", "math", "chat", "generate (transformers)"],
+                       "benchmark": ["gsm8k", "mt_bench", "mt_bench", "gsm8k"],
+                       "speedup": [0.5, 1.5, 1.2, 1.0],
+                       "baseline": ["generate (transformers)"] * 4, "same_invocation": [True] * 4})
+    s = speed_means(sp, 0.0, "generate (transformers)")
+    means = dict(zip(s["method"], s["speedup"]))
+    assert means == pytest.approx({"math": 0.75, "chat": 1.2})
+    md = "".join(_speed_section(sp))
+    assert "mean over benchmarks, 1 chat : 3 math" in md
+    assert "| eagle2 | 0.0 | chat | 1.2 |" in md and "| eagle2 | 0.0 | math | 0.75 |" in md, md

@@ -7,7 +7,7 @@ import polars as pl
 
 from orchestrator.report.labels import AFTER_THE_FACT
 from orchestrator.report.routers import LOSSY_MARK, NOT_DEPLOYABLE, lossless
-from orchestrator.report.tables import bench_weight, lambda_of, weighted_mean
+from orchestrator.report.tables import STUDY_W, bench_weight, lambda_of, weighted_mean
 
 
 def _plt():
@@ -161,12 +161,19 @@ def speed_bars(s: pl.DataFrame, temp: float = 0.0) -> list[tuple[str, float, str
     return out
 
 
+def speed_means(sp: pl.DataFrame, temp: float, base: str) -> pl.DataFrame:
+    """(backbone, method, speedup) at ``temp``, each method's mean over benchmarks weighted as every τ
+    average (1 chat : 3 math), fastest first; methods never timed against ``base`` left out."""
+    s = sp.filter((pl.col("temperature") == temp) & (pl.col("method") != base))
+    w = bench_weight(s["benchmark"].to_list())
+    return (s.group_by(["backbone", "method"]).agg(weighted_mean("speedup", w))
+            .drop_nulls("speedup").filter(pl.col("speedup").is_not_nan())
+            .sort(["speedup", "backbone", "method"], descending=[True, False, False]))
+
+
 def fig_speed(sp: pl.DataFrame, temp: float, path: Path) -> Path | None:
     base = sp["baseline"][0] if "baseline" in sp.columns and sp.height else "autoregressive"
-    s = sp.filter((pl.col("temperature") == temp) & (pl.col("method") != base)).group_by(["backbone",
-            "method"]).agg(
-        pl.col("speedup").mean()).drop_nulls("speedup").sort(["speedup", "backbone", "method"],
-                                                             descending=[True, False, False])
+    s = speed_means(sp, temp, base)
     if s.is_empty():  # nothing timed against a baseline (e.g. a grid without the autoregressive cell)
         return None
     plt = _plt()
@@ -184,7 +191,7 @@ def fig_speed(sp: pl.DataFrame, temp: float, path: Path) -> Path | None:
                              + (f"; {LOSSY_MARK} not lossless at T>0" if temp > 0 else "")))
     ax.set_xticks(range(s.height), [b[0] for b in bars], rotation=40, ha="right")
     ax.set_ylabel(f"speedup over {base.split(' ')[0]} (×)")  # short: the legend names the baseline in full
-    ax.set_title(f"Measured speedup, mean over benchmarks (T={temp:g})")
+    ax.set_title(f"Measured speedup, mean over benchmarks {STUDY_W} (T={temp:g})")
     ax.set_ylim(0, 1.3 * max(1.0, max(v for _, v, *_ in bars)))  # headroom: the legend sits above the bars
     ax.legend(handles=handles, fontsize=9, loc="upper right")
     fig.tight_layout()

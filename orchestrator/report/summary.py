@@ -10,7 +10,7 @@ from orchestrator.report.labels import AFTER_THE_FACT
 from orchestrator.report.markdown import md_table
 from orchestrator.report.prose import AVERAGE_W, CLAIMS_SUMMARY, RQ3C_SCALE, routing_headline
 from orchestrator.report.routers import LOSSY_MARK, NOT_LOSSLESS, is_router
-from orchestrator.report.tables import GENERATE, bench_weight, weighted_mean
+from orchestrator.report.tables import GENERATE, STUDY_W, bench_weight, weighted_mean
 from orchestrator.report.verdicts import estimate_text, hidden_reasons, verdict_shown, verdict_word
 
 HEADLINE_ROWS = 12
@@ -151,13 +151,15 @@ def _speed_section(speed: pl.DataFrame) -> list[str]:
     if own.is_empty() or own["speedup"].null_count() >= own.height:
         return []
     base = speed["baseline"][0]
-    per = (own.group_by("backbone", "temperature", "method").agg(pl.col("speedup").mean().round(2))
+    w = bench_weight(own["benchmark"].to_list())  # as every tau average: 1 chat : 3 math
+    mean = weighted_mean("speedup", w).fill_nan(None).round(2)
+    per = (own.group_by("backbone", "temperature", "method").agg(mean)
            .sort(["speedup", "method"], descending=[True, False], nulls_last=True)
            .group_by("backbone", "temperature", maintain_order=True).head(3)
            .sort(["backbone", "temperature", "speedup", "method"], descending=[False, False, True, False],
                  nulls_last=True))
     md = [f"**Speed against `{base}`** (same run, same prompts; the 3 fastest methods per backbone and "
-          "temperature, mean over benchmarks; every cell in the appendix)\n",
+          f"temperature, mean over benchmarks, {STUDY_W}; every cell in the appendix)\n",
           md_table(per.rename({"speedup": f"speedup vs {base}"}), 2)]
     mixed = own.filter(pl.col("same_invocation") == False)  # noqa: E712 - polars expression
     if mixed.height:
