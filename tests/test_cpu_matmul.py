@@ -1,6 +1,7 @@
 """The CPU matmul forms the verifier's linear layers choose from (decoding/cpu/matmul.py), and the
 thin-GEMM kernel compiled on first use (decoding/cpu/kernel.py)."""
 import os
+import re
 import shutil
 import subprocess
 
@@ -358,10 +359,17 @@ def test_a_torch_without_onednn_is_not_offered_the_form(monkeypatch):
 
 def test_cache_warm_times_the_verifiers_tables_once_per_thread_count(tmp_path, monkeypatch, capsys):
     """`python -m decoding cache warm`: every weight shape of the verifier per thread count and dtype,
-    cached; a second warm times nothing; bad counts are one clear error (timings injected: quiet)."""
+    cached, and in float32 tree auto's verify costs per feature capture; a second warm times nothing;
+    bad counts are one clear error (timings injected: quiet)."""
+    from decoding import autotree
     from decoding.cli import main
 
     monkeypatch.setattr(cpu_matmul, "CACHE", tmp_path / "cpu_matmul.json")
+    monkeypatch.setattr(autotree, "CACHE", tmp_path / "verify_cost.json")
+    monkeypatch.setattr(autotree, "_SESSION", {})
+    monkeypatch.setattr(autotree, "VERIFY_SIZES", (1,))  # real passes, one size
+    monkeypatch.setattr(autotree.timing, "MIN_CPU_SHARE", 0.0)  # (the suite's other worker shares the cores)
+    monkeypatch.setattr(autotree.timing, "MAX_SPREAD", float("inf"))
     monkeypatch.setattr(cpu_matmul, "_SESSION", {})
     monkeypatch.setattr(cpu_matmul, "_time", lambda fn, reps: [0.001] * reps)
     monkeypatch.setattr(cpu_matmul, "MIN_CPU_SHARE", 0.0)
@@ -375,6 +383,12 @@ def test_cache_warm_times_the_verifiers_tables_once_per_thread_count(tmp_path, m
         assert main(["cache", "warm", "--threads", "2", "--drafters", "eagle2,eagle3",
                      "--draft-vocabs", "1024"]) == 0
         drafters = capsys.readouterr().out
+        # decoding's own load finds them (an eval actor's tree auto, on another calibration prompt): no timing
+        from decoding.verifiers import load_verifier
+
+        model, tok = load_verifier("smollm2-135m-instruct", dtype="float32")
+        monkeypatch.setattr(autotree.timing, "cpu_share", lambda fn: pytest.fail("verify costs timed again"))
+        assert list(autotree.measure_verify_costs(model, autotree.calibration_inputs(tok)[1])) == [1]
     finally:
         torch.set_num_threads(threads)
     keys = cpu_matmul.load_json_cache(cpu_matmul.CACHE)
@@ -383,10 +397,13 @@ def test_cache_warm_times_the_verifiers_tables_once_per_thread_count(tmp_path, m
     assert first.count("5 weight shape(s), 5 newly timed and cached") == 2
     assert "5 weight shape(s), 0 newly timed and cached" in again
     assert "9 weight shape(s), 4 newly timed and cached" in drafters
+    costs = autotree.load_json_cache(autotree.CACHE)  # the last hidden state per thread count; EAGLE-3's
+    threads_aux = sorted((re.search(r"\|threads=(\d+)\|", k).group(1), "|aux=" in k) for k in costs)
+    assert threads_aux == [("1", False), ("2", False), ("2", True)], list(costs)
+    assert first.count("tree auto's verify costs for 1 feature capture(s)") == 2
+    assert "tree auto's verify costs for 2 feature capture(s)" in drafters
     assert {k.split("|")[-2] for k in keys} >= {
         "(576, 1152)", "(576, 1728)", "(192, 1152)", "(1024, 576)"}
-    from decoding.verifiers import load_verifier
-
     assert cpu_matmul.installed(load_verifier("smollm2-135m-instruct", matmul_forms=False)[0]) == {}  # plain
     assert main(["cache", "warm", "--threads", "0"]) == 2
     assert main(["cache", "warm", "--dtypes", "float64"]) == 2

@@ -13,7 +13,8 @@ def warm(verifier: str, threads: list[int], dtypes: list[str], drafters: list[st
     the de-quantized copy, the kernel, and the matmul tables per thread count and dtype, timed
     now, on quiet cores (timings taken while other processes hold the cores are never cached, so
     a busy test suite or grid would time them again in every process). ``drafters`` (backbones) and
-    ``draft_vocabs`` (reduced vocabulary sizes): the shapes a drafter's load adds, timed too."""
+    ``draft_vocabs`` (reduced vocabulary sizes): the shapes a drafter's load adds, timed too. In
+    float32, tree auto's verify costs too, for the feature captures of ``drafters``."""
     import torch
 
     from common.verifiers import load_from_registry
@@ -40,7 +41,30 @@ def warm(verifier: str, threads: list[int], dtypes: list[str], drafters: list[st
             added = len(_keys(cpu_matmul.CACHE, n, model.dtype) - before)
             print(f"[cache warm] {verifier} {dtype}, {n} thread(s): {shapes} weight shape(s), {added} newly "
                   f"timed and cached, {time.time() - t:.0f}s", flush=True)
+            if dtype == "float32":  # the dtype a CPU grid decodes in (tree auto runs there)
+                t = time.time()
+                costs = _verify_costs(verifier, dtype, drafters)
+                print(f"[cache warm] {verifier} {dtype}, {n} thread(s): tree auto's verify costs for "
+                      f"{costs} feature capture(s), {time.time() - t:.0f}s", flush=True)
     return 0
+
+
+def _verify_costs(verifier: str, dtype: str, backbones: list[str]) -> int:
+    """Tree auto's verifier pass costs (decoding/autotree.py) for each feature capture the backbones'
+    drafters read (the last hidden state; EAGLE-3's aux layers), timed on quiet cores with the forms
+    decoding installs: a grid's eval actors otherwise time them under each other's load, where
+    nothing is cached and the costs, inflated, steer tree auto to short chains (docs/study.md)."""
+    from decoding.autotree import calibration_inputs, measure_verify_costs
+    from decoding.verifiers import load_verifier
+    from drafters.eagle3 import Eagle3Config
+
+    model, tok = load_verifier(verifier, dtype=dtype)  # a separate instance: the plain one stays plain
+    ids = calibration_inputs(tok)[0]
+    captures = [None] + ([tuple(Eagle3Config.for_verifier(model, verifier).aux_layers)]
+                         if "eagle3" in backbones else [])
+    for layers in captures:
+        measure_verify_costs(model, ids, layers=layers)
+    return len(captures)
 
 
 def _drafter_tables(model, verifier: str, backbones: list[str], vocabs: list[int]) -> set[str]:
