@@ -112,8 +112,8 @@ def main(argv=None) -> int:
     c.add_argument("--threads", default=str(os.cpu_count() or 1), help="warm: torch thread counts, e.g. 1,2")
     c.add_argument("--dtypes", default="float32", help="warm: verifier dtypes, e.g. float32,bfloat16")
     c.add_argument("--drafters", default="", help="warm: also the layers of these backbones' drafters, "
-                                                  "e.g. eagle2,eagle3 (and in float32 tree auto's verify costs "
-                                                  "for the features they read)")
+                                                  "e.g. eagle2,eagle3 (and in float32 tree auto's verify "
+                                                  "costs for the features they read)")
     c.add_argument("--draft-vocabs", default="", help="warm: also the draft head at these reduced vocabulary "
                                                       "sizes, e.g. 1024")
     c.set_defaults(fn=cmd_cache)
