@@ -5,9 +5,9 @@ streaming the weights once costs the same for any small row count; ``W @ x.T`` t
 path, and a thin-GEMM kernel compiled on first use (``kernel.py``, two prefetch variants) streams a
 repacked copy of the weights once for up to 256 rows. oneDNN's prepacked linear (``onednn.py``) is
 what a bf16 verifier's multi-row passes want on a CPU with AMX. Which form wins depends on the CPU,
-the weight shape and the row count (prefills included), so every form is timed (one far behind the fastest
-and losing ground drops out as the row count grows): the measurements
-that motivated each form are in docs/performance.md ("Why the CPU forms exist").
+the weight shape and the row count (prefills included), so every form is timed (one far behind the
+fastest and losing ground drops out as the row count grows): the measurements that motivated each
+form are in docs/performance.md ("Why the CPU forms exist").
 
 ``install(model)`` times every form for every distinct weight shape at a few row counts (a few
 seconds, cached per machine) and makes each ``nn.Linear`` use the fastest one for its row count;
@@ -119,7 +119,7 @@ def tune(W: torch.Tensor, reps: int = 3) -> tuple[dict[int, str], str | None]:
 
     def measure():
         out, spreads = {}, []
-        live, behind = list(forms), {}  # the forms still timed, how far behind each was
+        live, before = list(forms), {}  # the forms still timed, how far behind each was at the last count
         for i, m in enumerate(BUCKETS):
             x = torch.randn(m, W.shape[1], dtype=W.dtype, device=W.device)
             out[m], spread, t = bucket(x, live)
@@ -130,7 +130,8 @@ def tune(W: torch.Tensor, reps: int = 3) -> tuple[dict[int, str], str | None]:
             if fastest > MAX_CALL_S:  # the larger row counts take this one's form, untimed
                 out.update({n: out[m] for n in BUCKETS[i + 1:]})
                 break
-            live, behind = _still_timed(live, {f: v / fastest for f, v in t.items()}, behind)
+            behind = {f: v / fastest for f, v in t.items()}
+            live, before = _still_timed(live, behind, before), behind
         return out, max(spreads)
 
     (table, spread), share = timing.cpu_share(measure)
@@ -142,12 +143,11 @@ def tune(W: torch.Tensor, reps: int = 3) -> tuple[dict[int, str], str | None]:
     return table, why
 
 
-def _still_timed(live: list[str], behind: dict[str, float], before: dict[str, float]) -> tuple[list, dict]:
-    """(the forms timed at the next row count, their slowdowns): those ``DROP_RATIO`` behind the fastest
-    and further behind than at the row count ``before`` drop out; F.linear stays."""
-    keep = [f for f in live if f == "linear" or behind[f] <= DROP_RATIO
+def _still_timed(live: list[str], behind: dict[str, float], before: dict[str, float]) -> list[str]:
+    """The forms timed at the next row count: those ``DROP_RATIO`` behind the fastest and further behind
+    than at the row count before (``before``) drop out; F.linear stays."""
+    return [f for f in live if f == "linear" or behind[f] <= DROP_RATIO
             or behind[f] <= before.get(f, float("inf"))]
-    return keep, {f: behind[f] for f in keep}
 
 
 _ON = [True]
