@@ -54,11 +54,13 @@ def _verify_costs(verifier: str, dtype: str, backbones: list[str]) -> int:
     drafters read (the last hidden state; EAGLE-3's aux layers), timed on quiet cores with the forms
     decoding installs: a grid's eval actors otherwise time them under each other's load, where
     nothing is cached and the costs, inflated, steer tree auto to short chains (docs/study.md)."""
+    from decoding import cpu
     from decoding.autotree import calibration_inputs, measure_verify_costs
     from decoding.verifiers import load_verifier
     from drafters.eagle3 import Eagle3Config
 
     model, tok = load_verifier(verifier, dtype=dtype)  # a separate instance: the plain one stays plain
+    cpu.install(model)  # this thread count's tables (the instance is loaded once per process)
     ids = calibration_inputs(tok)[0]
     captures = [None] + ([tuple(Eagle3Config.for_verifier(model, verifier).aux_layers)]
                          if "eagle3" in backbones else [])
