@@ -30,6 +30,35 @@ class TurnResult:
         return self.new_tokens / self.verifier_calls if self.verifier_calls else float("nan")
 
 
+@dataclass
+class VerifyRequest:
+    """One step's tree, waiting for its verifier pass: the prompt's cache (``prefix_len`` committed
+    tokens), the root (the last committed token, a 1-element tensor on the model's device), the tree."""
+    cache: object
+    prefix_len: int
+    root: torch.Tensor
+    tree: object
+
+    def run(self, model, layers) -> tuple:
+        """This tree's pass alone: (features (N+1, F), logits (N+1, V))."""
+        t = self.tree
+        return tree_forward(model, self.cache, self.prefix_len, self.root, t.tokens, t.parents, t.depths,
+                            layers)
+
+
+def run_alone(turn, model, layers):
+    """Drive a ``SpeculativeDecoder.turn`` coroutine with each tree's pass by itself; its TurnResult."""
+    clock = Clock(model.device)
+    try:
+        req = next(turn)
+        while True:
+            v0 = clock.mark()
+            f, logits = req.run(model, layers)
+            req = turn.send((f, logits, v0, clock.mark()))
+    except StopIteration as done:
+        return done.value
+
+
 def prompt_seed(seed: int, key: str) -> int:
     """A per-(prompt, turn) seed, so results do not depend on sharding or order."""
     return (seed * 1_000_003 + zlib.crc32(key.encode())) % (2**63)
@@ -124,6 +153,14 @@ class SpeculativeDecoder:
     def generate(self, input_ids: list[int], seed_key: str = "") -> TurnResult:
         """Generate one assistant turn after ``input_ids`` (a fully templated prompt), meeting the
         device once per step (the class docstring's device discipline)."""
+        return run_alone(self.turn(input_ids, seed_key), self.model, self.layers)
+
+    @torch.no_grad()
+    def turn(self, input_ids: list[int], seed_key: str = ""):
+        """``generate`` as a coroutine: yields one :class:`VerifyRequest` per step and is sent back
+        (features, logits, pass start mark, pass end mark) of that tree's verifier pass; returns the
+        TurnResult. ``run_alone`` runs each pass by itself; decoding/batch.py runs the passes of
+        several prompts' turns together."""
         self._check_prompt(input_ids)
         gen = torch.Generator().manual_seed(prompt_seed(self.cfg.seed, seed_key))
         dev = self.model.device
@@ -142,10 +179,9 @@ class SpeculativeDecoder:
             prop = self.strategy.propose(self.proposers, tok_dev[: n + 1], features[:n], self.cfg.tree,
                                          self.cfg.temperature)
             tree = prop.tree.to(dev)
-            # 2. verify: one verifier pass over [root] + tree nodes
+            # 2. verify: one verifier pass over [root] + tree nodes (alone, or with other prompts' trees)
             t1 = clock.mark()
-            f_tree, l_tree = tree_forward(self.model, cache, n, tok_dev[n : n + 1], tree.tokens, tree.parents,
-                                          tree.depths, self.layers)
+            f_tree, l_tree, v0, v1 = yield VerifyRequest(cache, n, tok_dev[n : n + 1], tree)
             t2 = clock.mark()
             if self.observer is not None:
                 self.observer(tree, l_tree.argmax(-1), prop)
@@ -171,7 +207,7 @@ class SpeculativeDecoder:
             out += committed
             calls += 1
             new_tokens += c
-            marks.append((t0, t1, t2, t3, t4, clock.mark()))
+            marks.append((t0, t1, v0, v1, t2, t3, t4, clock.mark()))
             steps.append(self._step_record(calls - 1, tree, prop, acc, committed, record, fb_vals))
         t_end = clock.mark()
         self._time_steps(clock, steps, marks)
@@ -192,9 +228,10 @@ class SpeculativeDecoder:
     def _time_steps(clock: Clock, steps: list[dict], marks: list[tuple]) -> None:
         """Each step's seconds into its record, after one device sync closes every timer of the turn."""
         clock.finish()
-        for st, (t0, t1, t2, t3, t4, t5) in zip(steps, marks):
+        for st, (t0, t1, v0, v1, t2, t3, t4, t5) in zip(steps, marks):
             fb_s = clock.seconds(t3, t4)  # the strategy's feedback passes count as drafting
-            st.update(t_draft_s=clock.seconds(t0, t1) + fb_s, t_verify_s=clock.seconds(t1, t2),
+            # the verifier pass: its own span (shared by the prompts verified with it, decoding/batch.py)
+            st.update(t_draft_s=clock.seconds(t0, t1) + fb_s, t_verify_s=clock.seconds(v0, v1),
                       t_feedback_s=fb_s,
                       t_bookkeeping_s=clock.seconds(t2, t3) + clock.seconds(t4, t5))
 

@@ -11,7 +11,7 @@ import torch
 from common.atomic import atomic_file
 from decoding.cpu import install
 from decoding.drafting import Eagle3Proposer, FeatureDrafterProposer, composition_features
-from decoding.engine import DecodeConfig, SpeculativeDecoder
+from decoding.engine import DecodeConfig, SpeculativeDecoder, run_alone
 from decoding.timing import synced_now
 from drafters.checkpoint import load_any, load_any_config
 from drafters.checkpoint_dir import check_weights
@@ -137,11 +137,19 @@ def decode_prompt(decoder: SpeculativeDecoder, tokenizer, prompt: BenchmarkPromp
     ``baseline(ids) -> (token ids, seconds)``, if given, also runs on every turn's input (the
     report's speed baseline, transformers' generate, timed on the same inputs in the same process).
     """
+    turns = prompt_turns(decoder, tokenizer, prompt, baseline, system)
+    return run_alone(turns, decoder.model, decoder.layers)
+
+
+def prompt_turns(decoder: SpeculativeDecoder, tokenizer, prompt: BenchmarkPrompt, baseline=None,
+                 system: str | None = None):
+    """``decode_prompt`` as a coroutine of its turns' verify requests (``SpeculativeDecoder.turn``),
+    so decoding/batch.py can verify several prompts' trees in one pass; returns the same results."""
     answers, results = [], []
     decoder.start_prompt()
     for turn in range(len(prompt.turns)):
         ids = benchmark_prompt_ids(tokenizer, prompt, turn, answers, system)
-        res = decoder.generate(ids, seed_key=f"{prompt.id}/{turn}")
+        res = yield from decoder.turn(ids, seed_key=f"{prompt.id}/{turn}")
         if baseline is not None:
             res.baseline = baseline(ids)
         text = tokenizer.decode(res.output_token_ids, skip_special_tokens=True)

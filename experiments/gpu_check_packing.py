@@ -58,6 +58,8 @@ def _worker(args) -> int:
            "peak_gib": peak}
     if args.generate:  # transformers' generate on the same prompts, after the timed decode
         out |= _time_generate(model, tok, inputs, args.max_new_tokens, args.device)
+    if args.batches:  # the same prompts verified several at a time in one pass (decoding/batch.py)
+        out["batched"] = _time_batches(dec, inputs, args.batches, args.device)
     print(json.dumps(out), flush=True)
     return 0
 
@@ -78,6 +80,23 @@ def _time_generate(model, tok, inputs: list[list[int]], max_new: int, device: st
     if device.startswith("cuda"):
         torch.cuda.synchronize()
     return {"generate_s": time.time() - t0, "generate_tokens": toks}
+
+
+def _time_batches(dec, inputs: list[list[int]], batches: str, device: str) -> dict:
+    """decoding.batch.time_batches on the prompts, repeated to fill the largest batch (batch 1 first, in
+    the same process), and the peak device memory over them (the largest batch's)."""
+    import torch
+
+    from decoding.batch import time_batches
+    from decoding.timing import synced_now
+
+    cuda = device.startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    sizes = [int(x) for x in batches.split(",")]
+    runs = [(ids, f"{i}/{r}") for r in range(-(-max(sizes) // len(inputs))) for i, ids in enumerate(inputs)]
+    rows = time_batches(dec, runs, sizes, lambda: synced_now(device))
+    return {"rows": rows, "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
 
 
 def run_packed(k: int, worker_args: list[str], threads: int, timeout: float = 600) -> list[dict]:
@@ -168,6 +187,7 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--tree", type=int, nargs=3, default=[4, 4, 16])
     ap.add_argument("--generate", action="store_true", help="also time transformers' generate on the prompts")
+    ap.add_argument("--batches", default="", help="comma list: also time the prompts verified B at a time")
     return _worker(ap.parse_args(argv))
 
 

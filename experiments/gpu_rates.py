@@ -203,6 +203,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--n-prompts", type=int, default=1, help="per benchmark (gsm8k, mt_bench)")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--packing", default="1,2,4")
+    ap.add_argument("--batches", default="2,4",
+                    help="prompts verified at once in one process (decoding/batch.py), after batch 1")
     ap.add_argument("--backbones", default="eagle2,hass,eagle3")
     ap.add_argument("--train-tokens", default="350,900", help="micro-batch lengths (MathInstruct, ShareGPT)")
     ap.add_argument("--train-steps", type=int, default=8,

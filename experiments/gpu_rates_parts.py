@@ -76,12 +76,15 @@ def eval_part(ctx, budget_s: float, emit) -> dict:
         if time.perf_counter() - t0 > budget_s:
             out["notes"].append(f"x{k} not run: the part's {budget_s:.0f} s budget was spent")
             continue
-        res = pk.run_packed(k, worker + (["--generate"] if k == 1 else []), threads=0 if _cuda(ctx.device)
-                            else 1)
+        first = ["--generate"] + (["--batches", ctx.args.batches] if ctx.args.batches else [])
+        res = pk.run_packed(k, worker + (first if k == 1 else []), threads=0 if _cuda(ctx.device) else 1)
         row = pk.summarize(k, res)
         if k == 1 and res[0].get("generate_tokens"):
             out["generate_ms_per_token"] = 1e3 * res[0]["generate_s"] / res[0]["generate_tokens"]
         out["packing"].append(row)
+        if k == 1 and res[0].get("batched"):
+            out["batched"] = res[0]["batched"]
+            emit("eval", _batched_line(out["batched"]))
         if len(out["packing"]) > 1:
             fit = packing.fit({"packing": out["packing"], "device": ctx.device_name}, "this run", None,
                               ctx.tree[1])
@@ -94,6 +97,17 @@ def eval_part(ctx, budget_s: float, emit) -> dict:
                         "generate_ms_per_token" in out else "")
                      + (f"; t_dev fitted {out['t_dev_s'] * 1e3:.1f} ms" if "t_dev_s" in out else ""))
     return out
+
+
+def _batched_line(batched: dict) -> str:
+    """One line for the rows of prompts verified B at a time in one process (decoding/batch.py)."""
+    rows = batched["rows"]
+    peak = batched.get("peak_gib")
+    return ("one process verifying B prompts a pass: " + "; ".join(
+        f"B={r['batch']} {r['tokens_per_s']:.1f} tokens/s "
+        f"({r['tokens_per_s'] / rows[0]['tokens_per_s']:.2f}x B=1, "
+        f"{r['same_as_alone']}/{r['runs']} outputs as B=1)" for r in rows)
+        + (f"; peak {peak:.1f} GiB" if peak is not None else ""))
 
 
 # ---------------------------------------------------------------- (b) a training step per backbone

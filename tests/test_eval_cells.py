@@ -65,3 +65,33 @@ def test_new_cells_decode_losslessly_and_carry_their_options(heads):
     got = dict(zip(methods["label"], methods["m"]))
     assert sorted(set(got.values())) == sorted({"autoregressive", PROMPT_NODE, HEADS, "switching(k=1)",
                                                 "switching(k=1, to merged)", "depth_adaptive(d=2)"})
+
+
+def test_an_actor_decoding_prompts_in_a_batch_gives_the_rows_of_one_at_a_time(heads):
+    """resources.eval.verify_batch: the actor decodes 2 prompts at once (3 prompts, one of two turns, so
+    a row is refilled) and writes the rows it writes one prompt at a time: the same tokens, each input's
+    paired `generate` timed after the batch and equal to the decoded tokens at T=0."""
+    from drafters.data.sources import load_benchmark
+    from orchestrator.grid import eval_job
+    from workers.eval_worker import EvalWorker
+
+    p = load_profile("demo", ["train.backbones=[eagle2]", "eval.temperatures=[0.0]",
+                              "eval.benchmarks={gsm8k: 4}",
+                              "eval.strategies=[single, merged]", "eval.paired_baseline=true",
+                              "resources.eval.verify_batch=2"])
+    assert p.resources.eval.verify_batch == 2
+    cell = next(c for c in eval_cells(p) if c.strategy == "merged")
+    job = eval_job(p, cell)
+    job = dataclasses.replace(job, decode=dataclasses.replace(job.decode, max_new_tokens=6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        prompts = load_benchmark("mt_bench")[0][:1] + load_benchmark("gsm8k")[0][:2]
+    paths = [heads[d] for d in cell.drafters]
+    w = EvalWorker(VERIFIER, verify_batch=1)
+    one = w.run(dataclasses.replace(job, paired_baseline=False), paths, prompts)[0]
+    w.verify_batch = p.resources.eval.verify_batch
+    batched, steps = w.run(job, paths, prompts)
+    assert len(batched) == len(one) == 4 and steps
+    cols = ("prompt_id", "turn", "output_token_ids", "new_tokens", "verifier_calls")
+    assert [{k: r[k] for k in cols} for r in batched] == [{k: r[k] for k in cols} for r in one]
+    assert all(r["generate_matches"] and r["generate_wall_time_s"] > 0 for r in batched)

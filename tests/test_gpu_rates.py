@@ -53,7 +53,7 @@ def test_the_cpu_mode_measures_every_part_in_order_and_writes_the_rates_file(dry
     data = json.loads(path.read_text())
     feats = data["parts"]["features"]["rows"]
     n_train = 2 * len(DEFAULT_BACKBONES) + 1
-    assert parts == ["build", *["eval"] * 3, *["train"] * n_train, *["features"] * (len(feats) + 1)], rows
+    assert parts == ["build", *["eval"] * 4, *["train"] * n_train, *["features"] * (len(feats) + 1)], rows
     assert sum("rewritten" in r for r in rows) == 3
     assert data["kind"] == "gpu-rates" and data["shape"] == "small" and data["full_shape"] is False
     assert data["stands_for"] == "llama3-8b-instruct" and data["commit"] and data["date"] and data["torch"]
@@ -61,6 +61,11 @@ def test_the_cpu_mode_measures_every_part_in_order_and_writes_the_rates_file(dry
     assert [r["processes"] for r in ev["packing"]] == [1, 2] and ev["tree"] == [4, 4, 16]
     assert all(r["step_s"] > 0 and r["tokens_per_s"] > 0 for r in ev["packing"])
     assert ev["generate_ms_per_token"] > 0
+    # the prompts verified B at a time in the one-process row (decoding/batch.py): filled to the largest B,
+    # every output the batch-1 output (T=0)
+    batched = ev["batched"]["rows"]
+    assert [r["batch"] for r in batched] == [1, 2, 4] and all(r["runs"] == 4 for r in batched)
+    assert all(r["tokens_per_s"] > 0 and r["same_as_alone"] == 4 for r in batched), batched
     _check_train_rows(data, DEFAULT_BACKBONES)
     # both kinds of cache, with each host-copy form the extraction code offers (async: drafters/features.py)
     forms = {(k, c) for k in ("hidden", "eagle3") for c in ("sync", "async")}

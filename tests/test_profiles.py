@@ -268,6 +268,9 @@ def test_cpu_study_runs_the_lambda_sweep_hass_and_t1_in_one_invocation():
      r"unknown key 'resources.node.disk' \(did you mean 'resources.node.disk_gb'\?\)"),
     (["resources.node=4"], "resources.node must be a mapping"),
     (["resources.eval.packing=max"], "resources.eval.packing must be fixed or auto, got 'max'"),
+    (["resources.eval.verify_batch=0"],
+     r"resources.eval.verify_batch must be an integer in \[1, 256\], got 0"),
+    (["resources.eval.verify_batch=2.5"], "resources.eval.verify_batch must be an integer"),
 ])
 def test_bad_node_io_and_packing_settings_are_refused_in_one_line(sets, match):
     """The node's I/O figures (the dry run's cost model) and the eval packing: each bad value one line,

@@ -69,7 +69,7 @@ class EvalWorker:
 
     def __init__(self, verifier: str, dtype: str | None = None, threads: int = 1,
                  drafter_cache_gb: float = 4.0,
-                 checkpoint_disk_gb: float = 20.0):
+                 checkpoint_disk_gb: float = 20.0, verify_batch: int = 1):
         import torch
 
         from common.fetch_cache import FetchCache
@@ -85,6 +85,7 @@ class EvalWorker:
         self._fetched = FetchCache(checkpoint_disk_gb * 2**30)  # shared by the node's actors
         # (checkpoints, strategy, dedup, granularity) -> tree auto choice
         self._auto: dict[tuple, object] = {}
+        self.verify_batch = verify_batch  # prompts decoded at once (resources.eval.verify_batch)
 
     def pid(self) -> int:
         return os.getpid()
@@ -120,7 +121,7 @@ class EvalWorker:
     def run(self, job: EvalJob, checkpoint_paths: list[str], prompts: list) -> tuple[list, list]:
         """Decode ``prompts`` for one evaluation cell; returns (prompt rows, step rows)."""
         from decoding.engine import SpeculativeDecoder
-        from decoding.runner import decode_prompt, generate_baseline, prompt_rows
+        from decoding.runner import generate_baseline, prompt_rows
 
         cfg = job.decode
         keep = {f"{p}#{i}" for i, p in enumerate(checkpoint_paths)}  # this cell's drafters stay loaded
@@ -134,8 +135,23 @@ class EvalWorker:
         base = (generate_baseline(self.model, self.eos, cfg.max_new_tokens, cfg.temperature, cfg.seed)
                 if cfg.strategy == "autoregressive" or job.paired_baseline else None)
         rows, steps = [], []
-        for prompt in prompts:
-            r, s = prompt_rows(prompt, decode_prompt(dec, self.tok, prompt, base, job.system_prompt), extra)
+        for prompt, results in zip(prompts, self._decode(dec, prompts, base, job.system_prompt)):
+            r, s = prompt_rows(prompt, results, extra)
             rows += r
             steps += s
         return rows, steps
+
+    def _decode(self, dec, prompts: list, base, system: str | None) -> list:
+        """Every prompt's turns: one at a time, or ``verify_batch`` at once with one verifier pass a step
+        (the speed baseline then runs after the batch, on the same inputs)."""
+        from decoding.batch import add_baselines, decode_prompts, row_decoders
+        from decoding.runner import decode_prompt
+
+        rows = min(self.verify_batch, len(prompts))
+        if rows <= 1:
+            return [decode_prompt(dec, self.tok, prompt, base, system) for prompt in prompts]
+        results = decode_prompts(row_decoders(dec, rows), self.tok, prompts, system)
+        if base is not None:
+            for prompt, res in zip(prompts, results):
+                add_baselines(res, self.tok, prompt, base, system)
+        return results

@@ -48,21 +48,28 @@ def supported(model) -> bool:
         return False
     if next(inner.parameters()).device.type != "cpu":
         return False
-    why = None
-    if getattr(cfg, "_attn_implementation", None) != "sdpa" or getattr(cfg, "pretraining_tp", 1) != 1:
-        why = (f"attention {getattr(cfg, '_attn_implementation', None)!r}, "
-               f"pretraining_tp {getattr(cfg, 'pretraining_tp', 1)}")
-    elif not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
-        why = "the model lacks embed_tokens/layers/norm/rotary_emb"
-    elif not all(all(hasattr(layer, p) for p in _LAYER_PARTS) for layer in inner.layers):
-        why = f"a decoder layer lacks one of {_LAYER_PARTS}"
-    elif not all(hasattr(layer.self_attn, a) for a in ("scaling", "head_dim") for layer in inner.layers) or \
-            _dynamic_layer() is None:
-        why = "attention modules lack scaling/head_dim (a transformers version this pass does not know)"
+    why = layout_error(model)
     if why:
         log.warning("lean verifier pass off for this model (%s): transformers' forward runs instead", why)
         return False
     return True
+
+
+def layout_error(model) -> str | None:
+    """Why a Llama-family model's modules are not the layout this pass (and decoding/batch_pass.py,
+    on any device) calls one by one; None when they are."""
+    cfg, inner = model.config, model.model
+    if getattr(cfg, "_attn_implementation", None) != "sdpa" or getattr(cfg, "pretraining_tp", 1) != 1:
+        return (f"attention {getattr(cfg, '_attn_implementation', None)!r}, "
+                f"pretraining_tp {getattr(cfg, 'pretraining_tp', 1)}")
+    if not all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb")):
+        return "the model lacks embed_tokens/layers/norm/rotary_emb"
+    if not all(all(hasattr(layer, p) for p in _LAYER_PARTS) for layer in inner.layers):
+        return f"a decoder layer lacks one of {_LAYER_PARTS}"
+    if not all(hasattr(layer.self_attn, a) for a in ("scaling", "head_dim") for layer in inner.layers) or \
+            _dynamic_layer() is None:
+        return "attention modules lack scaling/head_dim (a transformers version this pass does not know)"
+    return None
 
 
 def _dynamic_layer():

@@ -201,9 +201,14 @@ class EvalResources(StageResources):
     # (num_cpus each) hold, up to plan.PACK_MOST; num_gpus stays the share where it cannot tell (no memory
     # set)
     packing: str = "fixed"
+    # prompts an eval actor decodes at once, one verifier pass a step for all of them (decoding/batch.py;
+    # lossless as one at a time). 1: one prompt at a time. Above 1 a trace's seconds are a request's under
+    # batching, and hedge_reset "stream" carries weights across the prompts of one row
+    verify_batch: int = 1
 
     RULES = {**StageResources.RULES, "drafter_cache_gb": number(0, lo_open=True),
-             "checkpoint_disk_gb": number(0, lo_open=True), "packing": one_of("fixed", "auto")}
+             "checkpoint_disk_gb": number(0, lo_open=True), "packing": one_of("fixed", "auto"),
+             "verify_batch": integer(1, 256)}
 
 
 @dataclass(frozen=True)

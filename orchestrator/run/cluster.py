@@ -66,5 +66,6 @@ def eval_pool(p: Profile, n: int, log=print, worker=EvalWorker, num_gpus: float 
     r = p.resources.eval
     gpus = r.num_gpus if num_gpus is None else num_gpus
     cls = ray.remote(num_cpus=r.num_cpus, num_gpus=gpus, max_restarts=-1, max_task_retries=0)(worker)
-    args = (p.verifier, p.verifier_dtype, max(1, int(r.num_cpus)), r.drafter_cache_gb, r.checkpoint_disk_gb)
+    args = (p.verifier, p.verifier_dtype, max(1, int(r.num_cpus)), r.drafter_cache_gb, r.checkpoint_disk_gb,
+            r.verify_batch)
     return EvalPool(lambda name: cls.options(name=name).remote(*args), n, log=log)
