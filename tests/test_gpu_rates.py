@@ -170,3 +170,38 @@ def test_the_scripts_use_the_projects_venv_or_name_the_interpreter_first(tmp_pat
     assert "no .venv here and PYTHON unset: using" in out.stdout, out  # named before any install
     first = out.stdout.splitlines()[0]
     assert "python3" in first and "(Python 3." in first, first
+
+
+def test_a_measured_batch_gain_shortens_eval_and_an_unmeasured_one_is_planned_at_batch_1(tmp_path):
+    """resources.eval.verify_batch in the plan: the rates file's batched rows (one process, B prompts a pass,
+    tokens/s over its batch 1) divide a shard's decoding time by the gain of the largest measured B that the
+    shard fills; device work per prompt step is the bytes model's (weights once for B prompts); no measured
+    B, or verify_batch 1, leaves the plan as it was; each extra prompt adds a KV cache to an actor's
+    memory."""
+    from orchestrator.plan import packing
+    from orchestrator.plan.costs import VERIFIERS
+
+    ev = {"strategy": "single", "tree": [10, 6, 60], "generate_ms_per_token": 25.0,
+          "packing": [{"processes": 1, "step_s": 0.060}, {"processes": 2, "step_s": 0.075}],
+          "batched": {"rows": [{"batch": b, "tokens_per_s": t}
+                               for b, t in ((1, 10.0), (2, 15.0), (4, 20.0))]}}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(_file(eval=ev)))
+    one, four = load_profile("paper"), load_profile("paper", ["resources.eval.verify_batch=4"])
+    r = rates_mod.load(path, four)
+    assert r.eval_batch_gain == {"2": 1.5, "4": 2.0} and "B = 2, 4" in r.sources["eval batching"]
+    v = VERIFIERS[four.verifier]
+    whole = packing.device_bytes_per_step(v, 1, four.eval.tree.depth)
+    share = (v["params"] / 4 + whole - v["params"]) / whole
+    assert rates_mod.eval_batching(four, r, 100) == (2.0, pytest.approx(share))
+    assert rates_mod.eval_batching(four, r, 3)[0] == 1.5  # a shard of 3 prompts fills B = 2's measurement
+    assert rates_mod.eval_batching(four, r, 1) == rates_mod.eval_batching(one, r, 100) == (1.0, 1.0)
+    assert rates_mod.eval_batching(four, rates_mod.estimated(four), 100) == (1.0, 1.0)  # none measured
+    t1 = {t.name: t for t in rates_mod.tasks(one, r) if t.stage == "eval"}
+    t4 = {t.name: t for t in rates_mod.tasks(four, r) if t.stage == "eval"}
+    assert t1.keys() == t4.keys()
+    assert all(t4[n].seconds < t1[n].seconds for n in t1 if ":0" in n and "autoregressive" not in n)
+    assert sum(t.seconds for t in t4.values()) < 0.75 * sum(t.seconds for t in t1.values())
+    kv = packing.kv_row_gb(v, 2)
+    assert packing.actor_memory_gb(v, 2, 4.0, 4) == pytest.approx(packing.actor_memory_gb(v, 2, 4.0) + 3 * kv)
+    assert 0.5 < kv < 0.6  # Llama-3-8B, bf16, 4,096 tokens: 32 layers x 2 x 8 kv heads x 128 x 2 bytes

@@ -117,21 +117,41 @@ def _packing_lines(p: Profile, r: rates_mod.Rates) -> list[str]:
     lines += ["  " + x for x in packing.describe(pk, k)]
     v = VERIFIERS.get(p.verifier)
     if v is not None:
+        rows = p.resources.eval.verify_batch
         each = packing.actor_memory_gb(v, packing.DTYPE_BYTES[p.verifier_dtype],
-                                       p.resources.eval.drafter_cache_gb)
+                                       p.resources.eval.drafter_cache_gb, rows)
         gib = p.resources.gpu_memory_gib
         cap = gib * 2**30 / 1e9 if gib else packing.ASSUMED_GPU_MEMORY_GB
         of = f"resources.gpu_memory_gib {gib:g}" if gib else f"an {packing.ASSUMED_GPU}"
         warn = "" if k * each <= cap else "  WARNING: more than the GPU holds; lower the packing"
+        kv = packing.kv_row_gb(v, packing.DTYPE_BYTES[p.verifier_dtype])
+        more = (f", {rows - 1} more prompt KV cache(s) of {packing.ROW_CONTEXT_TOKENS:,} tokens "
+                f"({kv:.2f} GB each)") if rows > 1 else ""
         lines.append(f"  memory: {k} x {each:.1f} GB (verifier weights, resources.eval.drafter_cache_gb, "
-                     f"{packing.ACTOR_WORKING_GB:g} GB working) = {k * each:.1f} GB of {cap:.1f} GB ({of}; "
-                     f"estimate){warn}")
+                     f"{packing.ACTOR_WORKING_GB:g} GB working{more}) = {k * each:.1f} GB of {cap:.1f} GB "
+                     f"({of}; estimate){warn}")
+    lines += _batching_lines(p, r)
     lines.append(f"  busy: k actors keep a GPU computing k x t_dev of each packed step: {k} x "
                  f"{pk['t_dev_s'] * 1e3:.1f}"
                  f" / {packing.step_time(pk['t_step_s'], pk['t_dev_s'], k) * 1e3:.1f} ms = "
                  f"{min(1.0, k * pk['t_dev_s'] / packing.step_time(pk['t_step_s'], pk['t_dev_s'], k)):.0%} "
                  "of it")
     return lines
+
+
+def _batching_lines(p: Profile, r: rates_mod.Rates) -> list[str]:
+    """What resources.eval.verify_batch does to the plan, and where its figure comes from."""
+    b = p.resources.eval.verify_batch
+    if b <= 1:
+        return []
+    gain, share = rates_mod.eval_batching(p, r, b)
+    if not any(int(m) <= b for m in r.eval_batch_gain):
+        return [f"  batching: resources.eval.verify_batch {b} has no measured rate (a GPU rates file's "
+                "batched rows, experiments/gpu_rates.sh): planned one prompt at a time"]
+    return [f"  batching: an actor verifies up to {b} prompts a pass: {gain:.2f}x the tokens/s of one at a "
+            f"time ({r.sources.get('eval batching', 'measured')}); device work per prompt step {share:.0%} "
+            "of one at a time (weights read once for the batch, drafting per prompt: a bytes estimate); "
+            "the packing model's contention is batch 1's; a shard with fewer prompts batches fewer"]
 
 
 def _derived_packing(m: dict, p: Profile) -> list[str]:

@@ -171,7 +171,7 @@ def pack_per_gpu(p, nodes: list[dict]) -> tuple[int, str] | None:
     v, gpu_nodes = VERIFIERS.get(p.verifier), [n for n in nodes if n.get("GPU", 0) >= 1]
     if e.packing != "auto" or e.num_gpus <= 0 or r.gpu_memory_gib is None or v is None or not gpu_nodes:
         return None
-    each = actor_memory_gb(v, DTYPE_BYTES[p.verifier_dtype], e.drafter_cache_gb)
+    each = actor_memory_gb(v, DTYPE_BYTES[p.verifier_dtype], e.drafter_cache_gb, e.verify_batch)
     cap = r.gpu_memory_gib * 2**30 / 1e9
     by_mem = max(1, int(math.floor(cap / each + EPS)))
     node = min(gpu_nodes, key=lambda n: n.get("CPU", 0) / n["GPU"])

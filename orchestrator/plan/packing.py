@@ -30,6 +30,7 @@ BANDWIDTH = ((r"H200", 4.8e12, "H200, 4.8 TB/s"), (r"H100.*PCIe", 2.0e12, "H100 
 ASSUMED_GPU = "A100 80GB"  # the dry run's GPU when nothing names one (costs.ASSUMPTIONS' 312 TFLOP/s)
 ASSUMED_GPU_MEMORY_GB = 80.0
 ACTOR_WORKING_GB = 2.0  # per eval actor beside weights and drafters: KV cache at batch 1, tree, CUDA context
+ROW_CONTEXT_TOKENS = 4096  # a stated context per prompt verified at once beyond the first (prompt + answer)
 DTYPE_BYTES = {**BYTES, None: BYTES["bfloat16"]}  # None: the verifier's default dtype on a GPU
 PACKING_KIND = "gpu-check-packing"
 
@@ -88,10 +89,18 @@ def device_bytes_per_step(v: dict, dtype_bytes: int, depth: int) -> float:
     return (v["params"] + depth * drafter) * dtype_bytes
 
 
-def actor_memory_gb(v: dict, dtype_bytes: int, drafter_cache_gb: float) -> float:
+def actor_memory_gb(v: dict, dtype_bytes: int, drafter_cache_gb: float, rows: int = 1) -> float:
     """Device memory one eval actor holds (estimate, GB): the verifier's weights, its loaded drafters
-    (resources.eval.drafter_cache_gb, GiB) and ACTOR_WORKING_GB."""
-    return v["params"] * dtype_bytes / 1e9 + drafter_cache_gb * 2**30 / 1e9 + ACTOR_WORKING_GB
+    (resources.eval.drafter_cache_gb, GiB) and ACTOR_WORKING_GB, and for each prompt past the first
+    it verifies at once (resources.eval.verify_batch) a KV cache of ROW_CONTEXT_TOKENS."""
+    return (v["params"] * dtype_bytes / 1e9 + drafter_cache_gb * 2**30 / 1e9 + ACTOR_WORKING_GB
+            + (rows - 1) * kv_row_gb(v, dtype_bytes))
+
+
+def kv_row_gb(v: dict, dtype_bytes: int) -> float:
+    """GB of one prompt's KV cache at ROW_CONTEXT_TOKENS: keys and values of every layer's kv heads."""
+    head_dim = v["hidden"] // v["heads"]
+    return 2 * v["layers"] * v["kv_heads"] * head_dim * dtype_bytes * ROW_CONTEXT_TOKENS / 1e9
 
 
 def estimate(t_step: float, step_source: str, v: dict | None, dtype_bytes: int, depth: int,

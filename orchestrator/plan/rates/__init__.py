@@ -36,6 +36,7 @@ from orchestrator.plan.rates.record import Rates, _device, devices_per_task, har
 from orchestrator.plan.rates.taskgraph import (
     TURNS,
     caps,
+    eval_batching,
     eval_hold_factor,
     eval_slowdown,
     optimizer_step_seconds,
@@ -47,7 +48,8 @@ from orchestrator.plan.rates.taskgraph import (
 )
 from orchestrator.profile import Profile
 
-__all__ = ["GPU_RATES", "TURNS", "Rates", "caps", "devices_per_task", "estimated", "eval_hold_factor",
+__all__ = ["GPU_RATES", "TURNS", "Rates", "caps", "devices_per_task", "estimated", "eval_batching",
+           "eval_hold_factor",
            "eval_slowdown", "from_packing", "hardware", "load", "measure", "optimizer_step_seconds",
            "packing_model", "profile_devices", "tasks", "trial_order", "trial_tokens",
            "with_scaled_backbones",

@@ -37,6 +37,9 @@ class Rates:
     sources: dict = field(default_factory=dict)  # what -> where its rate came from (measured, assumed)
     # GPU eval packing (orchestrator/plan/packing.py): t_step_s, t_dev_s and their sources; None: estimated
     packing: dict | None = None
+    # prompts verified at once in one eval actor (resources.eval.verify_batch, decoding/batch.py): "B" -> its
+    # tokens/s over batch 1's in one process, measured; none measured: planned one prompt at a time
+    eval_batch_gain: dict = field(default_factory=dict)
     # True: start-up, loads, checkpoint uploads, held-out passes, the I/O term, merges and the report are
     # the dry run's model (orchestrator/plan/rates/overheads.py); False: the overheads above, measured
     modelled_overheads: bool = False

@@ -127,9 +127,10 @@ def tasks(p: Profile, r: Rates, gpus: float | None = None, actors: int | None = 
     return out
 
 
-def _per_prompt(p: Profile, r: Rates, cell, slow, busy) -> tuple[float, float, float]:
-    """(seconds, device-busy seconds, step rows) of one prompt of ``cell``: its decoding (speculative
-    steps or the project's autoregressive loop) and transformers' generate where the cell times it."""
+def _per_prompt(p: Profile, r: Rates, cell, slow, busy) -> tuple[float, float, float, float, float]:
+    """(its decoding's seconds, generate's, their device-busy seconds (decoding, generate), step rows) of
+    one prompt of ``cell``: its decoding (speculative steps or the project's autoregressive loop) and
+    transformers' generate where the cell times it."""
     toks = TURNS.get(cell.benchmark, 1) * _tokens_per_turn(r, cell.benchmark, p.eval.max_new_tokens)
     if cell.strategy == "autoregressive":  # the project's loop, then generate on the same prompt
         step = 1 / r.eval_steps_per_s.get("autoregressive", r.generate_tokens_per_s)
@@ -141,7 +142,7 @@ def _per_prompt(p: Profile, r: Rates, cell, slow, busy) -> tuple[float, float, f
     own = calls * step * slow(step)
     g = 1 / r.generate_tokens_per_s
     gen = toks * g * slow(g) if with_gen else 0.0
-    return own + gen, own * busy(step) + (gen * busy(g) if with_gen else 0.0), calls
+    return own, gen, own * busy(step), gen * busy(g) if with_gen else 0.0, calls
 
 
 def _eval_tasks(p: Profile, r: Rates, made: dict, actors: int) -> tuple[list[Task], float]:
@@ -155,15 +156,36 @@ def _eval_tasks(p: Profile, r: Rates, made: dict, actors: int) -> tuple[list[Tas
     extra = overheads.eval_shard_overhead(p, r, actors, sum(-(-k // size) for _, k in cells))
     out, rows = [], 0.0
     for cell, k in cells:
-        seconds, dev, calls = _per_prompt(p, r, cell, slow, busy)
+        own, gen, own_dev, gen_dev, calls = _per_prompt(p, r, cell, slow, busy)
         deps, key = tuple(made[d] for d in cell.drafters if d in made), cell.key  # (the key hashes the cell)
         for s in range(0, k, size):
             m = min(size, k - s)
-            total = extra + m * seconds
+            gain, share = eval_batching(p, r, m)  # (1, 1) one prompt at a time
+            total = extra + m * (own / gain + gen)
+            dev = m * (own_dev * share + gen_dev)
             out.append(Task(f"eval:{key}:{s}", "eval", total, need, deps, "eval",
-                            m * dev / total if r.device == "gpu" and total > 0 else 1.0))
+                            dev / total if r.device == "gpu" and total > 0 else 1.0))
             rows += m * calls
     return out, rows
+
+
+def eval_batching(p: Profile, r: Rates, prompts: int) -> tuple[float, float]:
+    """(throughput gain, device work per prompt step) of an eval actor verifying min(verify_batch,
+    ``prompts``) prompts a pass (decoding/batch.py), against one prompt at a time. The gain: the rates'
+    measured one for the largest measured B up to that (none measured: 1, planned one at a time). The
+    device work: the verifier's weights read once for the B prompts, each prompt's drafting as alone
+    (packing.device_bytes_per_step's bytes model; 1 without the verifier's constants). generate, the
+    speed baseline, runs one prompt at a time after the batch."""
+    want = min(p.resources.eval.verify_batch, prompts)
+    measured = [int(b) for b in r.eval_batch_gain if int(b) <= want]
+    if want <= 1 or not measured:
+        return 1.0, 1.0
+    b = max(measured)
+    v = VERIFIERS.get(p.verifier)
+    if v is None:
+        return r.eval_batch_gain[str(b)], 1.0
+    whole = packing.device_bytes_per_step(v, 1, p.eval.tree.depth)
+    return r.eval_batch_gain[str(b)], (v["params"] / b + whole - v["params"]) / whole
 
 
 def eval_busy(p: Profile, r: Rates):
