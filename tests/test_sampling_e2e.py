@@ -1,4 +1,4 @@
-"""Temperature 1, end to end: `SpeculativeDecoder.generate` samples the verifier's own distribution.
+"""Temperature 1, end to end: the decoder samples the verifier's own distribution.
 
 For every strategy (single, confidence, entropy, merged, merged-dedup, budget-matched merged) the
 first two generated tokens of a real MT-Bench prompt (48 tokens; its first token is 89% likely),
@@ -10,7 +10,10 @@ likely child of t1 and that child's best child (drafter 0), plus the second most
 (drafter 1), so acceptance, rejection and the residual rule are all exercised. The same bound
 catches a broken rule (on rejection, resample from the verifier's distribution instead of the
 residual): measured chi-square 0.5 for the real rule, 35.1 for the broken one, bound 24.7 (at
-400 seeds: 2.5, 68.6 and 24.7; 200 keep the power at half the time).
+400 seeds: 2.5, 68.6 and 24.7; 200 keep the power at half the time). The seeds are decoded 8 at a
+time with one verifier pass for their trees (decoding/batch.py), as an eval actor with
+resources.eval.verify_batch 8 would; `generate` one prompt at a time is the same loop with each pass
+alone (tests/test_strategies_next.py and tests/test_eagle3_sampling.py sample through it).
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import torch
 
 import decoding.engine as engine
 from decoding.accept import accept_sampling, logits_to_probs, sample
+from decoding.batch import decode_turns
 from decoding.config import TreeConfig
 from decoding.engine import DecodeConfig, SpeculativeDecoder
 from decoding.tree import chain_tree
@@ -27,6 +31,7 @@ from drafters.data.templating import benchmark_prompt_ids
 
 pytestmark = pytest.mark.slow
 N = 200
+ROWS = 8  # seeds decoded at once
 
 
 class TableProposer:
@@ -92,10 +97,12 @@ def _sample(model, eos, table, ids, strategy, n_props):
     cfg = DecodeConfig(strategy=name, temperature=1.0, max_new_tokens=2, merge_dedup=dedup,
                        merge_budget=budget,
                        tree=TreeConfig(2, 2, 4 if budget else 8))
-    # the prompt's prefill is reused across seeds (prompt_cache): the runs differ only in their samples
-    dec = SpeculativeDecoder(model, [TableProposer(table, i) for i in range(n_props)], cfg, eos,
-                             prompt_cache=True)
-    return [tuple(dec.generate(ids, seed_key=f"s{i}").output_token_ids[:2]) for i in range(N)]
+    # ROWS seeds at a time, one verifier pass for their trees (decoding/batch.py; lossless as one at a
+    # time, tests/test_batch_decoding.py); each row reuses its prefill of the prompt (prompt_cache), so
+    # the runs differ only in their samples
+    rows = [SpeculativeDecoder(model, [TableProposer(table, i) for i in range(n_props)], cfg, eos,
+                               prompt_cache=True) for _ in range(ROWS)]
+    return [tuple(r.output_token_ids[:2]) for r in decode_turns(rows, [(ids, f"s{i}") for i in range(N)])]
 
 
 # by default one tree of each kind: a chain (single), a router's pick (confidence), the union

@@ -386,9 +386,13 @@ class Paths:
 
 
 def _samples(model, eos, ids, props, n_tokens, **fields):
+    """N seeds of the prompt, 8 at a time with one verifier pass for their trees (decoding/batch.py, as
+    tests/test_sampling_e2e.py); each row its own strategy state, the stateless proposers shared."""
+    from decoding.batch import decode_turns
+
     cfg = DecodeConfig(temperature=1.0, max_new_tokens=n_tokens, tree=TreeConfig(2, 2, 8), **fields)
-    dec = SpeculativeDecoder(model, props, cfg, eos, prompt_cache=True)
-    runs = [dec.generate(ids, seed_key=f"s{i}") for i in range(N)]
+    rows = [SpeculativeDecoder(model, props, cfg, eos, prompt_cache=True) for _ in range(8)]
+    runs = decode_turns(rows, [(ids, f"s{i}") for i in range(N)])
     return [tuple(r.output_token_ids[:n_tokens]) for r in runs], runs
 
 
