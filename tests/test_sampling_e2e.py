@@ -13,7 +13,7 @@ residual): measured chi-square 0.5 for the real rule, 35.1 for the broken one, b
 400 seeds: 2.5, 68.6 and 24.7; 200 keep the power at half the time). The seeds are decoded 8 at a
 time with one verifier pass for their trees (decoding/batch.py), as an eval actor with
 resources.eval.verify_batch 8 would; `generate` one prompt at a time is the same loop with each pass
-alone (tests/test_strategies_next.py and tests/test_eagle3_sampling.py sample through it).
+alone (tests/test_eagle3_sampling.py samples through it).
 """
 from __future__ import annotations
 
