@@ -197,13 +197,13 @@ def _decode(model, tok, props, prompt, case, temperature, tree, step_costs=None,
     dec = SpeculativeDecoder(model, props[:n], cfg, [tok.eos_token_id])
     if step_costs is not None:  # counts between one step's verify and the next: exactly one whole step
         dec.observer = lambda *_: step_costs.append(dict(acc.counts))
-        turn = dec.generate
+        turn = dec.turn  # decode_prompt runs each turn's coroutine (decoding/runner.prompt_turns)
 
-        def generate(*a, **kw):  # a turn boundary (its prefill and closing sync are not a step)
+        def marked(*a, **kw):  # a turn boundary (its prefill and closing sync are not a step)
             step_costs.append(None)
-            return turn(*a, **kw)
+            return (yield from turn(*a, **kw))
 
-        dec.generate = generate
+        dec.turn = marked
     return [res.output_token_ids for _, res, _ in decode_prompt(dec, tok, prompt)]
 
 
