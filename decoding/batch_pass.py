@@ -66,11 +66,7 @@ def packed_forward(model, ids: torch.Tensor, pos: torch.Tensor, sizes: list[int]
         if taps is not None and i in taps:
             taps[i] = h
         attn = layer.self_attn
-        x = layer.input_layernorm(h)
-        q = attn.q_proj(x).view(1, t, -1, attn.head_dim).transpose(1, 2)  # (1, heads, T, D)
-        k = attn.k_proj(x).view(1, t, -1, attn.head_dim).transpose(1, 2)  # (1, kv heads, T, D)
-        v = attn.v_proj(x).view(1, t, -1, attn.head_dim).transpose(1, 2)
-        q, k = lean_pass._rotate(q, cos, sin), lean_pass._rotate(k, cos, sin)
+        q, k, v = lean_pass.rotated_qkv(layer, h, cos, sin)
         outs = []
         for qb, kb, vb, mask, cache in zip(q.split(sizes, 2), k.split(sizes, 2), v.split(sizes, 2), masks,
                                            caches):

@@ -109,6 +109,17 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def rotated_qkv(layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple:
+    """A decoder layer's queries, keys (both rotated) and values of hidden states ``h`` (1, T, H):
+    (1, heads, T, D), (1, kv heads, T, D), (1, kv heads, T, D)."""
+    attn, t = layer.self_attn, h.shape[1]
+    x = layer.input_layernorm(h)
+    q = attn.q_proj(x).view(1, t, -1, attn.head_dim).transpose(1, 2)
+    k = attn.k_proj(x).view(1, t, -1, attn.head_dim).transpose(1, 2)
+    v = attn.v_proj(x).view(1, t, -1, attn.head_dim).transpose(1, 2)
+    return _rotate(q, cos, sin), _rotate(k, cos, sin), v
+
+
 def _causal(t: int, past: int, device) -> torch.Tensor:
     """(t, past + t) boolean mask: query i sees every cached position and new positions <= i."""
     return torch.ones(t, past + t, dtype=torch.bool, device=device).tril(past)
@@ -151,11 +162,7 @@ def forward(model, input_ids: torch.Tensor, position_ids: torch.Tensor, mask: to
         if taps is not None and i in taps:
             taps[i] = h
         attn = layer.self_attn
-        x = layer.input_layernorm(h)
-        q = attn.q_proj(x).view(1, t, -1, attn.head_dim).transpose(1, 2)  # (1, heads, T, D)
-        k = attn.k_proj(x).view(1, t, -1, attn.head_dim).transpose(1, 2)  # (1, kv heads, T, D)
-        v = attn.v_proj(x).view(1, t, -1, attn.head_dim).transpose(1, 2)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
+        q, k, v = rotated_qkv(layer, h, cos, sin)
         keys, values = cache.update(k, v, i)  # (1, kv heads, past + T, D)
         o = _attend(q, keys, values, mask, causal and not past, attn.scaling)
         h = h + attn.o_proj(o.transpose(1, 2).reshape(1, t, -1))
