@@ -31,8 +31,8 @@ export PYTHONUNBUFFERED=1
 if [[ "$mode" == dry ]]; then
   # a tiny shape and few steps on the CPU; the CPU matmul tuner stays off (a GPU never runs it)
   export TASKSPEC_CPU_SPEED=0
-  exec "$PY" experiments/gpu_rates.py --device cpu --shape small --n-prompts 1 --max-new-tokens 8 \
-    --tree 4 4 16 --packing 1,2 --train-tokens 24,48 --train-steps 1 --feature-examples 6 "$@"
+  exec "$PY" experiments/gpu_rates.py --device cpu --shape small --n-prompts 1 --max-new-tokens 4 \
+    --tree 4 4 16 --packing 1,2 --train-tokens 8,16 --train-steps 1 --feature-examples 6 "$@"
 fi
 if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   echo "[gpu-rates] error: torch sees no CUDA device (nvidia-smi? a CPU build of torch?); --dry runs on the CPU" >&2

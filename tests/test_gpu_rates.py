@@ -80,13 +80,13 @@ def test_the_cpu_mode_measures_every_part_in_order_and_writes_the_rates_file(dry
 
 def _check_train_rows(data: dict, backbones: tuple[str, ...]) -> None:
     train = data["parts"]["train"]["rows"]
-    assert [(r["backbone"], r["tokens"]) for r in train] == [(b, t) for b in backbones for t in (24, 48)]
+    assert [(r["backbone"], r["tokens"]) for r in train] == [(b, t) for b in backbones for t in (8, 16)]
     assert all(r["ms_per_step"] > 0 and r["sizing_gib"] > 0 and r["params"] > 0 for r in train)
 
 
 @pytest.mark.full  # breadth: the same runner's step for HASS and EAGLE-3 (about 70 s)
 def test_the_train_part_times_every_backbone(tmp_path):
-    out = _dry(tmp_path, "--parts", "train")
+    out = _dry(tmp_path, "--parts", "train", "--budgets", "train=900")  # all rows: ~4 min on Zen 3
     rows = [line for line in out.stdout.splitlines() if line.startswith("rate: train: ")]
     assert len(rows) == 2 * len(BACKBONES) + 1, rows
     _check_train_rows(json.loads((tmp_path / "rates.json").read_text()), BACKBONES)
