@@ -18,7 +18,7 @@ from tests.helpers import OracleProposer
 from tests.test_lossless import greedy_reference
 
 pytestmark = pytest.mark.slow
-MAX_NEW = 24
+MAX_NEW = 16
 TREE = TreeConfig(top_k=3, depth=3, total_tokens=10)
 
 

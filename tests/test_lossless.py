@@ -11,7 +11,7 @@ from drafters.data.templating import benchmark_prompt_ids
 from tests.helpers import ConstantProposer, OracleProposer
 
 pytestmark = pytest.mark.slow
-MAX_NEW = 24
+MAX_NEW = 16
 TREE = TreeConfig(top_k=3, depth=3, total_tokens=10)
 
 
@@ -104,7 +104,7 @@ def test_kv_cache_equals_fresh_prefill(verifier, eos, references):
     prompt, ref = references[1]
     ids = benchmark_prompt_ids(tok, prompt, 0, [])
     dec = SpeculativeDecoder(model, [OracleProposer(len(ids), ref[0])], DecodeConfig(strategy="single",
-            max_new_tokens=MAX_NEW, tree=TreeConfig(3, 4, 12)), eos)
+            max_new_tokens=MAX_NEW, tree=TreeConfig(3, 3, 12)), eos)
     res = dec.generate(ids)
     assert res.verifier_calls >= 4
     committed = ids + res.output_token_ids

@@ -25,7 +25,7 @@ from tests.helpers import OracleProposer
 from tests.test_lossless import greedy_reference
 from tests.test_sampling_e2e import N, TableProposer, chi2, exact_joint
 
-MAX_NEW = 20
+MAX_NEW = 16
 TREE = TreeConfig(top_k=3, depth=3, total_tokens=10)
 
 
