@@ -27,7 +27,7 @@ from tests.conftest import VERIFIER
 from tests.helpers import OracleProposer
 
 pytestmark = pytest.mark.slow
-MAX_NEW = 16
+MAX_NEW = 10
 TIE_GAP = TIE_GAPS["bfloat16"]  # bf16: within its rounding noise (decoding.verifiers.TIE_GAP)
 
 
