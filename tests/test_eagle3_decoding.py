@@ -23,17 +23,27 @@ from tests.test_lossless import greedy_reference
 
 pytestmark = pytest.mark.slow
 FULL = pytest.mark.full
-MAX_NEW = 24
+MAX_NEW = 16
+TRAINED_MAX_NEW = 24  # the trained drafter's test (make test-full) counts accepted tokens: longer answers
 TREE = TreeConfig(top_k=3, depth=3, total_tokens=10)
 N_DRAFT = 1024
 
 
-@pytest.fixture(scope="module")
-def references(verifier, bench_prompts):
+def _references(verifier, bench_prompts, max_new: int):
     """GSM8K's first prompt and MT-Bench's (two turns) with the verifier's greedy answers."""
     model, tok = verifier
-    return [(p, greedy_reference(model, tok, p, MAX_NEW)) for p in (bench_prompts["gsm8k"][0],
+    return [(p, greedy_reference(model, tok, p, max_new)) for p in (bench_prompts["gsm8k"][0],
                                                                      bench_prompts["mt_bench"][0])]
+
+
+@pytest.fixture(scope="module")
+def references(verifier, bench_prompts):
+    return _references(verifier, bench_prompts, MAX_NEW)
+
+
+@pytest.fixture(scope="module")
+def trained_references(verifier, bench_prompts):
+    return _references(verifier, bench_prompts, TRAINED_MAX_NEW)
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +52,8 @@ def e3_proposers(verifier, random_eagle3_dirs):
     return load_proposers(verifier[0], random_eagle3_dirs + random_eagle3_dirs[:1], VERIFIER)
 
 
-def _decode_all(model, tok, props, references, eos, **fields):
-    cfg = DecodeConfig(max_new_tokens=MAX_NEW, tree=fields.pop("tree", TREE), **fields)
+def _decode_all(model, tok, props, references, eos, max_new: int = MAX_NEW, **fields):
+    cfg = DecodeConfig(max_new_tokens=max_new, tree=fields.pop("tree", TREE), **fields)
     dec = SpeculativeDecoder(model, props, cfg, eos)
     out = []
     for prompt, ref in references:
@@ -170,7 +180,7 @@ def trained_eagle3(verifier, eos, tmp_path_factory):
 # T=0 run there in tests/test_eagle3_sampling.py (table drafters: accepted by construction)
 @pytest.mark.parametrize("strategy", [pytest.param("single", marks=FULL), pytest.param("merged", marks=FULL)])
 def test_trained_eagle3_drafter_is_accepted_and_exact(verifier, eos, trained_eagle3, random_eagle3_dirs,
-                                                      references, strategy):
+                                                      trained_references, strategy):
     model, tok = verifier
     props = load_proposers(model, [trained_eagle3] + random_eagle3_dirs[:1], VERIFIER)
     assert props[0].head.size == N_DRAFT
@@ -178,7 +188,8 @@ def test_trained_eagle3_drafter_is_accepted_and_exact(verifier, eos, trained_eag
     calls = new = 0
     drafted = []
     dec_fields = {"strategy": strategy}
-    for got, ref, results in _decode_all(model, tok, props[:n], references, eos, **dec_fields):
+    for got, ref, results in _decode_all(model, tok, props[:n], trained_references, eos, TRAINED_MAX_NEW,
+                                         **dec_fields):
         assert got == ref, f"{strategy}: the trained eagle3 drafter changed the output"
         calls += sum(r.verifier_calls for _, r, _ in results)
         new += sum(r.new_tokens for _, r, _ in results)
