@@ -1,10 +1,12 @@
-"""Decode many prompts with their verifier passes batched: B prompts in lock step, one pass a step.
+"""Decode many prompts in lock step: B prompts, one verifier pass a step and one drafter pass a draft
+level for all of them.
 
 An evaluation actor on a GPU is host-bound at batch 1: the verifier's forward spends most of its time
 launching ~30 layers of small kernels, and reads the weights once per prompt. Here B prompts (B row
 decoders sharing the verifier and the drafters' weights, each with its own drafter state, strategy
-and seeded sampler) each draft their own tree; ONE verifier pass (decoding/batch_pass.py) verifies
-every tree, each against its own cache; each prompt accepts and commits on its own. A prompt that
+and seeded sampler) each draft their own tree, in lock step (each draft level's drafter pass and
+head matmul once for every row: ``rounds.run_round``); ONE verifier pass (decoding/batch_pass.py)
+verifies every tree, each against its own cache; each prompt accepts and commits on its own. A prompt that
 finishes leaves its row to the next prompt in the queue (continuous batching), so rows never wait
 for the slowest prompt of a batch. Each prompt decodes as it does alone: its drafts depend only on
 its own state, its sampler is seeded by its own (prompt, turn) key, and the verifier's logits of its
@@ -27,6 +29,7 @@ import torch
 
 from decoding.batch_pass import forward_many
 from decoding.engine import SpeculativeDecoder
+from decoding.rounds import DraftRound, run_round
 from decoding.runner import prompt_turns
 from decoding.timing import Clock
 from drafters.data.templating import benchmark_prompt_ids
@@ -56,16 +59,35 @@ def decode_prompts(decoders: list[SpeculativeDecoder], tokenizer, prompts: list,
     return _drive(decoders, jobs, on_done)
 
 
-def decode_turns(decoders: list[SpeculativeDecoder], inputs: list[tuple[list[int], str]]) -> list:
+def decode_turns(decoders: list[SpeculativeDecoder], inputs: list[tuple[list[int], str]],
+                 draft_rows: bool = True) -> list:
     """``generate(ids, seed_key)``'s TurnResult for every (ids, seed_key), in order, ``len(decoders)``
-    turns at a time with one verifier pass per step for all of them."""
-    return _drive(decoders, [lambda d, a=a: d.turn(*a) for a in inputs])
+    turns at a time with one verifier pass per step for all of them (``draft_rows``: and one drafter
+    pass per draft level, else each row drafts by itself)."""
+    return _drive(decoders, [lambda d, a=a: d.turn(*a) for a in inputs], draft_rows=draft_rows)
+
+
+def _answer_drafts(live: dict, rows: list[int], together: bool) -> list:
+    """The answers to the draft rounds ``live[r][2]`` of ``rows``, per row: one ``run_round`` for all
+    of them (``together``: each drafter's pass and each head's matmul once for every row), or one each."""
+    if not together:
+        return [run_round(live[r][2].calls) for r in rows]
+    sizes = [len(live[r][2].calls) for r in rows]
+    answers = run_round([c for r in rows for c in live[r][2].calls])
+    out, at = [], 0
+    for n in sizes:
+        out.append(answers[at : at + n])
+        at += n
+    return out
 
 
 @torch.no_grad()
-def _drive(decoders: list[SpeculativeDecoder], jobs: list[Callable], on_done=None) -> list:
+def _drive(decoders: list[SpeculativeDecoder], jobs: list[Callable], on_done=None,
+           draft_rows: bool = True) -> list:
     """Run ``job(row decoder)`` coroutines (``SpeculativeDecoder.turn``'s requests) on the rows, one
-    verifier pass per step for every live row; a row whose job ends takes the next job."""
+    verifier pass per step for every live row, and (``draft_rows``) one answer per draft round for
+    every row drafting (rows draft in lock step: every row's step starts after the same verifier
+    pass, and rows of one tree shape have as many rounds); a row whose job ends takes the next job."""
     model, layers = decoders[0].model, decoders[0].layers
     if any(d.model is not model or d.layers != layers for d in decoders):
         raise ValueError("batched decoders must share one verifier and read the same verifier features")
@@ -94,6 +116,11 @@ def _drive(decoders: list[SpeculativeDecoder], jobs: list[Callable], on_done=Non
         advance(row)
     clock = Clock(model.device)
     while live:
+        drafting = [r for r in sorted(live) if isinstance(live[r][2], DraftRound)]
+        if drafting:  # rows waiting for their verifier pass wait for the others' drafts
+            for r, answers in zip(drafting, _answer_drafts(live, drafting, draft_rows)):
+                advance(r, answers)
+            continue
         rows = sorted(live)
         v0 = clock.mark()
         outs = forward_many(model, [live[r][2] for r in rows], layers)
@@ -113,19 +140,23 @@ def add_baselines(results: list, tokenizer, prompt, baseline, system: str | None
 
 
 def time_batches(decoder: SpeculativeDecoder, inputs: list[tuple[list[int], str]], batches: list[int],
-                 now: Callable[[], float]) -> list[dict]:
+                 now: Callable[[], float], rows_draft_alone: bool = False) -> list[dict]:
     """Decode ``inputs`` (ids, seed_key) one at a time and then ``B`` at a time for each B in
     ``batches``: per B the seconds, new tokens, tokens/s in all, and how many outputs equal the
-    one-at-a-time ones (``now``: a clock that waits for the device, timing.synced_now)."""
+    one-at-a-time ones (``now``: a clock that waits for the device, timing.synced_now).
+    ``rows_draft_alone``: each B also with the rows drafting one by one (``drafts: "alone"``), so what
+    drafting the rows together buys is read in the same run."""
     rows, alone = [], None
-    for b in [1] + [b for b in batches if b != 1]:
+    modes = [(1, True)] + [(b, t) for b in batches if b != 1 for t in ((False, True) if rows_draft_alone
+                                                                       else (True,))]
+    for b, together in modes:
         t0 = now()
-        got = (decode_turns(row_decoders(decoder, b), inputs) if b > 1
+        got = (decode_turns(row_decoders(decoder, b), inputs, draft_rows=together) if b > 1
                else [decoder.generate(ids, seed_key=key) for ids, key in inputs])
         s = now() - t0
         alone = alone or [r.output_token_ids for r in got]
         new = sum(r.new_tokens for r in got)
-        rows.append({"batch": b, "runs": len(got), "s": s, "new_tokens": new, "tokens_per_s": new / s,
-                     "steps": sum(r.verifier_calls for r in got),
+        rows.append({"batch": b, "drafts": "together" if together else "alone", "runs": len(got), "s": s,
+                     "new_tokens": new, "tokens_per_s": new / s, "steps": sum(r.verifier_calls for r in got),
                      "same_as_alone": sum(r.output_token_ids == a for r, a in zip(got, alone))})
     return rows

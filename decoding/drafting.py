@@ -11,7 +11,10 @@ previous hidden state; its own norm and LM head give the draft distribution.
 ``draft_together`` drafts with several proposers in lock step: at every level, the rows of all
 drafters that share a draft head (the same verifier LM head and draft vocabulary) go through ONE
 head matmul, so routing and merged trees stream the head's weights once per level, not once per
-drafter. Each drafter's tree is exactly the tree it drafts alone.
+drafter. Each drafter's tree is exactly the tree it drafts alone. The lock step is a generator of
+:class:`rounds.DraftRound`s (every coroutine's pending drafter pass or head rows), answered here by
+:func:`rounds.run_round`, or by decoding/batch.py for the rows of several prompts at once (one packed pass
+per drafter module, one matmul per head, for every row).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import torch
 from decoding.accept import entropy, expected_accepted, position_acceptance
 from decoding.config import TreeConfig
 from decoding.cpu import row_aware
+from decoding.rounds import DraftRound, LayerCall, drive, lock_step_rounds
 from decoding.tree import DraftTree, expand_frontier, select_nodes
 from drafters.eagle3 import Eagle3Drafter
 from drafters.model import FeatureDrafter, KVCache, causal_mask
@@ -56,10 +60,9 @@ def shared_head(lm_head: torch.nn.Module, ids: torch.Tensor | None) -> DraftHead
     return heads[key]
 
 
-def draft_together(proposers: list[Proposer], tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig,
-                   temperature: float) -> list[DraftTree]:
-    """Every proposer's tree, drafted in lock step with one head matmul per level per shared head.
-    Proposers without ``draft_steps`` (oracle, chains) draft on their own."""
+def draft_together_steps(proposers: list[Proposer], tokens: torch.Tensor, features: torch.Tensor,
+                         cfg: TreeConfig, temperature: float) -> Generator[DraftRound, list, list[DraftTree]]:
+    """``draft_together`` as a generator of :class:`DraftRound`s (the engine's turn yields them)."""
     out: list[DraftTree | None] = [None] * len(proposers)
     gens: dict[int, Generator] = {}
     for i, p in enumerate(proposers):
@@ -67,9 +70,16 @@ def draft_together(proposers: list[Proposer], tokens: torch.Tensor, features: to
             gens[i] = p.draft_steps(tokens, features, cfg, temperature)
         else:
             out[i] = p.draft(tokens, features, cfg, temperature)
-    for i, tree in _lock_step(proposers, gens).items():
+    for i, tree in (yield from lock_step_rounds(proposers, gens)).items():
         out[i] = tree
     return out  # type: ignore[return-value]
+
+
+def draft_together(proposers: list[Proposer], tokens: torch.Tensor, features: torch.Tensor, cfg: TreeConfig,
+                   temperature: float) -> list[DraftTree]:
+    """Every proposer's tree, drafted in lock step with one head matmul per level per shared head.
+    Proposers without ``draft_steps`` (oracle, chains) draft on their own."""
+    return drive(draft_together_steps(proposers, tokens, features, cfg, temperature))
 
 
 def predict_together(proposers: list[Proposer], tokens: torch.Tensor, features: torch.Tensor,
@@ -144,25 +154,8 @@ def can_roll_out(proposer: Proposer) -> bool:
 
 
 def _lock_step(proposers: list[Proposer], gens: dict[int, Generator]) -> dict[int, object]:
-    """Drive coroutines that yield hidden rows (r, H) and are sent their head logits (r, N): every
-    round, the rows of all coroutines whose proposers share a head go through ONE head matmul (its
-    weights stream once per round, not once per drafter). Returns each coroutine's return value."""
-    out: dict[int, object] = {}
-    pending = {i: next(g) for i, g in gens.items()}  # proposer index -> hidden rows waiting for logits
-    with torch.no_grad():
-        while pending:
-            groups: dict[int, list[int]] = {}
-            for i in pending:
-                groups.setdefault(id(proposers[i].head), []).append(i)
-            for idx in groups.values():
-                rows = [pending.pop(i) for i in idx]
-                logits = proposers[idx[0]].head(torch.cat(rows) if len(rows) > 1 else rows[0])
-                for i, part in zip(idx, logits.split([r.shape[0] for r in rows])):
-                    try:
-                        pending[i] = gens[i].send(part)
-                    except StopIteration as stop:
-                        out[i] = stop.value
-    return out
+    """``lock_step_rounds`` run here."""
+    return drive(lock_step_rounds(proposers, gens))
 
 
 def composition_features(readers: list[tuple[str, tuple[int, ...] | None]]) -> tuple[int, ...] | None:
@@ -293,7 +286,7 @@ class FeatureDrafterProposer:
         n = features.shape[0]
         dev = features.device
         # 1. catch up on committed context
-        h_last = self._catch_up(tokens, features)  # (1, H): predicted feature at the root -> depth-1 tokens
+        h_last = yield from self._catch_up(tokens, features)  # (1, H): predicted feature at the root
         # 2. level 1: top-k of the root's draft distribution
         logp = self._logp((yield h_last), temperature)  # (1, V)
         ent = entropy(logp.exp())  # (1,)
@@ -321,9 +314,7 @@ class FeatureDrafterProposer:
             fed_anc = torch.cat([torch.cat([fed_anc, fed_anc.new_zeros(base, k)], 1), rows], 0)
             mask = torch.cat([torch.ones(k, n, dtype=torch.bool, device=dev), rows], dim=1)  # (k, n + fed)
             pos = torch.full((k,), n - 2 + d, device=dev)  # all nodes at one depth share a position
-            h, _ = self.drafter(self.embed(frontier_tok)[None], frontier_feat[None], pos, mask,
-                                cache=self.cache)
-            h = h[0]  # (k, H)
+            h = yield LayerCall(self.drafter, self.embed(frontier_tok), frontier_feat, pos, mask, self.cache)
             logp = self._logp((yield h), temperature)  # (k, V)
             ent = entropy(logp.exp())  # (k,)
             child_tok, child_score, best = expand_frontier(frontier_score, logp, k)  # (k,k),(k,k),(k,)
@@ -346,11 +337,12 @@ class FeatureDrafterProposer:
                             torch.cat(cand_depth),
                             torch.cat(cand_ent), cfg, self.index, dev)
 
-    def _catch_up(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    def _catch_up(self, tokens: torch.Tensor, features: torch.Tensor) -> Generator[LayerCall, torch.Tensor,
+                                                                                  torch.Tensor]:
         """Feed the drafter the committed pairs (f_i, x_{i+1}) its KV cache lacks, i = m..n-1 at
         positions i (starting over when the context shrank, re-feeding the root pair when drafting
-        again from the same state). tokens (n+1,), features (n, F) -> (1, H) the predicted feature
-        at the root."""
+        again from the same state), as one :class:`LayerCall`. tokens (n+1,), features (n, F) ->
+        (1, H) the predicted feature at the root."""
         n = features.shape[0]
         dev = features.device
         m = len(self.cache)
@@ -362,9 +354,9 @@ class FeatureDrafterProposer:
             m = n - 1
         emb = self.embed(tokens[m + 1 : n + 1].to(dev))  # (n-m, H); the engine passes tokens on dev
         pos = torch.arange(m, n, device=dev)
-        h, _ = self.drafter(emb[None], self._context(features[m:n])[None], pos, causal_mask(n - m, m, dev),
-                            cache=self.cache)
-        return h[0, -1:]  # (1, H)
+        h = yield LayerCall(self.drafter, emb, self._context(features[m:n]), pos, causal_mask(n - m, m, dev),
+                            self.cache)
+        return h[-1:]  # (1, H)
 
 
 def _ranked_tree(tok: torch.Tensor, par: torch.Tensor, score: torch.Tensor, dep: torch.Tensor,

@@ -10,6 +10,7 @@ from decoding.accept import accept_greedy, accept_sampling, entropy, logits_to_p
 from decoding.config import DecodeConfig
 from decoding.device import to_device
 from decoding.drafting import Proposer, feature_layers
+from decoding.rounds import DraftRound, run_round
 from decoding.strategies import strategy_for
 from decoding.timing import Clock
 from decoding.verifier_pass import commit_path, new_cache, prefill, tree_forward
@@ -47,11 +48,15 @@ class VerifyRequest:
 
 
 def run_alone(turn, model, layers):
-    """Drive a ``SpeculativeDecoder.turn`` coroutine with each tree's pass by itself; its TurnResult."""
+    """Drive a ``SpeculativeDecoder.turn`` coroutine with each tree's pass and each draft round by
+    itself; its TurnResult."""
     clock = Clock(model.device)
     try:
         req = next(turn)
         while True:
+            if isinstance(req, DraftRound):
+                req = turn.send(run_round(req.calls))
+                continue
             v0 = clock.mark()
             f, logits = req.run(model, layers)
             req = turn.send((f, logits, v0, clock.mark()))
@@ -158,9 +163,10 @@ class SpeculativeDecoder:
     @torch.no_grad()
     def turn(self, input_ids: list[int], seed_key: str = ""):
         """``generate`` as a coroutine: yields one :class:`VerifyRequest` per step and is sent back
-        (features, logits, pass start mark, pass end mark) of that tree's verifier pass; returns the
-        TurnResult. ``run_alone`` runs each pass by itself; decoding/batch.py runs the passes of
-        several prompts' turns together."""
+        (features, logits, pass start mark, pass end mark) of that tree's verifier pass, and before it
+        the step's ``rounds.DraftRound``s, each sent back its answers (``rounds.run_round``);
+        returns the TurnResult. ``run_alone`` runs each pass and round by itself; decoding/batch.py
+        runs those of several prompts' turns together."""
         self._check_prompt(input_ids)
         gen = torch.Generator().manual_seed(prompt_seed(self.cfg.seed, seed_key))
         dev = self.model.device
@@ -176,8 +182,8 @@ class SpeculativeDecoder:
             n = len(tokens) - 1  # tokens in the cache; tokens[n] is the root
             # 1. draft: the strategy asks its drafters for one tree
             t0 = clock.mark()
-            prop = self.strategy.propose(self.proposers, tok_dev[: n + 1], features[:n], self.cfg.tree,
-                                         self.cfg.temperature)
+            prop = yield from self.strategy.propose_steps(self.proposers, tok_dev[: n + 1], features[:n],
+                                                          self.cfg.tree, self.cfg.temperature)
             tree = prop.tree.to(dev)
             # 2. verify: one verifier pass over [root] + tree nodes (alone, or with other prompts' trees)
             t1 = clock.mark()

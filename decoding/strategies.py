@@ -24,7 +24,7 @@ from decoding.drafting import (
     agreement_together,
     can_agree,
     can_roll_out,
-    draft_together,
+    draft_together_steps,
 )
 from decoding.hedge import (
     BANDITS,
@@ -36,6 +36,7 @@ from decoding.hedge import (
     start_state,
     step_losses,
 )
+from decoding.rounds import drive
 from decoding.tree import DraftTree, graft_trees, merge_trees, rerank
 
 STAT = {"path": 0, "entropy": 1, "node": 2}  # the columns of Proposal.stats
@@ -106,14 +107,21 @@ class Strategy:
 
     def propose(self, drafters: list[Proposer], tokens, features, cfg: TreeConfig,
                 temperature: float) -> Proposal:
+        """The step's tree, drafted here (``propose_steps`` run by ``rounds.drive``)."""
+        return drive(self.propose_steps(drafters, tokens, features, cfg, temperature))
+
+    def propose_steps(self, drafters: list[Proposer], tokens, features, cfg: TreeConfig, temperature: float):
+        """``propose`` as a generator of ``rounds.DraftRound``s, answered by whoever drives it (the
+        engine's turn, or several prompts' turns at once: decoding/batch.py); returns the Proposal."""
         raise NotImplementedError
 
     @staticmethod
     def _draft(drafters, tokens, features, cfg, temperature, only: list[int] | None = None):
         """The trees of ``drafters[i]`` for i in ``only`` (default: all; None for the others), on the
-        features' device, and the (drafters, 3) mean stats there (NaN rows for those that did not draft)."""
+        features' device, and the (drafters, 3) mean stats there (NaN rows for those that did not draft).
+        A generator of draft rounds (``yield from``)."""
         only = list(range(len(drafters))) if only is None else only
-        got = draft_together([drafters[i] for i in only], tokens, features, cfg, temperature)
+        got = yield from draft_together_steps([drafters[i] for i in only], tokens, features, cfg, temperature)
         if features is not None:
             got = [t.to(features.device) for t in got]  # host-built trees (chains, oracles): one copy
         trees: list[DraftTree | None] = [None] * len(drafters)
@@ -130,8 +138,9 @@ class Strategy:
 class Autoregressive(Strategy):
     name, max_drafters = "autoregressive", 0
 
-    def propose(self, drafters, tokens, features, cfg, temperature):
+    def propose_steps(self, drafters, tokens, features, cfg, temperature):
         return Proposal(DraftTree.empty(None if features is None else features.device), -1)
+        yield  # a generator that drafts nothing
 
 
 class Single(Strategy):
@@ -139,8 +148,8 @@ class Single(Strategy):
     min_drafters = 1
     max_drafters = 1
 
-    def propose(self, drafters, tokens, features, cfg, temperature):
-        trees, stats = self._draft(drafters, tokens, features, cfg, temperature)
+    def propose_steps(self, drafters, tokens, features, cfg, temperature):
+        trees, stats = yield from self._draft(drafters, tokens, features, cfg, temperature)
         return Proposal(trees[0], 0, stats)
 
 
@@ -169,8 +178,9 @@ class _Routed(Strategy):
         """(trees, (drafters, 3) stats, chosen drafter); one host read while the route is open."""
         if self.granularity != "step" and getattr(self, "locked", None) is not None:
             only = [*range(self.routed_from), self.locked]
-            return (*self._draft(drafters, tokens, features, cfg, temperature, only), self.locked)
-        trees, stats = self._draft(drafters, tokens, features, cfg, temperature)
+            trees, stats = yield from self._draft(drafters, tokens, features, cfg, temperature, only)
+            return trees, stats, self.locked
+        trees, stats = yield from self._draft(drafters, tokens, features, cfg, temperature)
         rows = stats.tolist()[self.routed_from:]  # the route's one host read
         if self.granularity == "step":
             return trees, stats, self.routed_from + self.pick(rows)
@@ -181,8 +191,8 @@ class _Routed(Strategy):
             self.locked = choice
         return trees, stats, choice
 
-    def propose(self, drafters, tokens, features, cfg, temperature):
-        trees, stats, choice = self._route(drafters, tokens, features, cfg, temperature)
+    def propose_steps(self, drafters, tokens, features, cfg, temperature):
+        trees, stats, choice = yield from self._route(drafters, tokens, features, cfg, temperature)
         return Proposal(trees[choice], choice, stats)
 
 
@@ -212,8 +222,8 @@ class Merged(Strategy):
 
     name, min_drafters = "merged", 2
 
-    def propose(self, drafters, tokens, features, cfg, temperature):
-        trees, stats = self._draft(drafters, tokens, features, cfg, temperature)
+    def propose_steps(self, drafters, tokens, features, cfg, temperature):
+        trees, stats = yield from self._draft(drafters, tokens, features, cfg, temperature)
         return Proposal(self._merged(trees, cfg), -1, stats)
 
 
@@ -247,15 +257,15 @@ class Switching(Confidence):
         if switch and self.active != "merged":
             self.active = "merged" if self.switch_to == "merged" else 1 - self.last
 
-    def propose(self, drafters, tokens, features, cfg, temperature):
+    def propose_steps(self, drafters, tokens, features, cfg, temperature):
         active = getattr(self, "active", None)
         if active is None:
-            prop = super().propose(drafters, tokens, features, cfg, temperature)
+            prop = yield from super().propose_steps(drafters, tokens, features, cfg, temperature)
         elif active == "merged":
-            trees, stats = self._draft(drafters, tokens, features, cfg, temperature)
+            trees, stats = yield from self._draft(drafters, tokens, features, cfg, temperature)
             prop = Proposal(self._merged(trees, cfg), -1, stats)
         else:
-            trees, stats = self._draft(drafters, tokens, features, cfg, temperature, [active])
+            trees, stats = yield from self._draft(drafters, tokens, features, cfg, temperature, [active])
             prop = Proposal(trees[active], active, stats)
         self.last = prop.chosen
         return prop
@@ -274,11 +284,11 @@ class DepthAdaptive(Confidence):
     max_drafters = 3
     routed_from = 1
 
-    def propose(self, drafters, tokens, features, cfg, temperature):
+    def propose_steps(self, drafters, tokens, features, cfg, temperature):
         why = switch_depth_error(self.switch_depth, cfg.depth)  # (the tree handed at this step)
         if why:
             raise ValueError(why)
-        trees, stats, choice = self._route(drafters, tokens, features, cfg, temperature)
+        trees, stats, choice = yield from self._route(drafters, tokens, features, cfg, temperature)
         tree = graft_trees(trees[0], trees[choice], self.switch_depth, cfg.total_tokens - 1)
         return Proposal(tree, choice, stats)
 
@@ -347,12 +357,12 @@ class Hedge(Strategy):
             gains = acceptance_gains(values, self.depth)
         self.state = learn(state, self.hedge, gains)
 
-    def propose(self, drafters, tokens, features, cfg, temperature):
+    def propose_steps(self, drafters, tokens, features, cfg, temperature):
         self.depth, self.temperature = cfg.depth, temperature
         state = self._state(len(drafters))
         choice = choose(state, self.hedge, self.rng.random())
         self.state = replace(state, current=choice)
-        trees, stats = self._draft(drafters, tokens, features, cfg, temperature, [choice])
+        trees, stats = yield from self._draft(drafters, tokens, features, cfg, temperature, [choice])
         return Proposal(trees[choice], choice, stats)
 
 

@@ -88,17 +88,23 @@ def seeded(seed: int, build):
         torch.random.set_rng_state(state)
 
 
+def rotated_qkv(layer, x, positions) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (B, nh, T, hd), k and v (B, nkv, T, hd) of x (B, T, in) by the layer's projections, q and k
+    rotated (RoPE) at ``positions`` (T,)."""
+    b, t, _ = x.shape
+    q = layer.q_proj(x).view(b, t, layer.nh, layer.hd).transpose(1, 2)
+    k = layer.k_proj(x).view(b, t, layer.nkv, layer.hd).transpose(1, 2)
+    v = layer.v_proj(x).view(b, t, layer.nkv, layer.hd).transpose(1, 2)
+    cos, sin = rope_cos_sin(positions, layer.hd, layer.theta, x.dtype)  # (T, hd)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin, v
+
+
 def self_attention(layer, x, positions, mask, cache: KVCache | None = None, extra_kv=None):
     """A drafter layer's attention before ``o_proj``: q/k/v of x (B, T, in) by the layer's projections,
     RoPE at ``positions``, the cache (or ``extra_kv``) before this call's keys, grouped-query SDPA.
     Returns ((B, T, nh * hd), (k, v) of this call)."""
     b, t, _ = x.shape
-    q = layer.q_proj(x).view(b, t, layer.nh, layer.hd).transpose(1, 2)  # (B, nh, T, hd)
-    k = layer.k_proj(x).view(b, t, layer.nkv, layer.hd).transpose(1, 2)  # (B, nkv, T, hd)
-    v = layer.v_proj(x).view(b, t, layer.nkv, layer.hd).transpose(1, 2)
-    cos, sin = rope_cos_sin(positions, layer.hd, layer.theta, x.dtype)  # (T, hd)
-    q = q * cos + _rotate_half(q) * sin
-    k = k * cos + _rotate_half(k) * sin
+    q, k, v = rotated_qkv(layer, x, positions)
     new_k, new_v = k, v
     if cache is not None:
         k, v = cache.append(k, v)
@@ -142,9 +148,13 @@ class DecoderLayer(nn.Module):
         """Attention of x (B, T, in_width) added to ``residual`` (B, T, H), then the MLP block.
         Returns ((B, T, H), this call's (k, v))."""
         attn, new_kv = self_attention(self, x, positions, mask, cache, extra_kv)
+        return self.finish(residual, attn), new_kv
+
+    def finish(self, residual, attn):
+        """``o_proj`` of the attention (B, T, nh * hd) added to ``residual``, then the MLP block."""
         h = residual + self.o_proj(attn)
         y = self.post_attention_layernorm(h)
-        return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y)), new_kv
+        return h + self.down_proj(F.silu(self.gate_proj(y)) * self.up_proj(y))
 
     def forward(self, x, positions, mask, cache: KVCache | None = None, extra_kv=None):
         """x (B, T, H); positions (T,); mask (T, S) bool, True = may attend; S = cached + T.
@@ -183,6 +193,23 @@ class FeatureDrafter(Drafter):
         """token_embeds, features (B, T, H) -> predicted features (B, T, H), new (k, v)."""
         x = self.fc(torch.cat([token_embeds, features], dim=-1))  # (B, T, H)
         return self.layer(x, positions, mask, cache=cache, extra_kv=extra_kv)
+
+    def forward_packed(self, token_embeds, features, positions, sizes: list[int], masks: list,
+                       caches: list[KVCache]) -> torch.Tensor:
+        """Several independent passes packed into one: ``token_embeds``, ``features`` (T, H) and
+        ``positions`` (T,) hold each pass's rows in turn (``sizes``); pass b attends over its own
+        ``caches[b]`` under its own ``masks[b]`` (sizes[b], len(cache) + sizes[b]) and appends its keys
+        and values there. Every weight is read once for all passes; each pass's rows are what
+        ``forward`` gives it alone, up to the rounding of matmuls over more rows. Returns (T, H)."""
+        x = self.fc(torch.cat([token_embeds, features], dim=-1))[None]  # (1, T, H)
+        q, k, v = rotated_qkv(self.layer, x, positions)
+        outs = []
+        for qb, kb, vb, mask, cache in zip(q.split(sizes, 2), k.split(sizes, 2), v.split(sizes, 2), masks,
+                                           caches):
+            keys, values = cache.append(kb, vb)
+            outs.append(grouped_attention(qb, keys, values, mask))
+        attn = torch.cat(outs, dim=2).transpose(1, 2).reshape(1, x.shape[1], -1)  # (1, T, nh * hd)
+        return self.layer.finish(x, attn)[0]
 
 
 def causal_mask(t: int, past: int = 0, device=None) -> torch.Tensor:

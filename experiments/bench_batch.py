@@ -1,14 +1,16 @@
-"""Benchmark: what verifying several prompts' trees in one pass (decoding/batch.py) gives on this machine.
+"""Benchmark: what decoding several prompts in lock step (decoding/batch.py) gives on this machine.
 
     python experiments/bench_batch.py [--drafter DIR] [--batches 2,4,8] [--n-prompts 4] [--device cuda]
 
 Decodes the first turns of ``--n-prompts`` prompts of each benchmark one at a time, then B at a time
-for each ``--batches`` B, with the same decoder (``--strategy``, ``--tree``), and transformers'
-``generate`` one prompt at a time: tokens/s over all prompts, each as a ratio to batch 1 in the same
-run, and how many outputs equal batch 1's. Without ``--drafter`` the drafter is random (EAGLE-2, seed
-0): it accepts almost nothing, so a step is one verified token. A batched pass reads the weights once
-for B trees: on a GPU, where a batch-1 step is host- and launch-bound, that is the point; on a CPU a
-tree pass is compute-bound already, so expect little. Timings share the machine with whatever else runs.
+for each ``--batches`` B (one verifier pass per step and one drafter pass per draft level for the B
+rows; ``--draft-alone``: each B also with the rows drafting one by one), with the same decoder
+(``--strategy``, ``--tree``), and transformers' ``generate`` one prompt at a time: tokens/s over all
+prompts, each as a ratio to batch 1 in the same run, and how many outputs equal batch 1's. Without
+``--drafter`` the drafter is random (EAGLE-2, seed 0): it accepts almost nothing, so a step is one
+verified token. A batched pass reads the weights once for B trees: on a GPU, where a batch-1 step is
+host- and launch-bound, that is the point; on a CPU a tree pass is compute-bound already, so expect
+less. Timings share the machine with whatever else runs.
 """
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ def _args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default=None)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    p.add_argument("--draft-alone", action="store_true",
+                   help="also time each B with the rows drafting one by one (verification still batched)")
     return p.parse_args(argv)
 
 
@@ -71,13 +75,14 @@ def main(argv=None) -> int:
     gen_s = synced_now(model.device) - t0
     print(f"{args.verifier} on {args.device} ({torch.get_num_threads()} threads), {args.strategy} "
           f"{'/'.join(map(str, args.tree))}, {len(inputs)} prompts x {args.max_new_tokens} new tokens")
-    print(f"{'batch':>8} {'seconds':>8} {'tokens/s':>9} {'vs batch 1':>10} {'vs generate':>11} {'tau':>5} "
-          f"{'same as batch 1':>15}")
-    print(f"{'generate':>8} {gen_s:8.1f} {gen_tokens / gen_s:9.1f} {'':>10} {'1.00x':>11}")
+    print(f"{'batch':>8} {'drafts':>9} {'seconds':>8} {'tokens/s':>9} {'vs batch 1':>10} {'vs generate':>11} "
+          f"{'tau':>5} {'same as batch 1':>15}")
+    print(f"{'generate':>8} {'':>9} {gen_s:8.1f} {gen_tokens / gen_s:9.1f} {'':>10} {'1.00x':>11}")
     batches = [int(b) for b in args.batches.split(",")]
-    rows = time_batches(dec, inputs, batches, lambda: synced_now(model.device))
+    rows = time_batches(dec, inputs, batches, lambda: synced_now(model.device), args.draft_alone)
     for r in rows:
-        print(f"{r['batch']:>8} {r['s']:8.1f} {r['tokens_per_s']:9.1f} "
+        drafts = r["drafts"] if r["batch"] > 1 else ""
+        print(f"{r['batch']:>8} {drafts:>9} {r['s']:8.1f} {r['tokens_per_s']:9.1f} "
               f"{r['tokens_per_s'] / rows[0]['tokens_per_s']:9.2f}x "
               f"{r['tokens_per_s'] / (gen_tokens / gen_s):10.2f}x {r['new_tokens'] / r['steps']:5.2f} "
               f"{r['same_as_alone']:>9}/{len(inputs)}")

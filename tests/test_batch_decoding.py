@@ -145,3 +145,71 @@ def test_bad_row_counts_and_mixed_decoders_are_refused(verifier, eos, random_pro
     e3 = SpeculativeDecoder(model, e3_props, DecodeConfig(), eos)
     with pytest.raises(ValueError, match="same verifier features"):
         decode_prompts([dec, e3], tok, [])
+
+
+def test_one_drafter_pass_drafts_for_every_prompt(random_proposers):
+    """Three prompts' drafter passes (a catch-up of 5 pairs, a tree level of 3 nodes, one pair) through
+    ONE packed pass: each gets the output and cache rows its own pass gives."""
+    from decoding.rounds import LayerCall, run_round
+    from drafters.model import KVCache, causal_mask
+
+    p = random_proposers[0]
+    h = p.drafter.config.hidden_size
+    gen = torch.Generator().manual_seed(0)
+
+    def calls():
+        out = []
+        level = torch.tensor([[1] * 7 + [1, 0, 0], [1] * 7 + [1, 1, 0], [1] * 7 + [0, 0, 1]]).bool()
+        for past, t, mask in ((0, 5, causal_mask(5)), (7, 3, level), (4, 1, causal_mask(1, 4))):
+            cache = KVCache()
+            if past:
+                p.drafter(torch.randn(1, past, h, generator=gen), torch.randn(1, past, h, generator=gen),
+                          torch.arange(past), causal_mask(past), cache=cache)
+            emb, ctx = torch.randn(t, h, generator=gen), torch.randn(t, h, generator=gen)
+            out.append((p, LayerCall(p.drafter, emb, ctx, torch.arange(past, past + t), mask, cache)))
+        return out
+
+    gen.manual_seed(0)
+    alone = calls()
+    want = [c.run() for _, c in alone]
+    gen.manual_seed(0)
+    packed = calls()
+    seen = []
+    hook = p.drafter.fc.register_forward_hook(lambda m, a, o: seen.append(tuple(a[0].shape)))
+    try:
+        got = run_round(packed)
+    finally:
+        hook.remove()
+    assert seen == [(9, 2 * h)]  # one pass over every prompt's rows
+    for g, w, (_, a), (_, b) in zip(got, want, alone, packed):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(b.cache.k, a.cache.k, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(b.cache.v, a.cache.v, atol=1e-5, rtol=1e-5)
+
+
+def test_rows_draft_in_lock_step_as_they_draft_alone(verifier, eos, random_proposers, prompts, references):
+    """Three turns on three rows drafting together: one drafter pass per level for every row (a third of
+    the passes of rows drafting one by one), the same steps as rows drafting one by one (as alone), and
+    transformers' greedy tokens."""
+    from decoding.batch import decode_turns
+
+    model, tok = verifier
+    cfg = DecodeConfig(strategy="single", max_new_tokens=MAX_NEW, tree=TREE)
+    dec = SpeculativeDecoder(model, random_proposers[:1], cfg, eos)
+    inputs = [(benchmark_prompt_ids(tok, p, 0, []), f"{p.id}/0") for p in prompts[:3] if len(p.turns) == 1]
+    inputs += [(benchmark_prompt_ids(tok, prompts[1], 0, []), "mt/0")]
+    fc, runs = random_proposers[0].drafter.fc, {}
+    for together in (False, True):
+        seen = []
+        hook = fc.register_forward_hook(lambda m, a, o, seen=seen: seen.append(1))
+        try:
+            runs[together] = decode_turns(row_decoders(dec, len(inputs)), inputs, draft_rows=together)
+        finally:
+            hook.remove()
+        runs[together, "passes"] = len(seen)
+    refs = [references[0][0], references[2][0], references[1][0]]
+    for got in (runs[False], runs[True]):
+        assert [r.output_token_ids for r in got] == refs
+    assert [[s["accepted_depth"] for s in r.steps] for r in runs[True]] == \
+        [[s["accepted_depth"] for s in r.steps] for r in runs[False]]
+    assert runs[True, "passes"] * 2 < runs[False, "passes"]
