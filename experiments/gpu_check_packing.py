@@ -84,7 +84,9 @@ def _time_generate(model, tok, inputs: list[list[int]], max_new: int, device: st
 
 def _time_batches(dec, inputs: list[list[int]], batches: str, device: str) -> dict:
     """decoding.batch.time_batches on the prompts, repeated to fill the largest batch (batch 1 first, in
-    the same process), and the peak device memory over them (the largest batch's)."""
+    the same process; each B with the rows drafting together and one by one, so what drafting together
+    buys is read apart from what the shared verifier pass buys), and the peak device memory over them
+    (the largest batch's)."""
     import torch
 
     from decoding.batch import time_batches
@@ -95,7 +97,7 @@ def _time_batches(dec, inputs: list[list[int]], batches: str, device: str) -> di
         torch.cuda.reset_peak_memory_stats()
     sizes = [int(x) for x in batches.split(",")]
     runs = [(ids, f"{i}/{r}") for r in range(-(-max(sizes) // len(inputs))) for i, ids in enumerate(inputs)]
-    rows = time_batches(dec, runs, sizes, lambda: synced_now(device))
+    rows = time_batches(dec, runs, sizes, lambda: synced_now(device), rows_draft_alone=True)
     return {"rows": rows, "peak_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None}
 
 

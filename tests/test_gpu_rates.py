@@ -64,7 +64,9 @@ def test_the_cpu_mode_measures_every_part_in_order_and_writes_the_rates_file(dry
     # the prompts verified B at a time in the one-process row (decoding/batch.py): filled to the largest B,
     # every output the batch-1 output (T=0)
     batched = ev["batched"]["rows"]
-    assert [r["batch"] for r in batched] == [1, 2, 4] and all(r["runs"] == 4 for r in batched)
+    assert [(r["batch"], r["drafts"]) for r in batched] == [(1, "together"), (2, "alone"), (2, "together"),
+                                                            (4, "alone"), (4, "together")]
+    assert all(r["runs"] == 4 for r in batched)
     assert all(r["tokens_per_s"] > 0 and r["same_as_alone"] == 4 for r in batched), batched
     _check_train_rows(data, DEFAULT_BACKBONES)
     # both kinds of cache, with each host-copy form the extraction code offers (async: drafters/features.py)
@@ -175,7 +177,8 @@ def test_the_scripts_use_the_projects_venv_or_name_the_interpreter_first(tmp_pat
 def test_a_measured_batch_gain_shortens_eval_and_an_unmeasured_one_is_planned_at_batch_1(tmp_path):
     """resources.eval.verify_batch in the plan: the rates file's batched rows (one process, B prompts a pass,
     tokens/s over its batch 1) divide a shard's decoding time by the gain of the largest measured B that the
-    shard fills; device work per prompt step is the bytes model's (weights once for B prompts); no measured
+    shard fills (rows drafting together; those drafting one by one are for attribution); device work per
+    prompt step is the bytes model's (every weight once for B prompts); no measured
     B, or verify_batch 1, leaves the plan as it was; each extra prompt adds a KV cache to an actor's
     memory."""
     from orchestrator.plan import packing
@@ -183,17 +186,17 @@ def test_a_measured_batch_gain_shortens_eval_and_an_unmeasured_one_is_planned_at
 
     ev = {"strategy": "single", "tree": [10, 6, 60], "generate_ms_per_token": 25.0,
           "packing": [{"processes": 1, "step_s": 0.060}, {"processes": 2, "step_s": 0.075}],
-          "batched": {"rows": [{"batch": b, "tokens_per_s": t}
-                               for b, t in ((1, 10.0), (2, 15.0), (4, 20.0))]}}
+          "batched": {"rows": [{"batch": b, "drafts": d, "tokens_per_s": t}
+                               for b, d, t in ((1, "together", 10.0), (2, "alone", 12.0),
+                                               (2, "together", 15.0), (4, "alone", 14.0),
+                                               (4, "together", 20.0))]}}
     path = tmp_path / "r.json"
     path.write_text(json.dumps(_file(eval=ev)))
     one, four = load_profile("paper"), load_profile("paper", ["resources.eval.verify_batch=4"])
     r = rates_mod.load(path, four)
     assert r.eval_batch_gain == {"2": 1.5, "4": 2.0} and "B = 2, 4" in r.sources["eval batching"]
+    assert rates_mod.eval_batching(four, r, 100) == (2.0, 0.25)  # every weight read once for the 4 rows
     v = VERIFIERS[four.verifier]
-    whole = packing.device_bytes_per_step(v, 1, four.eval.tree.depth)
-    share = (v["params"] / 4 + whole - v["params"]) / whole
-    assert rates_mod.eval_batching(four, r, 100) == (2.0, pytest.approx(share))
     assert rates_mod.eval_batching(four, r, 3)[0] == 1.5  # a shard of 3 prompts fills B = 2's measurement
     assert rates_mod.eval_batching(four, r, 1) == rates_mod.eval_batching(one, r, 100) == (1.0, 1.0)
     assert rates_mod.eval_batching(four, rates_mod.estimated(four), 100) == (1.0, 1.0)  # none measured

@@ -148,9 +148,10 @@ def _batching_lines(p: Profile, r: rates_mod.Rates) -> list[str]:
     if not any(int(m) <= b for m in r.eval_batch_gain):
         return [f"  batching: resources.eval.verify_batch {b} has no measured rate (a GPU rates file's "
                 "batched rows, experiments/gpu_rates.sh): planned one prompt at a time"]
-    return [f"  batching: an actor verifies up to {b} prompts a pass: {gain:.2f}x the tokens/s of one at a "
-            f"time ({r.sources.get('eval batching', 'measured')}); device work per prompt step {share:.0%} "
-            "of one at a time (weights read once for the batch, drafting per prompt: a bytes estimate); "
+    return [f"  batching: an actor decodes up to {b} prompts in lock step: {gain:.2f}x the tokens/s of one "
+            f"at a time ({r.sources.get('eval batching', 'measured')}); device work per prompt step "
+            f"{share:.0%} of one at a time (the verifier's and drafters' weights read once for the batch: "
+            "a bytes estimate without KV-cache reads); "
             "the packing model's contention is batch 1's; a shard with fewer prompts batches fewer"]
 
 

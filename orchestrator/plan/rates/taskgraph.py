@@ -170,22 +170,19 @@ def _eval_tasks(p: Profile, r: Rates, made: dict, actors: int) -> tuple[list[Tas
 
 
 def eval_batching(p: Profile, r: Rates, prompts: int) -> tuple[float, float]:
-    """(throughput gain, device work per prompt step) of an eval actor verifying min(verify_batch,
-    ``prompts``) prompts a pass (decoding/batch.py), against one prompt at a time. The gain: the rates'
-    measured one for the largest measured B up to that (none measured: 1, planned one at a time). The
-    device work: the verifier's weights read once for the B prompts, each prompt's drafting as alone
-    (packing.device_bytes_per_step's bytes model; 1 without the verifier's constants). generate, the
-    speed baseline, runs one prompt at a time after the batch."""
+    """(throughput gain, device work per prompt step) of an eval actor decoding min(verify_batch,
+    ``prompts``) prompts in lock step (decoding/batch.py), against one prompt at a time. The gain: the
+    rates' measured one for the largest measured B up to that (none measured: 1, planned one at a
+    time). The device work: the verifier's and the drafters' weights read once for the B prompts (one
+    verifier pass a step, one drafter pass a draft level: packing.device_bytes_per_step's bytes model,
+    which leaves out each prompt's KV-cache reads), so 1 / B of a prompt alone. generate, the speed
+    baseline, runs one prompt at a time after the batch."""
     want = min(p.resources.eval.verify_batch, prompts)
     measured = [int(b) for b in r.eval_batch_gain if int(b) <= want]
     if want <= 1 or not measured:
         return 1.0, 1.0
     b = max(measured)
-    v = VERIFIERS.get(p.verifier)
-    if v is None:
-        return r.eval_batch_gain[str(b)], 1.0
-    whole = packing.device_bytes_per_step(v, 1, p.eval.tree.depth)
-    return r.eval_batch_gain[str(b)], (v["params"] / b + whole - v["params"]) / whole
+    return r.eval_batch_gain[str(b)], 1.0 / b
 
 
 def eval_busy(p: Profile, r: Rates):
