@@ -4,8 +4,8 @@ A drafting coroutine (``drafting.FeatureDrafterProposer.draft_steps`` and the li
 drafter pass as a :class:`LayerCall` and each set of hidden rows for its head as a tensor;
 :func:`lock_step_rounds` gathers every coroutine's pending request into one :class:`DraftRound`, and
 whoever drives the round answers it with :func:`run_round`: rows of proposers that share a head
-through ONE head matmul, and the passes of one EAGLE-2/HASS drafter module (one row's, or the rows
-of several prompts' decoders: decoding/batch.py) through ONE packed pass. :func:`drive` runs such a
+through ONE head matmul, and the passes of one drafter module (one row's, or the rows of several
+prompts' decoders: decoding/batch.py) through ONE packed pass. :func:`drive` runs such a
 generator on the spot (one prompt alone).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from drafters.model import FeatureDrafter, KVCache
+from drafters.model import KVCache
 
 
 @dataclass
@@ -43,8 +43,8 @@ class DraftRound:
 
 def run_round(calls: list) -> list:
     """Each (proposer, request)'s answer, in order: head rows of proposers sharing a head go through ONE
-    head matmul; layer calls of one :class:`FeatureDrafter` module (its rows for several prompts) through
-    ONE packed pass (``FeatureDrafter.forward_packed``); any other drafter pass by itself."""
+    head matmul; layer calls of one drafter module (its rows for several prompts) through ONE packed
+    pass (its ``forward_packed``: EAGLE-2/HASS's and EAGLE-3's); a drafter without one pass by pass."""
     out: list = [None] * len(calls)
     groups: dict[tuple, list[int]] = {}
     for j, (p, req) in enumerate(calls):
@@ -56,7 +56,7 @@ def run_round(calls: list) -> list:
             if kind == "head":
                 logits = calls[idx[0]][0].head(torch.cat(reqs) if len(reqs) > 1 else reqs[0])
                 parts = logits.split([r.shape[0] for r in reqs])
-            elif len(reqs) > 1 and type(reqs[0].drafter) is FeatureDrafter:
+            elif len(reqs) > 1 and hasattr(reqs[0].drafter, "forward_packed"):
                 sizes = [r.emb.shape[0] for r in reqs]
                 parts = reqs[0].drafter.forward_packed(
                     torch.cat([r.emb for r in reqs]), torch.cat([r.ctx for r in reqs]),

@@ -123,6 +123,15 @@ class Eagle3Drafter(Drafter):
         return self.layer(token_embeds.to(hidden.dtype), hidden, positions, mask, cache=cache,
                           extra_kv=extra_kv)
 
+    def forward_packed(self, token_embeds, hidden, positions, sizes: list[int], masks: list,
+                       caches: list[KVCache]) -> torch.Tensor:
+        """Several independent passes packed into one (token_embeds, hidden (T, H), positions (T,), each
+        pass's rows in turn): pass b attends over its own ``caches[b]`` under ``masks[b]``
+        (``FeatureDrafter.forward_packed``'s contract). Returns (T, H)."""
+        lay = self.layer
+        x = torch.cat([lay.input_layernorm(token_embeds.to(hidden.dtype)), lay.hidden_norm(hidden)], dim=-1)
+        return lay.attend_packed(x[None], hidden[None], positions, sizes, masks, caches)[0]
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(B, T, H) -> (B, T, N) over the draft vocabulary."""
         return self.lm_head(self.norm(hidden))

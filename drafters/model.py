@@ -150,6 +150,19 @@ class DecoderLayer(nn.Module):
         attn, new_kv = self_attention(self, x, positions, mask, cache, extra_kv)
         return self.finish(residual, attn), new_kv
 
+    def attend_packed(self, x, residual, positions, sizes: list[int], masks: list, caches: list[KVCache]):
+        """``attend`` over several independent passes packed along T (x (1, T, in_width), residual
+        (1, T, H), positions (T,)): pass b's ``sizes[b]`` rows attend over its own ``caches[b]`` under
+        its own ``masks[b]`` and append their keys and values there; every weight is read once.
+        Returns (1, T, H)."""
+        q, k, v = rotated_qkv(self, x, positions)
+        outs = []
+        for qb, kb, vb, mask, cache in zip(q.split(sizes, 2), k.split(sizes, 2), v.split(sizes, 2), masks,
+                                           caches):
+            keys, values = cache.append(kb, vb)
+            outs.append(grouped_attention(qb, keys, values, mask))
+        return self.finish(residual, torch.cat(outs, dim=2).transpose(1, 2).reshape(1, x.shape[1], -1))
+
     def finish(self, residual, attn):
         """``o_proj`` of the attention (B, T, nh * hd) added to ``residual``, then the MLP block."""
         h = residual + self.o_proj(attn)
@@ -202,14 +215,7 @@ class FeatureDrafter(Drafter):
         and values there. Every weight is read once for all passes; each pass's rows are what
         ``forward`` gives it alone, up to the rounding of matmuls over more rows. Returns (T, H)."""
         x = self.fc(torch.cat([token_embeds, features], dim=-1))[None]  # (1, T, H)
-        q, k, v = rotated_qkv(self.layer, x, positions)
-        outs = []
-        for qb, kb, vb, mask, cache in zip(q.split(sizes, 2), k.split(sizes, 2), v.split(sizes, 2), masks,
-                                           caches):
-            keys, values = cache.append(kb, vb)
-            outs.append(grouped_attention(qb, keys, values, mask))
-        attn = torch.cat(outs, dim=2).transpose(1, 2).reshape(1, x.shape[1], -1)  # (1, T, nh * hd)
-        return self.layer.finish(x, attn)[0]
+        return self.layer.attend_packed(x, x, positions, sizes, masks, caches)[0]
 
 
 def causal_mask(t: int, past: int = 0, device=None) -> torch.Tensor:

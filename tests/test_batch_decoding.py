@@ -147,13 +147,18 @@ def test_bad_row_counts_and_mixed_decoders_are_refused(verifier, eos, random_pro
         decode_prompts([dec, e3], tok, [])
 
 
-def test_one_drafter_pass_drafts_for_every_prompt(random_proposers):
+@pytest.mark.parametrize("backbone", ["eagle2", "eagle3"])
+def test_one_drafter_pass_drafts_for_every_prompt(verifier, random_proposers, random_eagle3_dirs, backbone):
     """Three prompts' drafter passes (a catch-up of 5 pairs, a tree level of 3 nodes, one pair) through
-    ONE packed pass: each gets the output and cache rows its own pass gives."""
+    ONE packed pass: each gets the output and cache rows its own pass gives (EAGLE-2/HASS's layer, and
+    EAGLE-3's with its input norms)."""
     from decoding.rounds import LayerCall, run_round
+    from decoding.runner import load_proposers
     from drafters.model import KVCache, causal_mask
+    from tests.conftest import VERIFIER
 
-    p = random_proposers[0]
+    p = random_proposers[0] if backbone == "eagle2" else load_proposers(verifier[0], random_eagle3_dirs[:1],
+                                                                          VERIFIER)[0]
     h = p.drafter.config.hidden_size
     gen = torch.Generator().manual_seed(0)
 
@@ -175,12 +180,13 @@ def test_one_drafter_pass_drafts_for_every_prompt(random_proposers):
     gen.manual_seed(0)
     packed = calls()
     seen = []
-    hook = p.drafter.fc.register_forward_hook(lambda m, a, o: seen.append(tuple(a[0].shape)))
+    q = p.drafter.layer.q_proj
+    hook = q.register_forward_hook(lambda m, a, o: seen.append(tuple(a[0].shape)))
     try:
         got = run_round(packed)
     finally:
         hook.remove()
-    assert seen == [(9, 2 * h)]  # one pass over every prompt's rows
+    assert seen == [(1, 9, q.in_features)]  # one pass over every prompt's rows
     for g, w, (_, a), (_, b) in zip(got, want, alone, packed):
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(b.cache.k, a.cache.k, atol=1e-5, rtol=1e-5)
