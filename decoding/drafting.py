@@ -95,7 +95,7 @@ def predict_together(proposers: list[Proposer], tokens: torch.Tensor, features: 
             gens[i] = p.agree_steps(tokens, features, start)
         else:
             preds[i] = p.predict(tokens, features, start).to(tokens.device)
-    for i, pred in _lock_step(proposers, gens).items():
+    for i, pred in drive(lock_step_rounds(proposers, gens)).items():
         preds[i] = pred
     return preds  # type: ignore[return-value]
 
@@ -129,7 +129,7 @@ def rollout_together(proposers: list[Proposer], tokens: torch.Tensor, features: 
         else:
             pred = p.predict(tokens, features, start)[:depth].to(tokens.device)
             out[i] = (torch.ones(depth, 1, device=tokens.device), pred[:, None].long())
-    for i, logp in _lock_step(proposers, gens).items():
+    for i, logp in drive(lock_step_rounds(proposers, gens)).items():
         # (N,) verifier ids
         ids = proposers[i].head.to_verifier(torch.arange(logp.shape[-1], device=logp.device))
         out[i] = (logp.exp(), ids.expand(logp.shape[0], -1))
@@ -151,11 +151,6 @@ def acceptance_together(proposers: list[Proposer], tokens: torch.Tensor, feature
 def can_roll_out(proposer: Proposer) -> bool:
     """Whether ``acceptance_together`` can score the proposer (its own draft, or a scripted one)."""
     return hasattr(proposer, "rollout_steps") or hasattr(proposer, "predict")
-
-
-def _lock_step(proposers: list[Proposer], gens: dict[int, Generator]) -> dict[int, object]:
-    """``lock_step_rounds`` run here."""
-    return drive(lock_step_rounds(proposers, gens))
 
 
 def composition_features(readers: list[tuple[str, tuple[int, ...] | None]]) -> tuple[int, ...] | None:
